@@ -1,0 +1,35 @@
+// Package backend defines the storage a logical unit sits on: a fixed-size
+// byte range read and written at offsets (io.ReaderAt + io.WriterAt + Size).
+// Optional capabilities — durable flush, unmap, write-zeroes — are found by
+// interface assertion, so a backend implements only what it can do well.
+package backend
+
+import "io"
+
+// Backend is the storage of one logical unit.
+type Backend interface {
+	io.ReaderAt
+	io.WriterAt
+	// Size is the capacity in bytes.
+	Size() int64
+}
+
+// Flusher makes every completed write durable (SYNCHRONIZE CACHE, FUA).
+type Flusher interface {
+	Flush() error
+}
+
+// Unmapper releases a byte range so that it reads back as zeroes.
+type Unmapper interface {
+	Unmap(off, length int64) error
+}
+
+// Closer releases the backend's resources.
+type Closer interface {
+	Close() error
+}
+
+// Resizer changes the capacity.
+type Resizer interface {
+	Resize(size int64) error
+}

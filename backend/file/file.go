@@ -1,0 +1,124 @@
+// Package file is a backend on a regular file or a block device. A missing
+// file is created sparse at the requested size; Flush is fdatasync and Unmap
+// punches holes.
+package file
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// File is a file-backed disk. It is safe for concurrent use.
+type File struct {
+	f    *os.File
+	size int64
+}
+
+// Open opens path read-write (read-only if readOnly). When the file does not
+// exist and size > 0 it is created sparse with that size; when it exists and
+// size is 0 its current size is used; when size exceeds the current size of
+// a regular file, the file is extended sparse.
+func Open(path string, size int64, readOnly bool) (*File, error) {
+	flag := os.O_RDWR
+	if readOnly {
+		flag = os.O_RDONLY
+	}
+	f, err := os.OpenFile(path, flag, 0)
+	if errors.Is(err, os.ErrNotExist) && !readOnly {
+		if size <= 0 {
+			return nil, fmt.Errorf("file: %s does not exist and no size was given to create it", path)
+		}
+		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("file: %w", err)
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("file: %w", err)
+	}
+	cur := st.Size()
+	if !st.Mode().IsRegular() {
+		// Block device: the size is where it ends.
+		end, err := f.Seek(0, 2)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("file: size of %s: %w", path, err)
+		}
+		cur = end
+		if size == 0 || size > cur {
+			size = cur
+		}
+	} else if size == 0 {
+		size = cur
+	} else if size > cur {
+		if readOnly {
+			f.Close()
+			return nil, fmt.Errorf("file: %s is %d bytes, smaller than %d, and read-only", path, cur, size)
+		}
+		if err := f.Truncate(size); err != nil {
+			f.Close()
+			return nil, fmt.Errorf("file: extend %s: %w", path, err)
+		}
+	}
+	if size == 0 {
+		f.Close()
+		return nil, fmt.Errorf("file: %s is empty", path)
+	}
+	return &File{f: f, size: size}, nil
+}
+
+// Size returns the capacity in bytes.
+func (b *File) Size() int64 { return b.size }
+
+// ReadAt implements io.ReaderAt.
+func (b *File) ReadAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > b.size {
+		return 0, fmt.Errorf("file: read [%d,%d) outside %d bytes", off, off+int64(len(p)), b.size)
+	}
+	n, err := b.f.ReadAt(p, off)
+	if n == len(p) {
+		return n, nil
+	}
+	return n, err
+}
+
+// WriteAt implements io.WriterAt.
+func (b *File) WriteAt(p []byte, off int64) (int, error) {
+	if off < 0 || off+int64(len(p)) > b.size {
+		return 0, fmt.Errorf("file: write [%d,%d) outside %d bytes", off, off+int64(len(p)), b.size)
+	}
+	return b.f.WriteAt(p, off)
+}
+
+// Flush makes completed writes durable (fdatasync).
+func (b *File) Flush() error {
+	for {
+		err := syscall.Fdatasync(int(b.f.Fd()))
+		if err != syscall.EINTR {
+			if err != nil {
+				return fmt.Errorf("file: fdatasync: %w", err)
+			}
+			return nil
+		}
+	}
+}
+
+// Unmap punches a hole so the range reads as zeroes and frees its blocks.
+func (b *File) Unmap(off, length int64) error {
+	const punchHole, keepSize = 0x02, 0x01 // FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE
+	if err := syscall.Fallocate(int(b.f.Fd()), punchHole|keepSize, off, length); err != nil {
+		return fmt.Errorf("file: punch hole [%d,+%d): %w", off, length, err)
+	}
+	return nil
+}
+
+// Close flushes and closes the file.
+func (b *File) Close() error {
+	ferr := b.Flush()
+	cerr := b.f.Close()
+	return errors.Join(ferr, cerr)
+}

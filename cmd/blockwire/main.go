@@ -1,0 +1,247 @@
+// Command blockwire is the one binary of the project: "blockwire serve"
+// runs the iSCSI target. It is the only place where concrete transports
+// and backends are chosen.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/backend/file"
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/iscsi/auth"
+	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/target"
+)
+
+const usage = `blockwire: block storage over the wire
+
+Usage:
+  blockwire serve [flags]         run the iSCSI target
+  blockwire config check FILE     validate a configuration file
+
+Run "blockwire serve -h" for the serve flags.
+`
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "serve":
+		return serve(args[1:], stderr)
+	case "config":
+		if len(args) != 3 || args[1] != "check" {
+			fmt.Fprint(stderr, usage)
+			return 2
+		}
+		if _, err := config.Load(args[2]); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", args[2])
+		return 0
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	}
+	fmt.Fprintf(stderr, "blockwire: unknown command %q\n\n%s", args[0], usage)
+	return 2
+}
+
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, ",") }
+func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
+
+func serve(args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var listen listFlag
+	fs.Var(&listen, "listen", "portal address host:port (repeatable; default 127.0.0.1:3260)")
+	iqn := fs.String("iqn", "iqn.2026-11.org.blockwire:default", "target name")
+	size := fs.String("size", "1GiB", "LUN 0 size")
+	path := fs.String("file", "", "back LUN 0 with this file (created sparse when missing)")
+	blockSize := fs.Int("block-size", 512, "logical block size (512 or 4096)")
+	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
+	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
+		fmt.Fprintf(stderr, "blockwire: --log-level: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+
+	var cfg *config.Config
+	if *cfgPath != "" {
+		var err error
+		if cfg, err = config.Load(*cfgPath); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		if len(listen) > 0 {
+			cfg.Listen = listen
+		}
+	} else {
+		cfg = &config.Config{
+			Listen: listen,
+			Targets: []config.Target{{
+				Name: *iqn,
+				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, BlockSize: *blockSize}},
+			}},
+		}
+		if err := cfg.Validate(); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 2
+		}
+	}
+	if len(cfg.Listen) == 0 {
+		cfg.Listen = []string{"127.0.0.1:3260"}
+	}
+
+	srv := iscsitarget.NewServer(log, iscsitarget.Options{NopInterval: *nop})
+	var devices []*target.Device
+	closeDevices := func() {
+		for _, d := range devices {
+			if err := d.Close(); err != nil {
+				log.Error("closing backends", "target", d.Name(), "err", err)
+			}
+		}
+	}
+	for _, tc := range cfg.Targets {
+		dev, t, err := buildTarget(tc, log)
+		if err != nil {
+			closeDevices()
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		devices = append(devices, dev)
+		if err := srv.AddTarget(t); err != nil {
+			closeDevices()
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		for _, l := range dev.LUNs() {
+			lu := dev.LU(l)
+			log.Info("lun ready", "target", t.Name, "lun", l, "blocks", lu.Blocks(), "block_size", lu.BlockSize(), "read_only", lu.ReadOnly())
+		}
+	}
+
+	var listeners []net.Listener
+	for _, a := range cfg.Listen {
+		l, err := net.Listen("tcp", a)
+		if err != nil {
+			for _, o := range listeners {
+				o.Close()
+			}
+			closeDevices()
+			fmt.Fprintf(stderr, "blockwire: %v\n", err)
+			return 1
+		}
+		listeners = append(listeners, l)
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, len(listeners))
+	for _, l := range listeners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srv.Serve(l); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	code := 0
+	select {
+	case s := <-sig:
+		log.Info("shutting down", "signal", s.String())
+	case err := <-errc:
+		log.Error("portal failed", "err", err)
+		code = 1
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Warn("shutdown incomplete", "err", err)
+	}
+	wg.Wait()
+	closeDevices()
+	log.Info("stopped")
+	return code
+}
+
+func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarget.Target, error) {
+	dev := target.NewDevice(tc.Name, log.With("target", tc.Name))
+	for _, lc := range tc.LUNs {
+		var size int64
+		if lc.Size != "" {
+			var err error
+			if size, err = config.ParseSize(lc.Size); err != nil {
+				return nil, nil, err
+			}
+		}
+		var be backend.Backend
+		var err error
+		if lc.File != "" {
+			be, err = file.Open(lc.File, size, lc.ReadOnly)
+		} else {
+			be, err = mem.New(size)
+		}
+		if err != nil {
+			dev.Close()
+			return nil, nil, err
+		}
+		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: lc.BlockSize, ReadOnly: lc.ReadOnly, Serial: lc.Serial})
+		if err != nil {
+			if c, ok := be.(backend.Closer); ok {
+				c.Close()
+			}
+			dev.Close()
+			return nil, nil, err
+		}
+		if err := dev.AddLU(lu); err != nil {
+			dev.Close()
+			return nil, nil, err
+		}
+	}
+	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Device: dev, Initiators: tc.Initiators}
+	if tc.CHAP != nil {
+		v, err := tc.CHAP.Value()
+		if err != nil {
+			return nil, nil, err
+		}
+		t.CHAP = &auth.Credentials{User: tc.CHAP.User, Secret: v}
+	}
+	if tc.MutualCHAP != nil {
+		v, err := tc.MutualCHAP.Value()
+		if err != nil {
+			return nil, nil, err
+		}
+		t.MutualCHAP = &auth.Credentials{User: tc.MutualCHAP.User, Secret: v}
+	}
+	return dev, t, nil
+}

@@ -1,0 +1,154 @@
+// Package datamover is the Datamover Interface (DI) of the Datamover
+// Architecture for iSCSI (seed 002, draft-ietf-ips-iwarp-da, §9-§11): the
+// contract between the iSCSI layer and a Datamover layer that moves its
+// PDUs and data. The traditional TCP datamover (datamover/tcp) and the iSER
+// datamover implement Conn; the iSCSI layer implements Upcalls.
+//
+// Primitive names map to Go names as follows:
+//
+//	Send_Control                     Conn.SendControl        (§9.1)
+//	Put_Data                         Conn.PutData            (§9.2)
+//	Get_Data                         Conn.GetData            (§9.3)
+//	Allocate_Connection_Resources    Conn.AllocateConnectionResources (§9.4)
+//	Deallocate_Connection_Resources  Conn.DeallocateConnectionResources (§9.5)
+//	Enable_Datamover                 Conn.EnableDatamover    (§9.6)
+//	Connection_Terminate             Conn.ConnectionTerminate (§9.7)
+//	Notice_Key_Values                Conn.NoticeKeyValues    (§9.8)
+//	Deallocate_Task_Resources        Conn.DeallocateTaskResources (§9.9)
+//	Control_Notify                   Upcalls.ControlNotify   (§10.1)
+//	Connection_Terminate_Notify      Upcalls.ConnectionTerminateNotify (§10.2)
+//	Data_Completion_Notify           Upcalls.DataCompletionNotify (§10.3)
+//	Data_ACK_Notify                  Upcalls.DataACKNotify   (§10.4)
+package datamover
+
+import (
+	"github.com/blockwire/blockwire/iscsi/pdu"
+)
+
+// PDU is one iSCSI PDU as it crosses the interface: the BHS, the raw AHS
+// and the data segment (without padding or digests).
+type PDU struct {
+	BHS  pdu.BHS
+	AHS  []byte
+	Data []byte
+}
+
+// Params are the negotiated key values a datamover needs (Notice_Key_Values,
+// seed 002 §9.8).
+type Params struct {
+	HeaderDigest bool
+	DataDigest   bool
+	// MaxRecvDataSegmentLength is what this side declared: the largest data
+	// segment it accepts.
+	MaxRecvDataSegmentLength int
+	// MaxXmitDataSegmentLength is what the peer declared: the largest data
+	// segment this side may send.
+	MaxXmitDataSegmentLength int
+	// RDMAExtensions, TargetRecvDataSegmentLength,
+	// InitiatorRecvDataSegmentLength and MaxOutstandingUnexpectedPDUs are
+	// the iSER keys (seed 004 §6); the TCP datamover ignores them.
+	RDMAExtensions                 bool
+	TargetRecvDataSegmentLength    int
+	InitiatorRecvDataSegmentLength int
+	MaxOutstandingUnexpectedPDUs   int
+}
+
+// Stamper fills the sequence numbers of an outgoing target PDU while the
+// datamover holds its transmit order: StatSN at bytes 24-27 (advanced when
+// advance is set), ExpCmdSN and MaxCmdSN at bytes 28-35. The iSCSI layer
+// provides it; calling it in transmit order keeps StatSN monotonic on the
+// wire (RFC 7143 §4.2.2.2).
+type Stamper func(h *pdu.BHS, advance bool)
+
+// DataIn describes one Put_Data: a contiguous range of a task's data-in
+// buffer (the Data_Descriptor of seed 002 §7.2) and, when Final and
+// WithStatus, the status that is collapsed into the last Data-In PDU (RFC
+// 7143 §11.7.2 phase collapse).
+type DataIn struct {
+	LUN        [8]byte
+	ITT        uint32
+	Data       []byte // the bytes to send
+	Offset     uint32 // buffer offset of Data[0]
+	DataSN     *uint32
+	Final      bool
+	WithStatus bool
+	Status     byte
+	Overflow   bool
+	Underflow  bool
+	Residual   uint32
+}
+
+// Conn is the Datamover of one iSCSI connection (the Connection_Handle of
+// seed 002 §7.3).
+type Conn interface {
+	// AllocateConnectionResources prepares the datamover for a connection
+	// that is logging in (§9.4). The TCP datamover needs nothing; iSER
+	// allocates its queues here (seed 004 §5.1).
+	AllocateConnectionResources(p Params) error
+	// DeallocateConnectionResources undoes a failed login (§9.5).
+	DeallocateConnectionResources()
+	// NoticeKeyValues tells the datamover the negotiated keys (§9.8).
+	NoticeKeyValues(p Params)
+	// EnableDatamover switches the connection into full feature phase
+	// (§9.6): negotiated digests and segment sizes apply from the next PDU.
+	// final is the final Login Response, which the datamover transmits
+	// before switching (seed 004 §5.1: the Login Response is sent in
+	// byte-streaming mode).
+	EnableDatamover(final *PDU) error
+	// SendControl transmits a control-type PDU (§9.1).
+	SendControl(p *PDU, advance bool) error
+	// PutData moves data-in to the initiator (§9.2): Data-In PDUs on TCP,
+	// RDMA Writes on iSER.
+	PutData(d *DataIn) error
+	// GetData solicits data-out from the initiator (§9.3): an R2T on TCP,
+	// RDMA Reads on iSER. buf receives the data at r2t.Offset.
+	GetData(r2t *pdu.R2T, buf []byte) error
+	// DeallocateTaskResources releases what the datamover holds for a task
+	// (§9.9).
+	DeallocateTaskResources(itt uint32)
+	// ConnectionTerminate closes the connection (§9.7).
+	ConnectionTerminate()
+	// Serve runs the receive loop, delivering every incoming PDU through
+	// up until the connection ends; it then calls
+	// ConnectionTerminateNotify once.
+	Serve(up Upcalls)
+	// RemoteAddr and LocalAddr describe the transport endpoints.
+	RemoteAddr() string
+	LocalAddr() string
+}
+
+// Upcalls are the iSCSI layer's operational primitives (seed 002 §10).
+type Upcalls interface {
+	// DataBuffer returns the buffer the data segment of an incoming PDU is
+	// placed in: the I/O buffer of its task for SCSI Command immediate data
+	// and Data-Out, so data lands where it belongs without a copy. It
+	// returns nil to let the datamover allocate (control PDUs), or an error
+	// when the PDU is to be rejected or the connection dropped.
+	DataBuffer(h *pdu.BHS) ([]byte, error)
+	// ControlNotify delivers a received PDU (§10.1). It runs on the receive
+	// goroutine; the PDU is valid until it returns.
+	ControlNotify(p *PDU) error
+	// ConnectionTerminateNotify reports that the transport connection has
+	// ended (§10.2).
+	ConnectionTerminateNotify(err error)
+	// DataCompletionNotify reports that all data solicited by a GetData
+	// has arrived (§10.3). The TCP datamover leaves this to the iSCSI
+	// layer's Data-Out accounting; RDMA datamovers call it on RDMA Read
+	// completion.
+	DataCompletionNotify(itt uint32, ttt uint32)
+	// DataACKNotify reports a Data-In acknowledgement (§10.4).
+	DataACKNotify(itt uint32, dataSN uint32)
+}
+
+// ErrorKind says how the receive loop handles an error from DataBuffer or
+// ControlNotify.
+type ProtocolError struct {
+	// Reject, when set, is answered with a Reject PDU carrying the header;
+	// otherwise the connection is dropped.
+	Reject bool
+	Reason pdu.RejectReason
+	Err    error
+}
+
+func (e *ProtocolError) Error() string { return e.Err.Error() }
+func (e *ProtocolError) Unwrap() error { return e.Err }

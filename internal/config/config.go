@@ -1,0 +1,231 @@
+// Package config is blockwire's declarative configuration: targets, their
+// LUNs and backends, portals, initiator ACLs and CHAP secrets, in TOML. It
+// validates everything before anything is served and reports each error
+// with its location.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the whole file.
+type Config struct {
+	// Listen lists the iSCSI/TCP portals, "host:port".
+	Listen  []string `toml:"listen"`
+	Targets []Target `toml:"target"`
+}
+
+// Target is one iSCSI target.
+type Target struct {
+	Name  string `toml:"name"`
+	Alias string `toml:"alias"`
+	// Initiators is the ACL: initiator names allowed to log in (empty: all).
+	Initiators []string `toml:"initiators"`
+	CHAP       *Secret  `toml:"chap"`
+	MutualCHAP *Secret  `toml:"mutual_chap"`
+	LUNs       []LUN    `toml:"lun"`
+}
+
+// Secret is a CHAP user and secret. The secret comes from exactly one of
+// Secret, SecretFile or SecretEnv.
+type Secret struct {
+	User       string `toml:"user"`
+	Secret     string `toml:"secret"`
+	SecretFile string `toml:"secret_file"`
+	SecretEnv  string `toml:"secret_env"`
+}
+
+// LUN is one logical unit.
+type LUN struct {
+	ID        uint64 `toml:"id"`
+	Size      string `toml:"size"` // e.g. "1GiB", "512MiB", bytes
+	File      string `toml:"file"` // empty: in memory
+	BlockSize int    `toml:"block_size"`
+	ReadOnly  bool   `toml:"read_only"`
+	Serial    string `toml:"serial"`
+}
+
+// Load reads and validates a configuration file.
+func Load(path string) (*Config, error) {
+	var c Config
+	md, err := toml.DecodeFile(path, &c)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	var errs []error
+	for _, k := range md.Undecoded() {
+		errs = append(errs, fmt.Errorf("%s: unknown key %s", path, k))
+	}
+	if err := c.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%s: %w", path, err))
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &c, nil
+}
+
+// Validate checks every field and returns all problems found.
+func (c *Config) Validate() error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(format, args...)) }
+	for i, l := range c.Listen {
+		if !strings.Contains(l, ":") {
+			add("listen[%d]: %q is not host:port", i, l)
+		}
+	}
+	names := map[string]bool{}
+	for i, t := range c.Targets {
+		where := fmt.Sprintf("target[%d]", i)
+		if err := ValidName(t.Name); err != nil {
+			add("%s.name: %v", where, err)
+		}
+		if names[t.Name] {
+			add("%s.name: duplicate target %q", where, t.Name)
+		}
+		names[t.Name] = true
+		for j, in := range t.Initiators {
+			if err := ValidName(in); err != nil {
+				add("%s.initiators[%d]: %v", where, j, err)
+			}
+		}
+		for _, s := range []struct {
+			name string
+			sec  *Secret
+		}{{"chap", t.CHAP}, {"mutual_chap", t.MutualCHAP}} {
+			if s.sec == nil {
+				continue
+			}
+			if s.sec.User == "" {
+				add("%s.%s.user: empty", where, s.name)
+			}
+			if _, err := s.sec.Value(); err != nil {
+				add("%s.%s: %v", where, s.name, err)
+			}
+		}
+		if t.MutualCHAP != nil && t.CHAP == nil {
+			add("%s.mutual_chap: needs chap as well", where)
+		}
+		if t.CHAP != nil && t.MutualCHAP != nil {
+			a, _ := t.CHAP.Value()
+			b, _ := t.MutualCHAP.Value()
+			if a != "" && a == b {
+				add("%s: chap and mutual_chap use the same secret (RFC 7143 §12.1.3 forbids it)", where)
+			}
+		}
+		if len(t.LUNs) == 0 {
+			add("%s: no lun", where)
+		}
+		ids := map[uint64]bool{}
+		for j, l := range t.LUNs {
+			lw := fmt.Sprintf("%s.lun[%d]", where, j)
+			if ids[l.ID] {
+				add("%s.id: duplicate LUN %d", lw, l.ID)
+			}
+			ids[l.ID] = true
+			if l.ID > 16383 {
+				add("%s.id: %d above 16383", lw, l.ID)
+			}
+			if l.Size != "" {
+				if _, err := ParseSize(l.Size); err != nil {
+					add("%s.size: %v", lw, err)
+				}
+			} else if l.File == "" {
+				add("%s: an in-memory LUN needs a size", lw)
+			}
+			if bs := l.BlockSize; bs != 0 && bs != 512 && bs != 4096 {
+				add("%s.block_size: %d (512 or 4096)", lw, bs)
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Value returns the secret from wherever it is configured to come from.
+func (s *Secret) Value() (string, error) {
+	n := 0
+	for _, v := range []string{s.Secret, s.SecretFile, s.SecretEnv} {
+		if v != "" {
+			n++
+		}
+	}
+	if n != 1 {
+		return "", errors.New("exactly one of secret, secret_file, secret_env must be set")
+	}
+	switch {
+	case s.SecretFile != "":
+		b, err := os.ReadFile(s.SecretFile)
+		if err != nil {
+			return "", err
+		}
+		v := strings.TrimRight(string(b), "\r\n")
+		if v == "" {
+			return "", fmt.Errorf("secret_file %s is empty", s.SecretFile)
+		}
+		return v, nil
+	case s.SecretEnv != "":
+		v := os.Getenv(s.SecretEnv)
+		if v == "" {
+			return "", fmt.Errorf("environment variable %s is empty or unset", s.SecretEnv)
+		}
+		return v, nil
+	}
+	return s.Secret, nil
+}
+
+// ValidName checks the form of an iSCSI name (RFC 7143 §4.2.7): iqn.,
+// eui. or naa. followed by allowed characters, at most 223 bytes.
+func ValidName(n string) error {
+	if n == "" {
+		return errors.New("empty iSCSI name")
+	}
+	if len(n) > 223 {
+		return fmt.Errorf("iSCSI name of %d bytes exceeds 223", len(n))
+	}
+	lower := strings.ToLower(n)
+	if !strings.HasPrefix(lower, "iqn.") && !strings.HasPrefix(lower, "eui.") && !strings.HasPrefix(lower, "naa.") {
+		return fmt.Errorf("iSCSI name %q does not start with iqn., eui. or naa.", n)
+	}
+	for _, r := range n {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == ':') {
+			return fmt.Errorf("iSCSI name %q contains %q", n, r)
+		}
+	}
+	return nil
+}
+
+// ParseSize parses "1GiB", "512MiB", "4k", "1G" (binary multiples) or a
+// plain byte count.
+func ParseSize(s string) (int64, error) {
+	t := strings.TrimSpace(s)
+	mult := int64(1)
+	units := []struct {
+		suf string
+		m   int64
+	}{
+		{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10},
+		{"T", 1 << 40}, {"G", 1 << 30}, {"M", 1 << 20}, {"K", 1 << 10}, {"k", 1 << 10},
+		{"t", 1 << 40}, {"g", 1 << 30}, {"m", 1 << 20}, {"B", 1},
+	}
+	for _, u := range units {
+		if strings.HasSuffix(t, u.suf) {
+			mult = u.m
+			t = strings.TrimSuffix(t, u.suf)
+			break
+		}
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	if n > (1<<62)/mult {
+		return 0, fmt.Errorf("size %q too large", s)
+	}
+	return n * mult, nil
+}

@@ -1,0 +1,125 @@
+// Package pdu is the iSCSI PDU codec of RFC 7143 §11: the 48-byte Basic
+// Header Segment with typed views for every opcode in both directions,
+// Additional Header Segments, data-segment padding and CRC32C digests. It
+// does no I/O: framing on a byte stream belongs to the TCP datamover.
+package pdu
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// BHSLen is the size of the Basic Header Segment (RFC 7143 §11.2.1).
+const BHSLen = 48
+
+// Opcode is the 6-bit iSCSI opcode (RFC 7143 §11.2.1.2).
+type Opcode byte
+
+// Initiator opcodes.
+const (
+	OpNopOut      Opcode = 0x00
+	OpSCSICommand Opcode = 0x01
+	OpTaskMgmtReq Opcode = 0x02
+	OpLoginReq    Opcode = 0x03
+	OpTextReq     Opcode = 0x04
+	OpDataOut     Opcode = 0x05
+	OpLogoutReq   Opcode = 0x06
+	OpSNACKReq    Opcode = 0x10
+)
+
+// Target opcodes.
+const (
+	OpNopIn        Opcode = 0x20
+	OpSCSIResponse Opcode = 0x21
+	OpTaskMgmtResp Opcode = 0x22
+	OpLoginResp    Opcode = 0x23
+	OpTextResp     Opcode = 0x24
+	OpDataIn       Opcode = 0x25
+	OpLogoutResp   Opcode = 0x26
+	OpR2T          Opcode = 0x31
+	OpAsyncMsg     Opcode = 0x32
+	OpReject       Opcode = 0x3f
+)
+
+var opNames = map[Opcode]string{
+	OpNopOut: "NOP-Out", OpSCSICommand: "SCSI Command", OpTaskMgmtReq: "Task Management Request",
+	OpLoginReq: "Login Request", OpTextReq: "Text Request", OpDataOut: "SCSI Data-Out",
+	OpLogoutReq: "Logout Request", OpSNACKReq: "SNACK Request", OpNopIn: "NOP-In",
+	OpSCSIResponse: "SCSI Response", OpTaskMgmtResp: "Task Management Response",
+	OpLoginResp: "Login Response", OpTextResp: "Text Response", OpDataIn: "SCSI Data-In",
+	OpLogoutResp: "Logout Response", OpR2T: "R2T", OpAsyncMsg: "Asynchronous Message", OpReject: "Reject",
+}
+
+func (o Opcode) String() string {
+	if n, ok := opNames[o]; ok {
+		return n
+	}
+	return fmt.Sprintf("opcode %#02x", byte(o))
+}
+
+// Known reports whether o is an opcode RFC 7143 defines.
+func (o Opcode) Known() bool { _, ok := opNames[o]; return ok }
+
+// FromInitiator reports whether o is sent by initiators.
+func (o Opcode) FromInitiator() bool { return o < 0x20 }
+
+// BHS is a raw Basic Header Segment with accessors for the fields every
+// opcode shares.
+type BHS [BHSLen]byte
+
+// Opcode returns the opcode.
+func (h *BHS) Opcode() Opcode { return Opcode(h[0] & 0x3f) }
+
+// Immediate reports the I bit (initiator PDUs).
+func (h *BHS) Immediate() bool { return h[0]&0x40 != 0 }
+
+// Final reports the F bit (byte 1 bit 7).
+func (h *BHS) Final() bool { return h[1]&0x80 != 0 }
+
+// TotalAHSLength returns the AHS length in bytes.
+func (h *BHS) TotalAHSLength() int { return int(h[4]) * 4 }
+
+// DataSegmentLength returns the data segment length in bytes, without
+// padding.
+func (h *BHS) DataSegmentLength() int {
+	return int(h[5])<<16 | int(h[6])<<8 | int(h[7])
+}
+
+// SetDataSegmentLength sets the 24-bit data segment length.
+func (h *BHS) SetDataSegmentLength(n int) {
+	h[5], h[6], h[7] = byte(n>>16), byte(n>>8), byte(n)
+}
+
+// SetTotalAHSLength sets the AHS length, which must be a multiple of 4.
+func (h *BHS) SetTotalAHSLength(n int) { h[4] = byte(n / 4) }
+
+// ITT returns the Initiator Task Tag (bytes 16-19).
+func (h *BHS) ITT() uint32 { return binary.BigEndian.Uint32(h[16:20]) }
+
+// LUN returns bytes 8-15.
+func (h *BHS) LUN() [8]byte { return [8]byte(h[8:16]) }
+
+func (h *BHS) u32(off int) uint32              { return binary.BigEndian.Uint32(h[off:]) }
+func (h *BHS) put32(off int, v uint32)         { binary.BigEndian.PutUint32(h[off:], v) }
+func (h *BHS) u16(off int) uint16              { return binary.BigEndian.Uint16(h[off:]) }
+func (h *BHS) put16(off int, v uint16)         { binary.BigEndian.PutUint16(h[off:], v) }
+func (h *BHS) bit(byteOff int, mask byte) bool { return h[byteOff]&mask != 0 }
+func (h *BHS) setBit(byteOff int, mask byte, on bool) {
+	if on {
+		h[byteOff] |= mask
+	}
+}
+
+// Pad returns the number of pad bytes after a data segment of n bytes
+// (RFC 7143 §11.2.3: padded to a multiple of 4).
+func Pad(n int) int { return (4 - n&3) & 3 }
+
+// PaddedLen returns n rounded up to a multiple of 4.
+func PaddedLen(n int) int { return n + Pad(n) }
+
+// ReservedITT is the ITT value 0xffffffff, reserved for PDUs not tied to a
+// task (RFC 7143 §11.2.1.8).
+const ReservedITT = 0xffffffff
+
+// ReservedTTT is the TTT value meaning "no transfer tag".
+const ReservedTTT = 0xffffffff

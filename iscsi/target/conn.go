@@ -1,0 +1,705 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/tcp"
+	"github.com/blockwire/blockwire/internal/serial"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/iscsi/text"
+	"github.com/blockwire/blockwire/scsi"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+// conn is one iSCSI connection. It implements datamover.Upcalls: the
+// datamover's receive goroutine calls it for every PDU.
+type conn struct {
+	srv *Server
+	nc  net.Conn
+	dm  *tcp.Conn
+	log *slog.Logger
+
+	login    loginState
+	loginITT uint32
+	ffp      atomic.Bool
+
+	sess    *session
+	cid     uint16
+	conf    sessionParams
+	maxXmit int
+
+	// statSN is touched only by stamp, which the datamover calls under its
+	// transmit lock.
+	statSN uint32
+
+	mu        sync.Mutex
+	tasks     map[uint32]*task // by ITT
+	byTTT     map[uint32]*task
+	nextTTT   uint32
+	closed    bool
+	loggedOut bool
+	inflight  sync.WaitGroup
+
+	// Receive-goroutine state between DataBuffer and ControlNotify.
+	pendingTask *task
+	pendingDO   doPlacement
+
+	// Text negotiation continuation (RFC 7143 §11.10-11).
+	textIn   []byte
+	textOut  []byte
+	textTTT  uint32
+	lastRecv atomic.Int64
+	pingTTT  atomic.Uint32
+	pingSent atomic.Int64
+	stop     chan struct{}
+	stopOnce sync.Once
+}
+
+type doPlacement struct {
+	t     *task
+	burst *burst
+	off   uint32
+	n     uint32
+	valid bool
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	c := &conn{
+		srv:   s,
+		nc:    nc,
+		log:   s.log.With("remote", nc.RemoteAddr().String()),
+		tasks: map[uint32]*task{},
+		byTTT: map[uint32]*task{},
+		stop:  make(chan struct{}),
+	}
+	c.statSN = 1
+	c.dm = tcp.New(nc, c.stamp)
+	return c
+}
+
+func (c *conn) run() {
+	c.nc.SetReadDeadline(time.Now().Add(c.srv.opts.LoginTimeout))
+	c.lastRecv.Store(time.Now().UnixNano())
+	c.dm.Serve(c)
+}
+
+// stamp fills StatSN, ExpCmdSN and MaxCmdSN (datamover.Stamper).
+func (c *conn) stamp(h *pdu.BHS, advance bool) {
+	put := func(off int, v uint32) {
+		h[off], h[off+1], h[off+2], h[off+3] = byte(v>>24), byte(v>>16), byte(v>>8), byte(v)
+	}
+	put(24, c.statSN)
+	if advance {
+		c.statSN++
+	}
+	if ss := c.sess; ss != nil {
+		put(28, ss.expCmdSN.Load())
+		put(32, ss.maxCmdSN.Load())
+	} else {
+		put(28, c.login.cmdSN)
+		put(32, c.login.cmdSN)
+	}
+}
+
+// terminate drops the connection (its Serve loop then cleans up).
+func (c *conn) terminate() { c.dm.ConnectionTerminate() }
+
+// ConnectionTerminateNotify implements datamover.Upcalls (seed 002 §10.2):
+// tasks of the connection are aborted and, at ERL 0, a connection lost
+// without Logout takes its session down (RFC 7143 §7.1.4, §6.3.5).
+func (c *conn) ConnectionTerminateNotify(err error) {
+	c.stopOnce.Do(func() { close(c.stop) })
+	c.mu.Lock()
+	c.closed = true
+	loggedOut := c.loggedOut
+	var waiting []*task
+	for _, t := range c.tasks {
+		t.aborted = true
+		if !t.executing {
+			waiting = append(waiting, t)
+		}
+	}
+	c.mu.Unlock()
+	for _, t := range waiting {
+		c.release(t, false)
+	}
+	c.inflight.Wait()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		c.log.Warn("connection ended", "err", err)
+	} else {
+		c.log.Debug("connection ended")
+	}
+	if ss := c.sess; ss != nil {
+		ss.removeConn(c)
+		if !loggedOut && ss.params.ErrorRecoveryLevel == 0 {
+			ss.close("connection lost at ErrorRecoveryLevel 0")
+		}
+	}
+}
+
+// DataCompletionNotify implements datamover.Upcalls; the TCP datamover does
+// not use it (Data-Out accounting is below, in ControlNotify).
+func (c *conn) DataCompletionNotify(itt, ttt uint32) {}
+
+// DataACKNotify implements datamover.Upcalls; unused at ERL 0.
+func (c *conn) DataACKNotify(itt, dataSN uint32) {}
+
+func reject(reason pdu.RejectReason, format string, args ...any) error {
+	return &datamover.ProtocolError{Reject: true, Reason: reason, Err: fmt.Errorf(format, args...)}
+}
+
+func asReject(err error) error {
+	var pe *pdu.Error
+	if errors.As(err, &pe) {
+		return &datamover.ProtocolError{Reject: true, Reason: pe.Reason, Err: err}
+	}
+	return err
+}
+
+// DataBuffer implements datamover.Upcalls: immediate data and Data-Out
+// land directly in their task's I/O buffer.
+func (c *conn) DataBuffer(h *pdu.BHS) ([]byte, error) {
+	if !c.ffp.Load() {
+		return nil, nil
+	}
+	switch h.Opcode() {
+	case pdu.OpSCSICommand:
+		t, err := c.newTask(h)
+		if err != nil {
+			return nil, err
+		}
+		c.pendingTask = t
+		n := h.DataSegmentLength()
+		return t.buf[:n], nil
+	case pdu.OpDataOut:
+		pl, err := c.placeDataOut(h)
+		if err != nil {
+			return nil, err
+		}
+		c.pendingDO = pl
+		if pl.t == nil {
+			return nil, nil // discard into scratch
+		}
+		return pl.t.buf[pl.off : pl.off+pl.n], nil
+	}
+	return nil, nil
+}
+
+// ControlNotify implements datamover.Upcalls (seed 002 §10.1).
+func (c *conn) ControlNotify(p *datamover.PDU) error {
+	c.lastRecv.Store(time.Now().UnixNano())
+	if !c.ffp.Load() {
+		if err := c.handleLogin(p); err != nil {
+			return err
+		}
+		return nil
+	}
+	op := p.BHS.Opcode()
+	if c.sess.discovery {
+		switch op {
+		case pdu.OpTextReq, pdu.OpLogoutReq, pdu.OpNopOut:
+		default:
+			return reject(pdu.RejectProtocolError, "iscsi: %s in a discovery session (RFC 7143 §4.3)", op)
+		}
+	}
+	switch op {
+	case pdu.OpSCSICommand:
+		return c.handleCommand(p)
+	case pdu.OpDataOut:
+		return c.handleDataOut(p)
+	case pdu.OpNopOut:
+		return c.handleNopOut(p)
+	case pdu.OpTaskMgmtReq:
+		return c.handleTMF(p)
+	case pdu.OpTextReq:
+		return c.handleText(p)
+	case pdu.OpLogoutReq:
+		return c.handleLogout(p)
+	case pdu.OpSNACKReq:
+		// RFC 7143 §11.16: at ErrorRecoveryLevel 0 SNACK is not supported.
+		return reject(pdu.RejectProtocolError, "iscsi: SNACK at ErrorRecoveryLevel 0 (RFC 7143 §11.16)")
+	case pdu.OpLoginReq:
+		return reject(pdu.RejectProtocolError, "iscsi: Login Request in full feature phase (RFC 7143 §6.3)")
+	}
+	if !op.Known() {
+		return reject(pdu.RejectCommandNotSupported, "iscsi: unknown opcode %#02x (RFC 7143 §11.17.1)", byte(op))
+	}
+	return reject(pdu.RejectProtocolError, "iscsi: %s is a target opcode (RFC 7143 §11.2.1.2)", op)
+}
+
+// sendPDU encodes and sends a control PDU.
+func (c *conn) send(h *pdu.BHS, data []byte, advance bool) error {
+	p := datamover.PDU{BHS: *h, Data: data}
+	return c.dm.SendControl(&p, advance)
+}
+
+// NOP ------------------------------------------------------------------
+
+type nopDelivery struct {
+	c    *conn
+	nop  pdu.NopOut
+	data []byte
+}
+
+func (d *nopDelivery) deliver() {
+	if d.nop.ITT == pdu.ReservedITT {
+		return
+	}
+	in := pdu.NopIn{LUN: d.nop.LUN, ITT: d.nop.ITT, TTT: pdu.ReservedTTT}
+	var h pdu.BHS
+	in.Encode(&h)
+	d.c.send(&h, d.data, true)
+}
+func (d *nopDelivery) drop() {}
+
+func (c *conn) handleNopOut(p *datamover.PDU) error {
+	var n pdu.NopOut
+	if err := n.Decode(&p.BHS); err != nil {
+		return asReject(err)
+	}
+	if n.ITT == pdu.ReservedITT {
+		// The answer to our ping (RFC 7143 §11.18.3).
+		if n.TTT == c.pingTTT.Load() {
+			c.pingSent.Store(0)
+		}
+		return nil
+	}
+	data := p.Data
+	if len(data) > c.maxXmit {
+		data = data[:c.maxXmit]
+	}
+	d := &nopDelivery{c: c, nop: n, data: append([]byte(nil), data...)}
+	c.sess.sequence(n.CmdSN, n.Immediate, d)
+	return nil
+}
+
+// pinger sends NOP-In pings on idle connections and drops connections that
+// stop answering (RFC 7143 §11.19: target-initiated NOP-In with a TTT).
+func (c *conn) pinger() {
+	iv := c.srv.opts.NopInterval
+	if iv < 0 {
+		return
+	}
+	tick := time.NewTicker(min(iv, c.srv.opts.NopTimeout) / 2)
+	defer tick.Stop()
+	ttt := uint32(0)
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+		}
+		now := time.Now()
+		if sent := c.pingSent.Load(); sent != 0 {
+			if now.Sub(time.Unix(0, sent)) > c.srv.opts.NopTimeout {
+				c.log.Warn("dropping connection: NOP-In ping unanswered", "timeout", c.srv.opts.NopTimeout)
+				c.terminate()
+				return
+			}
+			continue
+		}
+		if now.Sub(time.Unix(0, c.lastRecv.Load())) < iv {
+			continue
+		}
+		ttt++
+		if ttt == pdu.ReservedTTT {
+			ttt = 1
+		}
+		c.pingTTT.Store(ttt)
+		c.pingSent.Store(now.UnixNano())
+		in := pdu.NopIn{ITT: pdu.ReservedITT, TTT: ttt}
+		var h pdu.BHS
+		in.Encode(&h)
+		if err := c.send(&h, nil, false); err != nil {
+			return
+		}
+	}
+}
+
+// requestLogout sends an Async Message asking the initiator to log out
+// within wait seconds (RFC 7143 §11.9.1, event 1).
+func (c *conn) requestLogout(wait int) {
+	if !c.ffp.Load() {
+		c.terminate()
+		return
+	}
+	if c.sess.discovery {
+		c.terminate()
+		return
+	}
+	m := pdu.AsyncMsg{Event: pdu.AsyncLogoutRequest, Parameter3: uint16(wait)}
+	var h pdu.BHS
+	m.Encode(&h)
+	if err := c.send(&h, nil, true); err != nil {
+		c.terminate()
+	}
+}
+
+// drainAndClose waits for executing commands, then drops the connection.
+func (c *conn) drainAndClose() {
+	go func() {
+		c.inflight.Wait()
+		c.terminate()
+	}()
+}
+
+// Text -----------------------------------------------------------------
+
+type textDelivery struct {
+	c   *conn
+	req pdu.TextReq
+	kvs []text.KV
+}
+
+func (d *textDelivery) drop() {}
+
+func (d *textDelivery) deliver() {
+	c := d.c
+	var out []byte
+	for _, kv := range d.kvs {
+		if kv.Key == "SendTargets" {
+			out = c.sendTargets(out, kv.Value)
+		}
+	}
+	var rest []text.KV
+	for _, kv := range d.kvs {
+		if kv.Key != "SendTargets" {
+			rest = append(rest, kv)
+		}
+	}
+	if len(rest) > 0 {
+		// Full feature phase renegotiation (RFC 7143 §6.2): only keys
+		// without the InitializeOnly restriction may change.
+		neg := text.NewNegotiator(c.srv.localKeys(), false)
+		ans, err := neg.Respond(rest, text.Context{Login: false})
+		if err == nil {
+			out = text.Append(out, ans...)
+			if v, ok := neg.Peer("MaxRecvDataSegmentLength"); ok {
+				if n, err := text.ParseNumber(v); err == nil {
+					c.setMaxXmit(int(n))
+				}
+			}
+		}
+	}
+	c.textOut = out
+	c.sendTextChunk(d.req.ITT, d.req.LUN)
+}
+
+func (c *conn) setMaxXmit(n int) {
+	c.maxXmit = n
+	c.dm.SetMaxXmit(n)
+}
+
+// sendTextChunk sends the next part of a text response, continuing with C=1
+// when it does not fit the initiator's MaxRecvDataSegmentLength (RFC 7143
+// §11.11.2).
+func (c *conn) sendTextChunk(itt uint32, lun [8]byte) {
+	out := c.textOut
+	r := pdu.TextResp{ITT: itt, LUN: lun, TTT: pdu.ReservedTTT, Final: true}
+	if len(out) > c.maxXmit {
+		c.textTTT++
+		if c.textTTT == pdu.ReservedTTT {
+			c.textTTT = 1
+		}
+		r.Final, r.Continue, r.TTT = false, true, c.textTTT
+		c.textOut = out[c.maxXmit:]
+		out = out[:c.maxXmit]
+	} else {
+		c.textOut = nil
+	}
+	var h pdu.BHS
+	r.Encode(&h)
+	c.send(&h, out, true)
+}
+
+func (c *conn) handleText(p *datamover.PDU) error {
+	var req pdu.TextReq
+	if err := req.Decode(&p.BHS); err != nil {
+		return asReject(err)
+	}
+	if req.TTT != pdu.ReservedTTT {
+		// Continuation of a long response, or of the initiator's text.
+		if req.TTT != c.textTTT || (c.textOut == nil && c.textIn == nil) {
+			return reject(pdu.RejectInvalidPDUField, "iscsi: Text Request with unknown TTT %#x (RFC 7143 §11.10.4)", req.TTT)
+		}
+		if c.textOut != nil && len(p.Data) == 0 {
+			c.sendTextChunk(req.ITT, req.LUN)
+			return nil
+		}
+	} else {
+		c.textOut = nil
+	}
+	if len(c.textIn)+len(p.Data) > text.MaxTextLen {
+		c.textIn = nil
+		return reject(pdu.RejectProtocolError, "iscsi: text request exceeds %d bytes", text.MaxTextLen)
+	}
+	c.textIn = append(c.textIn, p.Data...)
+	if req.Continue || !req.Final {
+		// More text follows: acknowledge with an empty response and a TTT
+		// (RFC 7143 §11.10.2).
+		c.textTTT++
+		if c.textTTT == pdu.ReservedTTT {
+			c.textTTT = 1
+		}
+		r := pdu.TextResp{ITT: req.ITT, LUN: req.LUN, TTT: c.textTTT}
+		var h pdu.BHS
+		r.Encode(&h)
+		c.send(&h, nil, true)
+		return nil
+	}
+	kvs, err := text.Parse(c.textIn)
+	c.textIn = nil
+	if err != nil {
+		return reject(pdu.RejectProtocolError, "%v", err)
+	}
+	c.sess.sequence(req.CmdSN, req.Immediate, &textDelivery{c: c, req: req, kvs: kvs})
+	return nil
+}
+
+// sendTargets appends the SendTargets answer (RFC 7143 Appendix C).
+func (c *conn) sendTargets(out []byte, which string) []byte {
+	var list []*Target
+	switch {
+	case which == "All" && c.sess.discovery:
+		list = c.srv.targetList()
+	case which == "All" || which == "":
+		if !c.sess.discovery {
+			list = []*Target{c.sess.tgt}
+		}
+	default:
+		if t := c.srv.target(which); t != nil {
+			list = []*Target{t}
+		}
+	}
+	for _, t := range list {
+		if !t.allows(c.sess.initiator) {
+			continue
+		}
+		out = text.Append(out, text.KV{Key: "TargetName", Value: t.Name})
+		for _, a := range c.srv.portalAddrs(c.nc.LocalAddr()) {
+			out = text.Append(out, text.KV{Key: "TargetAddress", Value: a + "," + strconv.Itoa(int(t.TPGT))})
+		}
+	}
+	return out
+}
+
+// portalAddrs lists the portals, replacing wildcard listen addresses with
+// the address the initiator reached.
+func (s *Server) portalAddrs(local net.Addr) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, p := range s.portals {
+		host, port, err := net.SplitHostPort(p)
+		if err != nil {
+			continue
+		}
+		ip := net.ParseIP(host)
+		if ip == nil || ip.IsUnspecified() {
+			if la, ok := local.(*net.TCPAddr); ok {
+				host = la.IP.String()
+			}
+		}
+		out = append(out, net.JoinHostPort(host, port))
+	}
+	return out
+}
+
+// Logout ---------------------------------------------------------------
+
+type logoutDelivery struct {
+	c   *conn
+	req pdu.LogoutReq
+}
+
+func (d *logoutDelivery) drop()    {}
+func (d *logoutDelivery) deliver() { go d.c.logout(d.req) }
+
+func (c *conn) handleLogout(p *datamover.PDU) error {
+	var req pdu.LogoutReq
+	if err := req.Decode(&p.BHS); err != nil {
+		return asReject(err)
+	}
+	c.sess.sequence(req.CmdSN, req.Immediate, &logoutDelivery{c: c, req: req})
+	return nil
+}
+
+// logout carries out a Logout Request (RFC 7143 §11.14): the response is
+// sent after the affected connections' commands have completed.
+func (c *conn) logout(req pdu.LogoutReq) {
+	resp := pdu.LogoutResp{ITT: req.ITT, Time2Wait: c.conf.DefaultTime2Wait, Time2Retain: c.conf.DefaultTime2Retain}
+	closeSelf := false
+	switch req.Reason {
+	case pdu.LogoutCloseSession:
+		for _, o := range c.sess.connList() {
+			o.inflight.Wait()
+		}
+		closeSelf = true
+	case pdu.LogoutCloseConnection:
+		if req.CID == c.cid {
+			c.inflight.Wait()
+			closeSelf = true
+		} else {
+			var other *conn
+			for _, o := range c.sess.connList() {
+				if o.cid == req.CID {
+					other = o
+				}
+			}
+			if other == nil {
+				resp.Response = pdu.LogoutRespCIDNotFound
+			} else {
+				other.mu.Lock()
+				other.loggedOut = true
+				other.mu.Unlock()
+				other.inflight.Wait()
+				other.terminate()
+			}
+		}
+	case pdu.LogoutRecovery:
+		resp.Response = pdu.LogoutRespNoRecovery
+	}
+	if closeSelf {
+		c.mu.Lock()
+		c.loggedOut = req.Reason == pdu.LogoutCloseConnection
+		c.mu.Unlock()
+	}
+	var h pdu.BHS
+	resp.Encode(&h)
+	c.send(&h, nil, true)
+	if closeSelf {
+		c.log.Info("logout", "reason", req.Reason)
+		if req.Reason == pdu.LogoutCloseSession {
+			for _, o := range c.sess.connList() {
+				if o != c {
+					o.mu.Lock()
+					o.loggedOut = true
+					o.mu.Unlock()
+					o.terminate()
+				}
+			}
+		}
+		c.terminate()
+	}
+}
+
+// Task management --------------------------------------------------------
+
+type tmfDelivery struct {
+	c   *conn
+	req pdu.TaskMgmtReq
+}
+
+func (d *tmfDelivery) drop()    {}
+func (d *tmfDelivery) deliver() { go d.c.taskManagement(d.req) }
+
+func (c *conn) handleTMF(p *datamover.PDU) error {
+	var req pdu.TaskMgmtReq
+	if err := req.Decode(&p.BHS); err != nil {
+		return asReject(err)
+	}
+	c.sess.sequence(req.CmdSN, req.Immediate, &tmfDelivery{c: c, req: req})
+	return nil
+}
+
+// taskManagement runs one task management function (RFC 7143 §11.5) and
+// answers only after the affected tasks have really ended.
+func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
+	ss := c.sess
+	dev := ss.tgt.Device
+	resp := pdu.TaskMgmtResp{ITT: req.ITT, Response: pdu.TMFRespComplete}
+	lun, lunErr := scsi.DecodeLUN(req.LUN)
+	mapRes := func(r scsitarget.TMFResult) byte {
+		switch r {
+		case scsitarget.TMFNoSuchTask:
+			return pdu.TMFRespNoTask
+		case scsitarget.TMFNoSuchLUN:
+			return pdu.TMFRespNoLUN
+		case scsitarget.TMFRejected:
+			return pdu.TMFRespRejected
+		}
+		return pdu.TMFRespComplete
+	}
+	needLUN := func() bool {
+		if lunErr != nil || dev.LU(lun) == nil {
+			resp.Response = pdu.TMFRespNoLUN
+			return false
+		}
+		return true
+	}
+	cold := false
+	switch req.Function {
+	case pdu.TMFAbortTask:
+		if !needLUN() {
+			break
+		}
+		t := c.findTask(req.RTT)
+		switch {
+		case t != nil:
+			resp.Response = mapRes(dev.AbortTask(ss.nexus, lun, uint64(req.RTT)))
+			if resp.Response == pdu.TMFRespNoTask {
+				// Not yet in the task set (waiting for its CmdSN or data):
+				// abort it here.
+				c.abortLocal(t)
+				resp.Response = pdu.TMFRespComplete
+			}
+		case serial.InWindow(req.RefCmdSN, ss.expCmdSN.Load(), ss.maxCmdSN.Load()):
+			// RFC 7143 §11.5.1 (b): the referenced command has not arrived;
+			// the target considers it received and reports completion.
+			resp.Response = pdu.TMFRespComplete
+		default:
+			resp.Response = pdu.TMFRespNoTask
+		}
+	case pdu.TMFAbortTaskSet:
+		if needLUN() {
+			resp.Response = mapRes(dev.AbortTaskSet(ss.nexus, lun))
+		}
+	case pdu.TMFClearTaskSet:
+		if needLUN() {
+			resp.Response = mapRes(dev.ClearTaskSet(ss.nexus, lun))
+		}
+	case pdu.TMFLUReset:
+		if needLUN() {
+			resp.Response = mapRes(dev.ResetLU(ss.nexus, lun))
+		}
+	case pdu.TMFTargetWarmReset:
+		dev.ResetTarget()
+	case pdu.TMFTargetColdReset:
+		dev.ResetTarget()
+		cold = true
+	case pdu.TMFClearACA:
+		resp.Response = pdu.TMFRespNotSupported
+	case pdu.TMFTaskReassign:
+		// RFC 7143 §11.5.1: reassignment needs ErrorRecoveryLevel 2.
+		resp.Response = pdu.TMFRespNoReassign
+	default:
+		resp.Response = pdu.TMFRespRejected
+	}
+	c.log.Info("task management", "function", req.Function, "lun", lun, "rtt", fmt.Sprintf("%#x", req.RTT), "response", resp.Response)
+	var h pdu.BHS
+	resp.Encode(&h)
+	c.send(&h, nil, true)
+	if cold {
+		// RFC 7143 §11.5.1: after a target cold reset the target drops all
+		// its connections.
+		c.srv.mu.Lock()
+		var all []*session
+		for _, s2 := range c.srv.sessions {
+			if s2.tgt == ss.tgt {
+				all = append(all, s2)
+			}
+		}
+		c.srv.mu.Unlock()
+		for _, s2 := range all {
+			s2.close("target cold reset")
+		}
+	}
+}

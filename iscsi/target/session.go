@@ -1,0 +1,170 @@
+package target
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/blockwire/blockwire/internal/serial"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+// sessionParams are the session-wide (leading-only) negotiated values.
+type sessionParams struct {
+	InitialR2T          bool
+	ImmediateData       bool
+	FirstBurstLength    uint32
+	MaxBurstLength      uint32
+	MaxOutstandingR2T   int
+	DataPDUInOrder      bool
+	DataSequenceInOrder bool
+	ErrorRecoveryLevel  int
+	MaxConnections      int
+	DefaultTime2Wait    uint16
+	DefaultTime2Retain  uint16
+}
+
+// deliverer is something that waits for its CmdSN turn.
+type deliverer interface {
+	deliver()
+	drop()
+}
+
+// session is one iSCSI session (RFC 7143 §4.4): an I_T nexus with one or
+// more connections and one command window.
+type session struct {
+	srv        *Server
+	tsih       uint16
+	isid       [6]byte
+	initiator  string
+	alias      string
+	targetName string
+	tgt        *Target
+	discovery  bool
+	nexus      *scsitarget.Nexus
+	params     sessionParams
+
+	expCmdSN atomic.Uint32
+	maxCmdSN atomic.Uint32
+
+	mu      sync.Mutex
+	window  uint32
+	pending map[uint32]deliverer
+	conns   map[uint16]*conn
+	closed  bool
+}
+
+// SessionInfo describes a session for administration.
+type SessionInfo struct {
+	TSIH        uint16
+	Initiator   string
+	ISID        [6]byte
+	Target      string
+	Discovery   bool
+	Connections int
+}
+
+func (ss *session) info() SessionInfo {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	return SessionInfo{TSIH: ss.tsih, Initiator: ss.initiator, ISID: ss.isid, Target: ss.targetName,
+		Discovery: ss.discovery, Connections: len(ss.conns)}
+}
+
+func (ss *session) setExpCmdSN(exp uint32) {
+	ss.expCmdSN.Store(exp)
+	ss.maxCmdSN.Store(exp + ss.window - 1)
+}
+
+// sequence admits a command-carrying PDU in CmdSN order (RFC 7143
+// §4.2.2.1). Immediate PDUs are delivered at once and do not advance
+// ExpCmdSN. A non-immediate PDU outside [ExpCmdSN, MaxCmdSN], or a
+// duplicate, is silently ignored as the RFC requires: sequence calls its
+// drop and returns false. Deliveries happen under the session lock so that
+// commands arriving on different connections enter the task set in CmdSN
+// order.
+func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if immediate {
+		d.deliver()
+		return true
+	}
+	exp := ss.expCmdSN.Load()
+	if !serial.InWindow(cmdSN, exp, ss.maxCmdSN.Load()) {
+		d.drop()
+		return false
+	}
+	if cmdSN != exp {
+		if _, dup := ss.pending[cmdSN]; dup {
+			d.drop()
+			return false
+		}
+		if ss.pending == nil {
+			ss.pending = map[uint32]deliverer{}
+		}
+		ss.pending[cmdSN] = d
+		return true
+	}
+	d.deliver()
+	exp++
+	for len(ss.pending) > 0 {
+		next, ok := ss.pending[exp]
+		if !ok {
+			break
+		}
+		delete(ss.pending, exp)
+		next.deliver()
+		exp++
+	}
+	ss.setExpCmdSN(exp)
+	return true
+}
+
+// connList returns the session's connections.
+func (ss *session) connList() []*conn {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	out := make([]*conn, 0, len(ss.conns))
+	for _, c := range ss.conns {
+		out = append(out, c)
+	}
+	return out
+}
+
+// removeConn detaches c; when it was the last connection the session ends
+// (ERL 0 keeps no state past its connections, RFC 7143 §7.1.4).
+func (ss *session) removeConn(c *conn) {
+	ss.mu.Lock()
+	if ss.conns[c.cid] == c {
+		delete(ss.conns, c.cid)
+	}
+	last := len(ss.conns) == 0
+	if last {
+		ss.closed = true
+		for sn, d := range ss.pending {
+			delete(ss.pending, sn)
+			d.drop()
+		}
+	}
+	ss.mu.Unlock()
+	if last {
+		ss.srv.mu.Lock()
+		if ss.srv.sessions[ss.tsih] == ss {
+			delete(ss.srv.sessions, ss.tsih)
+		}
+		ss.srv.mu.Unlock()
+		if ss.nexus != nil {
+			ss.tgt.Device.RemoveNexus(ss.nexus)
+		}
+		ss.srv.log.Info("session closed", "tsih", ss.tsih, "initiator", ss.initiator, "target", ss.targetName)
+	}
+}
+
+// close terminates every connection of the session (session
+// reinstatement, ERL 0 session recovery, target cold reset).
+func (ss *session) close(why string) {
+	for _, c := range ss.connList() {
+		c.log.Info("closing connection", "reason", why)
+		c.terminate()
+	}
+}

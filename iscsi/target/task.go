@@ -1,0 +1,503 @@
+package target
+
+import (
+	"encoding/binary"
+
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/scsi"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+// burst is one outstanding R2T (RFC 7143 §11.8).
+type burst struct {
+	ttt    uint32
+	offset uint32
+	length uint32
+	next   uint32 // next expected offset (DataPDUInOrder)
+	got    uint32
+	dataSN uint32
+	r2tSN  uint32
+	live   bool
+}
+
+// task is one SCSI command on a connection.
+type task struct {
+	c     *conn
+	cmd   scsitarget.Command
+	cdb   [16 + 244]byte
+	itt   uint32
+	lun   [8]byte
+	cmdSN uint32
+	edtl  uint32
+	read  bool
+	write bool
+	imm   bool
+	buf   []byte
+
+	// Data-out accounting, guarded by conn.mu.
+	received    uint32
+	unsolOpen   bool
+	unsolLimit  uint32
+	unsolNext   uint32
+	unsolDataSN uint32
+	nextR2T     uint32
+	r2tSN       uint32
+	bursts      []burst
+	delivered   bool
+	executing   bool
+	aborted     bool
+	released    bool
+
+	dataSN    uint32
+	senseBuf  [2 + 64]byte
+	lunErr    bool
+	onAbortFn func()
+}
+
+// newTask decodes a SCSI Command header and prepares its task: the I/O
+// buffer is sized to the expected data transfer length so that immediate
+// data, Data-Out and Data-In all use it in place.
+func (c *conn) newTask(h *pdu.BHS) (*task, error) {
+	var cmd pdu.SCSICommand
+	if err := cmd.Decode(h); err != nil {
+		return nil, asReject(err)
+	}
+	dsl := uint32(h.DataSegmentLength())
+	if dsl > 0 {
+		switch {
+		case !cmd.Write:
+			return nil, reject(pdu.RejectProtocolError, "iscsi: immediate data on a command without W (RFC 7143 §11.3.1)")
+		case !c.conf.ImmediateData:
+			return nil, reject(pdu.RejectProtocolError, "iscsi: immediate data with ImmediateData=No (RFC 7143 §13.11)")
+		case dsl > cmd.EDTL:
+			return nil, reject(pdu.RejectProtocolError, "iscsi: %d bytes of immediate data exceed Expected Data Transfer Length %d (RFC 7143 §11.3.4)", dsl, cmd.EDTL)
+		case dsl > c.conf.FirstBurstLength:
+			return nil, reject(pdu.RejectProtocolError, "iscsi: %d bytes of immediate data exceed FirstBurstLength %d (RFC 7143 §13.14)", dsl, c.conf.FirstBurstLength)
+		}
+	}
+	if cmd.EDTL > maxTransfer {
+		return nil, reject(pdu.RejectOutOfResources, "iscsi: Expected Data Transfer Length %d above the %d-byte limit", cmd.EDTL, maxTransfer)
+	}
+	t := &task{c: c}
+	t.itt = cmd.ITT
+	t.lun = cmd.LUN
+	t.cmdSN = cmd.CmdSN
+	t.edtl = cmd.EDTL
+	t.read = cmd.Read
+	t.write = cmd.Write
+	t.imm = cmd.Immediate
+	copy(t.cdb[:16], cmd.CDB[:])
+	cdbLen := 16
+	if l := scsi.CDBLength(cmd.CDB[0]); l > 0 && l <= 16 {
+		cdbLen = l
+	}
+	t.cmd.CDB = t.cdb[:cdbLen]
+	t.cmd.Tag = uint64(cmd.ITT)
+	if lun, err := scsi.DecodeLUN(cmd.LUN); err == nil {
+		t.cmd.LUN = lun
+	} else {
+		t.cmd.LUN = ^uint64(0)
+		t.lunErr = true
+	}
+	t.cmd.Nexus = c.sess.nexus
+	if cmd.EDTL > 0 {
+		t.buf = c.srv.pool.Get(int(cmd.EDTL))
+		t.cmd.Data = t.buf
+	}
+	if cmd.Write {
+		t.received = dsl
+		if !c.conf.InitialR2T {
+			t.unsolLimit = min(c.conf.FirstBurstLength, cmd.EDTL)
+		} else {
+			t.unsolLimit = dsl
+		}
+		// F=0 announces unsolicited Data-Out (RFC 7143 §11.3.1).
+		t.unsolOpen = !cmd.Final
+		t.unsolNext = dsl
+		if t.unsolOpen && c.conf.InitialR2T {
+			return nil, reject(pdu.RejectProtocolError, "iscsi: F=0 announces unsolicited data but InitialR2T=Yes (RFC 7143 §13.10)")
+		}
+		t.nextR2T = max(dsl, 0)
+	}
+	t.onAbortFn = t.onAbort
+	t.cmd.OnAbort = t.onAbortFn
+	return t, nil
+}
+
+const maxTransfer = 64 << 20
+
+// handleCommand is the SCSI Command arrival (seed 002 §11.4.1).
+func (c *conn) handleCommand(p *datamover.PDU) error {
+	t := c.pendingTask
+	c.pendingTask = nil
+	if t == nil {
+		var err error
+		if t, err = c.newTask(&p.BHS); err != nil {
+			return err
+		}
+	}
+	if ahsLen := len(p.AHS); ahsLen > 0 {
+		a, err := pdu.ParseAHS(pdu.OpSCSICommand, p.AHS)
+		if err != nil {
+			c.freeTask(t)
+			return asReject(err)
+		}
+		if a.ExtCDB != nil {
+			n := copy(t.cdb[16:], a.ExtCDB)
+			t.cmd.CDB = t.cdb[:16+n]
+		}
+	}
+	c.mu.Lock()
+	if _, dup := c.tasks[t.itt]; dup {
+		c.mu.Unlock()
+		c.freeTask(t)
+		return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", t.itt)
+	}
+	if c.closed {
+		c.mu.Unlock()
+		c.freeTask(t)
+		return nil
+	}
+	c.tasks[t.itt] = t
+	c.inflight.Add(1)
+	c.mu.Unlock()
+	c.sess.sequence(t.cmdSN, t.imm, t)
+	return nil
+}
+
+// deliver enters the task into the SCSI task set in CmdSN order.
+func (t *task) deliver() {
+	c := t.c
+	c.sess.tgt.Device.Begin(&t.cmd)
+	c.mu.Lock()
+	t.delivered = true
+	act := t.advanceLocked()
+	c.mu.Unlock()
+	t.act(act)
+}
+
+// drop discards a command the CmdSN window refused.
+func (t *task) drop() {
+	c := t.c
+	c.log.Debug("command outside the CmdSN window ignored (RFC 7143 §4.2.2.1)", "cmdsn", t.cmdSN, "itt", t.itt)
+	c.mu.Lock()
+	t.aborted = true
+	c.mu.Unlock()
+	c.release(t, false)
+}
+
+type action struct {
+	r2ts    []pdu.R2T
+	execute bool
+}
+
+// advanceLocked decides the task's next step once it has been delivered:
+// more R2Ts, or execution when all data is in. Called with conn.mu held.
+func (t *task) advanceLocked() action {
+	var a action
+	if !t.delivered || t.executing || t.aborted || t.released {
+		return a
+	}
+	if !t.write || t.received >= t.edtl {
+		t.executing = true
+		a.execute = true
+		return a
+	}
+	if t.unsolOpen {
+		return a
+	}
+	c := t.c
+	outstanding := 0
+	for i := range t.bursts {
+		if t.bursts[i].live {
+			outstanding++
+		}
+	}
+	for outstanding < c.conf.MaxOutstandingR2T && t.nextR2T < t.edtl {
+		n := min(t.edtl-t.nextR2T, c.conf.MaxBurstLength)
+		c.nextTTT++
+		if c.nextTTT == pdu.ReservedTTT {
+			c.nextTTT = 0
+		}
+		b := burst{ttt: c.nextTTT, offset: t.nextR2T, length: n, next: t.nextR2T, r2tSN: t.r2tSN, live: true}
+		slot := -1
+		for i := range t.bursts {
+			if !t.bursts[i].live {
+				slot = i
+				break
+			}
+		}
+		if slot < 0 {
+			t.bursts = append(t.bursts, b)
+		} else {
+			t.bursts[slot] = b
+		}
+		c.byTTT[b.ttt] = t
+		a.r2ts = append(a.r2ts, pdu.R2T{LUN: t.lun, ITT: t.itt, TTT: b.ttt, R2TSN: t.r2tSN, Offset: b.offset, Desired: n})
+		t.r2tSN++
+		t.nextR2T += n
+		outstanding++
+	}
+	return a
+}
+
+// act carries out an action outside conn.mu: Get_Data for every R2T
+// (seed 002 §9.3) or execution.
+func (t *task) act(a action) {
+	for i := range a.r2ts {
+		if err := t.c.dm.GetData(&a.r2ts[i], t.buf); err != nil {
+			return
+		}
+	}
+	if a.execute {
+		go t.execute()
+	}
+}
+
+// placeDataOut validates a Data-Out header (RFC 7143 §11.7) and returns
+// where its payload goes.
+func (c *conn) placeDataOut(h *pdu.BHS) (doPlacement, error) {
+	var d pdu.DataOut
+	if err := d.Decode(h); err != nil {
+		return doPlacement{}, asReject(err)
+	}
+	n := uint32(h.DataSegmentLength())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := c.tasks[d.ITT]
+	if t == nil || t.aborted {
+		// Data for a task that ended or was aborted is discarded
+		// (RFC 7143 §4.2.3.4 allows data to arrive after an abort).
+		c.log.Debug("Data-Out for unknown or aborted task discarded", "itt", d.ITT)
+		return doPlacement{valid: true}, nil
+	}
+	if !t.write {
+		return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out for ITT %#x, a command without W (RFC 7143 §11.7)", d.ITT)
+	}
+	end := d.Offset + n
+	if end < d.Offset || end > t.edtl {
+		return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out offset %d length %d beyond Expected Data Transfer Length %d (RFC 7143 §11.7.6)", d.Offset, n, t.edtl)
+	}
+	if d.TTT == pdu.ReservedTTT {
+		if !t.unsolOpen {
+			return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: unsolicited Data-Out for ITT %#x outside its unsolicited burst (RFC 7143 §11.7.3)", d.ITT)
+		}
+		if end > t.unsolLimit {
+			return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: unsolicited data up to offset %d exceeds FirstBurstLength %d (RFC 7143 §13.14)", end, t.unsolLimit)
+		}
+		if c.conf.DataPDUInOrder && d.Offset != t.unsolNext {
+			return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out offset %d, expected %d with DataPDUInOrder=Yes (RFC 7143 §13.18)", d.Offset, t.unsolNext)
+		}
+		if d.DataSN != t.unsolDataSN {
+			return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out DataSN %d, expected %d (RFC 7143 §11.7.4)", d.DataSN, t.unsolDataSN)
+		}
+		return doPlacement{t: t, off: d.Offset, n: n, valid: true}, nil
+	}
+	bt := c.byTTT[d.TTT]
+	var b *burst
+	if bt == t {
+		for i := range t.bursts {
+			if t.bursts[i].live && t.bursts[i].ttt == d.TTT {
+				b = &t.bursts[i]
+			}
+		}
+	}
+	if b == nil {
+		return doPlacement{}, reject(pdu.RejectInvalidPDUField, "iscsi: Data-Out with unknown TTT %#x for ITT %#x (RFC 7143 §11.7.3)", d.TTT, d.ITT)
+	}
+	if d.Offset < b.offset || end > b.offset+b.length {
+		return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out [%d,%d) outside the R2T's [%d,%d) (RFC 7143 §11.8.5)", d.Offset, end, b.offset, b.offset+b.length)
+	}
+	if c.conf.DataPDUInOrder && d.Offset != b.next {
+		return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out offset %d, expected %d with DataPDUInOrder=Yes (RFC 7143 §13.18)", d.Offset, b.next)
+	}
+	if d.DataSN != b.dataSN {
+		return doPlacement{}, reject(pdu.RejectProtocolError, "iscsi: Data-Out DataSN %d, expected %d (RFC 7143 §11.7.4)", d.DataSN, b.dataSN)
+	}
+	return doPlacement{t: t, burst: b, off: d.Offset, n: n, valid: true}, nil
+}
+
+// handleDataOut accounts a received Data-Out (seed 002 §11.4.5).
+func (c *conn) handleDataOut(p *datamover.PDU) error {
+	pl := c.pendingDO
+	c.pendingDO = doPlacement{}
+	if !pl.valid {
+		var err error
+		if pl, err = c.placeDataOut(&p.BHS); err != nil {
+			return err
+		}
+	}
+	if pl.t == nil {
+		return nil
+	}
+	final := p.BHS.Final()
+	t := pl.t
+	c.mu.Lock()
+	if t.aborted || t.released {
+		c.mu.Unlock()
+		return nil
+	}
+	t.received += pl.n
+	if pl.burst == nil {
+		t.unsolNext = pl.off + pl.n
+		t.unsolDataSN++
+		if final {
+			t.unsolOpen = false
+			if t.unsolNext > t.nextR2T {
+				t.nextR2T = t.unsolNext
+			}
+		}
+	} else {
+		b := pl.burst
+		b.got += pl.n
+		b.next = pl.off + pl.n
+		b.dataSN++
+		if final {
+			if b.got < b.length && c.conf.DataPDUInOrder {
+				c.mu.Unlock()
+				return reject(pdu.RejectProtocolError, "iscsi: R2T burst ended after %d of %d bytes (RFC 7143 §11.7.1)", b.got, b.length)
+			}
+			b.live = false
+			delete(c.byTTT, b.ttt)
+		}
+	}
+	act := t.advanceLocked()
+	c.mu.Unlock()
+	t.act(act)
+	return nil
+}
+
+func (c *conn) findTask(itt uint32) *task {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.tasks[itt]
+}
+
+// abortLocal aborts a task that is not in the SCSI task set yet.
+func (c *conn) abortLocal(t *task) {
+	c.mu.Lock()
+	if t.executing || t.released {
+		c.mu.Unlock()
+		return
+	}
+	t.aborted = true
+	c.mu.Unlock()
+	c.release(t, false)
+}
+
+// onAbort is the SCSI core's abort hook: a task still waiting for data
+// ends at once; an executing one ends when Execute returns, without a
+// response (RFC 7143 §11.5.1, TaskReporting=RFC3720).
+func (t *task) onAbort() {
+	c := t.c
+	c.mu.Lock()
+	t.aborted = true
+	waiting := !t.executing && !t.released
+	c.mu.Unlock()
+	if waiting {
+		c.release(t, false)
+	}
+}
+
+// release ends a task: leaves the task set, frees its tags and (when
+// reuse is safe) its buffer. Idempotent.
+func (c *conn) release(t *task, reuseBuf bool) {
+	c.mu.Lock()
+	if t.released {
+		c.mu.Unlock()
+		return
+	}
+	t.released = true
+	if c.tasks[t.itt] == t {
+		delete(c.tasks, t.itt)
+	}
+	for i := range t.bursts {
+		if t.bursts[i].live {
+			delete(c.byTTT, t.bursts[i].ttt)
+			t.bursts[i].live = false
+		}
+	}
+	c.mu.Unlock()
+	if t.delivered {
+		c.sess.tgt.Device.End(&t.cmd)
+	}
+	c.dm.DeallocateTaskResources(t.itt)
+	if reuseBuf && t.buf != nil {
+		// Only a task that finished normally returns its buffer: an aborted
+		// one may still be the target of a Data-Out being read.
+		c.srv.pool.Put(t.buf)
+	}
+	t.buf = nil
+	c.inflight.Done()
+}
+
+func (c *conn) freeTask(t *task) {
+	if t.buf != nil {
+		c.srv.pool.Put(t.buf)
+		t.buf = nil
+	}
+}
+
+// execute runs the command in the SCSI core and answers it.
+func (t *task) execute() {
+	c := t.c
+	dev := c.sess.tgt.Device
+	if !t.cmd.Aborted() {
+		dev.Execute(&t.cmd)
+	}
+	c.mu.Lock()
+	aborted := t.aborted || t.cmd.Aborted() || c.closed
+	c.mu.Unlock()
+	if !aborted {
+		t.respond()
+	}
+	c.release(t, !aborted)
+}
+
+// respond sends Data-In (Put_Data, seed 002 §9.2) with the status
+// collapsed into the last PDU when possible, or a SCSI Response
+// (Send_Control, §11.3.2).
+func (t *task) respond() {
+	c := t.c
+	cmd := &t.cmd
+	var over, under bool
+	var residual uint32
+	xfer := uint32(cmd.Transfer)
+	switch {
+	case xfer < t.edtl:
+		under, residual = true, t.edtl-xfer
+	case xfer > t.edtl:
+		over, residual = true, xfer-t.edtl
+	}
+	if t.write && !t.read {
+		// For writes the residual compares EDTL with what the CDB wanted.
+		if cmd.Status != scsi.StatusGood && xfer == 0 {
+			over, under, residual = false, false, 0
+		}
+	}
+	n := min(xfer, t.edtl)
+	if cmd.Status == scsi.StatusGood && t.read && n > 0 {
+		d := datamover.DataIn{
+			LUN: t.lun, ITT: t.itt, Data: t.buf[:n], DataSN: &t.dataSN,
+			Final: true, WithStatus: true, Status: cmd.Status,
+			Overflow: over, Underflow: under, Residual: residual,
+		}
+		c.dm.PutData(&d)
+		return
+	}
+	r := pdu.SCSIResponse{
+		ITT: t.itt, Response: pdu.RespCompleted, Status: cmd.Status,
+		Overflow: over, Underflow: under, Residual: residual, ExpDataSN: t.dataSN + t.r2tSN,
+	}
+	var data []byte
+	if cmd.SenseLen > 0 {
+		sl := min(cmd.SenseLen, len(t.senseBuf)-2)
+		binary.BigEndian.PutUint16(t.senseBuf[:2], uint16(sl))
+		copy(t.senseBuf[2:], cmd.SenseData()[:sl])
+		data = t.senseBuf[:2+sl]
+	}
+	var h pdu.BHS
+	r.Encode(&h)
+	c.send(&h, data, true)
+}

@@ -1,0 +1,538 @@
+package target
+
+import (
+	"encoding/binary"
+	"errors"
+
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// handler runs one command on an LU. It returns a *scsi.Sense for CHECK
+// CONDITION; any other error is reported as a hardware failure.
+type handler func(lu *LU, c *Command) error
+
+// opInfo is one row of the command d.ops. The table drives dispatch, the
+// CDB reserved-bit check and REPORT SUPPORTED OPERATION CODES, so the three
+// can never disagree.
+type opInfo struct {
+	op    byte
+	sa    uint16
+	hasSA bool
+	name  string
+	// usage is the CDB usage data of SPC-4 §6.35.3: a bit set where the CDB
+	// field is supported. A set bit outside it is INVALID FIELD IN CDB.
+	usage []byte
+	fn    handler
+	// noUA: not affected by unit attentions (INQUIRY, REPORT LUNS, REQUEST
+	// SENSE; SPC-4 §5.14).
+	noUA bool
+	// media: needs the LU started (NOT READY after START STOP UNIT stop).
+	media bool
+	// writes: modifies the medium (refused on a read-only LU).
+	writes bool
+}
+
+// commandTable returns the table of supported commands.
+func commandTable() []opInfo {
+	u := func(b ...byte) []byte { return b }
+	return []opInfo{
+		{op: scsi.OpTestUnitReady, name: "TEST UNIT READY", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdTestUnitReady},
+		{op: scsi.OpRequestSense, name: "REQUEST SENSE", usage: u(0xff, 0x01, 0, 0, 0xff, 0), fn: cmdRequestSense, noUA: true},
+		{op: scsi.OpRead6, name: "READ(6)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0), fn: cmdRead, media: true},
+		{op: scsi.OpWrite6, name: "WRITE(6)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0), fn: cmdWrite, media: true, writes: true},
+		{op: scsi.OpInquiry, name: "INQUIRY", usage: u(0xff, 0x01, 0xff, 0xff, 0xff, 0), fn: cmdInquiry, noUA: true},
+		{op: scsi.OpModeSelect6, name: "MODE SELECT(6)", usage: u(0xff, 0x11, 0, 0, 0xff, 0), fn: cmdModeSelect},
+		{op: scsi.OpModeSense6, name: "MODE SENSE(6)", usage: u(0xff, 0x08, 0xff, 0xff, 0xff, 0), fn: cmdModeSense},
+		{op: scsi.OpStartStopUnit, name: "START STOP UNIT", usage: u(0xff, 0x01, 0, 0x0f, 0xf7, 0), fn: cmdStartStop},
+		{op: scsi.OpReadCapacity10, name: "READ CAPACITY(10)", usage: u(0xff, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0), fn: cmdReadCapacity10, media: true},
+		{op: scsi.OpRead10, name: "READ(10)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdRead, media: true},
+		{op: scsi.OpWrite10, name: "WRITE(10)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdWrite, media: true, writes: true},
+		{op: scsi.OpWriteAndVerify10, name: "WRITE AND VERIFY(10)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdWriteVerify, media: true, writes: true},
+		{op: scsi.OpVerify10, name: "VERIFY(10)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdVerify, media: true},
+		{op: scsi.OpSynchronizeCache10, name: "SYNCHRONIZE CACHE(10)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdSyncCache, media: true},
+		{op: scsi.OpUnmap, name: "UNMAP", usage: u(0xff, 0, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0), fn: cmdUnmap, media: true, writes: true},
+		{op: scsi.OpModeSelect10, name: "MODE SELECT(10)", usage: u(0xff, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdModeSelect},
+		{op: scsi.OpModeSense10, name: "MODE SENSE(10)", usage: u(0xff, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0), fn: cmdModeSense},
+		{op: scsi.OpRead16, name: "READ(16)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
+		{op: scsi.OpWrite16, name: "WRITE(16)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
+		{op: scsi.OpWriteAndVerify16, name: "WRITE AND VERIFY(16)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteVerify, media: true, writes: true},
+		{op: scsi.OpVerify16, name: "VERIFY(16)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
+		{op: scsi.OpSynchronizeCache16, name: "SYNCHRONIZE CACHE(16)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdSyncCache, media: true},
+		{op: scsi.OpServiceActionIn16, sa: scsi.SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), fn: cmdReadCapacity16, media: true},
+		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true},
+		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportSupportedOpcodes, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", usage: u(0xff, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportOpcodes},
+		{op: scsi.OpRead12, name: "READ(12)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
+		{op: scsi.OpWrite12, name: "WRITE(12)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
+		{op: scsi.OpWriteAndVerify12, name: "WRITE AND VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteVerify, media: true, writes: true},
+		{op: scsi.OpVerify12, name: "VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
+	}
+}
+
+// dispatch indexes the command table by opcode; service-action opcodes
+// hold a list.
+type dispatch struct {
+	byOp [256][]*opInfo
+	all  []opInfo
+}
+
+func newDispatch() *dispatch {
+	d := &dispatch{all: commandTable()}
+	for i := range d.all {
+		o := &d.all[i]
+		d.byOp[o.op] = append(d.byOp[o.op], o)
+	}
+	return d
+}
+
+// serviceAction returns the service action of a CDB whose opcode uses one.
+func serviceAction(cdb []byte) uint16 {
+	return uint16(cdb[1] & 0x1f)
+}
+
+func (d *dispatch) lookup(cdb []byte) (*opInfo, error) {
+	rows := d.byOp[cdb[0]]
+	if len(rows) == 0 {
+		return nil, scsi.InvalidOpcode()
+	}
+	if !rows[0].hasSA {
+		return rows[0], nil
+	}
+	if len(cdb) < 2 {
+		return nil, scsi.InvalidOpcode()
+	}
+	sa := serviceAction(cdb)
+	for _, r := range rows {
+		if r.sa == sa {
+			return r, nil
+		}
+	}
+	// SPC-4 §4.2.5.1: an unsupported service action is INVALID FIELD IN
+	// CDB pointing at the service action field.
+	return nil, scsi.InvalidFieldInCDB(1, 4)
+}
+
+// checkUsage reports the first CDB bit set outside the usage data.
+func checkUsage(o *opInfo, cdb []byte) error {
+	if len(cdb) < len(o.usage) {
+		return scsi.InvalidFieldInCDB(len(cdb)-1, -1)
+	}
+	for i := 1; i < len(o.usage); i++ {
+		if bad := cdb[i] &^ o.usage[i]; bad != 0 {
+			bit := 7
+			for bad&(1<<uint(bit)) == 0 {
+				bit--
+			}
+			return scsi.InvalidFieldInCDB(i, bit)
+		}
+	}
+	return nil
+}
+
+// Execute runs a command to completion and fills in its outcome. The fabric
+// calls Begin before and End after. Execute is safe to call concurrently
+// for different commands.
+func (d *Device) Execute(c *Command) {
+	c.Status = scsi.StatusGood
+	c.SenseLen = 0
+	c.Transfer = 0
+	if len(c.CDB) == 0 {
+		d.fail(nil, c, scsi.InvalidOpcode())
+		return
+	}
+	lu := c.lu
+	if lu == nil {
+		lu = d.LU(c.LUN)
+	}
+	op := c.CDB[0]
+	if op == scsi.OpReportLuns {
+		// REPORT LUNS is answered by every LUN, present or not (SPC-4 §6.33).
+		if err := checkUsage(d.ops.byOp[op][0], c.CDB); err != nil {
+			d.fail(lu, c, err)
+			return
+		}
+		d.fail(lu, c, d.reportLuns(c))
+		return
+	}
+	if lu == nil {
+		switch op {
+		case scsi.OpInquiry:
+			d.fail(nil, c, inquiryNoLU(c))
+		case scsi.OpRequestSense:
+			// SPC-4 §6.39: report LOGICAL UNIT NOT SUPPORTED as sense data.
+			s := scsi.LUNNotSupported()
+			c.putData(s.AppendFixed(nil), allocLen(c.CDB))
+		default:
+			d.fail(nil, c, scsi.LUNNotSupported())
+		}
+		return
+	}
+	if c.aborted.Load() {
+		return
+	}
+	o, err := d.ops.lookup(c.CDB)
+	if err == nil {
+		err = checkUsage(o, c.CDB)
+	}
+	if err != nil {
+		// An unsupported command still reports a pending unit attention
+		// first (SPC-4 §5.14: UA takes precedence except for the listed
+		// commands).
+		if c.Nexus != nil && op != scsi.OpInquiry && op != scsi.OpRequestSense {
+			if ua, ok := c.Nexus.takeUA(lu.lun); ok {
+				d.fail(lu, c, &ua)
+				return
+			}
+		}
+		d.fail(lu, c, err)
+		return
+	}
+	if !o.noUA && c.Nexus != nil {
+		if ua, ok := c.Nexus.takeUA(lu.lun); ok {
+			d.fail(lu, c, &ua)
+			return
+		}
+	}
+	if o.media && lu.isStopped() {
+		d.fail(lu, c, scsi.NotReadyStopped())
+		return
+	}
+	if o.writes && lu.readOnly {
+		d.fail(lu, c, scsi.WriteProtected())
+		return
+	}
+	d.fail(lu, c, o.fn(lu, c))
+}
+
+// fail records err as the command's outcome (nil is success).
+func (d *Device) fail(lu *LU, c *Command, err error) {
+	if err == nil {
+		return
+	}
+	var s *scsi.Sense
+	if !errors.As(err, &s) {
+		d.log.Error("scsi command failed", "lun", c.LUN, "op", c.CDB[0], "err", err)
+		s = &scsi.Sense{Key: scsi.SenseHardwareError, ASC: 0x44, Bit: -1} // internal target failure
+	}
+	c.Status = scsi.StatusCheckCondition
+	var out []byte
+	if lu != nil && lu.descriptorSense() {
+		out = s.AppendDescriptor(c.Sense[:0])
+	} else {
+		out = s.AppendFixed(c.Sense[:0])
+	}
+	c.SenseLen = len(out)
+}
+
+// putData copies the response data of a non-media command into c.Data,
+// bounded by the allocation length, and sets Transfer.
+func (c *Command) putData(data []byte, alloc int) {
+	n := min(len(data), alloc)
+	c.Transfer = n
+	copy(c.Data, data[:n])
+}
+
+func allocLen(cdb []byte) int {
+	n, _ := scsi.AllocationLength(cdb)
+	return int(n)
+}
+
+func cmdTestUnitReady(lu *LU, c *Command) error {
+	if lu.isStopped() {
+		return scsi.NotReadyStopped()
+	}
+	return nil
+}
+
+func cmdRequestSense(lu *LU, c *Command) error {
+	desc := c.CDB[1]&0x01 != 0
+	s := &scsi.Sense{Bit: -1}
+	if c.Nexus != nil {
+		if ua, ok := c.Nexus.takeUA(lu.lun); ok {
+			s = &ua
+		}
+	}
+	if s.Key == scsi.SenseNoSense && lu.isStopped() {
+		s = scsi.NotReadyStopped()
+	}
+	var b []byte
+	if desc {
+		b = s.AppendDescriptor(nil)
+	} else {
+		b = s.AppendFixed(nil)
+	}
+	c.putData(b, allocLen(c.CDB))
+	return nil
+}
+
+func (d *Device) reportLuns(c *Command) error {
+	sel := c.CDB[2]
+	alloc := int(binary.BigEndian.Uint32(c.CDB[6:10]))
+	if alloc < 16 && alloc != 0 {
+		// SPC-4 §6.33: allocation length below 16 is INVALID FIELD IN CDB.
+		return scsi.InvalidFieldInCDB(6, -1)
+	}
+	var luns []uint64
+	switch sel {
+	case 0x00, 0x02:
+		luns = d.LUNs()
+	case 0x01:
+		// Well-known LUNs only: we have none.
+	default:
+		return scsi.InvalidFieldInCDB(2, -1)
+	}
+	b := make([]byte, 8, 8+8*len(luns))
+	binary.BigEndian.PutUint32(b[0:], uint32(8*len(luns)))
+	for _, l := range luns {
+		e := scsi.EncodeLUN(l)
+		b = append(b, e[:]...)
+	}
+	c.putData(b, alloc)
+	return nil
+}
+
+func cmdReadCapacity10(lu *LU, c *Command) error {
+	lba := binary.BigEndian.Uint32(c.CDB[2:6])
+	if c.CDB[8]&1 == 0 && lba != 0 {
+		// SBC-4 §5.20.2: with PMI 0 the LBA field must be zero.
+		return scsi.InvalidFieldInCDB(2, -1)
+	}
+	var b [8]byte
+	last := lu.Blocks() - 1
+	if last > 0xffffffff {
+		last = 0xffffffff // READ CAPACITY(16) needed
+	}
+	binary.BigEndian.PutUint32(b[0:], uint32(last))
+	binary.BigEndian.PutUint32(b[4:], uint32(lu.blockSize))
+	c.putData(b[:], 8)
+	return nil
+}
+
+func cmdReadCapacity16(lu *LU, c *Command) error {
+	alloc := allocLen(c.CDB)
+	var b [32]byte
+	binary.BigEndian.PutUint64(b[0:], lu.Blocks()-1)
+	binary.BigEndian.PutUint32(b[8:], uint32(lu.blockSize))
+	if lu.unmapper != nil && !lu.readOnly {
+		b[14] = 0x80 // LBPME: logical block provisioning management enabled
+	}
+	c.putData(b[:], alloc)
+	return nil
+}
+
+// rangeCheck validates [lba, lba+blocks) against the capacity.
+func (lu *LU) rangeCheck(lba uint64, blocks uint64) error {
+	n := lu.Blocks()
+	if lba > n || blocks > n-lba {
+		return scsi.LBAOutOfRange(lba)
+	}
+	return nil
+}
+
+func cmdRead(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+		return err
+	}
+	want := int(rw.Blocks) << lu.blockBits
+	c.Transfer = want
+	n := min(want, len(c.Data))
+	if n == 0 {
+		return nil
+	}
+	if _, err := lu.be.ReadAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits); err != nil {
+		lu.dev.log.Error("backend read failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
+		return scsi.MediumError(false, rw.LBA)
+	}
+	return nil
+}
+
+func cmdWrite(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	return lu.write(c, rw)
+}
+
+func (lu *LU) write(c *Command, rw scsi.RW) error {
+	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+		return err
+	}
+	want := int(rw.Blocks) << lu.blockBits
+	c.Transfer = want
+	if len(c.Data) < want {
+		return scsi.InvalidFieldInIU()
+	}
+	if want == 0 {
+		return nil
+	}
+	if _, err := lu.be.WriteAt(c.Data[:want], int64(rw.LBA)<<lu.blockBits); err != nil {
+		lu.dev.log.Error("backend write failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
+		return scsi.MediumError(true, rw.LBA)
+	}
+	// SBC-4 §4.15: FUA, or a disabled write cache, makes the write durable
+	// before status is returned.
+	if rw.FUA || !lu.writeCache() {
+		if err := lu.Flush(); err != nil {
+			lu.dev.log.Error("backend flush failed", "lun", lu.lun, "err", err)
+			return scsi.MediumError(true, rw.LBA)
+		}
+	}
+	return nil
+}
+
+func cmdWriteVerify(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	if rw.BytChk > 1 {
+		// SBC-4 §5.41: BYTCHK 10b and 11b are reserved for WRITE AND VERIFY.
+		return scsi.InvalidFieldInCDB(1, 2)
+	}
+	// The data is verified by the write itself: the backend either stored
+	// it or failed. Force durability so a verify is meaningful.
+	rw.FUA = true
+	return lu.write(c, rw)
+}
+
+func cmdVerify(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+		return err
+	}
+	if rw.BytChk == 2 {
+		return scsi.InvalidFieldInCDB(1, 2)
+	}
+	if rw.BytChk == 0 || rw.Blocks == 0 {
+		return nil // medium verification: our media have no unreadable blocks
+	}
+	want := int(rw.Blocks) << lu.blockBits
+	cmpLen := want
+	if rw.BytChk == 3 {
+		cmpLen = lu.blockSize // one block compared against each
+	}
+	c.Transfer = cmpLen
+	if len(c.Data) < cmpLen {
+		return scsi.InvalidFieldInIU()
+	}
+	buf := make([]byte, lu.blockSize)
+	for i := uint32(0); i < rw.Blocks; i++ {
+		lba := rw.LBA + uint64(i)
+		if _, err := lu.be.ReadAt(buf, int64(lba)<<lu.blockBits); err != nil {
+			return scsi.MediumError(false, lba)
+		}
+		ref := c.Data[:lu.blockSize]
+		if rw.BytChk == 1 {
+			ref = c.Data[int(i)<<lu.blockBits:][:lu.blockSize]
+		}
+		for j := range buf {
+			if buf[j] != ref[j] {
+				off := uint64(i)<<lu.blockBits + uint64(j)
+				if rw.BytChk == 3 {
+					off = uint64(i) << lu.blockBits
+				}
+				return scsi.Miscompare(off)
+			}
+		}
+	}
+	return nil
+}
+
+func cmdSyncCache(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	// SBC-4 §5.24: NUMBER OF LOGICAL BLOCKS 0 means to the end of the medium.
+	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+		return err
+	}
+	if err := lu.Flush(); err != nil {
+		lu.dev.log.Error("backend flush failed", "lun", lu.lun, "err", err)
+		return scsi.MediumError(true, rw.LBA)
+	}
+	return nil
+}
+
+func cmdUnmap(lu *LU, c *Command) error {
+	if lu.unmapper == nil {
+		return scsi.InvalidOpcode()
+	}
+	plen := int(binary.BigEndian.Uint16(c.CDB[7:9]))
+	if plen == 0 {
+		return nil
+	}
+	if plen < 8 || len(c.Data) < plen {
+		return scsi.ParameterListLengthError()
+	}
+	p := c.Data[:plen]
+	c.Transfer = plen
+	bdl := int(binary.BigEndian.Uint16(p[2:4]))
+	if int(binary.BigEndian.Uint16(p[0:2])) < 6 || bdl%16 != 0 || 8+bdl > plen {
+		return scsi.ParameterListLengthError()
+	}
+	if bdl/16 > maxUnmapDescriptors {
+		return scsi.InvalidFieldInParameterList(2, -1)
+	}
+	type ext struct{ lba, n uint64 }
+	// Validate every descriptor before touching the medium (SBC-4 §5.31).
+	for i := 0; i < bdl; i += 16 {
+		d := p[8+i:]
+		lba := binary.BigEndian.Uint64(d[0:8])
+		n := uint64(binary.BigEndian.Uint32(d[8:12]))
+		if err := lu.rangeCheck(lba, n); err != nil {
+			return err
+		}
+		if n > maxUnmapBlocks {
+			return scsi.InvalidFieldInParameterList(8+i+8, -1)
+		}
+	}
+	for i := 0; i < bdl; i += 16 {
+		d := p[8+i:]
+		e := ext{binary.BigEndian.Uint64(d[0:8]), uint64(binary.BigEndian.Uint32(d[8:12]))}
+		if e.n == 0 {
+			continue
+		}
+		if err := lu.unmapper.Unmap(int64(e.lba)<<lu.blockBits, int64(e.n)<<lu.blockBits); err != nil {
+			lu.dev.log.Error("backend unmap failed", "lun", lu.lun, "lba", e.lba, "err", err)
+			return scsi.MediumError(true, e.lba)
+		}
+	}
+	return nil
+}
+
+const (
+	maxUnmapDescriptors = 256
+	maxUnmapBlocks      = 1 << 22
+	maxTransferBlocks   = 1 << 16
+)
+
+func cmdStartStop(lu *LU, c *Command) error {
+	pc := c.CDB[4] >> 4
+	if pc != 0 {
+		// Power conditions other than START_VALID are accepted and leave the
+		// LU ready: we have no power states.
+		return nil
+	}
+	if c.CDB[4]&0x02 != 0 && c.CDB[4]&0x01 == 0 {
+		// LOEJ with START=0 ejects: the medium is not removable (RMB=0).
+		return scsi.InvalidFieldInCDB(4, 1)
+	}
+	start := c.CDB[4]&0x01 != 0
+	if !start && c.CDB[4]&0x04 == 0 {
+		if err := lu.Flush(); err != nil {
+			return scsi.MediumError(true, 0)
+		}
+	}
+	lu.stateMu.Lock()
+	lu.stopped = !start
+	lu.stateMu.Unlock()
+	return nil
+}

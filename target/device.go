@@ -1,0 +1,214 @@
+// Package target is the transport-neutral SCSI target core: the logical
+// units of one SCSI target device, I_T nexuses with their unit attentions,
+// the task set of every LU with abort and reset, and the SPC/SBC command
+// handlers. iSCSI and SRP both drive it through Command; it never imports a
+// fabric.
+package target
+
+import (
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+	"sync/atomic"
+
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// Device is one SCSI target device: a name and a set of logical units.
+type Device struct {
+	name string
+	log  *slog.Logger
+	ops  *dispatch
+
+	mu      sync.RWMutex
+	lus     map[uint64]*LU
+	nexuses map[*Nexus]struct{}
+}
+
+// NewDevice returns an empty target device. name is the SCSI target device
+// name (for iSCSI, the target's iSCSI name), reported in VPD page 83h.
+func NewDevice(name string, log *slog.Logger) *Device {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Device{name: name, log: log, ops: newDispatch(), lus: map[uint64]*LU{}, nexuses: map[*Nexus]struct{}{}}
+}
+
+// Name returns the SCSI target device name.
+func (d *Device) Name() string { return d.name }
+
+// AddLU adds a logical unit. Every nexus gets REPORTED LUNS DATA HAS CHANGED.
+func (d *Device) AddLU(lu *LU) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, dup := d.lus[lu.lun]; dup {
+		return fmt.Errorf("target %s: LUN %d already exists", d.name, lu.lun)
+	}
+	lu.dev = d
+	d.lus[lu.lun] = lu
+	for n := range d.nexuses {
+		n.addUA(lu.lun, scsi.UAPowerOnReset)
+		for other := range d.lus {
+			if other != lu.lun {
+				n.addUA(other, scsi.UAReportedLUNsChanged)
+			}
+		}
+	}
+	return nil
+}
+
+// RemoveLU removes a logical unit after aborting its tasks.
+func (d *Device) RemoveLU(lun uint64) error {
+	d.mu.Lock()
+	lu, ok := d.lus[lun]
+	if ok {
+		delete(d.lus, lun)
+	}
+	d.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("target %s: no LUN %d", d.name, lun)
+	}
+	lu.abortMatching(func(*Command) bool { return true }, nil)
+	luns := d.LUNs()
+	d.forEachNexus(func(n *Nexus) {
+		n.dropLUN(lun)
+		for _, other := range luns {
+			n.addUA(other, scsi.UAReportedLUNsChanged)
+		}
+	})
+	return nil
+}
+
+// LU returns the logical unit with number lun, or nil.
+func (d *Device) LU(lun uint64) *LU {
+	d.mu.RLock()
+	lu := d.lus[lun]
+	d.mu.RUnlock()
+	return lu
+}
+
+// LUNs returns the LUN numbers in ascending order.
+func (d *Device) LUNs() []uint64 {
+	d.mu.RLock()
+	out := make([]uint64, 0, len(d.lus))
+	for l := range d.lus {
+		out = append(out, l)
+	}
+	d.mu.RUnlock()
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// Close closes every LU's backend (flushing file backends).
+func (d *Device) Close() error {
+	var first error
+	for _, l := range d.LUNs() {
+		if lu := d.LU(l); lu != nil {
+			if err := lu.Close(); err != nil && first == nil {
+				first = err
+			}
+		}
+	}
+	return first
+}
+
+func (d *Device) forEachNexus(f func(*Nexus)) {
+	d.mu.RLock()
+	ns := make([]*Nexus, 0, len(d.nexuses))
+	for n := range d.nexuses {
+		ns = append(ns, n)
+	}
+	d.mu.RUnlock()
+	for _, n := range ns {
+		f(n)
+	}
+}
+
+// Nexus is an I_T nexus: one initiator port talking to one target port of
+// this device (for iSCSI, one session). It holds that nexus's pending unit
+// attentions per LU.
+type Nexus struct {
+	// InitiatorPort and TargetPort are the SCSI port names, for iSCSI
+	// "iqn...,i,0x<ISID>" and "iqn...,t,0x<TPGT>" (RFC 7143 §4.4.3).
+	InitiatorPort string
+	TargetPort    string
+	// RelativePort is the relative target port identifier (VPD 83h).
+	RelativePort uint16
+
+	mu      sync.Mutex
+	pending atomic.Int32
+	ua      map[uint64][]scsi.Sense
+}
+
+func (n *Nexus) addUA(lun uint64, s scsi.Sense) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.ua == nil {
+		n.ua = map[uint64][]scsi.Sense{}
+	}
+	q := n.ua[lun]
+	for _, have := range q {
+		if have.ASC == s.ASC && have.ASCQ == s.ASCQ {
+			return
+		}
+	}
+	// SAM-5 §5.14: a reset condition supersedes the others queued before it.
+	if s.ASC == 0x29 {
+		q = q[:0]
+	}
+	n.ua[lun] = append(q, s)
+	n.pending.Store(n.countLocked())
+}
+
+func (n *Nexus) countLocked() int32 {
+	var c int32
+	for _, q := range n.ua {
+		c += int32(len(q))
+	}
+	return c
+}
+
+// takeUA pops the oldest unit attention for lun.
+func (n *Nexus) takeUA(lun uint64) (scsi.Sense, bool) {
+	if n.pending.Load() == 0 {
+		return scsi.Sense{}, false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	q := n.ua[lun]
+	if len(q) == 0 {
+		return scsi.Sense{}, false
+	}
+	s := q[0]
+	n.ua[lun] = q[1:]
+	n.pending.Store(n.countLocked())
+	return s, true
+}
+
+func (n *Nexus) dropLUN(lun uint64) {
+	n.mu.Lock()
+	delete(n.ua, lun)
+	n.pending.Store(n.countLocked())
+	n.mu.Unlock()
+}
+
+// AddNexus registers a new I_T nexus. Every LU reports POWER ON, RESET, OR
+// BUS DEVICE RESET OCCURRED to it first (SAM-5 §6.3.1 lists the I_T nexus
+// creation among the events that establish it).
+func (d *Device) AddNexus(n *Nexus) {
+	d.mu.Lock()
+	d.nexuses[n] = struct{}{}
+	for l := range d.lus {
+		n.addUA(l, scsi.UAPowerOnReset)
+	}
+	d.mu.Unlock()
+}
+
+// RemoveNexus forgets an I_T nexus (session end). Its tasks must already
+// have ended.
+func (d *Device) RemoveNexus(n *Nexus) {
+	d.mu.Lock()
+	delete(d.nexuses, n)
+	d.mu.Unlock()
+}

@@ -1,0 +1,181 @@
+package target
+
+import (
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"sync"
+	"sync/atomic"
+
+	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// LUConfig describes a logical unit.
+type LUConfig struct {
+	LUN       uint64
+	Backend   backend.Backend
+	BlockSize int // 512 or 4096; default 512
+	ReadOnly  bool
+	// Serial is the unit serial number (VPD 80h); derived from the target
+	// name and LUN when empty.
+	Serial    string
+	VendorID  string // up to 8 ASCII characters
+	ProductID string // up to 16 ASCII characters
+}
+
+// LU is one logical unit: a block device on a backend.
+type LU struct {
+	dev       *Device
+	lun       uint64
+	be        backend.Backend
+	flusher   backend.Flusher
+	unmapper  backend.Unmapper
+	blockSize int
+	blockBits uint
+	readOnly  bool
+	serial    string
+	vendor    string
+	product   string
+	naa       [16]byte
+
+	nblocks atomic.Uint64
+
+	stateMu  sync.Mutex
+	wce      bool // write cache enabled (caching mode page)
+	dsense   bool // descriptor-format sense (control mode page)
+	stopped  bool // START STOP UNIT with START=0
+	defaults struct{ wce, dsense bool }
+
+	taskMu sync.Mutex
+	tasks  *Command
+}
+
+// NewLU builds a logical unit for device name on cfg.Backend.
+func NewLU(targetName string, cfg LUConfig) (*LU, error) {
+	if cfg.Backend == nil {
+		return nil, errors.New("target: LU needs a backend")
+	}
+	bs := cfg.BlockSize
+	if bs == 0 {
+		bs = 512
+	}
+	if bs < 512 || bs > 65536 || bs&(bs-1) != 0 {
+		return nil, fmt.Errorf("target: block size %d is not a power of two in [512, 65536]", bs)
+	}
+	size := cfg.Backend.Size()
+	if size < int64(bs) {
+		return nil, fmt.Errorf("target: backend of %d bytes holds no %d-byte block", size, bs)
+	}
+	lu := &LU{
+		lun:       cfg.LUN,
+		be:        cfg.Backend,
+		blockSize: bs,
+		readOnly:  cfg.ReadOnly,
+		serial:    cfg.Serial,
+		vendor:    cfg.VendorID,
+		product:   cfg.ProductID,
+		wce:       true,
+	}
+	for 1<<lu.blockBits != bs {
+		lu.blockBits++
+	}
+	lu.flusher, _ = cfg.Backend.(backend.Flusher)
+	lu.unmapper, _ = cfg.Backend.(backend.Unmapper)
+	lu.nblocks.Store(uint64(size) >> lu.blockBits)
+	if lu.vendor == "" {
+		lu.vendor = "BLOCKWIR"
+	}
+	if lu.product == "" {
+		lu.product = "blockwire"
+	}
+	h := fnv.New64a()
+	fmt.Fprintf(h, "%s\x00%d", targetName, cfg.LUN)
+	sum := h.Sum64()
+	if lu.serial == "" {
+		lu.serial = fmt.Sprintf("%016x", sum)
+	}
+	// NAA 6 (IEEE Registered Extended) designator. The OUI is the locally
+	// administered placeholder 0x000000 with the vendor-specific bits taken
+	// from a hash of the target name and LUN, so it is stable across
+	// restarts and unique per LU in practice.
+	h2 := fnv.New128a()
+	fmt.Fprintf(h2, "blockwire\x00%s\x00%d", targetName, cfg.LUN)
+	copy(lu.naa[:], h2.Sum(nil))
+	lu.naa[0] = 0x60 | lu.naa[0]&0x0f
+	lu.naa[1], lu.naa[2] = 0, 0
+	lu.naa[3] &= 0x0f
+	lu.defaults.wce = lu.wce
+	return lu, nil
+}
+
+// LUN returns the logical unit number.
+func (lu *LU) LUN() uint64 { return lu.lun }
+
+// Blocks returns the capacity in logical blocks.
+func (lu *LU) Blocks() uint64 { return lu.nblocks.Load() }
+
+// BlockSize returns the logical block size in bytes.
+func (lu *LU) BlockSize() int { return lu.blockSize }
+
+// ReadOnly reports whether the LU is write-protected.
+func (lu *LU) ReadOnly() bool { return lu.readOnly }
+
+// Flush flushes the backend's volatile cache.
+func (lu *LU) Flush() error {
+	if lu.flusher == nil {
+		return nil
+	}
+	return lu.flusher.Flush()
+}
+
+// Close flushes and closes the backend.
+func (lu *LU) Close() error {
+	if c, ok := lu.be.(backend.Closer); ok {
+		return c.Close()
+	}
+	return lu.Flush()
+}
+
+// Resize changes the capacity (the backend must support it) and raises
+// CAPACITY DATA HAS CHANGED on every nexus.
+func (lu *LU) Resize(size int64) error {
+	r, ok := lu.be.(backend.Resizer)
+	if !ok {
+		return fmt.Errorf("target: LUN %d backend cannot be resized", lu.lun)
+	}
+	if err := r.Resize(size); err != nil {
+		return err
+	}
+	lu.nblocks.Store(uint64(lu.be.Size()) >> lu.blockBits)
+	if lu.dev != nil {
+		lu.dev.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UACapacityChanged) })
+	}
+	return nil
+}
+
+func (lu *LU) reset() {
+	lu.stateMu.Lock()
+	lu.wce = lu.defaults.wce
+	lu.dsense = lu.defaults.dsense
+	lu.stopped = false
+	lu.stateMu.Unlock()
+}
+
+func (lu *LU) writeCache() bool {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	return lu.wce
+}
+
+func (lu *LU) descriptorSense() bool {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	return lu.dsense
+}
+
+func (lu *LU) isStopped() bool {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	return lu.stopped
+}

@@ -1,0 +1,220 @@
+package target
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// Command is one SCSI task as the fabric hands it to the core, and its
+// outcome. Fabrics keep Commands in pools; the core never retains one after
+// End.
+type Command struct {
+	Nexus *Nexus
+	LUN   uint64
+	// Tag is the fabric's task tag (iSCSI ITT, SRP tag), used by ABORT TASK.
+	Tag uint64
+	CDB []byte
+	// Data is the data-out payload for commands that carry one, or the
+	// buffer the core fills for data-in. Its length is the fabric's expected
+	// data transfer length.
+	Data []byte
+	// OnAbort, if set, is called once (from any goroutine) when a task
+	// management function aborts the task, so the fabric can stop moving its
+	// data. It must not block.
+	OnAbort func()
+
+	// Outcome, valid after Execute.
+	Status byte
+	// Transfer is the number of bytes the command wanted to move according
+	// to its CDB (the SCSI transfer length). For data-in, min(Transfer,
+	// len(Data)) bytes of Data are valid; the difference is the residual.
+	Transfer int
+	SenseLen int
+	Sense    [scsi.DescriptorLen + 8]byte
+
+	lu         *LU
+	prev, next *Command
+	aborted    atomic.Bool
+	abortWG    *sync.WaitGroup
+	begun      bool
+}
+
+// Aborted reports whether a task management function aborted the task; the
+// fabric then sends no response for it.
+func (c *Command) Aborted() bool { return c.aborted.Load() }
+
+// Reset clears a Command for reuse from a pool.
+func (c *Command) Reset() {
+	if c.begun {
+		panic("target: Reset of a Command that has not ended")
+	}
+	*c = Command{}
+}
+
+// SenseData returns the sense bytes of a CHECK CONDITION.
+func (c *Command) SenseData() []byte { return c.Sense[:c.SenseLen] }
+
+// Begin enters the command into its LU's task set. It must be called when
+// the fabric accepts the command (before its data arrives) and paired with
+// End. Commands for LUNs that do not exist are not entered.
+func (d *Device) Begin(c *Command) {
+	lu := d.LU(c.LUN)
+	if lu == nil {
+		return
+	}
+	c.lu = lu
+	c.begun = true
+	lu.taskMu.Lock()
+	c.next = lu.tasks
+	c.prev = nil
+	if lu.tasks != nil {
+		lu.tasks.prev = c
+	}
+	lu.tasks = c
+	lu.taskMu.Unlock()
+}
+
+// End removes the command from its task set; an abort waiting for it is
+// released.
+func (d *Device) End(c *Command) {
+	if !c.begun {
+		return
+	}
+	lu := c.lu
+	lu.taskMu.Lock()
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		lu.tasks = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	}
+	c.prev, c.next = nil, nil
+	wg := c.abortWG
+	c.abortWG = nil
+	c.begun = false
+	lu.taskMu.Unlock()
+	if wg != nil {
+		wg.Done()
+	}
+}
+
+// abortMatching marks every task in the LU's task set that match selects as
+// aborted, calls their OnAbort hooks and returns a WaitGroup that is done
+// when all of them have ended. except (may be nil) is left alone.
+func (lu *LU) abortMatching(match func(*Command) bool, except *Command) *sync.WaitGroup {
+	wg := new(sync.WaitGroup)
+	var hooks []func()
+	lu.taskMu.Lock()
+	for c := lu.tasks; c != nil; c = c.next {
+		if c == except || !match(c) || c.aborted.Load() {
+			continue
+		}
+		c.aborted.Store(true)
+		wg.Add(1)
+		c.abortWG = wg
+		if c.OnAbort != nil {
+			hooks = append(hooks, c.OnAbort)
+		}
+	}
+	lu.taskMu.Unlock()
+	for _, h := range hooks {
+		h()
+	}
+	return wg
+}
+
+// TMF results (SAM-5 §7.1 service responses, mapped by the fabric).
+type TMFResult int
+
+const (
+	TMFComplete TMFResult = iota
+	TMFNoSuchTask
+	TMFNoSuchLUN
+	TMFRejected
+)
+
+// AbortTask aborts the task with tag from nexus n on lun (SAM-5 §7.2) and
+// waits until it has ended. It reports TMFNoSuchTask when the task is not in
+// the task set (already completed).
+func (d *Device) AbortTask(n *Nexus, lun uint64, tag uint64) TMFResult {
+	lu := d.LU(lun)
+	if lu == nil {
+		return TMFNoSuchLUN
+	}
+	found := false
+	wg := lu.abortMatching(func(c *Command) bool {
+		if c.Nexus == n && c.Tag == tag {
+			found = true
+			return true
+		}
+		return false
+	}, nil)
+	wg.Wait()
+	if !found {
+		return TMFNoSuchTask
+	}
+	return TMFComplete
+}
+
+// AbortTaskSet aborts every task of nexus n on lun (SAM-5 §7.3). except,
+// the fabric's own TMF task if it is a Command, is left alone.
+func (d *Device) AbortTaskSet(n *Nexus, lun uint64) TMFResult {
+	lu := d.LU(lun)
+	if lu == nil {
+		return TMFNoSuchLUN
+	}
+	lu.abortMatching(func(c *Command) bool { return c.Nexus == n }, nil).Wait()
+	return TMFComplete
+}
+
+// ClearTaskSet aborts every task on lun from every nexus (SAM-5 §7.4, one
+// shared task set); the other nexuses get COMMANDS CLEARED BY ANOTHER
+// INITIATOR.
+func (d *Device) ClearTaskSet(n *Nexus, lun uint64) TMFResult {
+	lu := d.LU(lun)
+	if lu == nil {
+		return TMFNoSuchLUN
+	}
+	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
+	d.forEachNexus(func(o *Nexus) {
+		if o != n {
+			o.addUA(lun, scsi.UACommandsCleared)
+		}
+	})
+	return TMFComplete
+}
+
+// ResetLU performs a logical unit reset (SAM-5 §7.7): every task is
+// aborted, the LU returns to its default state and every nexus (including
+// n's, per SAM-5 §6.3.2) gets BUS DEVICE RESET FUNCTION OCCURRED.
+func (d *Device) ResetLU(n *Nexus, lun uint64) TMFResult {
+	lu := d.LU(lun)
+	if lu == nil {
+		return TMFNoSuchLUN
+	}
+	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
+	lu.reset()
+	d.forEachNexus(func(o *Nexus) { o.addUA(lun, scsi.UALUReset) })
+	return TMFComplete
+}
+
+// ResetTarget performs a target reset (warm or cold): every LU is reset and
+// every nexus gets POWER ON, RESET, OR BUS DEVICE RESET OCCURRED.
+func (d *Device) ResetTarget() {
+	luns := d.LUNs()
+	for _, l := range luns {
+		if lu := d.LU(l); lu != nil {
+			lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
+			lu.reset()
+		}
+	}
+	d.forEachNexus(func(o *Nexus) {
+		for _, l := range luns {
+			o.addUA(l, scsi.UAPowerOnReset)
+		}
+	})
+}
