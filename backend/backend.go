@@ -33,3 +33,9 @@ type Closer interface {
 type Resizer interface {
 	Resize(size int64) error
 }
+
+// Mapper reports provisioning: whether the byte at off is backed by
+// storage, and how far the same state extends (at least to off+1).
+type Mapper interface {
+	Mapped(off int64) (mapped bool, end int64, err error)
+}

@@ -63,6 +63,7 @@ const (
 // Service actions.
 const (
 	SAReadCapacity16         = 0x10 // SERVICE ACTION IN(16)
+	SAGetLBAStatus           = 0x12 // SERVICE ACTION IN(16)
 	SAReportSupportedOpcodes = 0x0c // MAINTENANCE IN
 )
 

@@ -409,6 +409,7 @@ func cmdReportOpcodes(lu *LU, c *Command) error {
 			b[1] |= 0x03 // supported, standard conformant
 			binary.BigEndian.PutUint16(b[2:], uint16(len(found.usage)))
 			b = append(b, found.usage...)
+			b[4] = found.op // CDB usage data starts with the operation code (SPC-4 §6.35.3)
 		}
 		b = timeouts(b)
 		c.putData(b, alloc)

@@ -122,3 +122,24 @@ func (b *File) Close() error {
 	cerr := b.f.Close()
 	return errors.Join(ferr, cerr)
 }
+
+// Mapped implements backend.Mapper with SEEK_DATA / SEEK_HOLE.
+func (b *File) Mapped(off int64) (bool, int64, error) {
+	const seekData, seekHole = 3, 4
+	fd := int(b.f.Fd())
+	data, err := syscall.Seek(fd, off, seekData)
+	if err == syscall.ENXIO {
+		return false, b.size, nil // no data after off
+	}
+	if err != nil {
+		return true, b.size, nil // no hole support: all mapped
+	}
+	if data > off {
+		return false, min(data, b.size), nil
+	}
+	hole, err := syscall.Seek(fd, off, seekHole)
+	if err != nil {
+		return true, b.size, nil
+	}
+	return true, min(hole, b.size), nil
+}

@@ -160,3 +160,25 @@ func (d *Disk) Unmap(off, length int64) error {
 
 // Flush is a no-op: memory has no volatile cache above it.
 func (d *Disk) Flush() error { return nil }
+
+// Mapped implements backend.Mapper: a chunk never written (or fully
+// unmapped) is deallocated.
+func (d *Disk) Mapped(off int64) (bool, int64, error) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	if off < 0 || off >= d.size {
+		return false, off, fmt.Errorf("mem: offset %d outside disk of %d bytes", off, d.size)
+	}
+	i := int(off >> chunkShift)
+	state := d.chunkMapped(i)
+	for i++; i < len(d.chunks) && d.chunkMapped(i) == state; i++ {
+	}
+	return state, min(int64(i)<<chunkShift, d.size), nil
+}
+
+func (d *Disk) chunkMapped(i int) bool {
+	c := d.chunks[i]
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.data != nil
+}
