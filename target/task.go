@@ -45,14 +45,6 @@ type Command struct {
 // fabric then sends no response for it.
 func (c *Command) Aborted() bool { return c.aborted.Load() }
 
-// Reset clears a Command for reuse from a pool.
-func (c *Command) Reset() {
-	if c.begun {
-		panic("target: Reset of a Command that has not ended")
-	}
-	*c = Command{}
-}
-
 // SenseData returns the sense bytes of a CHECK CONDITION.
 func (c *Command) SenseData() []byte { return c.Sense[:c.SenseLen] }
 

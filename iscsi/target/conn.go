@@ -132,7 +132,8 @@ func (c *conn) ConnectionTerminateNotify(err error) {
 		c.release(t, false)
 	}
 	c.inflight.Wait()
-	if err != nil && !errors.Is(err, net.ErrClosed) {
+	var le *loginError
+	if err != nil && !errors.Is(err, net.ErrClosed) && !errors.As(err, &le) {
 		c.log.Warn("connection ended", "err", err)
 	} else {
 		c.log.Debug("connection ended")

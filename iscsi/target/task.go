@@ -169,8 +169,15 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 // deliver enters the task into the SCSI task set in CmdSN order.
 func (t *task) deliver() {
 	c := t.c
-	c.sess.tgt.Device.Begin(&t.cmd)
 	c.mu.Lock()
+	if t.released || t.aborted {
+		// Ended while waiting for its CmdSN (connection loss, abort).
+		c.mu.Unlock()
+		return
+	}
+	// Begin under conn.mu so that release, which checks delivered under
+	// the same lock, never misses the End.
+	c.sess.tgt.Device.Begin(&t.cmd)
 	t.delivered = true
 	act := t.advanceLocked()
 	c.mu.Unlock()
@@ -409,6 +416,7 @@ func (c *conn) release(t *task, reuseBuf bool) {
 		return
 	}
 	t.released = true
+	delivered := t.delivered
 	if c.tasks[t.itt] == t {
 		delete(c.tasks, t.itt)
 	}
@@ -419,7 +427,7 @@ func (c *conn) release(t *task, reuseBuf bool) {
 		}
 	}
 	c.mu.Unlock()
-	if t.delivered {
+	if delivered {
 		c.sess.tgt.Device.End(&t.cmd)
 	}
 	c.dm.DeallocateTaskResources(t.itt)
