@@ -190,7 +190,7 @@ func ValidName(n string) error {
 	}
 	lower := strings.ToLower(n)
 	if !strings.HasPrefix(lower, "iqn.") && !strings.HasPrefix(lower, "eui.") && !strings.HasPrefix(lower, "naa.") {
-		return fmt.Errorf("iSCSI name %q does not start with iqn., eui. or naa.", n)
+		return fmt.Errorf("iSCSI name %q does not start with iqn, eui or naa followed by a dot", n)
 	}
 	for _, r := range n {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '-' || r == ':') {

@@ -325,16 +325,21 @@ func (p *DataIn) Decode(h *BHS) error {
 	p.Overflow = h.bit(1, 0x04)
 	p.Underflow = h.bit(1, 0x02)
 	p.HasStatus = h.bit(1, 0x01)
-	p.Status = h[3]
+	// Status, StatSN and Residual Count are defined only with S=1 (RFC
+	// 7143 §11.7.4, §11.7.5).
+	p.Status, p.StatSN, p.Residual = 0, 0, 0
+	if p.HasStatus {
+		p.Status = h[3]
+		p.StatSN = h.u32(24)
+		p.Residual = h.u32(44)
+	}
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
 	p.TTT = h.u32(20)
-	p.StatSN = h.u32(24)
 	p.ExpCmdSN = h.u32(28)
 	p.MaxCmdSN = h.u32(32)
 	p.DataSN = h.u32(36)
 	p.Offset = h.u32(40)
-	p.Residual = h.u32(44)
 	if p.HasStatus && !p.Final {
 		return errorf(OpDataIn, "§11.7.2", RejectProtocolError, "S bit set without F bit")
 	}
