@@ -217,7 +217,8 @@ func Miscompare(offset uint64) *Sense {
 var (
 	UAPowerOnReset        = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x00, Bit: -1}
 	UABusReset            = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x02, Bit: -1}
-	UALUReset             = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x07, Bit: -1}
+	UALUReset             = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x03, Bit: -1}
+	UANexusLoss           = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x07, Bit: -1}
 	UACapacityChanged     = Sense{Key: SenseUnitAttention, ASC: 0x2a, ASCQ: 0x09, Bit: -1}
 	UAModeParamsChanged   = Sense{Key: SenseUnitAttention, ASC: 0x2a, ASCQ: 0x01, Bit: -1}
 	UAReportedLUNsChanged = Sense{Key: SenseUnitAttention, ASC: 0x3f, ASCQ: 0x0e, Bit: -1}

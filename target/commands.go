@@ -168,7 +168,7 @@ func (d *Device) Execute(c *Command) {
 		}
 		return
 	}
-	if c.aborted.Load() {
+	if c.Aborted() {
 		return
 	}
 	o, err := d.ops.lookup(c.CDB)

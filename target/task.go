@@ -36,14 +36,30 @@ type Command struct {
 
 	lu         *LU
 	prev, next *Command
-	aborted    atomic.Bool
+	state      atomic.Int32 // taskActive, taskAborted or taskCommitted
 	abortWG    *sync.WaitGroup
 	begun      bool
 }
 
+const (
+	taskActive int32 = iota
+	taskAborted
+	taskCommitted
+)
+
 // Aborted reports whether a task management function aborted the task; the
 // fabric then sends no response for it.
-func (c *Command) Aborted() bool { return c.aborted.Load() }
+func (c *Command) Aborted() bool { return c.state.Load() == taskAborted }
+
+// Commit is called by the fabric just before it sends the command's
+// response. It reports false when the task was aborted first (no response
+// may be sent); after it returns true the task can no longer be aborted,
+// and an ABORT TASK for it reports that the task does not exist — so an
+// initiator never sees both a response and "function complete" for one
+// task (SAM-5 §7.2).
+func (c *Command) Commit() bool {
+	return c.state.CompareAndSwap(taskActive, taskCommitted) || c.state.Load() == taskCommitted
+}
 
 // SenseData returns the sense bytes of a CHECK CONDITION.
 func (c *Command) SenseData() []byte { return c.Sense[:c.SenseLen] }
@@ -102,10 +118,10 @@ func (lu *LU) abortMatching(match func(*Command) bool, except *Command) *sync.Wa
 	var hooks []func()
 	lu.taskMu.Lock()
 	for c := lu.tasks; c != nil; c = c.next {
-		if c == except || !match(c) || c.aborted.Load() {
+		if c == except || !match(c) || !c.state.CompareAndSwap(taskActive, taskAborted) {
+			// Already aborted, or its response is on its way.
 			continue
 		}
-		c.aborted.Store(true)
 		wg.Add(1)
 		c.abortWG = wg
 		if c.OnAbort != nil {

@@ -84,8 +84,16 @@ func serve(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
+	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
+	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	for _, d := range []struct{ name, v string }{{"--header-digest", *hdigest}, {"--data-digest", *ddigest}} {
+		if d.v != "optional" && d.v != "required" {
+			fmt.Fprintf(stderr, "blockwire: %s must be optional or required, not %q\n", d.name, d.v)
+			return 2
+		}
 	}
 	var lvl slog.Level
 	if err := lvl.UnmarshalText([]byte(*logLevel)); err != nil {
@@ -121,7 +129,11 @@ func serve(args []string, stderr io.Writer) int {
 		cfg.Listen = []string{"127.0.0.1:3260"}
 	}
 
-	srv := iscsitarget.NewServer(log, iscsitarget.Options{NopInterval: *nop})
+	srv := iscsitarget.NewServer(log, iscsitarget.Options{
+		NopInterval:         *nop,
+		RequireHeaderDigest: *hdigest == "required",
+		RequireDataDigest:   *ddigest == "required",
+	})
 	var devices []*target.Device
 	closeDevices := func() {
 		for _, d := range devices {

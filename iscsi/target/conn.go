@@ -46,7 +46,10 @@ type conn struct {
 	nextTTT   uint32
 	closed    bool
 	loggedOut bool
-	inflight  sync.WaitGroup
+	// logoutAsked is the logout wait (seconds) requested by Shutdown
+	// during login, or -1.
+	logoutAsked int
+	inflight    sync.WaitGroup
 
 	// Receive-goroutine state between DataBuffer and ControlNotify.
 	pendingTask *task
@@ -81,6 +84,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		stop:  make(chan struct{}),
 	}
 	c.statSN = 1
+	c.logoutAsked = -1
 	c.dm = tcp.New(nc, c.stamp)
 	return c
 }
@@ -328,10 +332,15 @@ func (c *conn) pinger() {
 // requestLogout sends an Async Message asking the initiator to log out
 // within wait seconds (RFC 7143 §11.9.1, event 1).
 func (c *conn) requestLogout(wait int) {
+	c.mu.Lock()
 	if !c.ffp.Load() {
-		c.terminate()
+		// Still logging in: finishLogin asks once the final response is
+		// out; a login that never finishes times out.
+		c.logoutAsked = wait
+		c.mu.Unlock()
 		return
 	}
+	c.mu.Unlock()
 	if c.sess.discovery {
 		c.terminate()
 		return
@@ -646,10 +655,8 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 		switch {
 		case t != nil:
 			resp.Response = mapRes(dev.AbortTask(ss.nexus, lun, uint64(req.RTT)))
-			if resp.Response == pdu.TMFRespNoTask {
-				// Not yet in the task set (waiting for its CmdSN or data):
-				// abort it here.
-				c.abortLocal(t)
+			if resp.Response == pdu.TMFRespNoTask && c.abortLocal(t) {
+				// It was still waiting for its CmdSN, outside the task set.
 				resp.Response = pdu.TMFRespComplete
 			}
 		case serial.InWindow(req.RefCmdSN, ss.expCmdSN.Load(), ss.maxCmdSN.Load()):

@@ -1,8 +1,10 @@
 package target
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +92,9 @@ func (c *conn) handleLogin(p *datamover.PDU) error {
 	ls.textBuf = ls.textBuf[:0]
 	if err != nil {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "%v", err))
+	}
+	if c.log.Enabled(context.Background(), slog.LevelDebug) {
+		c.log.Debug("login request", "csg", req.CSG, "nsg", req.NSG, "transit", req.Transit, "keys", redact(kvs))
 	}
 	if ls.neg == nil {
 		if err := c.firstLogin(kvs); err != nil {
@@ -268,9 +273,16 @@ func (c *conn) securityStep(kvs []text.KV) ([]text.KV, error) {
 
 // localKeys are the target's preferences for the negotiation table.
 func (s *Server) localKeys() map[string]string {
+	hd, dd := "CRC32C,None", "CRC32C,None"
+	if s.opts.RequireHeaderDigest {
+		hd = "CRC32C"
+	}
+	if s.opts.RequireDataDigest {
+		dd = "CRC32C"
+	}
 	return map[string]string{
-		"HeaderDigest":        "CRC32C,None",
-		"DataDigest":          "CRC32C,None",
+		"HeaderDigest":        hd,
+		"DataDigest":          dd,
 		"MaxConnections":      strconv.Itoa(s.opts.MaxConnections),
 		"InitialR2T":          "No",
 		"ImmediateData":       "Yes",
@@ -332,6 +344,12 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		return c.failLogin(lerr(pdu.LoginStatusAuthFailure, "authentication incomplete"))
 	}
 	s := c.srv
+	if s.opts.RequireHeaderDigest && neg.Value("HeaderDigest") != "CRC32C" {
+		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires HeaderDigest=CRC32C (RFC 7143 §13.1)"))
+	}
+	if s.opts.RequireDataDigest && neg.Value("DataDigest") != "CRC32C" {
+		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires DataDigest=CRC32C (RFC 7143 §13.1)"))
+	}
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -381,6 +399,11 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		}
 	}
 	s.mu.Unlock()
+	// Set before the connection becomes visible to other goroutines
+	// through the session.
+	c.log = c.log.With("tsih", ss.tsih, "cid", ls.cid)
+	c.cid = ls.cid
+	c.conf = ss.params
 	ss.mu.Lock()
 	if ss.closed {
 		ss.mu.Unlock()
@@ -405,8 +428,6 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		oldConn.terminate()
 	}
 	c.sess = ss
-	c.cid = ls.cid
-	c.conf = ss.params
 	if ss.nexus == nil && !ss.discovery {
 		ss.nexus = &scsitarget.Nexus{
 			InitiatorPort: fmt.Sprintf("%s,i,0x%012x", ss.initiator, ss.isid),
@@ -438,8 +459,14 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		return err
 	}
 	c.nc.SetReadDeadline(time.Time{})
+	c.mu.Lock()
 	c.ffp.Store(true)
-	c.log = c.log.With("tsih", ss.tsih, "cid", c.cid)
+	wait, askLogout := c.logoutAsked, c.logoutAsked >= 0
+	c.mu.Unlock()
+	if askLogout {
+		// Shutdown began while this login was finishing.
+		c.requestLogout(wait)
+	}
 	c.log.Info("login complete", "discovery", ss.discovery,
 		"header_digest", dp.HeaderDigest, "data_digest", dp.DataDigest,
 		"immediate_data", ss.params.ImmediateData, "initial_r2t", ss.params.InitialR2T,
@@ -447,4 +474,20 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		"max_xmit", dp.MaxXmitDataSegmentLength)
 	go c.pinger()
 	return nil
+}
+
+// redact renders keys for the debug log without CHAP values.
+func redact(kvs []text.KV) string {
+	var b strings.Builder
+	for i, kv := range kvs {
+		if i > 0 {
+			b.WriteByte(' ')
+		}
+		v := kv.Value
+		if strings.HasPrefix(kv.Key, "CHAP_") && kv.Key != "CHAP_A" {
+			v = "(redacted)"
+		}
+		b.WriteString(kv.Key + "=" + v)
+	}
+	return b.String()
 }

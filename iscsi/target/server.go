@@ -84,6 +84,11 @@ type Options struct {
 	// LogoutWait is how long Shutdown waits for initiators to log out
 	// after the Async Message asking them to (3s).
 	LogoutWait time.Duration
+	// RequireHeaderDigest and RequireDataDigest make CRC32C the only
+	// acceptable digest (RFC 7143 §13.1); by default the target accepts
+	// both and follows the initiator's order of preference.
+	RequireHeaderDigest bool
+	RequireDataDigest   bool
 }
 
 func (o *Options) defaults() {

@@ -105,18 +105,24 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 		ss.pending[cmdSN] = d
 		return true
 	}
-	d.deliver()
-	exp++
+	// Advance the window before delivering, so that every response the
+	// delivered commands produce already carries the new ExpCmdSN and
+	// MaxCmdSN (an initiator computing "too high" from a stale MaxCmdSN
+	// would otherwise fill a gap the target has already closed).
+	end := exp + 1
 	for len(ss.pending) > 0 {
-		next, ok := ss.pending[exp]
-		if !ok {
+		if _, ok := ss.pending[end]; !ok {
 			break
 		}
-		delete(ss.pending, exp)
-		next.deliver()
-		exp++
+		end++
 	}
-	ss.setExpCmdSN(exp)
+	ss.setExpCmdSN(end)
+	d.deliver()
+	for sn := exp + 1; sn != end; sn++ {
+		next := ss.pending[sn]
+		delete(ss.pending, sn)
+		next.deliver()
+	}
 	return true
 }
 
@@ -164,7 +170,7 @@ func (ss *session) removeConn(c *conn) {
 // reinstatement, ERL 0 session recovery, target cold reset).
 func (ss *session) close(why string) {
 	for _, c := range ss.connList() {
-		c.log.Info("closing connection", "reason", why)
+		ss.srv.log.Info("closing connection", "tsih", ss.tsih, "cid", c.cid, "reason", why)
 		c.terminate()
 	}
 }

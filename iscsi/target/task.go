@@ -187,7 +187,8 @@ func (t *task) deliver() {
 // drop discards a command the CmdSN window refused.
 func (t *task) drop() {
 	c := t.c
-	c.log.Debug("command outside the CmdSN window ignored (RFC 7143 §4.2.2.1)", "cmdsn", t.cmdSN, "itt", t.itt)
+	c.log.Debug("command outside the CmdSN window or duplicate, ignored (RFC 7143 §4.2.2.1)", "cmdsn", t.cmdSN, "itt", t.itt,
+		"expcmdsn", c.sess.expCmdSN.Load(), "maxcmdsn", c.sess.maxCmdSN.Load())
 	c.mu.Lock()
 	t.aborted = true
 	c.mu.Unlock()
@@ -381,16 +382,18 @@ func (c *conn) findTask(itt uint32) *task {
 	return c.tasks[itt]
 }
 
-// abortLocal aborts a task that is not in the SCSI task set yet.
-func (c *conn) abortLocal(t *task) {
+// abortLocal aborts a task that is not in the SCSI task set yet. It
+// reports false when the task is already executing or finished.
+func (c *conn) abortLocal(t *task) bool {
 	c.mu.Lock()
-	if t.executing || t.released {
+	if t.executing || t.released || t.delivered {
 		c.mu.Unlock()
-		return
+		return false
 	}
 	t.aborted = true
 	c.mu.Unlock()
 	c.release(t, false)
+	return true
 }
 
 // onAbort is the SCSI core's abort hook: a task still waiting for data
@@ -455,8 +458,11 @@ func (t *task) execute() {
 		dev.Execute(&t.cmd)
 	}
 	c.mu.Lock()
-	aborted := t.aborted || t.cmd.Aborted() || c.closed
+	aborted := t.aborted || c.closed
 	c.mu.Unlock()
+	if !aborted && !t.cmd.Commit() {
+		aborted = true
+	}
 	if !aborted {
 		t.respond()
 	}

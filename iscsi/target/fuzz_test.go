@@ -1,0 +1,50 @@
+package target
+
+import (
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/iscsi/pdu"
+)
+
+// FuzzTargetConnection logs in and then sends arbitrary bytes as PDUs. The
+// target must answer with Rejects or drop the connection, never panic or
+// hang, and must keep serving a fresh session afterwards.
+func FuzzTargetConnection(f *testing.F) {
+	var h pdu.BHS
+	(&pdu.SCSICommand{Final: true, Read: true, ITT: 1, EDTL: 512, CDB: [16]byte{0x28, 0, 0, 0, 0, 0, 0, 0, 1}}).Encode(&h)
+	f.Add(append([]byte(nil), h[:]...))
+	(&pdu.DataOut{Final: true, ITT: 1, TTT: 5}).Encode(&h)
+	h.SetDataSegmentLength(4)
+	f.Add(append(append([]byte(nil), h[:]...), 1, 2, 3, 4))
+	(&pdu.TaskMgmtReq{Immediate: true, Function: pdu.TMFAbortTaskSet, ITT: 2}).Encode(&h)
+	f.Add(append([]byte(nil), h[:]...))
+	(&pdu.TextReq{Final: true, ITT: 3, TTT: pdu.ReservedTTT}).Encode(&h)
+	h.SetDataSegmentLength(19)
+	f.Add(append(append([]byte(nil), h[:]...), []byte("SendTargets=All\x00\x00\x00\x00\x00")...))
+	ts := startServer(f, Options{LoginTimeout: 2 * time.Second}, nil)
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c := dial(t, ts.addr)
+		c.mustLogin(normalKeys(ini)...)
+		c.nc.Write(b)
+		for {
+			rh, _, ok := c.recv(30 * time.Millisecond)
+			if !ok {
+				break
+			}
+			if op := rh.Opcode(); !op.Known() || op.FromInitiator() {
+				t.Fatalf("target sent %s", op)
+			}
+		}
+		c.nc.Close()
+		// The target still serves.
+		n := dial(t, ts.addr)
+		n.isid[5] = 0x77
+		n.mustLogin(normalKeys(ini)...)
+		n.command(tur(), false, 0, nil, 0)
+		if r := n.command(tur(), false, 0, nil, 0); r.status != 0 {
+			t.Fatalf("fresh session after fuzzed input: TUR status %d", r.status)
+		}
+		n.nc.Close()
+	})
+}
