@@ -213,17 +213,35 @@ func Miscompare(offset uint64) *Sense {
 	return &Sense{Key: SenseMiscompare, ASC: 0x1d, Information: offset, Valid: true, Bit: -1}
 }
 
-// Unit attention conditions (SPC-4 §4.5.6 / Annex).
-var (
-	UAPowerOnReset        = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x00, Bit: -1}
-	UABusReset            = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x02, Bit: -1}
-	UALUReset             = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x03, Bit: -1}
-	UANexusLoss           = Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x07, Bit: -1}
-	UACapacityChanged     = Sense{Key: SenseUnitAttention, ASC: 0x2a, ASCQ: 0x09, Bit: -1}
-	UAModeParamsChanged   = Sense{Key: SenseUnitAttention, ASC: 0x2a, ASCQ: 0x01, Bit: -1}
-	UAReportedLUNsChanged = Sense{Key: SenseUnitAttention, ASC: 0x3f, ASCQ: 0x0e, Bit: -1}
-	UACommandsCleared     = Sense{Key: SenseUnitAttention, ASC: 0x2f, ASCQ: 0x00, Bit: -1}
-)
+// Unit attention conditions (SPC-4 §4.5.6 and Annex F).
+
+// UAPowerOnReset is POWER ON, RESET, OR BUS DEVICE RESET OCCURRED (29/00).
+func UAPowerOnReset() Sense { return Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x00, Bit: -1} }
+
+// UABusReset is SCSI BUS RESET OCCURRED (29/02).
+func UABusReset() Sense { return Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x02, Bit: -1} }
+
+// UALUReset is BUS DEVICE RESET FUNCTION OCCURRED (29/03).
+func UALUReset() Sense { return Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x03, Bit: -1} }
+
+// UANexusLoss is I_T NEXUS LOSS OCCURRED (29/07).
+func UANexusLoss() Sense { return Sense{Key: SenseUnitAttention, ASC: 0x29, ASCQ: 0x07, Bit: -1} }
+
+// UACapacityChanged is CAPACITY DATA HAS CHANGED (2A/09).
+func UACapacityChanged() Sense { return Sense{Key: SenseUnitAttention, ASC: 0x2a, ASCQ: 0x09, Bit: -1} }
+
+// UAModeParamsChanged is MODE PARAMETERS CHANGED (2A/01).
+func UAModeParamsChanged() Sense {
+	return Sense{Key: SenseUnitAttention, ASC: 0x2a, ASCQ: 0x01, Bit: -1}
+}
+
+// UAReportedLUNsChanged is REPORTED LUNS DATA HAS CHANGED (3F/0E).
+func UAReportedLUNsChanged() Sense {
+	return Sense{Key: SenseUnitAttention, ASC: 0x3f, ASCQ: 0x0e, Bit: -1}
+}
+
+// UACommandsCleared is COMMANDS CLEARED BY ANOTHER INITIATOR (2F/00).
+func UACommandsCleared() Sense { return Sense{Key: SenseUnitAttention, ASC: 0x2f, ASCQ: 0x00, Bit: -1} }
 
 func ascText(asc, ascq byte) string {
 	switch uint16(asc)<<8 | uint16(ascq) {

@@ -188,9 +188,10 @@ func (d *Device) Execute(c *Command) {
 		d.fail(lu, c, err)
 		return
 	}
-	if !o.noUA && c.Nexus != nil {
+	if !o.noUA && c.Nexus != nil && c.Nexus.pending.Load() != 0 {
 		if ua, ok := c.Nexus.takeUA(lu.lun); ok {
-			d.fail(lu, c, &ua)
+			u := ua // escapes only on this path
+			d.fail(lu, c, &u)
 			return
 		}
 	}

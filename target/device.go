@@ -48,10 +48,10 @@ func (d *Device) AddLU(lu *LU) error {
 	lu.dev = d
 	d.lus[lu.lun] = lu
 	for n := range d.nexuses {
-		n.addUA(lu.lun, scsi.UAPowerOnReset)
+		n.addUA(lu.lun, scsi.UAPowerOnReset())
 		for other := range d.lus {
 			if other != lu.lun {
-				n.addUA(other, scsi.UAReportedLUNsChanged)
+				n.addUA(other, scsi.UAReportedLUNsChanged())
 			}
 		}
 	}
@@ -74,7 +74,7 @@ func (d *Device) RemoveLU(lun uint64) error {
 	d.forEachNexus(func(n *Nexus) {
 		n.dropLUN(lun)
 		for _, other := range luns {
-			n.addUA(other, scsi.UAReportedLUNsChanged)
+			n.addUA(other, scsi.UAReportedLUNsChanged())
 		}
 	})
 	return nil
@@ -200,7 +200,7 @@ func (d *Device) AddNexus(n *Nexus) {
 	d.mu.Lock()
 	d.nexuses[n] = struct{}{}
 	for l := range d.lus {
-		n.addUA(l, scsi.UAPowerOnReset)
+		n.addUA(l, scsi.UAPowerOnReset())
 	}
 	d.mu.Unlock()
 }

@@ -336,7 +336,7 @@ func cmdModeSelect(lu *LU, c *Command) error {
 		// SPC-4 §7.5.1: other nexuses learn of changed mode parameters.
 		lu.dev.forEachNexus(func(o *Nexus) {
 			if o != c.Nexus {
-				o.addUA(lu.lun, scsi.UAModeParamsChanged)
+				o.addUA(lu.lun, scsi.UAModeParamsChanged())
 			}
 		})
 	}

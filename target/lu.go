@@ -149,7 +149,7 @@ func (lu *LU) Resize(size int64) error {
 	}
 	lu.nblocks.Store(uint64(lu.be.Size()) >> lu.blockBits)
 	if lu.dev != nil {
-		lu.dev.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UACapacityChanged) })
+		lu.dev.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UACapacityChanged()) })
 	}
 	return nil
 }

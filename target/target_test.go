@@ -356,3 +356,29 @@ func FuzzExecuteCDB(f *testing.F) {
 		}
 	})
 }
+
+// TestAbortAfterCommitFindsNoTask: once the fabric committed to sending the
+// response, ABORT TASK must report "no such task", never both.
+func TestAbortAfterCommitFindsNoTask(t *testing.T) {
+	d, _ := newDev(t, false)
+	n := &Nexus{}
+	c := &Command{Nexus: n, LUN: 0, Tag: 7, CDB: []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}}
+	d.Begin(c)
+	d.Execute(c)
+	if !c.Commit() {
+		t.Fatal("Commit of an active task failed")
+	}
+	if r := d.AbortTask(n, 0, 7); r != TMFNoSuchTask {
+		t.Fatalf("ABORT TASK after commit: %v", r)
+	}
+	d.End(c)
+	c2 := &Command{Nexus: n, LUN: 0, Tag: 8, CDB: []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}}
+	d.Begin(c2)
+	go func() { time.Sleep(10 * time.Millisecond); d.End(c2) }()
+	if r := d.AbortTask(n, 0, 8); r != TMFComplete {
+		t.Fatalf("ABORT TASK before commit: %v", r)
+	}
+	if c2.Commit() {
+		t.Fatal("Commit succeeded on an aborted task")
+	}
+}

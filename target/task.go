@@ -114,7 +114,14 @@ func (d *Device) End(c *Command) {
 // aborted, calls their OnAbort hooks and returns a WaitGroup that is done
 // when all of them have ended. except (may be nil) is left alone.
 func (lu *LU) abortMatching(match func(*Command) bool, except *Command) *sync.WaitGroup {
+	wg, _ := lu.abortCount(match, except)
+	return wg
+}
+
+// abortCount is abortMatching that also reports how many tasks it aborted.
+func (lu *LU) abortCount(match func(*Command) bool, except *Command) (*sync.WaitGroup, int) {
 	wg := new(sync.WaitGroup)
+	n := 0
 	var hooks []func()
 	lu.taskMu.Lock()
 	for c := lu.tasks; c != nil; c = c.next {
@@ -123,6 +130,7 @@ func (lu *LU) abortMatching(match func(*Command) bool, except *Command) *sync.Wa
 			continue
 		}
 		wg.Add(1)
+		n++
 		c.abortWG = wg
 		if c.OnAbort != nil {
 			hooks = append(hooks, c.OnAbort)
@@ -132,7 +140,7 @@ func (lu *LU) abortMatching(match func(*Command) bool, except *Command) *sync.Wa
 	for _, h := range hooks {
 		h()
 	}
-	return wg
+	return wg, n
 }
 
 // TMF results (SAM-5 §7.1 service responses, mapped by the fabric).
@@ -153,16 +161,11 @@ func (d *Device) AbortTask(n *Nexus, lun uint64, tag uint64) TMFResult {
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
-	found := false
-	wg := lu.abortMatching(func(c *Command) bool {
-		if c.Nexus == n && c.Tag == tag {
-			found = true
-			return true
-		}
-		return false
-	}, nil)
+	// A task whose response is already committed is not found: it has
+	// completed as far as the initiator can tell.
+	wg, found := lu.abortCount(func(c *Command) bool { return c.Nexus == n && c.Tag == tag }, nil)
 	wg.Wait()
-	if !found {
+	if found == 0 {
 		return TMFNoSuchTask
 	}
 	return TMFComplete
@@ -190,7 +193,7 @@ func (d *Device) ClearTaskSet(n *Nexus, lun uint64) TMFResult {
 	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
 	d.forEachNexus(func(o *Nexus) {
 		if o != n {
-			o.addUA(lun, scsi.UACommandsCleared)
+			o.addUA(lun, scsi.UACommandsCleared())
 		}
 	})
 	return TMFComplete
@@ -206,7 +209,7 @@ func (d *Device) ResetLU(n *Nexus, lun uint64) TMFResult {
 	}
 	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
 	lu.reset()
-	d.forEachNexus(func(o *Nexus) { o.addUA(lun, scsi.UALUReset) })
+	d.forEachNexus(func(o *Nexus) { o.addUA(lun, scsi.UALUReset()) })
 	return TMFComplete
 }
 
@@ -222,7 +225,7 @@ func (d *Device) ResetTarget() {
 	}
 	d.forEachNexus(func(o *Nexus) {
 		for _, l := range luns {
-			o.addUA(l, scsi.UAPowerOnReset)
+			o.addUA(l, scsi.UAPowerOnReset())
 		}
 	})
 }

@@ -29,6 +29,8 @@ type Conn struct {
 	maxRecv        int
 	scratch        []byte
 	ahs            [1024]byte
+	dig            [4]byte
+	tail           [8]byte
 
 	wmu            sync.Mutex
 	txHeaderDigest bool
@@ -37,6 +39,9 @@ type Conn struct {
 	hdr            [pdu.BHSLen + 4]byte
 	trailer        [8]byte
 	iov            [3][]byte
+	bufs           net.Buffers
+	dih            pdu.BHS // Data-In header scratch, under wmu
+	noStatSN       bool    // clear StatSN after stamping (Data-In without S)
 	closed         bool
 
 	pending     datamover.Params
@@ -155,18 +160,24 @@ func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) er
 	if c.closed {
 		return net.ErrClosed
 	}
+	// Work on the connection's own header copy, so the caller's BHS does
+	// not escape through the stamper (no allocation per PDU).
+	copy(c.hdr[:pdu.BHSLen], h[:])
+	hh := (*pdu.BHS)(c.hdr[:pdu.BHSLen])
 	if c.stamp != nil {
-		c.stamp(h, advance)
+		c.stamp(hh, advance)
 	}
-	h.SetTotalAHSLength(len(ahs))
-	h.SetDataSegmentLength(len(data))
-	copy(c.hdr[:], h[:])
+	if c.noStatSN {
+		hh[24], hh[25], hh[26], hh[27] = 0, 0, 0, 0
+	}
+	hh.SetTotalAHSLength(len(ahs))
+	hh.SetDataSegmentLength(len(data))
 	n := 0
 	hl := pdu.BHSLen
 	if len(ahs) > 0 {
 		// AHS is rare on the target side; keep the header contiguous.
 		buf := make([]byte, 0, pdu.BHSLen+len(ahs)+4)
-		buf = append(append(buf, h[:]...), ahs...)
+		buf = append(append(buf, hh[:]...), ahs...)
 		if c.txHeaderDigest {
 			var d [4]byte
 			pdu.PutDigest(d[:], pdu.Digest(buf))
@@ -184,12 +195,10 @@ func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) er
 	if len(data) > 0 {
 		c.iov[n] = data
 		n++
-		pad := pdu.Pad(len(data))
-		t := 0
-		t += copy(c.trailer[:], pdu.PadFor(len(data)))
+		t := pdu.Pad(len(data))
+		clear(c.trailer[:t])
 		if c.txDataDigest {
-			d := pdu.UpdateDigest(pdu.Digest(data), c.trailer[:pad])
-			pdu.PutDigest(c.trailer[t:], d)
+			pdu.PutDigest(c.trailer[t:], pdu.DataDigest(data))
 			t += 4
 		}
 		if t > 0 {
@@ -197,8 +206,8 @@ func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) er
 			n++
 		}
 	}
-	bufs := net.Buffers(c.iov[:n])
-	_, err := bufs.WriteTo(c.nc)
+	c.bufs = c.iov[:n]
+	_, err := c.bufs.WriteTo(c.nc)
 	for i := range c.iov {
 		c.iov[i] = nil
 	}
@@ -214,7 +223,7 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 	defer c.wmu.Unlock()
 	max := c.maxXmit
 	off := 0
-	var h pdu.BHS
+	h := &c.dih
 	for {
 		n := min(len(d.Data)-off, max)
 		last := off+n >= len(d.Data)
@@ -238,14 +247,14 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 				advance = true
 			}
 		}
-		di.Encode(&h)
+		di.Encode(h)
 		if !di.HasStatus {
 			// StatSN is reserved without S; the stamper must not advance it
 			// and we clear what it writes (RFC 7143 §11.7.4).
-			if err := c.writeNoStatSN(&h, d.Data[off:off+n]); err != nil {
+			if err := c.writeNoStatSN(h, d.Data[off:off+n]); err != nil {
 				return err
 			}
-		} else if err := c.writeLocked(&h, nil, d.Data[off:off+n], advance); err != nil {
+		} else if err := c.writeLocked(h, nil, d.Data[off:off+n], advance); err != nil {
 			return err
 		}
 		off += n
@@ -256,15 +265,9 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 }
 
 func (c *Conn) writeNoStatSN(h *pdu.BHS, data []byte) error {
-	stamp := c.stamp
-	c.stamp = func(h *pdu.BHS, _ bool) {
-		if stamp != nil {
-			stamp(h, false)
-		}
-		h[24], h[25], h[26], h[27] = 0, 0, 0, 0
-	}
+	c.noStatSN = true
 	err := c.writeLocked(h, nil, data, false)
-	c.stamp = stamp
+	c.noStatSN = false
 	return err
 }
 
@@ -292,7 +295,7 @@ var ErrHeaderDigest = errors.New("iscsi: header digest mismatch (RFC 7143 §7.8)
 
 func (c *Conn) serve(up datamover.Upcalls) error {
 	var p datamover.PDU
-	var dig [4]byte
+	dig := c.dig[:]
 	for {
 		if _, err := io.ReadFull(c.br, p.BHS[:]); err != nil {
 			if errors.Is(err, io.EOF) {
@@ -309,10 +312,10 @@ func (c *Conn) serve(up datamover.Upcalls) error {
 			}
 		}
 		if c.rxHeaderDigest {
-			if _, err := io.ReadFull(c.br, dig[:]); err != nil {
+			if _, err := io.ReadFull(c.br, dig); err != nil {
 				return err
 			}
-			if pdu.GetDigest(dig[:]) != pdu.Digest(h[:], p.AHS) {
+			if pdu.GetDigest(dig) != pdu.Digest(h[:], p.AHS) {
 				return ErrHeaderDigest
 			}
 		}
@@ -347,7 +350,7 @@ func (c *Conn) serve(up datamover.Upcalls) error {
 				return err
 			}
 			pad := pdu.Pad(dsl)
-			var tail [8]byte
+			tail := c.tail[:]
 			t := pad
 			if c.rxDataDigest {
 				t += 4
@@ -358,8 +361,7 @@ func (c *Conn) serve(up datamover.Upcalls) error {
 				}
 			}
 			if c.rxDataDigest && perr == nil {
-				d := pdu.UpdateDigest(pdu.Digest(buf), tail[:pad])
-				if d != pdu.GetDigest(tail[pad:pad+4]) {
+				if pdu.DataDigest(buf) != pdu.GetDigest(tail[pad:pad+4]) {
 					// RFC 7143 §7.8 / §11.17.1: a data digest error is
 					// answered with Reject reason 0x02 and the PDU is
 					// discarded.

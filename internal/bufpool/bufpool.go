@@ -1,7 +1,7 @@
 // Package bufpool hands out byte buffers in power-of-two size classes from
 // sync.Pools, so the I/O path reuses buffers instead of allocating one per
-// command. Ownership is explicit: whoever Gets a buffer Puts it back exactly
-// once, and nobody touches it afterwards.
+// command. Ownership is explicit: whoever Gets a Buf Puts it back exactly
+// once, and nobody touches its bytes afterwards.
 package bufpool
 
 import (
@@ -13,6 +13,12 @@ const (
 	minShift = 9  // 512 bytes
 	maxShift = 24 // 16 MiB
 )
+
+// Buf is a pooled buffer. B has the requested length; its capacity is the
+// size class.
+type Buf struct {
+	B []byte
+}
 
 // Pool is a set of size-classed buffer pools. The zero value is ready.
 type Pool struct {
@@ -28,24 +34,27 @@ func class(n int) int {
 
 // Get returns a buffer of length n (contents undefined). Buffers above
 // 16 MiB are allocated directly and not pooled.
-func (p *Pool) Get(n int) []byte {
+func (p *Pool) Get(n int) *Buf {
 	c := class(n)
 	if c >= len(p.classes) {
-		return make([]byte, n)
+		return &Buf{B: make([]byte, n)}
 	}
 	if v := p.classes[c].Get(); v != nil {
-		b := v.(*[]byte)
-		return (*b)[:n]
+		b := v.(*Buf)
+		b.B = b.B[:n]
+		return b
 	}
-	return make([]byte, n, 1<<(c+minShift))
+	return &Buf{B: make([]byte, n, 1<<(c+minShift))}
 }
 
 // Put returns a buffer obtained from Get.
-func (p *Pool) Put(b []byte) {
-	c := class(cap(b))
-	if c >= len(p.classes) || cap(b) != 1<<(c+minShift) {
+func (p *Pool) Put(b *Buf) {
+	if b == nil {
 		return
 	}
-	b = b[:cap(b)]
-	p.classes[c].Put(&b)
+	c := class(cap(b.B))
+	if c >= len(p.classes) || cap(b.B) != 1<<(c+minShift) {
+		return
+	}
+	p.classes[c].Put(b)
 }

@@ -97,8 +97,13 @@ func PutDigest(b []byte, d uint32) { binary.LittleEndian.PutUint32(b, d) }
 // GetDigest reads a digest in wire order.
 func GetDigest(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
 
-// PadBytes is a source of zero pad bytes.
-var padBytes [4]byte
+// PadFor returns the zero pad for a data segment of n bytes: a new slice
+// of up to 3 zero bytes (for tests and cold paths; the datamover pads in
+// its own buffers).
+func PadFor(n int) []byte { return make([]byte, Pad(n)) }
 
-// PadFor returns the zero pad for a data segment of n bytes (read-only).
-func PadFor(n int) []byte { return padBytes[:Pad(n)] }
+// DataDigest computes the data digest of a data segment, pad included.
+func DataDigest(data []byte) uint32 {
+	var zero [3]byte
+	return UpdateDigest(Digest(data), zero[:Pad(len(data))])
+}

@@ -117,9 +117,18 @@ func (o *Options) defaults() {
 
 // Server serves iSCSI targets on one or more portals.
 type Server struct {
-	log  *slog.Logger
-	opts Options
-	pool bufpool.Pool
+	log   *slog.Logger
+	opts  Options
+	pool  bufpool.Pool
+	tasks sync.Pool // *task
+
+	// SCSI work runs off the socket goroutines on a set of workers; when
+	// all are busy a task gets a goroutine of its own, so a slow backend
+	// never blocks another LUN's commands.
+	work        chan *task
+	workersOnce sync.Once
+	done        chan struct{}
+	doneOnce    sync.Once
 
 	mu        sync.Mutex
 	targets   map[string]*Target
@@ -145,6 +154,33 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*conn]struct{}{},
 		sessions:  map[uint16]*session{},
+		work:      make(chan *task),
+		done:      make(chan struct{}),
+	}
+}
+
+const workers = 64
+
+// dispatch hands a task whose data is complete to a worker.
+func (s *Server) dispatch(t *task) {
+	s.workersOnce.Do(func() {
+		for range workers {
+			go func() {
+				for {
+					select {
+					case t := <-s.work:
+						t.execute()
+					case <-s.done:
+						return
+					}
+				}
+			}()
+		}
+	})
+	select {
+	case s.work <- t:
+	default:
+		go t.execute()
 	}
 }
 
@@ -273,6 +309,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer cancel()
 	select {
 	case <-done:
+		s.doneOnce.Do(func() { close(s.done) })
 		return nil
 	case <-wait.Done():
 	}
@@ -281,6 +318,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		c.drainAndClose()
 	}
 	s.mu.Unlock()
+	defer s.doneOnce.Do(func() { close(s.done) })
 	select {
 	case <-done:
 		return nil

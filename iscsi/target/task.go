@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsi"
 	scsitarget "github.com/blockwire/blockwire/target"
@@ -33,7 +34,8 @@ type task struct {
 	read  bool
 	write bool
 	imm   bool
-	buf   []byte
+	buf   []byte       // bb.B, or nil
+	bb    *bufpool.Buf // the I/O buffer's pool handle
 
 	// Data-out accounting, guarded by conn.mu.
 	received    uint32
@@ -79,7 +81,7 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 	if cmd.EDTL > maxTransfer {
 		return nil, reject(pdu.RejectOutOfResources, "iscsi: Expected Data Transfer Length %d above the %d-byte limit", cmd.EDTL, maxTransfer)
 	}
-	t := &task{c: c}
+	t := c.srv.getTask(c)
 	t.itt = cmd.ITT
 	t.lun = cmd.LUN
 	t.cmdSN = cmd.CmdSN
@@ -102,7 +104,8 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 	}
 	t.cmd.Nexus = c.sess.nexus
 	if cmd.EDTL > 0 {
-		t.buf = c.srv.pool.Get(int(cmd.EDTL))
+		t.bb = c.srv.pool.Get(int(cmd.EDTL))
+		t.buf = t.bb.B
 		t.cmd.Data = t.buf
 	}
 	if cmd.Write {
@@ -116,13 +119,34 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 		t.unsolOpen = !cmd.Final
 		t.unsolNext = dsl
 		if t.unsolOpen && c.conf.InitialR2T {
+			c.freeTask(t)
 			return nil, reject(pdu.RejectProtocolError, "iscsi: F=0 announces unsolicited data but InitialR2T=Yes (RFC 7143 §13.10)")
 		}
 		t.nextR2T = max(dsl, 0)
 	}
-	t.onAbortFn = t.onAbort
 	t.cmd.OnAbort = t.onAbortFn
 	return t, nil
+}
+
+// getTask takes a task from the server's pool (no allocation per command
+// in steady state) and clears it for c.
+func (s *Server) getTask(c *conn) *task {
+	t, _ := s.tasks.Get().(*task)
+	if t == nil {
+		t = &task{}
+		t.onAbortFn = t.onAbort
+	}
+	bursts, fn := t.bursts[:0], t.onAbortFn
+	*t = task{c: c, bursts: bursts, onAbortFn: fn}
+	return t
+}
+
+// putTask returns a finished task and its buffer to the pools.
+func (s *Server) putTask(t *task) {
+	s.pool.Put(t.bb)
+	t.bb, t.buf, t.c = nil, nil, nil
+	t.cmd = scsitarget.Command{}
+	s.tasks.Put(t)
 }
 
 const maxTransfer = 64 << 20
@@ -259,7 +283,7 @@ func (t *task) act(a action) {
 		}
 	}
 	if a.execute {
-		go t.execute()
+		t.c.srv.dispatch(t)
 	}
 }
 
@@ -434,21 +458,16 @@ func (c *conn) release(t *task, reuseBuf bool) {
 		c.sess.tgt.Device.End(&t.cmd)
 	}
 	c.dm.DeallocateTaskResources(t.itt)
-	if reuseBuf && t.buf != nil {
-		// Only a task that finished normally returns its buffer: an aborted
-		// one may still be the target of a Data-Out being read.
-		c.srv.pool.Put(t.buf)
-	}
-	t.buf = nil
 	c.inflight.Done()
+	if reuseBuf {
+		// Only a task that finished normally goes back to the pools: an
+		// aborted one may still be the target of a Data-Out being read.
+		c.srv.putTask(t)
+	}
 }
 
-func (c *conn) freeTask(t *task) {
-	if t.buf != nil {
-		c.srv.pool.Put(t.buf)
-		t.buf = nil
-	}
-}
+// freeTask drops a task that was never registered.
+func (c *conn) freeTask(t *task) { c.srv.putTask(t) }
 
 // execute runs the command in the SCSI core and answers it.
 func (t *task) execute() {

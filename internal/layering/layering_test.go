@@ -1,0 +1,74 @@
+// Package layering holds the test that keeps the import arrows pointing
+// one way: SCSI ← iSCSI ← Datamover, codecs without I/O, and no fabric
+// imported by the SCSI target core.
+package layering
+
+import (
+	"encoding/json"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+const mod = "github.com/blockwire/blockwire/"
+
+type pkg struct {
+	ImportPath string
+	Deps       []string
+	Imports    []string
+}
+
+func TestImportsPointOneWay(t *testing.T) {
+	out, err := exec.Command("go", "list", "-deps=false", "-json", "../../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	pkgs := map[string]pkg{}
+	for dec.More() {
+		var p pkg
+		if err := dec.Decode(&p); err != nil {
+			t.Fatal(err)
+		}
+		pkgs[strings.TrimPrefix(p.ImportPath, mod)] = p
+	}
+	deps := func(name string) []string {
+		out, err := exec.Command("go", "list", "-deps", mod+name).Output()
+		if err != nil {
+			t.Fatalf("go list -deps %s: %v", name, err)
+		}
+		return strings.Fields(string(out))
+	}
+	rules := []struct {
+		pkg       string
+		forbidden []string // prefixes
+	}{
+		// Codecs: no network, no logging, no goroutine-owning packages of ours.
+		{"scsi", []string{mod, "net", "log"}},
+		{"iscsi/pdu", []string{mod + "iscsi/text", mod + "datamover", mod + "target", "net", "log"}},
+		{"iscsi/text", []string{mod + "iscsi/pdu", mod + "datamover", "net", "log"}},
+		{"iscsi/auth", []string{mod + "datamover", "net", "log"}},
+		// The SCSI core knows no fabric.
+		{"target", []string{mod + "iscsi", mod + "datamover", "net"}},
+		{"backend", []string{mod + "iscsi", mod + "target", mod + "datamover"}},
+		// The datamover interface knows no concrete datamover and no session.
+		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "target"}},
+		{"datamover/tcp", []string{mod + "iscsi/target", mod + "target"}},
+	}
+	for _, r := range rules {
+		if _, ok := pkgs[r.pkg]; !ok {
+			t.Errorf("package %s not found", r.pkg)
+			continue
+		}
+		for _, d := range deps(r.pkg) {
+			if d == mod+r.pkg {
+				continue
+			}
+			for _, f := range r.forbidden {
+				if d == f || strings.HasPrefix(d, f+"/") || (strings.HasSuffix(f, "/") && strings.HasPrefix(d, f)) || (f == mod && strings.HasPrefix(d, mod) && d != mod+r.pkg) {
+					t.Errorf("%s depends on %s", r.pkg, d)
+				}
+			}
+		}
+	}
+}
