@@ -344,10 +344,13 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		return c.failLogin(lerr(pdu.LoginStatusAuthFailure, "authentication incomplete"))
 	}
 	s := c.srv
-	if s.opts.RequireHeaderDigest && neg.Value("HeaderDigest") != "CRC32C" {
+	// The digest requirement protects SCSI data: it applies to Normal
+	// sessions; discovery carries none (and libiscsi's discovery login
+	// offers no digest).
+	if !ls.discovery && s.opts.RequireHeaderDigest && neg.Value("HeaderDigest") != "CRC32C" {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires HeaderDigest=CRC32C (RFC 7143 §13.1)"))
 	}
-	if s.opts.RequireDataDigest && neg.Value("DataDigest") != "CRC32C" {
+	if !ls.discovery && s.opts.RequireDataDigest && neg.Value("DataDigest") != "CRC32C" {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires DataDigest=CRC32C (RFC 7143 §13.1)"))
 	}
 	s.mu.Lock()

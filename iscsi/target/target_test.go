@@ -493,3 +493,88 @@ func TestDigests(t *testing.T) {
 		t.Fatal("connection survived a header digest error")
 	}
 }
+
+// TestUnsolicitedDataOut sends immediate data, then unsolicited Data-Out up
+// to FirstBurstLength (InitialR2T=No, F=0 on the command), then answers the
+// R2Ts for the rest (RFC 7143 §13.10, §13.14).
+func TestUnsolicitedDataOut(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini, kv("InitialR2T", "No"), kv("FirstBurstLength", "32768"), kv("MaxBurstLength", "65536"))...)
+	c.command(tur(), false, 0, nil, 0)
+	data := make([]byte, 128<<10)
+	rand.Read(data)
+	itt := c.itt
+	c.itt++
+	cmd := pdu.SCSICommand{Final: false, Write: true, ITT: itt, EDTL: uint32(len(data)), CmdSN: c.cmdSN}
+	c.cmdSN++
+	copy(cmd.CDB[:], write10(64, 256))
+	var h pdu.BHS
+	cmd.Encode(&h)
+	c.sendRaw(&h, nil, data[:8192])
+	for off, sn := 8192, uint32(0); off < 32768; off, sn = off+8192, sn+1 {
+		do := pdu.DataOut{Final: off+8192 == 32768, ITT: itt, TTT: pdu.ReservedTTT, DataSN: sn, Offset: uint32(off)}
+		do.Encode(&h)
+		c.sendRaw(&h, nil, data[off:off+8192])
+	}
+	got := uint32(32768)
+	for {
+		rh, _ := c.must(5 * time.Second)
+		if rh.Opcode() == pdu.OpSCSIResponse {
+			if rh[3] != 0 {
+				t.Fatalf("write status %#x", rh[3])
+			}
+			break
+		}
+		if rh.Opcode() != pdu.OpR2T {
+			t.Fatalf("got %s", rh.Opcode())
+		}
+		var r pdu.R2T
+		r.Decode(&rh)
+		if r.Offset != got || r.Desired > 65536 {
+			t.Fatalf("R2T offset %d desired %d; want offset %d and at most MaxBurstLength", r.Offset, r.Desired, got)
+		}
+		do := pdu.DataOut{Final: true, ITT: itt, TTT: r.TTT, Offset: r.Offset}
+		do.Encode(&h)
+		c.sendRaw(&h, nil, data[r.Offset:r.Offset+r.Desired])
+		got += r.Desired
+	}
+	if r := c.command(read10(64, 256), true, uint32(len(data)), nil, 0); !bytes.Equal(r.data, data) {
+		t.Fatal("read back differs")
+	}
+	// Unsolicited data past FirstBurstLength is a protocol error: Reject.
+	itt = c.itt
+	c.itt++
+	cmd = pdu.SCSICommand{Write: true, ITT: itt, EDTL: 65536, CmdSN: c.cmdSN}
+	c.cmdSN++
+	copy(cmd.CDB[:], write10(0, 128))
+	cmd.Encode(&h)
+	c.sendRaw(&h, nil, nil)
+	do := pdu.DataOut{Final: true, ITT: itt, TTT: pdu.ReservedTTT, Offset: 32768}
+	do.Encode(&h)
+	c.sendRaw(&h, nil, data[:512])
+	if rh, _ := c.must(2 * time.Second); rh.Opcode() != pdu.OpReject || pdu.RejectReason(rh[2]) != pdu.RejectProtocolError {
+		t.Fatalf("Data-Out past FirstBurstLength answered with %s %#x", rh.Opcode(), rh[2])
+	}
+}
+
+func TestTargetColdResetDropsSessions(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	a := dial(t, ts.addr)
+	a.mustLogin(normalKeys(ini)...)
+	b := dial(t, ts.addr)
+	b.isid[5] = 3
+	b.mustLogin(normalKeys(ini)...)
+	tmf := pdu.TaskMgmtReq{Immediate: true, Function: pdu.TMFTargetColdReset, ITT: a.itt, RTT: pdu.ReservedITT, CmdSN: a.cmdSN}
+	var h pdu.BHS
+	tmf.Encode(&h)
+	a.sendRaw(&h, nil, nil)
+	if rh, _ := a.must(2 * time.Second); rh.Opcode() != pdu.OpTaskMgmtResp || rh[2] != pdu.TMFRespComplete {
+		t.Fatalf("cold reset response %s %d", rh.Opcode(), rh[2])
+	}
+	for _, c := range []*tclient{a, b} {
+		if _, _, ok := c.recv(2 * time.Second); ok {
+			t.Fatal("a connection survived TARGET COLD RESET")
+		}
+	}
+}

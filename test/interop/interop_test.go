@@ -247,16 +247,21 @@ func TestQemuConvertRoundTrip(t *testing.T) {
 	back := filepath.Join(t.TempDir(), "back.img")
 	url := d.url(defaultIQN, 0)
 	mustRun(t, 2*time.Minute, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, url)
-	mustRun(t, 2*time.Minute, "qemu-img", "convert", "-f", "raw", "-O", "raw", url, back)
+	// Read back the 64 MiB that were written (the default LUN is 1 GiB).
+	mustRun(t, 2*time.Minute, "qemu-img", "dd", "-f", "raw", "-O", "raw", "bs=1M", "count=64", "if="+url, "of="+back)
 	sameFirst(t, src, back, 64<<20)
 
 	// Again with header digests, through QEMU's image options.
-	opts := fmt.Sprintf("driver=iscsi,transport=tcp,portal=%s,target=%s,lun=0,header-digest=crc32c", d.addr, defaultIQN)
+	d64 := serve(t, "--size", "64MiB")
+	opts := fmt.Sprintf("driver=iscsi,transport=tcp,portal=%s,target=%s,lun=0,header-digest=crc32c", d64.addr, defaultIQN)
 	src2 := randomImage(t, 64<<20)
 	back2 := filepath.Join(t.TempDir(), "back2.img")
 	mustRun(t, 2*time.Minute, "qemu-img", "convert", "-n", "-f", "raw", src2, "--target-image-opts", opts)
 	mustRun(t, 2*time.Minute, "qemu-img", "convert", "--image-opts", opts, "-O", "raw", back2)
 	sameFirst(t, src2, back2, 64<<20)
+	if !strings.Contains(d64.log.String(), "header_digest=true") {
+		t.Error("QEMU's header-digest=crc32c session negotiated no header digest")
+	}
 }
 
 func TestQemuBench(t *testing.T) {
