@@ -44,6 +44,8 @@ type Params struct {
 	// MaxXmitDataSegmentLength is what the peer declared: the largest data
 	// segment this side may send.
 	MaxXmitDataSegmentLength int
+	// MaxBurstLength bounds one Data-In sequence (RFC 7143 §13.13).
+	MaxBurstLength int
 	// RDMAExtensions, TargetRecvDataSegmentLength,
 	// InitiatorRecvDataSegmentLength and MaxOutstandingUnexpectedPDUs are
 	// the iSER keys (seed 004 §6); the TCP datamover ignores them.

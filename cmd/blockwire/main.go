@@ -240,7 +240,20 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 			return nil, nil, err
 		}
 	}
-	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Device: dev, Initiators: tc.Initiators}
+	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Device: dev, Initiators: tc.AllowedInitiators()}
+	for _, a := range tc.ACL {
+		if a.CHAP == nil {
+			continue
+		}
+		v, err := a.CHAP.Value()
+		if err != nil {
+			return nil, nil, err
+		}
+		if t.InitiatorCHAP == nil {
+			t.InitiatorCHAP = map[string]auth.Credentials{}
+		}
+		t.InitiatorCHAP[a.Initiator] = auth.Credentials{User: a.CHAP.User, Secret: v}
+	}
 	if tc.CHAP != nil {
 		v, err := tc.CHAP.Value()
 		if err != nil {

@@ -36,6 +36,7 @@ type Conn struct {
 	txHeaderDigest bool
 	txDataDigest   bool
 	maxXmit        int
+	maxBurst       int // 0: unbounded
 	hdr            [pdu.BHSLen + 4]byte
 	trailer        [8]byte
 	iov            [3][]byte
@@ -117,14 +118,12 @@ func (c *Conn) EnableDatamover(final *datamover.PDU) error {
 	if p.MaxXmitDataSegmentLength > 0 {
 		c.maxXmit = p.MaxXmitDataSegmentLength
 	}
+	if p.MaxBurstLength > 0 {
+		c.maxBurst = p.MaxBurstLength
+	}
 	c.wmu.Unlock()
 	return nil
 }
-
-// SetLoginLimits sets the segment sizes used during login (RFC 7143
-// §12.12: 8192 until negotiated, but a login PDU may carry what the peer's
-// declared limit allows once known).
-func (c *Conn) SetLoginLimits(maxRecv int) { c.maxRecv = maxRecv }
 
 // SetMaxXmit changes the largest data segment this side sends (the peer
 // declared a new MaxRecvDataSegmentLength in full feature phase).
@@ -216,17 +215,28 @@ func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) er
 
 // PutData implements datamover.Conn: the data is cut into Data-In PDUs of
 // at most MaxRecvDataSegmentLength (the initiator's declaration), DataSN
-// counting up, the last one carrying F and — when asked — the status
-// (RFC 7143 §11.7).
+// counting up, grouped into sequences of at most MaxBurstLength whose last
+// PDU carries F, the very last one carrying the status when asked (RFC
+// 7143 §11.7, §13.13).
 func (c *Conn) PutData(d *datamover.DataIn) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	max := c.maxXmit
+	burst := c.maxBurst
+	if burst <= 0 {
+		burst = len(d.Data)
+	}
 	off := 0
+	seq := 0 // bytes sent in the current sequence
 	h := &c.dih
 	for {
-		n := min(len(d.Data)-off, max)
+		n := min(len(d.Data)-off, max, burst-seq)
 		last := off+n >= len(d.Data)
+		seq += n
+		endSeq := seq == burst
+		if endSeq {
+			seq = 0
+		}
 		di := pdu.DataIn{
 			LUN:    d.LUN,
 			ITT:    d.ITT,
@@ -236,6 +246,9 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 		}
 		*d.DataSN++
 		advance := false
+		if endSeq && !last {
+			di.Final = true // end of a Data-In sequence, not of the data
+		}
 		if last && d.Final {
 			di.Final = true
 			if d.WithStatus {

@@ -25,11 +25,33 @@ type Config struct {
 type Target struct {
 	Name  string `toml:"name"`
 	Alias string `toml:"alias"`
-	// Initiators is the ACL: initiator names allowed to log in (empty: all).
+	// Initiators is the ACL: initiator names allowed to log in (empty and
+	// no acl entries: all).
 	Initiators []string `toml:"initiators"`
-	CHAP       *Secret  `toml:"chap"`
-	MutualCHAP *Secret  `toml:"mutual_chap"`
-	LUNs       []LUN    `toml:"lun"`
+	// ACL entries admit one initiator each, optionally with CHAP
+	// credentials of its own (which replace the target's chap for it).
+	ACL        []ACL   `toml:"acl"`
+	CHAP       *Secret `toml:"chap"`
+	MutualCHAP *Secret `toml:"mutual_chap"`
+	LUNs       []LUN   `toml:"lun"`
+}
+
+// ACL admits one initiator.
+type ACL struct {
+	Initiator string  `toml:"initiator"`
+	CHAP      *Secret `toml:"chap"`
+}
+
+// AllowedInitiators returns the initiators of the ACL (nil: everyone).
+func (t *Target) AllowedInitiators() []string {
+	if len(t.Initiators) == 0 && len(t.ACL) == 0 {
+		return nil
+	}
+	out := append([]string(nil), t.Initiators...)
+	for _, a := range t.ACL {
+		out = append(out, a.Initiator)
+	}
+	return out
 }
 
 // Secret is a CHAP user and secret. The secret comes from exactly one of
@@ -95,10 +117,25 @@ func (c *Config) Validate() error {
 				add("%s.initiators[%d]: %v", where, j, err)
 			}
 		}
-		for _, s := range []struct {
+		secrets := []struct {
 			name string
 			sec  *Secret
-		}{{"chap", t.CHAP}, {"mutual_chap", t.MutualCHAP}} {
+		}{{"chap", t.CHAP}, {"mutual_chap", t.MutualCHAP}}
+		seenACL := map[string]bool{}
+		for j, a := range t.ACL {
+			if err := ValidName(a.Initiator); err != nil {
+				add("%s.acl[%d].initiator: %v", where, j, err)
+			}
+			if seenACL[a.Initiator] {
+				add("%s.acl[%d].initiator: %s listed twice", where, j, a.Initiator)
+			}
+			seenACL[a.Initiator] = true
+			secrets = append(secrets, struct {
+				name string
+				sec  *Secret
+			}{fmt.Sprintf("acl[%d].chap", j), a.CHAP})
+		}
+		for _, s := range secrets {
 			if s.sec == nil {
 				continue
 			}

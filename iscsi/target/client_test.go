@@ -203,6 +203,7 @@ type result struct {
 	residual uint32
 	under    bool
 	over     bool
+	seqs     int // Data-In sequences (PDUs with F)
 }
 
 // command runs one SCSI command to completion, answering R2Ts.
@@ -240,6 +241,9 @@ func (c *tclient) command(cdb []byte, read bool, edtl uint32, out []byte, immedi
 			var d pdu.DataIn
 			d.Decode(&rh)
 			res.data = append(res.data, data...)
+			if d.Final {
+				res.seqs++
+			}
 			if d.HasStatus {
 				res.status, res.residual, res.under, res.over = d.Status, d.Residual, d.Underflow, d.Overflow
 				return res

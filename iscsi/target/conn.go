@@ -31,10 +31,9 @@ type conn struct {
 	loginITT uint32
 	ffp      atomic.Bool
 
-	sess    *session
-	cid     uint16
-	conf    sessionParams
-	maxXmit int
+	sess *session
+	cid  uint16
+	conf sessionParams
 
 	// statSN is touched only by stamp, which the datamover calls under its
 	// transmit lock.
@@ -278,8 +277,8 @@ func (c *conn) handleNopOut(p *datamover.PDU) error {
 		return nil
 	}
 	data := p.Data
-	if len(data) > c.maxXmit {
-		data = data[:c.maxXmit]
+	if mx := c.dm.MaxXmit(); len(data) > mx {
+		data = data[:mx]
 	}
 	d := &nopDelivery{c: c, nop: n, data: append([]byte(nil), data...)}
 	c.sess.sequence(n.CmdSN, n.Immediate, d)
@@ -403,25 +402,23 @@ func (d *textDelivery) deliver() {
 	c.sendTextChunk(d.req.ITT, d.req.LUN)
 }
 
-func (c *conn) setMaxXmit(n int) {
-	c.maxXmit = n
-	c.dm.SetMaxXmit(n)
-}
+func (c *conn) setMaxXmit(n int) { c.dm.SetMaxXmit(n) }
 
 // sendTextChunk sends the next part of a text response, continuing with C=1
 // when it does not fit the initiator's MaxRecvDataSegmentLength (RFC 7143
 // §11.11.2).
 func (c *conn) sendTextChunk(itt uint32, lun [8]byte) {
 	out := c.textOut
+	mx := c.dm.MaxXmit()
 	r := pdu.TextResp{ITT: itt, LUN: lun, TTT: pdu.ReservedTTT, Final: true}
-	if len(out) > c.maxXmit {
+	if len(out) > mx {
 		c.textTTT++
 		if c.textTTT == pdu.ReservedTTT {
 			c.textTTT = 1
 		}
 		r.Final, r.Continue, r.TTT = false, true, c.textTTT
-		c.textOut = out[c.maxXmit:]
-		out = out[:c.maxXmit]
+		c.textOut = out[mx:]
+		out = out[:mx]
 	} else {
 		c.textOut = nil
 	}

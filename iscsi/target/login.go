@@ -440,6 +440,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		ss.tgt.Device.AddNexus(ss.nexus)
 	}
 	dp := datamover.Params{
+		MaxBurstLength:           int(ss.params.MaxBurstLength),
 		HeaderDigest:             neg.Value("HeaderDigest") == "CRC32C",
 		DataDigest:               neg.Value("DataDigest") == "CRC32C",
 		MaxRecvDataSegmentLength: 8192,
@@ -449,8 +450,6 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		dp.MaxRecvDataSegmentLength = c.srv.opts.MaxRecvDataSegmentLength
 	}
 	c.dm.NoticeKeyValues(dp)
-	c.dm.SetLoginLimits(dp.MaxRecvDataSegmentLength)
-	c.maxXmit = dp.MaxXmitDataSegmentLength
 	r := pdu.LoginResp{
 		Transit: true, CSG: req.CSG, NSG: pdu.StageFullFeature,
 		ISID: req.ISID, TSIH: ss.tsih, ITT: req.ITT,

@@ -48,6 +48,11 @@ func TestLoginWriteRead(t *testing.T) {
 	if r.status != 0 || !bytes.Equal(r.data, data) {
 		t.Fatalf("read back: status %d, %d bytes, equal %v", r.status, len(r.data), bytes.Equal(r.data, data))
 	}
+	// 256 KiB with MaxBurstLength 64 KiB: four Data-In sequences (RFC 7143
+	// §13.13).
+	if r.seqs != 4 {
+		t.Fatalf("read of 256 KiB came in %d Data-In sequences, want 4", r.seqs)
+	}
 	// Residual underflow: EDTL larger than the CDB's transfer.
 	r = c.command(read10(0, 1), true, 4096, nil, 0)
 	if r.status != 0 || !r.under || r.residual != 4096-512 || len(r.data) != 512 {

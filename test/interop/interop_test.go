@@ -337,6 +337,43 @@ size = "64MiB"
 	}
 }
 
+// TestACLWithLibiscsi checks initiator-name ACLs and per-initiator CHAP.
+func TestACLWithLibiscsi(t *testing.T) {
+	need(t, "iscsi-inq")
+	cfg := filepath.Join(t.TempDir(), "acl.toml")
+	os.WriteFile(cfg, []byte(`
+[[target]]
+name = "iqn.2026-11.org.blockwire:acl"
+initiators = ["iqn.2026-11.org.example:open"]
+[[target.acl]]
+initiator = "iqn.2026-11.org.example:guarded"
+[target.acl.chap]
+user = "guarded"
+secret = "guarded-secret-1"
+[[target.lun]]
+id = 0
+size = "16MiB"
+`), 0o600)
+	d := serve(t, "--config", cfg)
+	url := func(creds string) string {
+		return fmt.Sprintf("iscsi://%s%s/iqn.2026-11.org.blockwire:acl/0", creds, d.addr)
+	}
+	cases := []struct {
+		name, initiator, creds, want string
+	}{
+		{"listed, no CHAP", "iqn.2026-11.org.example:open", "", "Vendor:BLOCKWIR"},
+		{"ACL entry with its CHAP", "iqn.2026-11.org.example:guarded", "guarded%guarded-secret-1@", "Vendor:BLOCKWIR"},
+		{"ACL entry without CHAP", "iqn.2026-11.org.example:guarded", "", "Authentication failure"},
+		{"not in the ACL", "iqn.2026-11.org.example:stranger", "", "Authorization failure"},
+	}
+	for _, c := range cases {
+		out, _ := run(t, 30*time.Second, "iscsi-inq", "-i", c.initiator, url(c.creds))
+		if !strings.Contains(out, c.want) {
+			t.Errorf("%s: want %q in:\n%s", c.name, c.want, out)
+		}
+	}
+}
+
 // TestIscsiTestCu runs libiscsi's conformance suite to the end. Its pass
 // count is the conformance issue's business; here every test that runs must
 // pass, the target must survive, and the counts are logged.
@@ -442,7 +479,7 @@ func TestSIGTERMDuringIO(t *testing.T) {
 
 func TestConfigCheck(t *testing.T) {
 	cmd := exec.Command(binary, "config", "check", "../../examples/blockwire.toml")
-	cmd.Env = append(os.Environ(), "BLOCKWIRE_CHAP_SECRET=host-secret-123", "BLOCKWIRE_MUTUAL_CHAP_SECRET=target-secret-456")
+	cmd.Env = append(os.Environ(), "BLOCKWIRE_CHAP_SECRET=host-secret-123", "BLOCKWIRE_MUTUAL_CHAP_SECRET=target-secret-456", "BLOCKWIRE_BACKUP_CHAP_SECRET=backup-secret-789")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("example configuration: %v\n%s", err, out)
 	}

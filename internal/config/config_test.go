@@ -1,0 +1,84 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"1GiB": 1 << 30, "512MiB": 512 << 20, "4k": 4096, "1G": 1 << 30, "1048576": 1 << 20, "2TiB": 2 << 40} {
+		if got, err := ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v", in, got, err)
+		}
+	}
+	for _, in := range []string{"", "0", "-1", "1.5G", "GiB", "9999999999999999999"} {
+		if _, err := ParseSize(in); err == nil {
+			t.Errorf("ParseSize(%q) accepted", in)
+		}
+	}
+}
+
+func TestValidName(t *testing.T) {
+	for _, n := range []string{"iqn.2026-11.org.blockwire:default", "eui.02004567A425678D", "naa.52004567BA64678D"} {
+		if err := ValidName(n); err != nil {
+			t.Errorf("%s: %v", n, err)
+		}
+	}
+	for _, n := range []string{"", "blockwire", "iqn.2026-11.org.blockwire:with space", "iqn." + strings.Repeat("a", 223)} {
+		if err := ValidName(n); err == nil {
+			t.Errorf("%q accepted", n)
+		}
+	}
+}
+
+func TestLoadReportsEveryError(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte(`
+listen = ["127.0.0.1:3260", "nohostport"]
+[[target]]
+name = "iqn.2026-11.org.blockwire:a"
+[target.chap]
+user = "u"
+secret = "s1"
+secret_env = "ALSO"
+[[target.lun]]
+id = 0
+[[target.lun]]
+id = 0
+size = "1G"
+block_size = 1024
+[[target]]
+name = "iqn.2026-11.org.blockwire:a"
+unknown_key = true
+[[target.acl]]
+initiator = "not-a-name"
+`), 0o600)
+	_, err := Load(p)
+	if err == nil {
+		t.Fatal("invalid file accepted")
+	}
+	for _, want := range []string{"listen[1]", "target[0].chap: exactly one of", "target[0].lun[0]: an in-memory LUN needs a size",
+		"target[0].lun[1].id: duplicate LUN 0", "target[0].lun[1].block_size", "target[1].name: duplicate", "unknown_key",
+		"target[1].acl[0].initiator", "target[1]: no lun"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}
+
+func TestSecretSources(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "secret")
+	os.WriteFile(f, []byte("from-file-secret\n"), 0o600)
+	t.Setenv("BW_TEST_SECRET", "from-env-secret")
+	for _, s := range []Secret{{Secret: "inline-secret"}, {SecretFile: f}, {SecretEnv: "BW_TEST_SECRET"}} {
+		v, err := s.Value()
+		if err != nil || v == "" || strings.HasSuffix(v, "\n") {
+			t.Errorf("%+v: %q %v", s, v, err)
+		}
+	}
+	if _, err := (&Secret{SecretEnv: "BW_TEST_UNSET_VARIABLE"}).Value(); err == nil {
+		t.Error("unset environment variable accepted")
+	}
+}
