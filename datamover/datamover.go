@@ -90,7 +90,13 @@ type Conn interface {
 	// DeallocateConnectionResources undoes a failed login (§9.5).
 	DeallocateConnectionResources()
 	// NoticeKeyValues tells the datamover the negotiated keys (§9.8).
+	// During login they take effect at EnableDatamover; in full feature
+	// phase (a Text renegotiation) the data segment lengths apply at once.
 	NoticeKeyValues(p Params)
+	// MaxSendDataSegmentLength is the largest data segment this side may
+	// send: the peer's MaxRecvDataSegmentLength (or, on iSER, its
+	// Initiator/TargetRecvDataSegmentLength).
+	MaxSendDataSegmentLength() int
 	// EnableDatamover switches the connection into full feature phase
 	// (§9.6): negotiated digests and segment sizes apply from the next PDU.
 	// final is the final Login Response, which the datamover transmits
@@ -142,8 +148,9 @@ type Upcalls interface {
 	DataACKNotify(itt uint32, dataSN uint32)
 }
 
-// ErrorKind says how the receive loop handles an error from DataBuffer or
-// ControlNotify.
+// ProtocolError tells the receive loop how to handle an error from
+// DataBuffer or ControlNotify: answer with a Reject and go on, or drop the
+// connection. Any other error drops the connection.
 type ProtocolError struct {
 	// Reject, when set, is answered with a Reject PDU carrying the header;
 	// otherwise the connection is dropped.

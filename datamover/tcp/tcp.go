@@ -10,7 +10,6 @@ import (
 	"io"
 	"net"
 	"sync"
-	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -47,6 +46,7 @@ type Conn struct {
 
 	pending     datamover.Params
 	havePending bool
+	enabled     bool // full feature phase; guarded by wmu
 }
 
 // New wraps a connected socket. stamp fills sequence numbers of outgoing
@@ -63,17 +63,6 @@ func New(nc net.Conn, stamp datamover.Stamper) *Conn {
 		maxXmit: 8192,
 	}
 }
-
-// SetStamper replaces the sequence-number stamper (used when a connection
-// joins its session after login).
-func (c *Conn) SetStamper(s datamover.Stamper) {
-	c.wmu.Lock()
-	c.stamp = s
-	c.wmu.Unlock()
-}
-
-// SetReadDeadline bounds the wait for incoming data.
-func (c *Conn) SetReadDeadline(t time.Time) error { return c.nc.SetReadDeadline(t) }
 
 // RemoteAddr implements datamover.Conn.
 func (c *Conn) RemoteAddr() string { return c.nc.RemoteAddr().String() }
@@ -92,8 +81,16 @@ func (c *Conn) DeallocateConnectionResources() {}
 func (c *Conn) DeallocateTaskResources(itt uint32) {}
 
 // NoticeKeyValues records the negotiated values; they take effect at
-// EnableDatamover.
+// EnableDatamover, or at once for the segment length in full feature phase.
 func (c *Conn) NoticeKeyValues(p datamover.Params) {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.enabled {
+		if p.MaxXmitDataSegmentLength > 0 {
+			c.maxXmit = p.MaxXmitDataSegmentLength
+		}
+		return
+	}
 	c.pending = p
 	c.havePending = true
 }
@@ -105,10 +102,13 @@ func (c *Conn) EnableDatamover(final *datamover.PDU) error {
 	if err := c.SendControl(final, true); err != nil {
 		return err
 	}
-	if !c.havePending {
+	c.wmu.Lock()
+	c.enabled = true
+	have, p := c.havePending, c.pending
+	c.wmu.Unlock()
+	if !have {
 		return nil
 	}
-	p := c.pending
 	c.rxHeaderDigest, c.rxDataDigest = p.HeaderDigest, p.DataDigest
 	if p.MaxRecvDataSegmentLength > 0 {
 		c.maxRecv = p.MaxRecvDataSegmentLength
@@ -125,16 +125,8 @@ func (c *Conn) EnableDatamover(final *datamover.PDU) error {
 	return nil
 }
 
-// SetMaxXmit changes the largest data segment this side sends (the peer
-// declared a new MaxRecvDataSegmentLength in full feature phase).
-func (c *Conn) SetMaxXmit(n int) {
-	c.wmu.Lock()
-	c.maxXmit = n
-	c.wmu.Unlock()
-}
-
-// MaxXmit returns the largest data segment this side may send.
-func (c *Conn) MaxXmit() int {
+// MaxSendDataSegmentLength implements datamover.Conn.
+func (c *Conn) MaxSendDataSegmentLength() int {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	return c.maxXmit

@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
-	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -23,8 +22,7 @@ import (
 // datamover's receive goroutine calls it for every PDU.
 type conn struct {
 	srv *Server
-	nc  net.Conn
-	dm  *tcp.Conn
+	dm  datamover.Conn
 	log *slog.Logger
 
 	login    loginState
@@ -73,24 +71,33 @@ type doPlacement struct {
 	valid bool
 }
 
-func newConn(s *Server, nc net.Conn) *conn {
+// newConn builds the iSCSI side of a connection; mk builds its datamover
+// with the connection's sequence-number stamper (the only place a concrete
+// datamover is chosen is the portal that accepted the connection).
+func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn) *conn {
 	c := &conn{
 		srv:   s,
-		nc:    nc,
-		log:   s.log.With("remote", nc.RemoteAddr().String()),
+		log:   s.log.With("remote", remote),
 		tasks: map[uint32]*task{},
 		byTTT: map[uint32]*task{},
 		stop:  make(chan struct{}),
 	}
 	c.statSN = 1
 	c.logoutAsked = -1
-	c.dm = tcp.New(nc, c.stamp)
+	c.dm = mk(c.stamp)
 	return c
 }
 
 func (c *conn) run() {
-	c.nc.SetReadDeadline(time.Now().Add(c.srv.opts.LoginTimeout))
 	c.lastRecv.Store(time.Now().UnixNano())
+	// RFC 7143 §6: a login that does not complete in time is dropped.
+	timer := time.AfterFunc(c.srv.opts.LoginTimeout, func() {
+		if !c.ffp.Load() {
+			c.log.Warn("dropping connection: login not complete", "timeout", c.srv.opts.LoginTimeout)
+			c.terminate()
+		}
+	})
+	defer timer.Stop()
 	c.dm.Serve(c)
 }
 
@@ -277,7 +284,7 @@ func (c *conn) handleNopOut(p *datamover.PDU) error {
 		return nil
 	}
 	data := p.Data
-	if mx := c.dm.MaxXmit(); len(data) > mx {
+	if mx := c.dm.MaxSendDataSegmentLength(); len(data) > mx {
 		data = data[:mx]
 	}
 	d := &nopDelivery{c: c, nop: n, data: append([]byte(nil), data...)}
@@ -402,14 +409,16 @@ func (d *textDelivery) deliver() {
 	c.sendTextChunk(d.req.ITT, d.req.LUN)
 }
 
-func (c *conn) setMaxXmit(n int) { c.dm.SetMaxXmit(n) }
+func (c *conn) setMaxXmit(n int) {
+	c.dm.NoticeKeyValues(datamover.Params{MaxXmitDataSegmentLength: n})
+}
 
 // sendTextChunk sends the next part of a text response, continuing with C=1
 // when it does not fit the initiator's MaxRecvDataSegmentLength (RFC 7143
 // §11.11.2).
 func (c *conn) sendTextChunk(itt uint32, lun [8]byte) {
 	out := c.textOut
-	mx := c.dm.MaxXmit()
+	mx := c.dm.MaxSendDataSegmentLength()
 	r := pdu.TextResp{ITT: itt, LUN: lun, TTT: pdu.ReservedTTT, Final: true}
 	if len(out) > mx {
 		c.textTTT++
@@ -491,7 +500,7 @@ func (c *conn) sendTargets(out []byte, which string) []byte {
 			continue
 		}
 		out = text.Append(out, text.KV{Key: "TargetName", Value: t.Name})
-		for _, a := range c.srv.portalAddrs(c.nc.LocalAddr()) {
+		for _, a := range c.srv.portalAddrs(c.dm.LocalAddr()) {
 			out = text.Append(out, text.KV{Key: "TargetAddress", Value: a + "," + strconv.Itoa(int(t.TPGT))})
 		}
 	}
@@ -500,7 +509,7 @@ func (c *conn) sendTargets(out []byte, which string) []byte {
 
 // portalAddrs lists the portals, replacing wildcard listen addresses with
 // the address the initiator reached.
-func (s *Server) portalAddrs(local net.Addr) []string {
+func (s *Server) portalAddrs(local string) []string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []string
@@ -511,8 +520,8 @@ func (s *Server) portalAddrs(local net.Addr) []string {
 		}
 		ip := net.ParseIP(host)
 		if ip == nil || ip.IsUnspecified() {
-			if la, ok := local.(*net.TCPAddr); ok {
-				host = la.IP.String()
+			if lh, _, err := net.SplitHostPort(local); err == nil {
+				host = lh
 			}
 		}
 		out = append(out, net.JoinHostPort(host, port))

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/auth"
@@ -460,7 +459,6 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	if err := c.dm.EnableDatamover(&p); err != nil {
 		return err
 	}
-	c.nc.SetReadDeadline(time.Time{})
 	c.mu.Lock()
 	c.ffp.Store(true)
 	wait, askLogout := c.logoutAsked, c.logoutAsked >= 0

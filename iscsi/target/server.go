@@ -17,6 +17,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/iscsi/auth"
@@ -252,8 +253,13 @@ func (s *Server) Serve(l net.Listener) error {
 	}
 }
 
+// tcpConn builds the traditional TCP datamover for an accepted socket.
+func tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
+	return func(st datamover.Stamper) datamover.Conn { return tcp.New(nc, st) }
+}
+
 func (s *Server) startConn(nc net.Conn) {
-	c := newConn(s, nc)
+	c := newConn(s, nc.RemoteAddr().String(), tcpConn(nc))
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
@@ -275,7 +281,7 @@ func (s *Server) startConn(nc net.Conn) {
 // ServeConn serves one already-accepted connection and returns when it
 // ends (for tests and for transports that accept elsewhere).
 func (s *Server) ServeConn(nc net.Conn) {
-	c := newConn(s, nc)
+	c := newConn(s, nc.RemoteAddr().String(), tcpConn(nc))
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
@@ -364,5 +370,3 @@ func (s *Server) Sessions() []SessionInfo {
 	sort.Slice(out, func(i, j int) bool { return out[i].TSIH < out[j].TSIH })
 	return out
 }
-
-var _ = tcp.New

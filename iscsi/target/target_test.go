@@ -583,3 +583,23 @@ func TestTargetColdResetDropsSessions(t *testing.T) {
 		}
 	}
 }
+
+func TestLoginTimeout(t *testing.T) {
+	ts := startServer(t, Options{LoginTimeout: 200 * time.Millisecond}, nil)
+	c := dial(t, ts.addr)
+	start := time.Now()
+	if _, _, ok := c.recv(3 * time.Second); ok {
+		t.Fatal("got a PDU without logging in")
+	}
+	if el := time.Since(start); el > 2*time.Second {
+		t.Fatalf("silent connection dropped after %v, timeout 200ms", el)
+	}
+	// A login that completes in time is not affected.
+	c = dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	time.Sleep(400 * time.Millisecond)
+	c.command(tur(), false, 0, nil, 0)
+	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("TUR after the login timeout elapsed: %d", r.status)
+	}
+}

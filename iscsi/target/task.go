@@ -46,13 +46,18 @@ type task struct {
 	nextR2T     uint32
 	r2tSN       uint32
 	bursts      []burst
+	r2tBuf      []pdu.R2T // reused for the R2Ts of one step
 	delivered   bool
 	executing   bool
 	aborted     bool
 	released    bool
 
-	dataSN    uint32
-	senseBuf  [2 + 64]byte
+	dataSN   uint32
+	senseBuf [2 + 64]byte
+	// Scratch for the response, so nothing escapes per command through
+	// the datamover interface.
+	di        datamover.DataIn
+	resp      datamover.PDU
 	lunErr    bool
 	onAbortFn func()
 }
@@ -136,8 +141,8 @@ func (s *Server) getTask(c *conn) *task {
 		t = &task{}
 		t.onAbortFn = t.onAbort
 	}
-	bursts, fn := t.bursts[:0], t.onAbortFn
-	*t = task{c: c, bursts: bursts, onAbortFn: fn}
+	bursts, r2ts, fn := t.bursts[:0], t.r2tBuf[:0], t.onAbortFn
+	*t = task{c: c, bursts: bursts, r2tBuf: r2ts, onAbortFn: fn}
 	return t
 }
 
@@ -227,7 +232,7 @@ type action struct {
 // advanceLocked decides the task's next step once it has been delivered:
 // more R2Ts, or execution when all data is in. Called with conn.mu held.
 func (t *task) advanceLocked() action {
-	var a action
+	a := action{r2ts: t.r2tBuf[:0]}
 	if !t.delivered || t.executing || t.aborted || t.released {
 		return a
 	}
@@ -271,6 +276,7 @@ func (t *task) advanceLocked() action {
 		t.nextR2T += n
 		outstanding++
 	}
+	t.r2tBuf = a.r2ts[:0]
 	return a
 }
 
@@ -511,12 +517,12 @@ func (t *task) respond() {
 	}
 	n := min(xfer, t.edtl)
 	if cmd.Status == scsi.StatusGood && t.read && n > 0 {
-		d := datamover.DataIn{
+		t.di = datamover.DataIn{
 			LUN: t.lun, ITT: t.itt, Data: t.buf[:n], DataSN: &t.dataSN,
 			Final: true, WithStatus: true, Status: cmd.Status,
 			Overflow: over, Underflow: under, Residual: residual,
 		}
-		c.dm.PutData(&d)
+		c.dm.PutData(&t.di)
 		return
 	}
 	r := pdu.SCSIResponse{
@@ -530,7 +536,7 @@ func (t *task) respond() {
 		copy(t.senseBuf[2:], cmd.SenseData()[:sl])
 		data = t.senseBuf[:2+sl]
 	}
-	var h pdu.BHS
-	r.Encode(&h)
-	c.send(&h, data, true)
+	r.Encode(&t.resp.BHS)
+	t.resp.Data = data
+	c.dm.SendControl(&t.resp, true)
 }
