@@ -6,8 +6,9 @@ import (
 	"github.com/blockwire/blockwire/scsi"
 )
 
-// version descriptors (SPC-4 Table 53): SAM-5, SPC-4, SBC-3, iSCSI.
-var versionDescriptors = [...]uint16{0x00a0, 0x0460, 0x04c0, 0x0960}
+// versionDescriptors are the standards claimed in INQUIRY (SPC-4 Table
+// 53): SAM-5, SPC-4, SBC-3, iSCSI.
+func versionDescriptors() [4]uint16 { return [4]uint16{0x00a0, 0x0460, 0x04c0, 0x0960} }
 
 func padASCII(dst []byte, s string) {
 	for i := range dst {
@@ -56,7 +57,7 @@ func cmdInquiry(lu *LU, c *Command) error {
 		padASCII(b[8:16], lu.vendor)
 		padASCII(b[16:32], lu.product)
 		padASCII(b[32:36], "0001")
-		for i, v := range versionDescriptors {
+		for i, v := range versionDescriptors() {
 			binary.BigEndian.PutUint16(b[58+2*i:], v)
 		}
 		c.putData(b[:], alloc)
@@ -189,7 +190,9 @@ func (lu *LU) modePage(page byte, pc byte) []byte {
 	return nil
 }
 
-var modePages = [...]byte{0x08, 0x0a, 0x1c}
+// modePages lists the supported mode pages in the order MODE SENSE returns
+// them for page 3Fh.
+func modePages() [3]byte { return [3]byte{0x08, 0x0a, 0x1c} }
 
 func cmdModeSense(lu *LU, c *Command) error {
 	ten := c.CDB[0] == scsi.OpModeSense10
@@ -204,7 +207,7 @@ func cmdModeSense(lu *LU, c *Command) error {
 	var pages []byte
 	switch {
 	case page == 0x3f && (sub == 0 || sub == 0xff):
-		for _, p := range modePages {
+		for _, p := range modePages() {
 			pages = append(pages, lu.modePage(p, pc)...)
 		}
 	case sub != 0:

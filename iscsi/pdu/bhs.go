@@ -41,24 +41,57 @@ const (
 	OpReject       Opcode = 0x3f
 )
 
-var opNames = map[Opcode]string{
-	OpNopOut: "NOP-Out", OpSCSICommand: "SCSI Command", OpTaskMgmtReq: "Task Management Request",
-	OpLoginReq: "Login Request", OpTextReq: "Text Request", OpDataOut: "SCSI Data-Out",
-	OpLogoutReq: "Logout Request", OpSNACKReq: "SNACK Request", OpNopIn: "NOP-In",
-	OpSCSIResponse: "SCSI Response", OpTaskMgmtResp: "Task Management Response",
-	OpLoginResp: "Login Response", OpTextResp: "Text Response", OpDataIn: "SCSI Data-In",
-	OpLogoutResp: "Logout Response", OpR2T: "R2T", OpAsyncMsg: "Asynchronous Message", OpReject: "Reject",
+func (o Opcode) name() string {
+	switch o {
+	case OpNopOut:
+		return "NOP-Out"
+	case OpSCSICommand:
+		return "SCSI Command"
+	case OpTaskMgmtReq:
+		return "Task Management Request"
+	case OpLoginReq:
+		return "Login Request"
+	case OpTextReq:
+		return "Text Request"
+	case OpDataOut:
+		return "SCSI Data-Out"
+	case OpLogoutReq:
+		return "Logout Request"
+	case OpSNACKReq:
+		return "SNACK Request"
+	case OpNopIn:
+		return "NOP-In"
+	case OpSCSIResponse:
+		return "SCSI Response"
+	case OpTaskMgmtResp:
+		return "Task Management Response"
+	case OpLoginResp:
+		return "Login Response"
+	case OpTextResp:
+		return "Text Response"
+	case OpDataIn:
+		return "SCSI Data-In"
+	case OpLogoutResp:
+		return "Logout Response"
+	case OpR2T:
+		return "R2T"
+	case OpAsyncMsg:
+		return "Asynchronous Message"
+	case OpReject:
+		return "Reject"
+	}
+	return ""
 }
 
 func (o Opcode) String() string {
-	if n, ok := opNames[o]; ok {
+	if n := o.name(); n != "" {
 		return n
 	}
 	return fmt.Sprintf("opcode %#02x", byte(o))
 }
 
 // Known reports whether o is an opcode RFC 7143 defines.
-func (o Opcode) Known() bool { _, ok := opNames[o]; return ok }
+func (o Opcode) Known() bool { return o.name() != "" }
 
 // FromInitiator reports whether o is sent by initiators.
 func (o Opcode) FromInitiator() bool { return o < 0x20 }

@@ -8,22 +8,20 @@ import (
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
-// benchIO runs QD1 READ(10) or WRITE(10) commands of size bytes through a
-// real TCP connection with an allocation-free client loop, so that
-// allocs/op is what the target spends per I/O.
-func benchIO(b *testing.B, write bool, size int) {
-	ts := startServer(b, Options{NopInterval: -1}, nil)
-	c := dial(b, ts.addr)
+// ioLoop returns a function that runs one QD1 READ(10) or WRITE(10) of
+// size bytes through a real TCP connection with an allocation-free client,
+// so that allocations per call are what the target spends per I/O.
+func ioLoop(tb testing.TB, write bool, size int) func(i int) {
+	ts := startServer(tb, Options{NopInterval: -1}, nil)
+	c := dial(tb, ts.addr)
 	c.mustLogin(normalKeys(ini, kv("ImmediateData", "Yes"), kv("FirstBurstLength", "262144"), kv("MaxBurstLength", "262144"))...)
 	c.command(tur(), false, 0, nil, 0)
 	data := make([]byte, size)
 	rbuf := make([]byte, 512<<10)
 	var h pdu.BHS
 	frame := make([]byte, 0, pdu.BHSLen+size)
-	b.SetBytes(int64(size))
-	b.ReportAllocs()
-	b.ResetTimer()
-	for i := 0; i < b.N; i++ {
+	b := tb
+	return func(i int) {
 		cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, ITT: uint32(i), EDTL: uint32(size), CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
 		c.cmdSN++
 		cdb := read10(uint32(i%1024)*8, uint16(size/512))
@@ -58,6 +56,39 @@ func benchIO(b *testing.B, write bool, size int) {
 				c.expStatSN = binary.BigEndian.Uint32(h[24:]) + 1
 				break
 			}
+		}
+	}
+}
+
+func benchIO(b *testing.B, write bool, size int) {
+	io := ioLoop(b, write, size)
+	b.SetBytes(int64(size))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		io(i)
+	}
+}
+
+// TestNoAllocationsPerIO keeps the I/O path allocation-free: reads and
+// writes of 4 KiB and 128 KiB through login, CmdSN ordering, the SCSI core,
+// the memory backend and the TCP datamover. (The race detector allocates
+// on its own; .ci/run runs this test without it.)
+func TestNoAllocationsPerIO(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
+	}
+	for _, tc := range []struct {
+		write bool
+		size  int
+	}{{false, 4096}, {true, 4096}, {false, 128 << 10}, {true, 128 << 10}} {
+		io := ioLoop(t, tc.write, tc.size)
+		for i := range 200 {
+			io(i) // warm the pools
+		}
+		i := 0
+		if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.1 {
+			t.Errorf("write=%v size=%d: %.2f allocations per I/O, want 0", tc.write, tc.size, a)
 		}
 	}
 }

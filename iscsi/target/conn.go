@@ -359,13 +359,23 @@ func (c *conn) requestLogout(wait int) {
 	}
 }
 
-// drainAndClose waits for executing commands, then drops the connection.
+// drainAndClose gives the connection's commands up to drainWait to
+// complete and answer, then drops the connection; commands still waiting
+// for data-out then end unanswered, executing ones still run to the end
+// (ConnectionTerminateNotify waits for them).
 func (c *conn) drainAndClose() {
 	go func() {
-		c.inflight.Wait()
+		done := make(chan struct{})
+		go func() { c.inflight.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(drainWait):
+		}
 		c.terminate()
 	}()
 }
+
+const drainWait = 5 * time.Second
 
 // Text -----------------------------------------------------------------
 
