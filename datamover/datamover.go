@@ -55,11 +55,13 @@ type Params struct {
 	MaxOutstandingUnexpectedPDUs   int
 }
 
-// Stamper fills the sequence numbers of an outgoing target PDU while the
-// datamover holds its transmit order: StatSN at bytes 24-27 (advanced when
-// advance is set), ExpCmdSN and MaxCmdSN at bytes 28-35. The iSCSI layer
-// provides it; calling it in transmit order keeps StatSN monotonic on the
-// wire (RFC 7143 §4.2.2.2).
+// Stamper fills the sequence numbers of an outgoing PDU while the
+// datamover holds its transmit order. On a target: StatSN at bytes 24-27
+// (advanced when advance is set), ExpCmdSN and MaxCmdSN at bytes 28-35; on
+// an initiator: CmdSN at bytes 24-27 (advanced when advance is set) and
+// ExpStatSN at bytes 28-31. The iSCSI layer provides it; calling it in
+// transmit order keeps the numbers monotonic on the wire (RFC 7143
+// §4.2.2).
 type Stamper func(h *pdu.BHS, advance bool)
 
 // DataIn describes one Put_Data: a contiguous range of a task's data-in
@@ -99,9 +101,9 @@ type Conn interface {
 	MaxSendDataSegmentLength() int
 	// EnableDatamover switches the connection into full feature phase
 	// (§9.6): negotiated digests and segment sizes apply from the next PDU.
-	// final is the final Login Response, which the datamover transmits
-	// before switching (seed 004 §5.1: the Login Response is sent in
-	// byte-streaming mode).
+	// final is the target's final Login Response, which the datamover
+	// transmits before switching (seed 004 §5.1: the Login Response is sent
+	// in byte-streaming mode); an initiator passes nil after receiving it.
 	EnableDatamover(final *PDU) error
 	// SendControl transmits a control-type PDU (§9.1).
 	SendControl(p *PDU, advance bool) error

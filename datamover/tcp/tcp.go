@@ -99,8 +99,12 @@ func (c *Conn) NoticeKeyValues(p datamover.Params) {
 // switches both directions to the negotiated digests and segment sizes
 // (RFC 7143 §13.1: digests start after the Login Phase).
 func (c *Conn) EnableDatamover(final *datamover.PDU) error {
-	if err := c.SendControl(final, true); err != nil {
-		return err
+	// The target sends its final Login Response first; an initiator,
+	// which has just received it, passes nil.
+	if final != nil {
+		if err := c.SendControl(final, true); err != nil {
+			return err
+		}
 	}
 	c.wmu.Lock()
 	c.enabled = true

@@ -1,0 +1,303 @@
+package initiator
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/iscsi/auth"
+	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+const tIQN = "iqn.2026-11.org.blockwire:init-test"
+
+// startTarget runs our target in-process (the tests against software
+// nobody here wrote — tgt, and qemu-img reading what we wrote — are in
+// test/interop).
+func startTarget(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target)) string {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dev := scsitarget.NewDevice(tIQN, log)
+	if be.Backend == nil {
+		m, _ := mem.New(64 << 20)
+		be.Backend = m
+	}
+	lu, err := scsitarget.NewLU(tIQN, be)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.AddLU(lu)
+	srv := iscsitarget.NewServer(log, iscsitarget.Options{})
+	tg := &iscsitarget.Target{Name: tIQN, Device: dev}
+	if mod != nil {
+		mod(tg)
+	}
+	srv.AddTarget(tg)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return l.Addr().String()
+}
+
+func TestDiscoverOpenReadWrite(t *testing.T) {
+	addr := startTarget(t, scsitarget.LUConfig{}, nil)
+	ctx := context.Background()
+	found, err := Discover(ctx, addr, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) != 1 || found[0].Name != tIQN || len(found[0].Addresses) != 1 || found[0].Addresses[0] != addr+",1" {
+		t.Fatalf("discovered %+v", found)
+	}
+	d, err := Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Size() != 64<<20 || d.BlockSize() != 512 {
+		t.Fatalf("size %d block %d", d.Size(), d.BlockSize())
+	}
+	data := make([]byte, 3<<20) // above the 1 MiB per-command split and FirstBurstLength
+	rand.Read(data)
+	if _, err := d.WriteAt(data, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, len(data))
+	if _, err := d.ReadAt(back, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, data) {
+		t.Fatal("read back differs")
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.Unmap(1<<20, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ReadAt(back[:4096], 1<<20); err != nil || !bytes.Equal(back[:4096], make([]byte, 4096)) {
+		t.Fatalf("unmapped range not zero: %v", err)
+	}
+	// Errors: unaligned, out of range, and a SCSI error decoded from sense.
+	if _, err := d.ReadAt(back[:100], 0); err == nil {
+		t.Fatal("unaligned read accepted")
+	}
+	if _, err := d.ReadAt(back[:512], d.Size()); err == nil {
+		t.Fatal("read past the end accepted")
+	}
+	_, err = d.Do(ctx, []byte{0xc7, 0, 0, 0, 0, 0}, nil, nil)
+	var se *SCSIError
+	if !errors.As(err, &se) || se.Sense == nil || se.Sense.ASC != 0x20 {
+		t.Fatalf("unknown opcode: %v", err)
+	}
+}
+
+func TestPipelinedCommands(t *testing.T) {
+	addr := startTarget(t, scsitarget.LUConfig{}, nil)
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			buf := make([]byte, 64<<10)
+			back := make([]byte, len(buf))
+			for i := range 20 {
+				rand.Read(buf)
+				off := int64((w*20+i)%512) * int64(len(buf))
+				if _, err := d.WriteAt(buf, off); err != nil {
+					errs <- err
+					return
+				}
+				if _, err := d.ReadAt(back, off); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(buf, back) {
+					errs <- fmt.Errorf("worker %d: mismatch at %d", w, off)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+}
+
+func TestCHAP(t *testing.T) {
+	addr := startTarget(t, scsitarget.LUConfig{}, func(tg *iscsitarget.Target) {
+		tg.CHAP = &auth.Credentials{User: "alice", Secret: "alice-secret-1"}
+		tg.MutualCHAP = &auth.Credentials{User: "tgt", Secret: "target-secret-2"}
+	})
+	ctx := context.Background()
+	ok := Options{CHAP: &auth.Credentials{User: "alice", Secret: "alice-secret-1"}, TargetCHAP: &auth.Credentials{User: "tgt", Secret: "target-secret-2"}}
+	s, err := Login(ctx, addr, tIQN, ok)
+	if err != nil {
+		t.Fatalf("mutual CHAP: %v", err)
+	}
+	s.Close()
+	bad := ok
+	bad.TargetCHAP = &auth.Credentials{User: "tgt", Secret: "not-the-target"}
+	if _, err := Login(ctx, addr, tIQN, bad); !errors.Is(err, ErrTargetAuth) {
+		t.Fatalf("wrong target secret: %v", err)
+	}
+	bad = Options{CHAP: &auth.Credentials{User: "alice", Secret: "wrong-secret-1"}}
+	var le *LoginError
+	if _, err := Login(ctx, addr, tIQN, bad); !errors.As(err, &le) || le.Class != 2 || le.Detail != 1 {
+		t.Fatalf("wrong secret: %v", err)
+	}
+	if _, err := Login(ctx, addr, "iqn.2026-11.org.blockwire:nope", Options{}); !errors.As(err, &le) || le.Detail != 3 {
+		t.Fatalf("unknown target: %v", err)
+	}
+}
+
+// slowBackend blocks reads until released.
+type slowBackend struct {
+	*mem.Disk
+	gate chan struct{}
+}
+
+func (b *slowBackend) ReadAt(p []byte, off int64) (int, error) {
+	<-b.gate
+	return b.Disk.ReadAt(p, off)
+}
+
+func TestCancelAbortsTask(t *testing.T) {
+	m, _ := mem.New(8 << 20)
+	be := &slowBackend{Disk: m, gate: make(chan struct{})}
+	addr := startTarget(t, scsitarget.LUConfig{Backend: be}, nil)
+	s, err := Login(context.Background(), addr, tIQN, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	s.Do(context.Background(), 0, []byte{0, 0, 0, 0, 0, 0}, nil, nil) // the power-on unit attention
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	go func() { time.Sleep(400 * time.Millisecond); close(be.gate) }()
+	buf := make([]byte, 4096)
+	_, err = s.Do(ctx, 0, rw16(0x88, 0, 8), nil, buf)
+	if !errors.Is(err, context.DeadlineExceeded) && !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled read returned %v", err)
+	}
+	// The session still works.
+	if _, err := s.Do(context.Background(), 0, []byte{0, 0, 0, 0, 0, 0}, nil, nil); err != nil {
+		var se *SCSIError
+		if !errors.As(err, &se) { // a unit attention is fine
+			t.Fatalf("after abort: %v", err)
+		}
+	}
+}
+
+// cutter is a TCP proxy whose connections can be cut.
+type cutter struct {
+	l     net.Listener
+	mu    sync.Mutex
+	conns []net.Conn
+}
+
+func newCutter(t *testing.T, target string) *cutter {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &cutter{l: l}
+	go func() {
+		for {
+			a, err := l.Accept()
+			if err != nil {
+				return
+			}
+			b, err := net.Dial("tcp", target)
+			if err != nil {
+				a.Close()
+				continue
+			}
+			c.mu.Lock()
+			c.conns = append(c.conns, a, b)
+			c.mu.Unlock()
+			go func() { io.Copy(a, b); a.Close(); b.Close() }()
+			go func() { io.Copy(b, a); a.Close(); b.Close() }()
+		}
+	}()
+	t.Cleanup(func() { l.Close(); c.cut() })
+	return c
+}
+
+func (c *cutter) cut() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, x := range c.conns {
+		x.Close()
+	}
+	c.conns = nil
+}
+
+func TestReconnectReinstatesSession(t *testing.T) {
+	addr := startTarget(t, scsitarget.LUConfig{}, nil)
+	px := newCutter(t, addr)
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", px.l.Addr(), tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	data := make([]byte, 1<<20)
+	rand.Read(data)
+	if _, err := d.WriteAt(data, 0); err != nil {
+		t.Fatal(err)
+	}
+	before := d.Session().TSIH()
+	px.cut()
+	back := make([]byte, len(data))
+	if _, err := d.ReadAt(back, 0); err != nil {
+		t.Fatalf("read after the connection was cut: %v", err)
+	}
+	if !bytes.Equal(back, data) {
+		t.Fatal("data differs after recovery")
+	}
+	if d.Session().TSIH() == before {
+		t.Fatal("no new session after the cut")
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	u, err := ParseURL("iscsi://alice%secret@127.0.0.1:3261/iqn.2026-11.org.blockwire:default/3")
+	if err != nil || u.User != "alice" || u.Password != "secret" || u.Portal != "127.0.0.1:3261" || u.Target != "iqn.2026-11.org.blockwire:default" || u.LUN != 3 {
+		t.Fatalf("%+v %v", u, err)
+	}
+	u, err = ParseURL("iscsi://[::1]/iqn.x:y/0")
+	if err != nil || u.Portal != "[::1]:3260" {
+		t.Fatalf("%+v %v", u, err)
+	}
+	for _, bad := range []string{"http://x/y/0", "iscsi:///iqn/0", "iscsi://h/iqn/lun", "iscsi://@h/iqn/0"} {
+		if _, err := ParseURL(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}

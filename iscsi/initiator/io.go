@@ -1,0 +1,619 @@
+package initiator
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/internal/serial"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/iscsi/text"
+	"github.com/blockwire/blockwire/scsi"
+)
+
+func randRead(b []byte) { rand.Read(b) }
+
+// DataBuffer implements datamover.Upcalls: Data-In lands directly in the
+// caller's buffer at its offset.
+func (l *link) DataBuffer(h *pdu.BHS) ([]byte, error) {
+	if !l.ffp.Load() || h.Opcode() != pdu.OpDataIn {
+		return nil, nil
+	}
+	s := l.s
+	off := int(binary.BigEndian.Uint32(h[40:]))
+	n := h.DataSegmentLength()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := s.tasks[h.ITT()]
+	if t == nil || off+n > len(t.in) || off < 0 {
+		return nil, nil // discarded (see handleDataIn)
+	}
+	return t.in[off : off+n], nil
+}
+
+// ControlNotify implements datamover.Upcalls.
+func (l *link) ControlNotify(p *datamover.PDU) error {
+	s := l.s
+	s.lastRecv.Store(time.Now().UnixNano())
+	h := &p.BHS
+	if !l.ffp.Load() {
+		cp := &datamover.PDU{BHS: p.BHS, Data: append([]byte(nil), p.Data...)}
+		if h.Opcode() == pdu.OpLoginResp {
+			s.expStatSN.Store(binary.BigEndian.Uint32(h[24:]) + 1)
+			l.noteLoginKeys(cp)
+		}
+		select {
+		case l.loginCh <- cp:
+		default:
+			return errors.New("iscsi: unexpected PDUs during login")
+		}
+		return nil
+	}
+	s.notePDU(h)
+	switch h.Opcode() {
+	case pdu.OpDataIn:
+		return s.handleDataIn(h, p.Data)
+	case pdu.OpSCSIResponse:
+		return s.handleResponse(h, p.Data)
+	case pdu.OpR2T:
+		return s.handleR2T(l, h)
+	case pdu.OpNopIn:
+		var n pdu.NopIn
+		if err := n.Decode(h); err != nil {
+			return err
+		}
+		if n.TTT != pdu.ReservedTTT {
+			// The target pings: answer at once (RFC 7143 §11.18).
+			s.mu.Lock()
+			out := pdu.NopOut{Immediate: true, LUN: n.LUN, ITT: pdu.ReservedITT, TTT: n.TTT, CmdSN: s.cmdSN}
+			s.mu.Unlock()
+			var r datamover.PDU
+			out.Encode(&r.BHS)
+			return l.dm.SendControl(&r, false)
+		}
+	case pdu.OpTaskMgmtResp:
+		s.mu.Lock()
+		ch := s.tmfs[h.ITT()]
+		delete(s.tmfs, h.ITT())
+		s.mu.Unlock()
+		if ch != nil {
+			ch <- h[2]
+		}
+	case pdu.OpTextResp:
+		cp := &datamover.PDU{BHS: p.BHS, Data: append([]byte(nil), p.Data...)}
+		select {
+		case l.textCh <- cp:
+		default:
+			return errors.New("iscsi: unsolicited Text Response")
+		}
+	case pdu.OpLogoutResp:
+		s.mu.Lock()
+		ch := s.logoutCh
+		s.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
+	case pdu.OpAsyncMsg:
+		var a pdu.AsyncMsg
+		a.Decode(h)
+		s.log.Info("asynchronous message from the target", "event", a.Event, "parameter3", a.Parameter3)
+		if a.Event == pdu.AsyncLogoutRequest || a.Event == pdu.AsyncDropConnection || a.Event == pdu.AsyncDropAllConnections {
+			// The target is going away: drop this connection; recovery
+			// reconnects and replays what was in flight.
+			go l.dm.ConnectionTerminate()
+		}
+	case pdu.OpReject:
+		if len(p.Data) >= pdu.BHSLen {
+			itt := binary.BigEndian.Uint32(p.Data[16:20])
+			s.finish(itt, nil, fmt.Errorf("iscsi: target rejected the PDU (reason %#x)", h[2]))
+		}
+	}
+	return nil
+}
+
+// noteLoginKeys records the target's login keys and, on the final
+// successful response, switches the datamover to the negotiated digests
+// (in the receive goroutine, so the next PDU is already read with them).
+func (l *link) noteLoginKeys(p *datamover.PDU) {
+	var r pdu.LoginResp
+	if r.Decode(&p.BHS) != nil || r.StatusClass != 0 {
+		return
+	}
+	kvs, _ := text.Parse(p.Data)
+	for _, kv := range kvs {
+		l.keys[kv.Key] = kv.Value
+	}
+	if !(r.Transit && r.NSG == pdu.StageFullFeature) {
+		return
+	}
+	num := func(k string, def int) int {
+		if v, ok := l.keys[k]; ok {
+			if n, err := text.ParseNumber(v); err == nil {
+				return int(n)
+			}
+		}
+		return def
+	}
+	yes := func(k string, def bool) bool {
+		v, ok := l.keys[k]
+		if !ok {
+			return def
+		}
+		return v == "Yes"
+	}
+	pr := params{
+		immediateData: yes("ImmediateData", true),
+		initialR2T:    yes("InitialR2T", true),
+		firstBurst:    num("FirstBurstLength", 65536),
+		maxBurst:      num("MaxBurstLength", 262144),
+		maxXmit:       num("MaxRecvDataSegmentLength", 8192),
+		headerDigest:  l.keys["HeaderDigest"] == "CRC32C",
+		dataDigest:    l.keys["DataDigest"] == "CRC32C",
+	}
+	l.params = pr
+	l.finalExp = binary.BigEndian.Uint32(p.BHS[28:])
+	l.finalMax = binary.BigEndian.Uint32(p.BHS[32:])
+	l.dm.NoticeKeyValues(datamover.Params{
+		HeaderDigest: pr.headerDigest, DataDigest: pr.dataDigest,
+		MaxRecvDataSegmentLength: l.s.opts.MaxRecvDataSegmentLength,
+		MaxXmitDataSegmentLength: pr.maxXmit,
+	})
+	l.dm.EnableDatamover(nil)
+	l.ffp.Store(true)
+}
+
+// notePDU takes ExpCmdSN, MaxCmdSN and StatSN from a target PDU.
+func (s *Session) notePDU(h *pdu.BHS) {
+	exp := binary.BigEndian.Uint32(h[28:])
+	max := binary.BigEndian.Uint32(h[32:])
+	op := h.Opcode()
+	hasStatus := op == pdu.OpSCSIResponse || op == pdu.OpTaskMgmtResp || op == pdu.OpLogoutResp ||
+		op == pdu.OpTextResp || op == pdu.OpAsyncMsg || op == pdu.OpReject ||
+		(op == pdu.OpDataIn && h[1]&0x01 != 0) || (op == pdu.OpNopIn && h.ITT() != pdu.ReservedITT)
+	if hasStatus {
+		s.expStatSN.Store(binary.BigEndian.Uint32(h[24:]) + 1)
+	}
+	s.mu.Lock()
+	// RFC 7143 §4.2.2.1: MaxCmdSN and ExpCmdSN only move forward, and are
+	// ignored when MaxCmdSN < ExpCmdSN - 1.
+	if !serial.LessThan(max, exp-1) {
+		if serial.GreaterThan(exp, s.exp) {
+			s.exp = exp
+		}
+		if serial.GreaterThan(max, s.max) {
+			s.max = max
+			s.cond.Broadcast()
+		}
+	}
+	s.mu.Unlock()
+}
+
+func (s *Session) handleDataIn(h *pdu.BHS, data []byte) error {
+	var d pdu.DataIn
+	if err := d.Decode(h); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	t := s.tasks[d.ITT]
+	if t != nil && int(d.Offset)+len(data) <= len(t.in) {
+		t.res.In += len(data)
+	}
+	s.mu.Unlock()
+	if t == nil {
+		return nil // an aborted task's data
+	}
+	if int(d.Offset)+len(data) > len(t.in) {
+		s.finish(d.ITT, nil, fmt.Errorf("iscsi: Data-In [%d,+%d) beyond the %d-byte buffer (RFC 7143 §11.7.6)", d.Offset, len(data), len(t.in)))
+		return nil
+	}
+	if d.HasStatus {
+		r := Result{Status: d.Status, Residual: residual(d.Overflow, d.Underflow, d.Residual)}
+		s.finish(d.ITT, &r, nil)
+	}
+	return nil
+}
+
+func residual(over, under bool, n uint32) int {
+	switch {
+	case under:
+		return int(n)
+	case over:
+		return -int(n)
+	}
+	return 0
+}
+
+func (s *Session) handleResponse(h *pdu.BHS, data []byte) error {
+	var r pdu.SCSIResponse
+	if err := r.Decode(h); err != nil {
+		return err
+	}
+	res := Result{Status: r.Status, Residual: residual(r.Overflow, r.Underflow, r.Residual)}
+	if r.Response != pdu.RespCompleted {
+		s.finish(r.ITT, nil, fmt.Errorf("iscsi: target failure (response %#x)", r.Response))
+		return nil
+	}
+	if len(data) >= 2 {
+		n := int(binary.BigEndian.Uint16(data))
+		if 2+n <= len(data) && n > 0 {
+			if sn, err := scsi.ParseSense(data[2 : 2+n]); err == nil {
+				res.Sense = sn
+			}
+		}
+	}
+	s.finish(r.ITT, &res, nil)
+	return nil
+}
+
+// finish completes a task.
+func (s *Session) finish(itt uint32, r *Result, err error) {
+	s.mu.Lock()
+	t := s.tasks[itt]
+	if t == nil || t.ended {
+		s.mu.Unlock()
+		return
+	}
+	delete(s.tasks, itt)
+	t.ended = true
+	if r != nil {
+		in := t.res.In
+		t.res = *r
+		t.res.In = in
+	}
+	t.err = err
+	s.mu.Unlock()
+	close(t.done)
+}
+
+// handleR2T sends the solicited Data-Out (RFC 7143 §11.8).
+func (s *Session) handleR2T(l *link, h *pdu.BHS) error {
+	var r pdu.R2T
+	if err := r.Decode(h); err != nil {
+		return err
+	}
+	s.mu.Lock()
+	t := s.tasks[r.ITT]
+	mx := s.params.maxXmit
+	s.mu.Unlock()
+	if t == nil {
+		return nil
+	}
+	end := int(r.Offset) + int(r.Desired)
+	if end > len(t.out) {
+		s.finish(r.ITT, nil, fmt.Errorf("iscsi: R2T for [%d,%d) beyond the %d bytes to write", r.Offset, end, len(t.out)))
+		return nil
+	}
+	return sendDataOut(l, t, r.TTT, int(r.Offset), end, mx)
+}
+
+func sendDataOut(l *link, t *task, ttt uint32, from, to, mx int) error {
+	var p datamover.PDU
+	sn := uint32(0)
+	for off := from; off < to; sn++ {
+		n := min(to-off, mx)
+		d := pdu.DataOut{Final: off+n == to, LUN: t.lun, ITT: t.itt, TTT: ttt, DataSN: sn, Offset: uint32(off)}
+		d.Encode(&p.BHS)
+		p.Data = t.out[off : off+n]
+		if err := l.dm.SendControl(&p, false); err != nil {
+			return err
+		}
+		off += n
+	}
+	return nil
+}
+
+// ConnectionTerminateNotify implements datamover.Upcalls: the session
+// recovers by reinstatement (ERL 0) unless it is closing.
+func (l *link) ConnectionTerminateNotify(err error) {
+	close(l.done)
+	s := l.s
+	s.mu.Lock()
+	if s.link != l || s.closed || !l.ffp.Load() {
+		s.mu.Unlock()
+		return
+	}
+	s.link = nil
+	s.mu.Unlock()
+	s.log.Warn("connection lost", "err", err)
+	go s.recover()
+}
+
+// DataCompletionNotify and DataACKNotify implement datamover.Upcalls; the
+// TCP datamover does not call them.
+func (l *link) DataCompletionNotify(itt, ttt uint32) {}
+func (l *link) DataACKNotify(itt, dataSN uint32)     {}
+
+// recover reconnects with the same ISID (session reinstatement) and
+// replays every unfinished command, with backoff, for up to
+// RecoveryTimeout (RFC 7143 §6.3.5, ERL 0).
+func (s *Session) recover() {
+	deadline := time.Now().Add(s.opts.RecoveryTimeout)
+	backoff := 100 * time.Millisecond
+	var lastErr error
+	for s.opts.RecoveryTimeout > 0 && time.Now().Before(deadline) {
+		s.mu.Lock()
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return
+		}
+		l, err := s.connect(context.Background(), false)
+		if err == nil {
+			s.sendMu.Lock()
+			s.mu.Lock()
+			s.link = l
+			var pending []*task
+			for _, t := range s.tasks {
+				pending = append(pending, t)
+			}
+			sort.Slice(pending, func(i, j int) bool { return serial.LessThan(pending[i].itt, pending[j].itt) })
+			s.mu.Unlock()
+			s.log.Info("session reinstated", "tsih", s.tsih, "replaying", len(pending))
+			for _, t := range pending {
+				s.mu.Lock()
+				t.res = Result{}
+				cmdSN := s.cmdSN
+				if !t.imm {
+					s.cmdSN++
+				}
+				s.mu.Unlock()
+				if err := s.sendCommand(l, t, cmdSN); err != nil {
+					break // the new link failed too; its notify recovers again
+				}
+			}
+			s.sendMu.Unlock()
+			s.mu.Lock()
+			s.cond.Broadcast()
+			s.mu.Unlock()
+			return
+		}
+		lastErr = err
+		if isLoginError(err) {
+			break
+		}
+		time.Sleep(backoff)
+		backoff = min(2*backoff, 2*time.Second)
+	}
+	s.fail(fmt.Errorf("iscsi: session lost and not recovered: %v", lastErr))
+}
+
+// fail ends the session with err: every waiting command returns it.
+func (s *Session) fail(err error) {
+	s.mu.Lock()
+	s.closed = true
+	s.failed = err
+	tasks := s.tasks
+	s.tasks = map[uint32]*task{}
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	for _, t := range tasks {
+		if !t.ended {
+			t.ended = true
+			t.err = err
+			close(t.done)
+		}
+	}
+}
+
+// Do runs one SCSI command on lun. out is the data-out payload (nil for
+// none); in is the buffer for data-in (nil for none). A command that ends
+// with a status other than GOOD returns its Result and a *SCSIError.
+// Cancelling ctx aborts the command with ABORT TASK.
+func (s *Session) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte) (Result, error) {
+	if out != nil && in != nil {
+		return Result{}, errors.New("iscsi: bidirectional commands are not supported")
+	}
+	t := &task{lun: scsi.EncodeLUN(lun), cdb: cdb, out: out, in: in, done: make(chan struct{})}
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	ready := func() bool { return s.link != nil && serial.LessOrEqual(s.cmdSN, s.max) }
+	for {
+		// Wait for a connection and room in the command window without
+		// holding sendMu (recovery needs it to replay).
+		s.mu.Lock()
+		for !s.closed && !ready() && ctx.Err() == nil {
+			s.cond.Wait()
+		}
+		s.mu.Unlock()
+		s.sendMu.Lock()
+		s.mu.Lock()
+		if s.closed || ctx.Err() != nil {
+			err := ctx.Err()
+			if s.closed {
+				err = ErrClosed
+				if s.failed != nil {
+					err = s.failed
+				}
+			}
+			s.mu.Unlock()
+			s.sendMu.Unlock()
+			return Result{}, err
+		}
+		if ready() {
+			break
+		}
+		s.mu.Unlock()
+		s.sendMu.Unlock()
+	}
+	t.itt = s.nextITT
+	s.nextITT++
+	if s.nextITT == pdu.ReservedITT {
+		s.nextITT = 1
+	}
+	cmdSN := s.cmdSN
+	s.cmdSN++
+	s.tasks[t.itt] = t
+	l := s.link
+	s.mu.Unlock()
+	err := s.sendCommand(l, t, cmdSN)
+	s.sendMu.Unlock()
+	if err != nil {
+		// The connection broke: recovery replays the command.
+		s.log.Debug("send failed; waiting for recovery", "err", err)
+	}
+	select {
+	case <-t.done:
+	case <-ctx.Done():
+		s.abort(t)
+		return Result{}, ctx.Err()
+	}
+	if t.err != nil {
+		return t.res, t.err
+	}
+	if t.res.Status != scsi.StatusGood {
+		return t.res, &SCSIError{Status: t.res.Status, Sense: t.res.Sense}
+	}
+	return t.res, nil
+}
+
+// sendCommand transmits a SCSI Command with its immediate data and any
+// unsolicited Data-Out (RFC 7143 §11.3, §13.10-§13.14).
+func (s *Session) sendCommand(l *link, t *task, cmdSN uint32) error {
+	s.mu.Lock()
+	pr := s.params
+	s.mu.Unlock()
+	edtl := len(t.out)
+	if t.in != nil {
+		edtl = len(t.in)
+	}
+	cmd := pdu.SCSICommand{Final: true, Read: t.in != nil, Write: t.out != nil, Attr: pdu.AttrSimple,
+		LUN: t.lun, ITT: t.itt, EDTL: uint32(edtl), CmdSN: cmdSN}
+	copy(cmd.CDB[:], t.cdb)
+	var p datamover.PDU
+	var ahs []byte
+	if len(t.cdb) > 16 {
+		ahs = pdu.AppendExtendedCDB(nil, t.cdb)
+	}
+	imm := 0
+	if t.out != nil && pr.immediateData {
+		imm = min(len(t.out), pr.firstBurst, pr.maxXmit)
+	}
+	unsolEnd := imm
+	if t.out != nil && !pr.initialR2T {
+		unsolEnd = min(len(t.out), pr.firstBurst)
+	}
+	cmd.Final = unsolEnd == imm
+	cmd.Encode(&p.BHS)
+	p.AHS = ahs
+	p.Data = t.out[:imm]
+	if err := l.dm.SendControl(&p, !cmd.Immediate); err != nil {
+		return err
+	}
+	if unsolEnd > imm {
+		return sendDataOut(l, t, pdu.ReservedTTT, imm, unsolEnd, pr.maxXmit)
+	}
+	return nil
+}
+
+// abort sends ABORT TASK for t and waits for the answer, so that no data
+// for t lands in its buffer after Do returns.
+func (s *Session) abort(t *task) {
+	s.mu.Lock()
+	l := s.link
+	if t.ended || l == nil {
+		s.mu.Unlock()
+		if l == nil {
+			s.finish(t.itt, nil, context.Canceled)
+		}
+		return
+	}
+	itt := s.nextITT
+	s.nextITT++
+	ch := make(chan byte, 1)
+	s.tmfs[itt] = ch
+	tmf := pdu.TaskMgmtReq{Immediate: true, Function: pdu.TMFAbortTask, LUN: t.lun, ITT: itt, RTT: t.itt, CmdSN: s.cmdSN, RefCmdSN: s.cmdSN - 1}
+	s.mu.Unlock()
+	var p datamover.PDU
+	tmf.Encode(&p.BHS)
+	if l.dm.SendControl(&p, false) == nil {
+		select {
+		case <-ch:
+		case <-t.done:
+		case <-time.After(10 * time.Second):
+			// No answer: the connection is no longer trustworthy.
+			l.dm.ConnectionTerminate()
+			<-l.done
+		}
+	}
+	s.mu.Lock()
+	delete(s.tmfs, itt)
+	s.mu.Unlock()
+	s.finish(t.itt, nil, context.Canceled)
+}
+
+// pinger sends a NOP-Out when the target has been silent for NopInterval
+// (RFC 7143 §11.18).
+func (s *Session) pinger() {
+	tick := time.NewTicker(s.opts.NopInterval / 2)
+	defer tick.Stop()
+	for range tick.C {
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			return
+		}
+		l := s.link
+		if l == nil || time.Since(time.Unix(0, s.lastRecv.Load())) < s.opts.NopInterval {
+			s.mu.Unlock()
+			continue
+		}
+		itt := s.nextITT
+		s.nextITT++
+		nop := pdu.NopOut{Immediate: true, ITT: itt, TTT: pdu.ReservedTTT, CmdSN: s.cmdSN}
+		s.mu.Unlock()
+		var p datamover.PDU
+		nop.Encode(&p.BHS)
+		l.dm.SendControl(&p, false)
+	}
+}
+
+// Close logs out (reason: close the session) and closes the connection.
+func (s *Session) Close() error {
+	s.sendMu.Lock()
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.sendMu.Unlock()
+		return nil
+	}
+	s.closed = true
+	l := s.link
+	ch := make(chan struct{})
+	s.logoutCh = ch
+	lo := pdu.LogoutReq{Immediate: true, Reason: pdu.LogoutCloseSession, ITT: s.nextITT, CmdSN: s.cmdSN}
+	s.nextITT++
+	s.cond.Broadcast()
+	s.mu.Unlock()
+	s.sendMu.Unlock()
+	if l == nil {
+		s.fail(ErrClosed)
+		return nil
+	}
+	var p datamover.PDU
+	lo.Encode(&p.BHS)
+	var err error
+	if err = l.dm.SendControl(&p, false); err == nil {
+		select {
+		case <-ch:
+		case <-l.done:
+			err = errors.New("iscsi: connection closed before the Logout Response")
+		case <-time.After(10 * time.Second):
+			err = errors.New("iscsi: no Logout Response")
+		}
+	}
+	l.dm.ConnectionTerminate()
+	<-l.done
+	s.fail(ErrClosed)
+	return err
+}
+
+// Target returns the target name.
+func (s *Session) Target() string { return s.target }
+
+// TSIH returns the target-assigned session handle.
+func (s *Session) TSIH() uint16 { return s.tsih }

@@ -1,0 +1,383 @@
+package initiator
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/tcp"
+	"github.com/blockwire/blockwire/iscsi/auth"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/iscsi/text"
+)
+
+// ErrClosed is returned by commands on a closed session.
+var ErrClosed = errors.New("iscsi: session closed")
+
+// Session is a logged-in normal session with one target. It is safe for
+// concurrent use: commands from several goroutines are pipelined up to the
+// target's command window.
+type Session struct {
+	opts    Options
+	portal  string
+	target  string
+	isid    [6]byte
+	log     slogger
+	sendMu  sync.Mutex // orders CmdSN assignment with transmission
+	mu      sync.Mutex
+	cond    *sync.Cond
+	link    *link
+	tsih    uint16
+	params  params
+	cmdSN   uint32
+	exp     uint32 // ExpCmdSN
+	max     uint32 // MaxCmdSN
+	nextITT uint32
+	tasks   map[uint32]*task
+	tmfs    map[uint32]chan byte
+	closed  bool
+	failed  error
+	// expStatSN is read by the stamper under the datamover's lock.
+	expStatSN atomic.Uint32
+	lastRecv  atomic.Int64
+	logoutCh  chan struct{}
+}
+
+type slogger = interface {
+	Info(msg string, args ...any)
+	Warn(msg string, args ...any)
+	Debug(msg string, args ...any)
+}
+
+// params are the negotiated values the initiator acts on.
+type params struct {
+	immediateData bool
+	initialR2T    bool
+	firstBurst    int
+	maxBurst      int
+	maxXmit       int // the target's MaxRecvDataSegmentLength
+	headerDigest  bool
+	dataDigest    bool
+}
+
+type task struct {
+	itt   uint32
+	lun   [8]byte
+	cdb   []byte
+	out   []byte
+	in    []byte
+	imm   bool
+	done  chan struct{}
+	res   Result
+	err   error
+	ended bool
+}
+
+// link is one TCP connection of the session; a new one replaces it after
+// a connection loss. It implements datamover.Upcalls.
+type link struct {
+	s       *Session
+	dm      datamover.Conn
+	loginCh chan *datamover.PDU
+	textCh  chan *datamover.PDU // Text Responses in full feature phase
+	done    chan struct{}
+	ffp     atomic.Bool
+	keys    map[string]string // the target's login keys so far (Serve goroutine)
+	offers  map[string]string
+	chapAlg int
+	// Set by the receive goroutine on the final login response.
+	params   params
+	finalExp uint32
+	finalMax uint32
+}
+
+// Login connects to portal ("host:port", port 3260 by default) and logs
+// in to target.
+func Login(ctx context.Context, portal, target string, opts Options) (*Session, error) {
+	opts.defaults()
+	s := &Session{
+		opts:    opts,
+		portal:  withPort(portal),
+		target:  target,
+		isid:    newISID(),
+		log:     opts.Logger.With("target", target, "portal", portal),
+		tasks:   map[uint32]*task{},
+		tmfs:    map[uint32]chan byte{},
+		cmdSN:   1,
+		nextITT: 1,
+	}
+	s.cond = newCond(s)
+	l, err := s.connect(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	s.link = l
+	if opts.NopInterval > 0 {
+		go s.pinger()
+	}
+	return s, nil
+}
+
+func withPort(p string) string {
+	if _, _, err := net.SplitHostPort(p); err == nil {
+		return p
+	}
+	if strings.HasPrefix(p, "[") && strings.HasSuffix(p, "]") {
+		return p + ":3260"
+	}
+	if strings.Count(p, ":") > 1 {
+		return "[" + p + "]:3260"
+	}
+	return p + ":3260"
+}
+
+// connect dials and logs in a new connection (the leading one of a new
+// session: TSIH 0, the same ISID, so a reconnect reinstates the session,
+// RFC 7143 §6.3.5).
+func (s *Session) connect(ctx context.Context, discovery bool) (*link, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", s.portal)
+	if err != nil {
+		return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
+	}
+	l := &link{s: s, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
+	l.dm = tcp.New(nc, s.stamp)
+	go l.dm.Serve(l)
+	stop := context.AfterFunc(ctx, l.dm.ConnectionTerminate)
+	err = s.login(ctx, l, discovery)
+	stop()
+	if err != nil {
+		l.dm.ConnectionTerminate()
+		<-l.done
+		if ctx.Err() != nil && !isLoginError(err) {
+			return nil, fmt.Errorf("iscsi: login to %s at %s: %w", s.target, s.portal, ctx.Err())
+		}
+		return nil, err
+	}
+	return l, nil
+}
+
+func isLoginError(err error) bool {
+	var le *LoginError
+	return errors.As(err, &le) || errors.Is(err, ErrTargetAuth)
+}
+
+// stamp fills ExpStatSN (bytes 28-31) of every outgoing PDU; CmdSN is set
+// by the sender under sendMu (datamover.Stamper).
+func (s *Session) stamp(h *pdu.BHS, _ bool) {
+	binary.BigEndian.PutUint32(h[28:], s.expStatSN.Load())
+}
+
+// login runs the login phase on l (RFC 7143 §6.3).
+func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
+	o := s.opts
+	decl := []text.KV{{Key: "InitiatorName", Value: o.InitiatorName}}
+	if discovery {
+		decl = append(decl, text.KV{Key: "SessionType", Value: "Discovery"})
+	} else {
+		decl = append(decl, text.KV{Key: "TargetName", Value: s.target}, text.KV{Key: "SessionType", Value: "Normal"})
+	}
+	digest := func(on bool) string {
+		if on {
+			return "CRC32C"
+		}
+		return "None"
+	}
+	ops := []text.KV{
+		{Key: "HeaderDigest", Value: digest(o.HeaderDigest)},
+		{Key: "DataDigest", Value: digest(o.DataDigest)},
+		{Key: "MaxRecvDataSegmentLength", Value: strconv.Itoa(o.MaxRecvDataSegmentLength)},
+		{Key: "DefaultTime2Wait", Value: "0"},
+		{Key: "DefaultTime2Retain", Value: "0"},
+		{Key: "ErrorRecoveryLevel", Value: "0"},
+		{Key: "IFMarker", Value: "No"},
+		{Key: "OFMarker", Value: "No"},
+	}
+	if !discovery {
+		ops = append(ops,
+			text.KV{Key: "InitialR2T", Value: "No"},
+			text.KV{Key: "ImmediateData", Value: "Yes"},
+			text.KV{Key: "MaxBurstLength", Value: "16776192"},
+			text.KV{Key: "FirstBurstLength", Value: "262144"},
+			text.KV{Key: "MaxOutstandingR2T", Value: "1"},
+			text.KV{Key: "MaxConnections", Value: "1"},
+			text.KV{Key: "DataPDUInOrder", Value: "Yes"},
+			text.KV{Key: "DataSequenceInOrder", Value: "Yes"},
+		)
+	}
+	l.offers = map[string]string{}
+	for _, kv := range ops {
+		l.offers[kv.Key] = kv.Value
+	}
+	stage := byte(pdu.StageOperational)
+	if o.CHAP != nil {
+		stage = pdu.StageSecurity
+	}
+	itt := uint32(0)
+	var send []text.KV
+	send = append(send, decl...)
+	var chapID byte
+	var chapChallenge []byte
+	chapStep := 0
+	if stage == pdu.StageSecurity {
+		send = append(send, text.KV{Key: "AuthMethod", Value: "CHAP,None"})
+	} else {
+		send = append(send, ops...)
+	}
+	neg := text.NewNegotiator(map[string]string{"HeaderDigest": digest(o.HeaderDigest), "DataDigest": digest(o.DataDigest)}, true)
+	for round := 0; round < 16; round++ {
+		req := pdu.LoginReq{
+			Transit: true, CSG: stage, NSG: pdu.StageFullFeature, ISID: s.isid,
+			ITT: itt, CmdSN: s.cmdSN,
+		}
+		if stage == pdu.StageSecurity {
+			req.NSG = pdu.StageOperational
+			if chapStep < 2 {
+				req.Transit = false
+			}
+		}
+		resp, kvs, err := l.exchange(ctx, &req, send)
+		if err != nil {
+			return err
+		}
+		if resp.StatusClass != 0 {
+			return &LoginError{resp.StatusClass, resp.StatusDetail}
+		}
+		get := func(k string) string {
+			for _, kv := range kvs {
+				if kv.Key == k {
+					return kv.Value
+				}
+			}
+			return ""
+		}
+		send = nil
+		// Keys the target offers on its own are answered next round.
+		var theirs []text.KV
+		for _, kv := range kvs {
+			if _, mine := l.offers[kv.Key]; !mine && !strings.HasPrefix(kv.Key, "CHAP_") && kv.Key != "AuthMethod" {
+				theirs = append(theirs, kv)
+			}
+		}
+		if ans, err := neg.Respond(theirs, text.Context{Login: true}); err == nil {
+			send = append(send, ans...)
+		}
+		if stage == pdu.StageSecurity {
+			switch chapStep {
+			case 0:
+				switch get("AuthMethod") {
+				case "CHAP":
+					send = append(send, text.KV{Key: "CHAP_A", Value: "7,5"})
+					chapStep = 1
+				case "None":
+					chapStep = 2
+				default:
+					return fmt.Errorf("iscsi: target answered AuthMethod=%q", get("AuthMethod"))
+				}
+			case 1:
+				alg, _ := strconv.Atoi(get("CHAP_A"))
+				id, err1 := strconv.Atoi(get("CHAP_I"))
+				c, err2 := auth.DecodeBinary(get("CHAP_C"))
+				if (alg != auth.MD5 && alg != auth.SHA256) || err1 != nil || err2 != nil {
+					return fmt.Errorf("iscsi: target sent a malformed CHAP challenge")
+				}
+				send = append(send,
+					text.KV{Key: "CHAP_N", Value: o.CHAP.User},
+					text.KV{Key: "CHAP_R", Value: auth.EncodeBinary(auth.Response(alg, byte(id), o.CHAP.Secret, c))})
+				if o.TargetCHAP != nil {
+					chapChallenge = make([]byte, len(c))
+					var idb [1]byte
+					randRead(idb[:])
+					randRead(chapChallenge)
+					chapID = idb[0]
+					send = append(send, text.KV{Key: "CHAP_I", Value: strconv.Itoa(int(chapID))},
+						text.KV{Key: "CHAP_C", Value: auth.EncodeBinary(chapChallenge)})
+				}
+				l.chapAlg = alg
+				chapStep = 2
+			case 2:
+				if o.TargetCHAP != nil {
+					r, err := auth.DecodeBinary(get("CHAP_R"))
+					want := auth.Response(l.chapAlg, chapID, o.TargetCHAP.Secret, chapChallenge)
+					if err != nil || get("CHAP_N") != o.TargetCHAP.User || !equal(r, want) {
+						return ErrTargetAuth
+					}
+				}
+			}
+			if resp.Transit && resp.NSG == pdu.StageOperational {
+				stage = pdu.StageOperational
+				send = append(send, ops...)
+			}
+			continue
+		}
+		if resp.Transit && resp.NSG == pdu.StageFullFeature {
+			s.tsih = resp.TSIH
+			s.exp = l.finalExp
+			s.max = l.finalMax
+			s.params = l.params
+			return nil
+		}
+	}
+	return errors.New("iscsi: login did not finish in 16 exchanges")
+}
+
+func equal(a, b []byte) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	var d byte
+	for i := range a {
+		d |= a[i] ^ b[i]
+	}
+	return d == 0
+}
+
+// exchange sends one login request and returns the complete response,
+// following the target's C bit (RFC 7143 §11.13.2).
+func (l *link) exchange(ctx context.Context, req *pdu.LoginReq, kvs []text.KV) (*pdu.LoginResp, []text.KV, error) {
+	var p datamover.PDU
+	req.Encode(&p.BHS)
+	p.Data = text.Append(nil, kvs...)
+	var all []byte
+	for {
+		if err := l.dm.SendControl(&p, false); err != nil {
+			return nil, nil, err
+		}
+		var rp *datamover.PDU
+		select {
+		case rp = <-l.loginCh:
+		case <-l.done:
+			return nil, nil, errors.New("iscsi: connection closed during login")
+		case <-ctx.Done():
+			return nil, nil, ctx.Err()
+		}
+		if rp.BHS.Opcode() != pdu.OpLoginResp {
+			return nil, nil, fmt.Errorf("iscsi: %s during login", rp.BHS.Opcode())
+		}
+		var resp pdu.LoginResp
+		if err := resp.Decode(&rp.BHS); err != nil {
+			return nil, nil, err
+		}
+		all = append(all, rp.Data...)
+		if !resp.Continue || resp.StatusClass != 0 {
+			kv, err := text.Parse(all)
+			return &resp, kv, err
+		}
+		// More text follows: an empty request asks for it.
+		r2 := *req
+		r2.Transit = false
+		r2.Encode(&p.BHS)
+		p.Data = nil
+	}
+}
+
+func newCond(s *Session) *sync.Cond { return sync.NewCond(&s.mu) }
