@@ -30,10 +30,18 @@ import (
 const usage = `blockwire: block storage over the wire
 
 Usage:
-  blockwire serve [flags]         run the iSCSI target
-  blockwire config check FILE     validate a configuration file
+  blockwire serve [flags]             run the iSCSI target
+  blockwire config check FILE         validate a configuration file
+  blockwire discover PORTAL           list the targets a portal offers (SendTargets)
+  blockwire inquiry URL               identify a LUN
+  blockwire read URL [--offset N] [--length N] [--out FILE]
+  blockwire write URL --in FILE [--offset N]
+  blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
 
-Run "blockwire serve -h" for the serve flags.
+URL is iscsi://[user[%password]@]host[:port]/target-iqn/lun, as libiscsi writes it.
+Run "blockwire VERB -h" for a verb's flags. Initiator verbs exit 0 on success,
+2 on a usage error, 3 when the portal is unreachable, 4 when login is refused,
+5 on a SCSI error, 6 on a verification mismatch, 1 otherwise.
 `
 
 func main() {
@@ -42,7 +50,7 @@ func main() {
 
 func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
+		io.WriteString(stderr, usage)
 		return 2
 	}
 	switch args[0] {
@@ -50,7 +58,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return serve(args[1:], stderr)
 	case "config":
 		if len(args) != 3 || args[1] != "check" {
-			fmt.Fprint(stderr, usage)
+			io.WriteString(stderr, usage)
 			return 2
 		}
 		if _, err := config.Load(args[2]); err != nil {
@@ -59,11 +67,22 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 		fmt.Fprintf(stdout, "%s: ok\n", args[2])
 		return 0
+	case "discover":
+		return discover(args[1:], stdout, stderr)
+	case "inquiry":
+		return inquiry(args[1:], stdout, stderr)
+	case "read":
+		return readVerb(args[1:], stdout, stderr)
+	case "write":
+		return writeVerb(args[1:], stdout, stderr)
+	case "bench":
+		return bench(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
-		fmt.Fprint(stdout, usage)
+		io.WriteString(stdout, usage)
 		return 0
 	}
-	fmt.Fprintf(stderr, "blockwire: unknown command %q\n\n%s", args[0], usage)
+	fmt.Fprintf(stderr, "blockwire: unknown command %q\n\n", args[0])
+	io.WriteString(stderr, usage)
 	return 2
 }
 

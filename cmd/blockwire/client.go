@@ -1,0 +1,476 @@
+package main
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	mrand "math/rand/v2"
+	"net"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/iscsi/auth"
+	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// Exit codes of the initiator verbs, for scripts.
+const (
+	exitOK          = 0
+	exitError       = 1
+	exitUsage       = 2
+	exitUnreachable = 3
+	exitLogin       = 4
+	exitSCSI        = 5
+	exitMismatch    = 6
+)
+
+// classify maps an error to an exit code and a message a user can act on.
+func classify(err error) (int, string) {
+	var le *initiator.LoginError
+	var se *initiator.SCSIError
+	var ne net.Error
+	var oe *net.OpError
+	switch {
+	case errors.As(err, &le) || errors.Is(err, initiator.ErrTargetAuth):
+		return exitLogin, err.Error()
+	case errors.As(err, &se):
+		if se.Sense != nil && se.Sense.ASC == 0x25 {
+			return exitSCSI, "the LUN does not exist on this target: " + err.Error()
+		}
+		return exitSCSI, err.Error()
+	case errors.As(err, &oe) && oe.Op == "dial", errors.As(err, &ne) && ne.Timeout():
+		return exitUnreachable, err.Error()
+	}
+	if strings.Contains(err.Error(), "connect to") {
+		return exitUnreachable, err.Error()
+	}
+	return exitError, err.Error()
+}
+
+func fail(stderr io.Writer, err error) int {
+	code, msg := classify(err)
+	fmt.Fprintf(stderr, "blockwire: %s\n", msg)
+	return code
+}
+
+func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Options, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &initiator.Options{}
+	fs.StringVar(&o.InitiatorName, "initiator-name", initiator.DefaultInitiatorName, "initiator name")
+	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
+	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
+	targetSecret := fs.String("target-secret", "", "mutual CHAP: the target's user%secret (or BLOCKWIRE_TARGET_SECRET)")
+	return fs, o, targetSecret
+}
+
+// parse parses flags that may come before or after the positional
+// arguments ("blockwire write URL --in FILE"), returning the positionals.
+func parse(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			return pos, nil
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+}
+
+func finishOptions(o *initiator.Options, targetSecret string, stderr io.Writer) {
+	if targetSecret == "" {
+		targetSecret = os.Getenv("BLOCKWIRE_TARGET_SECRET")
+	}
+	if targetSecret != "" {
+		u, p, _ := strings.Cut(targetSecret, "%")
+		o.TargetCHAP = &authCreds{User: u, Secret: p}
+	}
+	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+}
+
+func signalContext() (context.Context, context.CancelFunc) {
+	return signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+}
+
+func discover(args []string, stdout, stderr io.Writer) int {
+	fs, o, ts := clientFlags("discover", stderr)
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) != 1 {
+		fmt.Fprintln(stderr, "usage: blockwire discover [flags] PORTAL   (host[:port] or iscsi://host[:port])")
+		return exitUsage
+	}
+	finishOptions(o, *ts, stderr)
+	portal := pos[0]
+	if strings.HasPrefix(portal, "iscsi://") {
+		u, err := initiator.ParseURL(portal)
+		if err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitUsage
+		}
+		portal = u.Portal
+		o.CHAP = u.Credentials()
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	found, err := initiator.Discover(ctx, portal, *o)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	for _, t := range found {
+		for _, a := range t.Addresses {
+			fmt.Fprintf(stdout, "%s %s\n", a, t.Name)
+		}
+		if len(t.Addresses) == 0 {
+			fmt.Fprintf(stdout, "- %s\n", t.Name)
+		}
+	}
+	return exitOK
+}
+
+func openURL(ctx context.Context, url string, o *initiator.Options, ts string, stderr io.Writer) (*initiator.Device, int) {
+	finishOptions(o, ts, stderr)
+	if _, err := initiator.ParseURL(url); err != nil {
+		fmt.Fprintln(stderr, "blockwire:", err)
+		return nil, exitUsage
+	}
+	d, err := initiator.Open(ctx, url, *o)
+	if err != nil {
+		return nil, fail(stderr, err)
+	}
+	return d, exitOK
+}
+
+func inquiry(args []string, stdout, stderr io.Writer) int {
+	fs, o, ts := clientFlags("inquiry", stderr)
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) != 1 {
+		io.WriteString(stderr, "usage: blockwire inquiry [flags] iscsi://[user[%password]@]host[:port]/iqn/lun\n")
+		return exitUsage
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	d, code := openURL(ctx, pos[0], o, *ts, stderr)
+	if d == nil {
+		return code
+	}
+	defer d.Close()
+	buf := make([]byte, 96)
+	r, err := d.Do(ctx, []byte{scsi.OpInquiry, 0, 0, 0, 96, 0}, nil, buf)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	buf = buf[:r.In]
+	if len(buf) < 36 {
+		fmt.Fprintf(stderr, "blockwire: INQUIRY returned %d bytes\n", len(buf))
+		return exitSCSI
+	}
+	serialNo := ""
+	sbuf := make([]byte, 255)
+	if r, err := d.Do(ctx, []byte{scsi.OpInquiry, 1, 0x80, 0, 255, 0}, nil, sbuf); err == nil && r.In > 4 {
+		serialNo = strings.TrimSpace(string(sbuf[4:r.In]))
+	}
+	fmt.Fprintf(stdout, "vendor: %s\nproduct: %s\nrevision: %s\ndevice type: %#02x\nserial: %s\nblock size: %d\ncapacity: %d bytes (%d blocks)\n",
+		strings.TrimSpace(string(buf[8:16])), strings.TrimSpace(string(buf[16:32])), strings.TrimSpace(string(buf[32:36])),
+		buf[0]&0x1f, serialNo, d.BlockSize(), d.Size(), d.Size()/int64(d.BlockSize()))
+	return exitOK
+}
+
+func readVerb(args []string, stdout, stderr io.Writer) int {
+	fs, o, ts := clientFlags("read", stderr)
+	off := fs.String("offset", "0", "byte offset (block aligned)")
+	length := fs.String("length", "", "bytes to read (default: to the end)")
+	out := fs.String("out", "-", "output file (- for standard output)")
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) != 1 {
+		fmt.Fprintln(stderr, "usage: blockwire read [flags] URL [--offset N] [--length N] [--out FILE]")
+		return exitUsage
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	d, code := openURL(ctx, pos[0], o, *ts, stderr)
+	if d == nil {
+		return code
+	}
+	defer d.Close()
+	start, err := config.ParseSize(*off)
+	if *off == "0" {
+		start, err = 0, nil
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire: --offset:", err)
+		return exitUsage
+	}
+	n := d.Size() - start
+	if *length != "" {
+		if n, err = config.ParseSize(*length); err != nil {
+			fmt.Fprintln(stderr, "blockwire: --length:", err)
+			return exitUsage
+		}
+	}
+	w := stdout
+	if *out != "-" {
+		f, err := os.Create(*out)
+		if err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitError
+		}
+		defer f.Close()
+		w = f
+	}
+	buf := make([]byte, 1<<20)
+	for at := start; at < start+n; {
+		c := int(min(int64(len(buf)), start+n-at))
+		if _, err := d.ReadAtContext(ctx, buf[:c], at); err != nil {
+			return fail(stderr, err)
+		}
+		if _, err := w.Write(buf[:c]); err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitError
+		}
+		at += int64(c)
+	}
+	return exitOK
+}
+
+func writeVerb(args []string, stdout, stderr io.Writer) int {
+	fs, o, ts := clientFlags("write", stderr)
+	off := fs.String("offset", "0", "byte offset (block aligned)")
+	in := fs.String("in", "-", "input file (- for standard input)")
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) != 1 {
+		fmt.Fprintln(stderr, "usage: blockwire write [flags] URL --in FILE [--offset N]")
+		return exitUsage
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	d, code := openURL(ctx, pos[0], o, *ts, stderr)
+	if d == nil {
+		return code
+	}
+	defer d.Close()
+	var start int64
+	if *off != "0" {
+		var err error
+		if start, err = config.ParseSize(*off); err != nil {
+			fmt.Fprintln(stderr, "blockwire: --offset:", err)
+			return exitUsage
+		}
+	}
+	var r io.Reader = os.Stdin
+	if *in != "-" {
+		f, err := os.Open(*in)
+		if err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitError
+		}
+		defer f.Close()
+		r = f
+	}
+	buf := make([]byte, 1<<20)
+	bs := d.BlockSize()
+	at := start
+	for {
+		n, err := io.ReadFull(r, buf)
+		if n > 0 {
+			if n%bs != 0 {
+				// Pad a short last block with zeroes, as dd conv=sync does.
+				pad := bs - n%bs
+				clear(buf[n : n+pad])
+				n += pad
+			}
+			if _, werr := d.WriteAtContext(ctx, buf[:n], at); werr != nil {
+				return fail(stderr, werr)
+			}
+			at += int64(n)
+		}
+		if err == io.EOF || err == io.ErrUnexpectedEOF {
+			break
+		}
+		if err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitError
+		}
+	}
+	if err := d.Flush(); err != nil {
+		return fail(stderr, err)
+	}
+	fmt.Fprintf(stderr, "wrote %d bytes at offset %d\n", at-start, start)
+	return exitOK
+}
+
+// bench is a small fio: fixed block size, queue depth, duration, with
+// optional verification of every byte read.
+func bench(args []string, stdout, stderr io.Writer) int {
+	fs, o, ts := clientFlags("bench", stderr)
+	rw := fs.String("rw", "randread", "read, write, randread or randwrite")
+	bsFlag := fs.String("bs", "4k", "block size")
+	qd := fs.Int("qd", 32, "queue depth (concurrent commands)")
+	dur := fs.Duration("time", 10*time.Second, "run time")
+	region := fs.String("size", "256MiB", "size of the region used, from offset 0 (capped at the LUN size)")
+	verify := fs.Bool("verify", false, "check data: reads see a known pattern, writes are read back and compared")
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) != 1 {
+		fmt.Fprintln(stderr, "usage: blockwire bench [flags] URL")
+		return exitUsage
+	}
+	random := strings.HasPrefix(*rw, "rand")
+	write := strings.HasSuffix(*rw, "write")
+	if *rw != "read" && *rw != "write" && *rw != "randread" && *rw != "randwrite" {
+		fmt.Fprintln(stderr, "blockwire: --rw must be read, write, randread or randwrite")
+		return exitUsage
+	}
+	bs64, err := config.ParseSize(*bsFlag)
+	if err != nil || *qd < 1 {
+		fmt.Fprintln(stderr, "blockwire: bad --bs or --qd")
+		return exitUsage
+	}
+	regionSize, err := config.ParseSize(*region)
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire: --size:", err)
+		return exitUsage
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	d, code := openURL(ctx, pos[0], o, *ts, stderr)
+	if d == nil {
+		return code
+	}
+	defer d.Close()
+	bs := int(bs64)
+	if bs%d.BlockSize() != 0 {
+		fmt.Fprintf(stderr, "blockwire: --bs %d is not a multiple of the %d-byte block\n", bs, d.BlockSize())
+		return exitUsage
+	}
+	regionSize = min(regionSize, d.Size()) / int64(bs) * int64(bs)
+	slots := regionSize / int64(bs)
+	if slots < int64(*qd) {
+		fmt.Fprintln(stderr, "blockwire: region too small for the queue depth")
+		return exitUsage
+	}
+	// Each worker owns every qd-th slot, so verification never races.
+	pattern := func(buf []byte, slot int64, gen uint64) {
+		for i := 0; i+16 <= len(buf); i += 16 {
+			binary.LittleEndian.PutUint64(buf[i:], uint64(slot)<<20|uint64(i))
+			binary.LittleEndian.PutUint64(buf[i+8:], gen)
+		}
+	}
+	if *verify && !write {
+		fmt.Fprintf(stderr, "filling %d MiB with the verification pattern\n", regionSize>>20)
+		buf := make([]byte, bs)
+		for s := int64(0); s < slots; s++ {
+			pattern(buf, s, 0)
+			if _, err := d.WriteAtContext(ctx, buf, s*int64(bs)); err != nil {
+				return fail(stderr, err)
+			}
+		}
+	}
+	var mismatches, ios atomic.Int64
+	var firstErr atomic.Value
+	lat := make([][]time.Duration, *qd)
+	deadline := time.Now().Add(*dur)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < *qd; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := mrand.New(mrand.NewPCG(uint64(w), 7))
+			buf := make([]byte, bs)
+			check := make([]byte, bs)
+			rand.Read(buf)
+			mine := (slots - int64(w) + int64(*qd) - 1) / int64(*qd)
+			gens := map[int64]uint64{}
+			for i := int64(0); time.Now().Before(deadline) && ctx.Err() == nil; i++ {
+				k := i % mine
+				if random {
+					k = rng.Int64N(mine)
+				}
+				slot := k*int64(*qd) + int64(w)
+				off := slot * int64(bs)
+				t0 := time.Now()
+				var err error
+				if write {
+					if *verify {
+						gens[slot]++
+						pattern(buf, slot, gens[slot])
+					}
+					_, err = d.WriteAtContext(ctx, buf, off)
+				} else {
+					_, err = d.ReadAtContext(ctx, buf, off)
+				}
+				lat[w] = append(lat[w], time.Since(t0))
+				if err != nil {
+					if ctx.Err() == nil {
+						firstErr.CompareAndSwap(nil, err)
+					}
+					return
+				}
+				ios.Add(1)
+				if *verify {
+					if write {
+						if _, err := d.ReadAtContext(ctx, check, off); err != nil {
+							firstErr.CompareAndSwap(nil, err)
+							return
+						}
+						if string(buf) != string(check) {
+							mismatches.Add(1)
+						}
+						continue
+					}
+					pattern(check, slot, 0)
+					if string(check) != string(buf) {
+						mismatches.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if v := firstErr.Load(); v != nil {
+		return fail(stderr, v.(error))
+	}
+	var all []time.Duration
+	for _, l := range lat {
+		all = append(all, l...)
+	}
+	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
+	pct := func(p float64) float64 {
+		if len(all) == 0 {
+			return 0
+		}
+		i := int(math.Ceil(p/100*float64(len(all)))) - 1
+		return float64(all[max(i, 0)].Microseconds())
+	}
+	n := ios.Load()
+	iops := float64(n) / elapsed.Seconds()
+	fmt.Fprintf(stdout, "%s: bs=%d qd=%d time=%.1fs ios=%d\n", *rw, bs, *qd, elapsed.Seconds(), n)
+	fmt.Fprintf(stdout, "  IOPS=%.0f, BW=%.1fMiB/s (%.1fMB/s)\n", iops, iops*float64(bs)/(1<<20), iops*float64(bs)/1e6)
+	fmt.Fprintf(stdout, "  lat (usec): p50=%.0f, p99=%.0f, p99.9=%.0f, max=%.0f\n", pct(50), pct(99), pct(99.9), pct(100))
+	if *verify {
+		fmt.Fprintf(stdout, "  verify: %d mismatches\n", mismatches.Load())
+		if mismatches.Load() > 0 {
+			return exitMismatch
+		}
+	}
+	return exitOK
+}
+
+type authCreds = auth.Credentials
