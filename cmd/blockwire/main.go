@@ -36,6 +36,7 @@ Usage:
   blockwire inquiry URL               identify a LUN
   blockwire read URL [--offset N] [--length N] [--out FILE]
   blockwire write URL --in FILE [--offset N]
+  blockwire copy SRC DST              file to LUN, LUN to file, LUN to LUN
   blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
 
 URL is iscsi://[user[%password]@]host[:port]/target-iqn/lun, as libiscsi writes it.
@@ -77,6 +78,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return writeVerb(args[1:], stdout, stderr)
 	case "bench":
 		return bench(args[1:], stdout, stderr)
+	case "copy":
+		return copyVerb(args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		io.WriteString(stdout, usage)
 		return 0

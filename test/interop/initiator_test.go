@@ -107,6 +107,20 @@ func TestInitiatorAgainstTgt(t *testing.T) {
 	}
 	sameFirst(t, src2, back2, 32<<20)
 
+	// copy: file to LUN, LUN to LUN (tgt to blockwire), LUN to file.
+	ours := serve(t, "--size", "64MiB")
+	src3 := randomImage(t, 8<<20)
+	if out, code = blockwire(t, "copy", src3, url); code != 0 {
+		t.Fatalf("copy file to tgt (exit %d):\n%s", code, out)
+	}
+	ourURL := ours.url(defaultIQN, 0)
+	if out, code = blockwire(t, "copy", url, ourURL); code != 0 {
+		t.Fatalf("copy tgt to blockwire (exit %d):\n%s", code, out)
+	}
+	back3 := filepath.Join(t.TempDir(), "back3.img")
+	mustRun(t, time.Minute, "qemu-img", "dd", "-f", "raw", "-O", "raw", "bs=1M", "count=8", "if="+ourURL, "of="+back3)
+	sameFirst(t, src3, back3, 8<<20)
+
 	// Errors scripts can tell apart.
 	if _, code = blockwire(t, "inquiry", fmt.Sprintf("iscsi://%s/%s/9", addr, iqn)); code != 5 {
 		t.Errorf("missing LUN: exit %d, want 5", code)

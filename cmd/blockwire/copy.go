@@ -1,0 +1,171 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/schollz/progressbar/v3"
+	"golang.org/x/term"
+
+	"github.com/blockwire/blockwire/iscsi/initiator"
+)
+
+// endpoint is one side of a copy: a local file or an iSCSI LUN.
+type endpoint struct {
+	name string
+	dev  *initiator.Device
+	f    *os.File
+	size int64
+}
+
+func (e *endpoint) ReadAt(p []byte, off int64) (int, error) {
+	if e.dev != nil {
+		return e.dev.ReadAt(p, off)
+	}
+	return e.f.ReadAt(p, off)
+}
+
+func (e *endpoint) WriteAt(p []byte, off int64) (int, error) {
+	if e.dev != nil {
+		return e.dev.WriteAt(p, off)
+	}
+	return e.f.WriteAt(p, off)
+}
+
+func (e *endpoint) close() error {
+	if e.dev != nil {
+		if err := e.dev.Flush(); err != nil {
+			e.dev.Close()
+			return err
+		}
+		return e.dev.Close()
+	}
+	if err := e.f.Sync(); err != nil {
+		e.f.Close()
+		return err
+	}
+	return e.f.Close()
+}
+
+func openEndpoint(ctx context.Context, name string, write bool, o initiator.Options) (*endpoint, error) {
+	if strings.HasPrefix(name, "iscsi://") {
+		d, err := initiator.Open(ctx, name, o)
+		if err != nil {
+			return nil, err
+		}
+		return &endpoint{name: name, dev: d, size: d.Size()}, nil
+	}
+	flag := os.O_RDONLY
+	if write {
+		flag = os.O_RDWR | os.O_CREATE
+	}
+	f, err := os.OpenFile(name, flag, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	st, err := f.Stat()
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return &endpoint{name: name, f: f, size: st.Size()}, nil
+}
+
+// copyVerb copies file to LUN, LUN to file or LUN to LUN, with a progress
+// bar when standard error is a terminal.
+func copyVerb(args []string, stdout, stderr io.Writer) int {
+	fs, o, ts := clientFlags("copy", stderr)
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) != 2 {
+		fmt.Fprintln(stderr, "usage: blockwire copy [flags] SRC DST   (each a file or an iscsi:// URL)")
+		return exitUsage
+	}
+	finishOptions(o, *ts, stderr)
+	for _, p := range pos {
+		if strings.HasPrefix(p, "iscsi://") {
+			if _, err := initiator.ParseURL(p); err != nil {
+				fmt.Fprintln(stderr, "blockwire:", err)
+				return exitUsage
+			}
+		}
+	}
+	ctx, cancel := signalContext()
+	defer cancel()
+	src, err := openEndpoint(ctx, pos[0], false, *o)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	defer func() {
+		if src.dev != nil {
+			src.dev.Close()
+		} else {
+			src.f.Close()
+		}
+	}()
+	dst, err := openEndpoint(ctx, pos[1], true, *o)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	n := src.size
+	if dst.dev != nil && n > dst.size {
+		fmt.Fprintf(stderr, "blockwire: %s (%d bytes) does not fit in %s (%d bytes)\n", src.name, n, dst.name, dst.size)
+		dst.close()
+		return exitUsage
+	}
+	chunk := int64(1 << 20)
+	for _, e := range []*endpoint{src, dst} {
+		if e.dev != nil && n%int64(e.dev.BlockSize()) != 0 {
+			fmt.Fprintf(stderr, "blockwire: %d bytes is not a whole number of %d-byte blocks of %s\n", n, e.dev.BlockSize(), e.name)
+			dst.close()
+			return exitUsage
+		}
+	}
+	var bar *progressbar.ProgressBar
+	if f, ok := stderr.(*os.File); ok && term.IsTerminal(int(f.Fd())) {
+		bar = progressbar.DefaultBytes(n, "copying")
+	}
+	buf := make([]byte, chunk)
+	for off := int64(0); off < n; off += chunk {
+		if ctx.Err() != nil {
+			dst.close()
+			return fail(stderr, ctx.Err())
+		}
+		c := min(chunk, n-off)
+		if _, err := src.ReadAt(buf[:c], off); err != nil && err != io.EOF {
+			dst.close()
+			return fail(stderr, err)
+		}
+		if _, err := dst.WriteAt(buf[:c], off); err != nil {
+			dst.close()
+			return fail(stderr, err)
+		}
+		if bar != nil {
+			bar.Add64(c)
+		}
+	}
+	if err := dst.close(); err != nil {
+		return fail(stderr, err)
+	}
+	if bar != nil {
+		bar.Finish()
+	}
+	fmt.Fprintf(stdout, "copied %d bytes from %s to %s\n", n, redactURL(src.name), redactURL(dst.name))
+	return exitOK
+}
+
+// redactURL hides the password of an iSCSI URL.
+func redactURL(u string) string {
+	rest, ok := strings.CutPrefix(u, "iscsi://")
+	if !ok {
+		return u
+	}
+	if at := strings.IndexByte(rest, '@'); at >= 0 {
+		if pc := strings.IndexByte(rest[:at], '%'); pc >= 0 {
+			return "iscsi://" + rest[:pc] + "%***" + rest[at:]
+		}
+	}
+	return u
+}
