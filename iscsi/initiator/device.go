@@ -87,11 +87,11 @@ func Discover(ctx context.Context, portal string, opts Options) ([]DiscoveredTar
 	opts.defaults()
 	s := &Session{opts: opts, portal: withPort(portal), isid: newISID(), log: opts.Logger, tasks: map[uint32]*task{}, tmfs: map[uint32]chan byte{}, cmdSN: 1, nextITT: 1}
 	s.cond = newCond(s)
-	l, err := s.connect(ctx, true)
+	l, err := s.connect(ctx, true, 0)
 	if err != nil {
 		return nil, err
 	}
-	s.link = l
+	s.links = []*link{l}
 	defer s.Close()
 	var all []byte
 	ttt := uint32(pdu.ReservedTTT)

@@ -42,6 +42,11 @@ type Options struct {
 	// RecoveryTimeout bounds the reconnection attempts after a connection
 	// loss (30s); 0 uses the default, a negative value disables recovery.
 	RecoveryTimeout time.Duration
+	// Connections is the number of connections per session (1). More
+	// than one needs a target that negotiates MaxConnections above 1
+	// (RFC 7143 §13.2); commands are spread over them round-robin, each
+	// command's data staying on its connection.
+	Connections int
 	// NopInterval pings an idle target (30s; negative disables).
 	NopInterval time.Duration
 	Logger      *slog.Logger

@@ -301,3 +301,58 @@ func TestParseURL(t *testing.T) {
 		}
 	}
 }
+
+// TestMultipleConnections runs a session over two connections (MC/S) with
+// pipelined, verified I/O, then cuts them and checks the reinstated session
+// has both again.
+func TestMultipleConnections(t *testing.T) {
+	addr := startTarget(t, scsitarget.LUConfig{}, nil)
+	px := newCutter(t, addr)
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", px.l.Addr(), tIQN), Options{Connections: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if n := d.Session().Connections(); n != 2 {
+		t.Fatalf("session has %d connections, want 2", n)
+	}
+	run := func() {
+		var wg sync.WaitGroup
+		errs := make(chan error, 8)
+		for w := range 8 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 256<<10)
+				back := make([]byte, len(buf))
+				for i := range 8 {
+					rand.Read(buf)
+					off := int64(w*8+i) * int64(len(buf))
+					if _, err := d.WriteAt(buf, off); err != nil {
+						errs <- err
+						return
+					}
+					if _, err := d.ReadAt(back, off); err != nil {
+						errs <- err
+						return
+					}
+					if !bytes.Equal(buf, back) {
+						errs <- fmt.Errorf("mismatch at %d", off)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		close(errs)
+		for err := range errs {
+			t.Fatal(err)
+		}
+	}
+	run()
+	px.cut()
+	run()
+	if n := d.Session().Connections(); n != 2 {
+		t.Fatalf("after reinstatement the session has %d connections, want 2", n)
+	}
+}

@@ -152,6 +152,7 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 		firstBurst:    num("FirstBurstLength", 65536),
 		maxBurst:      num("MaxBurstLength", 262144),
 		maxXmit:       num("MaxRecvDataSegmentLength", 8192),
+		maxConns:      num("MaxConnections", 1),
 		headerDigest:  l.keys["HeaderDigest"] == "CRC32C",
 		dataDigest:    l.keys["DataDigest"] == "CRC32C",
 	}
@@ -278,7 +279,7 @@ func (s *Session) handleR2T(l *link, h *pdu.BHS) error {
 	}
 	s.mu.Lock()
 	t := s.tasks[r.ITT]
-	mx := s.params.maxXmit
+	mx := l.params.maxXmit
 	s.mu.Unlock()
 	if t == nil {
 		return nil
@@ -313,13 +314,25 @@ func (l *link) ConnectionTerminateNotify(err error) {
 	close(l.done)
 	s := l.s
 	s.mu.Lock()
-	if s.link != l || s.closed || !l.ffp.Load() {
+	mine := false
+	for _, x := range s.links {
+		mine = mine || x == l
+	}
+	if !mine || s.closed || !l.ffp.Load() {
 		s.mu.Unlock()
 		return
 	}
-	s.link = nil
+	others := s.links
+	s.links = nil
 	s.mu.Unlock()
-	s.log.Warn("connection lost", "err", err)
+	s.log.Warn("connection lost", "cid", l.cid, "err", err)
+	// ERL 0: the loss of one connection fails the session (RFC 7143
+	// §7.1.4); drop the others and reinstate.
+	for _, x := range others {
+		if x != l {
+			x.dm.ConnectionTerminate()
+		}
+	}
 	go s.recover()
 }
 
@@ -342,11 +355,11 @@ func (s *Session) recover() {
 		if closed {
 			return
 		}
-		l, err := s.connect(context.Background(), false)
+		links, err := s.connectAll(context.Background())
 		if err == nil {
 			s.sendMu.Lock()
 			s.mu.Lock()
-			s.link = l
+			s.links = links
 			var pending []*task
 			for _, t := range s.tasks {
 				pending = append(pending, t)
@@ -361,6 +374,8 @@ func (s *Session) recover() {
 				if !t.imm {
 					s.cmdSN++
 				}
+				l := s.pick()
+				t.link = l
 				s.mu.Unlock()
 				if err := s.sendCommand(l, t, cmdSN); err != nil {
 					break // the new link failed too; its notify recovers again
@@ -411,7 +426,7 @@ func (s *Session) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte
 	t := &task{lun: scsi.EncodeLUN(lun), cdb: cdb, out: out, in: in, done: make(chan struct{})}
 	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
 	defer stop()
-	ready := func() bool { return s.link != nil && serial.LessOrEqual(s.cmdSN, s.max) }
+	ready := func() bool { return len(s.links) > 0 && serial.LessOrEqual(s.cmdSN, s.max) }
 	for {
 		// Wait for a connection and room in the command window without
 		// holding sendMu (recovery needs it to replay).
@@ -448,7 +463,8 @@ func (s *Session) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte
 	cmdSN := s.cmdSN
 	s.cmdSN++
 	s.tasks[t.itt] = t
-	l := s.link
+	l := s.pick()
+	t.link = l
 	s.mu.Unlock()
 	err := s.sendCommand(l, t, cmdSN)
 	s.sendMu.Unlock()
@@ -490,8 +506,9 @@ func (s *Session) sendCommand(l *link, t *task, cmdSN uint32) error {
 		ahs = pdu.AppendExtendedCDB(nil, t.cdb)
 	}
 	imm := 0
+	mx := l.params.maxXmit
 	if t.out != nil && pr.immediateData {
-		imm = min(len(t.out), pr.firstBurst, pr.maxXmit)
+		imm = min(len(t.out), pr.firstBurst, mx)
 	}
 	unsolEnd := imm
 	if t.out != nil && !pr.initialR2T {
@@ -505,16 +522,28 @@ func (s *Session) sendCommand(l *link, t *task, cmdSN uint32) error {
 		return err
 	}
 	if unsolEnd > imm {
-		return sendDataOut(l, t, pdu.ReservedTTT, imm, unsolEnd, pr.maxXmit)
+		return sendDataOut(l, t, pdu.ReservedTTT, imm, unsolEnd, mx)
 	}
 	return nil
 }
 
 // abort sends ABORT TASK for t and waits for the answer, so that no data
 // for t lands in its buffer after Do returns.
+// pick chooses the connection for a new command (s.mu held).
+func (s *Session) pick() *link {
+	if len(s.links) == 0 {
+		return nil
+	}
+	s.rr = (s.rr + 1) % len(s.links)
+	return s.links[s.rr]
+}
+
 func (s *Session) abort(t *task) {
 	s.mu.Lock()
-	l := s.link
+	l := t.link
+	if !s.hasLink(l) {
+		l = s.pick()
+	}
 	if t.ended || l == nil {
 		s.mu.Unlock()
 		if l == nil {
@@ -557,7 +586,10 @@ func (s *Session) pinger() {
 			s.mu.Unlock()
 			return
 		}
-		l := s.link
+		var l *link
+		if len(s.links) > 0 {
+			l = s.links[0]
+		}
 		if l == nil || time.Since(time.Unix(0, s.lastRecv.Load())) < s.opts.NopInterval {
 			s.mu.Unlock()
 			continue
@@ -582,7 +614,11 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
-	l := s.link
+	var l *link
+	if len(s.links) > 0 {
+		l = s.links[0]
+	}
+	all := s.links
 	ch := make(chan struct{})
 	s.logoutCh = ch
 	lo := pdu.LogoutReq{Immediate: true, Reason: pdu.LogoutCloseSession, ITT: s.nextITT, CmdSN: s.cmdSN}
@@ -606,14 +642,36 @@ func (s *Session) Close() error {
 			err = errors.New("iscsi: no Logout Response")
 		}
 	}
-	l.dm.ConnectionTerminate()
-	<-l.done
+	for _, x := range all {
+		x.dm.ConnectionTerminate()
+		<-x.done
+	}
 	s.fail(ErrClosed)
 	return err
+}
+
+func (s *Session) hasLink(l *link) bool {
+	for _, x := range s.links {
+		if x == l {
+			return true
+		}
+	}
+	return false
 }
 
 // Target returns the target name.
 func (s *Session) Target() string { return s.target }
 
 // TSIH returns the target-assigned session handle.
-func (s *Session) TSIH() uint16 { return s.tsih }
+func (s *Session) TSIH() uint16 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tsih
+}
+
+// Connections returns the number of connections the session has now.
+func (s *Session) Connections() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.links)
+}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/tcp"
+	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -33,7 +34,8 @@ type Session struct {
 	sendMu  sync.Mutex // orders CmdSN assignment with transmission
 	mu      sync.Mutex
 	cond    *sync.Cond
-	link    *link
+	links   []*link // the session's connections; links[0] is the leading one
+	rr      int     // round-robin position for new commands
 	tsih    uint16
 	params  params
 	cmdSN   uint32
@@ -62,7 +64,8 @@ type params struct {
 	initialR2T    bool
 	firstBurst    int
 	maxBurst      int
-	maxXmit       int // the target's MaxRecvDataSegmentLength
+	maxXmit       int // the target's MaxRecvDataSegmentLength (per connection)
+	maxConns      int
 	headerDigest  bool
 	dataDigest    bool
 }
@@ -74,6 +77,7 @@ type task struct {
 	out   []byte
 	in    []byte
 	imm   bool
+	link  *link // the connection the command went out on (allegiance)
 	done  chan struct{}
 	res   Result
 	err   error
@@ -85,6 +89,8 @@ type task struct {
 type link struct {
 	s       *Session
 	dm      datamover.Conn
+	cid     uint16
+	leading bool
 	loginCh chan *datamover.PDU
 	textCh  chan *datamover.PDU // Text Responses in full feature phase
 	done    chan struct{}
@@ -114,11 +120,11 @@ func Login(ctx context.Context, portal, target string, opts Options) (*Session, 
 		nextITT: 1,
 	}
 	s.cond = newCond(s)
-	l, err := s.connect(ctx, false)
+	links, err := s.connectAll(ctx)
 	if err != nil {
 		return nil, err
 	}
-	s.link = l
+	s.links = links
 	if opts.NopInterval > 0 {
 		go s.pinger()
 	}
@@ -138,10 +144,34 @@ func withPort(p string) string {
 	return p + ":3260"
 }
 
-// connect dials and logs in a new connection (the leading one of a new
-// session: TSIH 0, the same ISID, so a reconnect reinstates the session,
-// RFC 7143 §6.3.5).
-func (s *Session) connect(ctx context.Context, discovery bool) (*link, error) {
+// connectAll logs in the leading connection (TSIH 0, the same ISID, so a
+// reconnect reinstates the session, RFC 7143 §6.3.5) and then adds up to
+// Options.Connections-1 more (RFC 7143 §4.4: MC/S), as many as the
+// negotiated MaxConnections allows.
+func (s *Session) connectAll(ctx context.Context) ([]*link, error) {
+	s.mu.Lock()
+	s.tsih = 0
+	s.mu.Unlock()
+	l, err := s.connect(ctx, false, 0)
+	if err != nil {
+		return nil, err
+	}
+	links := []*link{l}
+	want := min(max(s.opts.Connections, 1), s.params.maxConns)
+	for cid := 1; cid < want; cid++ {
+		m, err := s.connect(ctx, false, uint16(cid))
+		if err != nil {
+			s.log.Warn("could not add a connection to the session", "cid", cid, "err", err)
+			break
+		}
+		links = append(links, m)
+	}
+	return links, nil
+}
+
+// connect dials and logs in one connection with CID cid: the leading one
+// when s.tsih is 0, else an additional connection of the session.
+func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*link, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
@@ -149,7 +179,7 @@ func (s *Session) connect(ctx context.Context, discovery bool) (*link, error) {
 	if err != nil {
 		return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
 	}
-	l := &link{s: s, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
+	l := &link{s: s, cid: cid, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
 	l.dm = tcp.New(nc, s.stamp)
 	go l.dm.Serve(l)
 	stop := context.AfterFunc(ctx, l.dm.ConnectionTerminate)
@@ -202,14 +232,18 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 		{Key: "IFMarker", Value: "No"},
 		{Key: "OFMarker", Value: "No"},
 	}
-	if !discovery {
+	s.mu.Lock()
+	l.leading = s.tsih == 0
+	tsih := s.tsih
+	s.mu.Unlock()
+	if !discovery && l.leading {
 		ops = append(ops,
 			text.KV{Key: "InitialR2T", Value: "No"},
 			text.KV{Key: "ImmediateData", Value: "Yes"},
 			text.KV{Key: "MaxBurstLength", Value: "16776192"},
 			text.KV{Key: "FirstBurstLength", Value: "262144"},
 			text.KV{Key: "MaxOutstandingR2T", Value: "1"},
-			text.KV{Key: "MaxConnections", Value: "1"},
+			text.KV{Key: "MaxConnections", Value: strconv.Itoa(max(s.opts.Connections, 1))},
 			text.KV{Key: "DataPDUInOrder", Value: "Yes"},
 			text.KV{Key: "DataSequenceInOrder", Value: "Yes"},
 		)
@@ -237,7 +271,7 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 	for round := 0; round < 16; round++ {
 		req := pdu.LoginReq{
 			Transit: true, CSG: stage, NSG: pdu.StageFullFeature, ISID: s.isid,
-			ITT: itt, CmdSN: s.cmdSN,
+			TSIH: tsih, CID: l.cid, ITT: itt, CmdSN: s.cmdSN,
 		}
 		if stage == pdu.StageSecurity {
 			req.NSG = pdu.StageOperational
@@ -320,10 +354,15 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 			continue
 		}
 		if resp.Transit && resp.NSG == pdu.StageFullFeature {
-			s.tsih = resp.TSIH
-			s.exp = l.finalExp
-			s.max = l.finalMax
-			s.params = l.params
+			s.mu.Lock()
+			if l.leading {
+				s.tsih = resp.TSIH
+				s.params = l.params
+				s.exp, s.max = l.finalExp, l.finalMax
+			} else if serial.GreaterThan(l.finalMax, s.max) {
+				s.max = l.finalMax
+			}
+			s.mu.Unlock()
 			return nil
 		}
 	}

@@ -392,6 +392,16 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "FirstBurstLength %d exceeds MaxBurstLength %d (RFC 7143 §13.14)", ss.params.FirstBurstLength, ss.params.MaxBurstLength))
 		}
 		ss.setExpCmdSN(ls.cmdSN)
+		if !ss.discovery {
+			// The I_T nexus belongs to the session, created once before any
+			// connection can see it (RFC 7143 §4.4.3 port names).
+			ss.nexus = &scsitarget.Nexus{
+				InitiatorPort: fmt.Sprintf("%s,i,0x%012x", ss.initiator, ss.isid),
+				TargetPort:    fmt.Sprintf("%s,t,0x%04x", ss.targetName, ss.tgt.TPGT),
+				RelativePort:  ss.tgt.TPGT,
+			}
+			ss.tgt.Device.AddNexus(ss.nexus)
+		}
 		s.sessions[ss.tsih] = ss
 	} else {
 		ss = s.sessions[ls.tsih]
@@ -430,14 +440,6 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		oldConn.terminate()
 	}
 	c.sess = ss
-	if ss.nexus == nil && !ss.discovery {
-		ss.nexus = &scsitarget.Nexus{
-			InitiatorPort: fmt.Sprintf("%s,i,0x%012x", ss.initiator, ss.isid),
-			TargetPort:    fmt.Sprintf("%s,t,0x%04x", ss.targetName, ss.tgt.TPGT),
-			RelativePort:  ss.tgt.TPGT,
-		}
-		ss.tgt.Device.AddNexus(ss.nexus)
-	}
 	dp := datamover.Params{
 		MaxBurstLength:           int(ss.params.MaxBurstLength),
 		HeaderDigest:             neg.Value("HeaderDigest") == "CRC32C",
