@@ -422,3 +422,17 @@ func TestReplayAfterCutMidCommand(t *testing.T) {
 		t.Fatal("session was not reinstated")
 	}
 }
+
+func FuzzParseURL(f *testing.F) {
+	f.Add("iscsi://alice%secret@127.0.0.1:3261/iqn.2026-11.org.blockwire:default/3")
+	f.Add("iscsi://[::1]/iqn.x:y/0")
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := ParseURL(s)
+		if err != nil {
+			return
+		}
+		if u.Portal == "" || (u.HasLUN && u.LUN > 65535) {
+			t.Fatalf("%q parsed to %+v", s, u)
+		}
+	})
+}
