@@ -102,8 +102,18 @@ func GetDigest(b []byte) uint32 { return binary.LittleEndian.Uint32(b) }
 // its own buffers).
 func PadFor(n int) []byte { return make([]byte, Pad(n)) }
 
-// DataDigest computes the data digest of a data segment, pad included.
+// DataDigest computes the data digest of a data segment, pad included
+// (RFC 7143 §13.1), without allocating.
 func DataDigest(data []byte) uint32 {
-	var zero [3]byte
-	return UpdateDigest(Digest(data), zero[:Pad(len(data))])
+	c := crc32.Update(0, castagnoli, data)
+	if pad := Pad(len(data)); pad > 0 {
+		// The pad bytes are zero: fold them in through the table, as
+		// crc32.Update would, without building a slice.
+		c = ^c
+		for range pad {
+			c = castagnoli[byte(c)] ^ (c >> 8)
+		}
+		c = ^c
+	}
+	return c
 }

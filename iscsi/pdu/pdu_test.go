@@ -194,3 +194,15 @@ func FuzzParseAHS(f *testing.F) {
 		}
 	})
 }
+
+func TestDataDigestPad(t *testing.T) {
+	for n := 0; n < 9; n++ {
+		data := make([]byte, n)
+		for i := range data {
+			data[i] = byte(0xa5 + i)
+		}
+		if got, want := DataDigest(data), Digest(data, make([]byte, Pad(n))); got != want {
+			t.Errorf("len %d: %#x, want %#x", n, got, want)
+		}
+	}
+}

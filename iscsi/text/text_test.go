@@ -156,3 +156,18 @@ func FuzzNegotiate(f *testing.F) {
 		}
 	})
 }
+
+func BenchmarkNegotiateLinuxOffer(b *testing.B) {
+	data := Append(nil, linuxOffer...)
+	b.ReportAllocs()
+	for i := 0; i < b.N; i++ {
+		kvs, err := Parse(data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		n := NewNegotiator(map[string]string{"HeaderDigest": "CRC32C,None"}, true)
+		if _, err := n.Respond(kvs, Context{Login: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

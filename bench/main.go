@@ -1,0 +1,402 @@
+// Command bench is blockwire's side-by-side benchmark harness: it starts
+// Debian's tgt (RAM-backed LUN) and blockwire (memory LUN) on loopback
+// ports and runs the same fixed set of workloads against each with
+// third-party clients (qemu-img bench through QEMU's libiscsi driver,
+// libiscsi's iscsi-perf) and with blockwire's own initiator, alternating
+// A B A B over several rounds, plus iperf3 for the loopback ceiling and the
+// target's memory with idle and busy sessions. It prints one table of
+// medians, spreads and blockwire/tgt ratios; only ratios from one run mean
+// anything on a shared machine.
+//
+//	go run ./bench [-rounds 3] [-quick]
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"log"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/blockwire/blockwire/iscsi/initiator"
+)
+
+type target struct {
+	name string
+	url  string
+	pid  int
+}
+
+type workload struct {
+	name   string
+	unit   string
+	higher bool // higher is better
+	run    func(t target) (float64, error)
+}
+
+var (
+	rounds = flag.Int("rounds", 3, "alternating rounds (at least 3 for a median)")
+	quick  = flag.Bool("quick", false, "shorter runs (for a smoke test)")
+	bwBin  = flag.String("blockwire", "", "blockwire binary (default: build it)")
+)
+
+func main() {
+	flag.Parse()
+	log.SetFlags(0)
+	for _, tool := range []string{"tgtd", "tgtadm", "qemu-img", "iscsi-perf", "iperf3"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			log.Fatalf("bench: %s not found (apt-get install tgt qemu-utils qemu-block-extra libiscsi-bin iperf3)", tool)
+		}
+	}
+	dir, _ := os.MkdirTemp("", "blockwire-bench")
+	defer os.RemoveAll(dir)
+	bin := *bwBin
+	if bin == "" {
+		bin = filepath.Join(dir, "blockwire")
+		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/blockwire").CombinedOutput(); err != nil {
+			log.Fatalf("bench: building blockwire: %v\n%s", err, out)
+		}
+	}
+	tgt, stopTgt := startTgt(dir)
+	defer stopTgt()
+	bw, stopBw := startBlockwire(bin)
+	defer stopBw()
+
+	dur := 5 * time.Second
+	count := 1
+	if *quick {
+		dur = time.Second
+		count = 0
+	}
+	n := func(full int) string { // qemu-img request counts
+		if count == 0 {
+			return strconv.Itoa(full / 5)
+		}
+		return strconv.Itoa(full)
+	}
+	// A large odd step scatters qemu-img bench's offsets over the LUN
+	// (it wraps at the end), standing in for random I/O.
+	const scatter = "1040384"
+	ws := []workload{
+		{"qemu 4k randread QD1", "IOPS", true, qemu(n(20000), "-d", "1", "-s", "4096", "-S", scatter)},
+		{"qemu 4k randread QD32", "IOPS", true, qemu(n(100000), "-d", "32", "-s", "4096", "-S", scatter)},
+		{"qemu 4k randwrite QD32", "IOPS", true, qemu(n(100000), "-d", "32", "-s", "4096", "-S", scatter, "-w")},
+		{"qemu 64k read QD8", "MB/s", true, qemu(n(20000), "-d", "8", "-s", "65536")},
+		{"qemu 64k write QD8", "MB/s", true, qemu(n(20000), "-d", "8", "-s", "65536", "-w")},
+		{"qemu 128k read QD8", "MB/s", true, qemu(n(10000), "-d", "8", "-s", "131072")},
+		{"qemu 128k write QD8", "MB/s", true, qemu(n(10000), "-d", "8", "-s", "131072", "-w")},
+		{"iscsi-perf 4k random QD32", "IOPS", true, iscsiPerf(dur, "-m", "32", "-b", "8", "-r")},
+		{"blockwire bench 4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
+		{"blockwire bench 4k randread QD1 p99", "usec", false, bwBench(bin, dur, "randread", "4k", "1", "p99")},
+		{"blockwire bench 4k randread QD32", "IOPS", true, bwBench(bin, dur, "randread", "4k", "32", "IOPS")},
+		{"blockwire bench 4k randwrite QD32", "IOPS", true, bwBench(bin, dur, "randwrite", "4k", "32", "IOPS")},
+		{"blockwire bench 128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
+		{"blockwire bench 128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
+	}
+	results := map[string]map[string][]float64{}
+	for r := 0; r < *rounds; r++ {
+		order := []target{tgt, bw}
+		if r%2 == 1 {
+			order = []target{bw, tgt}
+		}
+		for _, w := range ws {
+			for _, t := range order {
+				v, err := w.run(t)
+				if err != nil {
+					log.Printf("bench: %s on %s: %v", w.name, t.name, err)
+					continue
+				}
+				if results[w.name] == nil {
+					results[w.name] = map[string][]float64{}
+				}
+				results[w.name][t.name] = append(results[w.name][t.name], v)
+				fmt.Fprintf(os.Stderr, "round %d  %-38s %-9s %12.1f %s\n", r+1, w.name, t.name, v, w.unit)
+			}
+		}
+	}
+	ceiling := iperf(dur)
+	bwBase, idleRSS, busyRSS := memory(bw, dur)
+	tgtBase, tgtIdle, tgtBusy := memory(tgt, dur)
+
+	host, _ := os.Hostname()
+	fmt.Printf("\nblockwire vs tgt, %s, %s, %d cores, GOMAXPROCS %d, %d rounds (median [min-max])\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), runtime.GOMAXPROCS(0), *rounds)
+	fmt.Printf("| %-38s | %-5s | %-26s | %-26s | %-6s |\n", "workload", "unit", "tgt", "blockwire", "ratio")
+	fmt.Printf("|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 7), strings.Repeat("-", 28), strings.Repeat("-", 28), strings.Repeat("-", 8))
+	for _, w := range ws {
+		a, b := results[w.name]["tgt"], results[w.name]["blockwire"]
+		ratio := "n/a"
+		if len(a) > 0 && len(b) > 0 && median(a) > 0 && median(b) > 0 {
+			rv := median(b) / median(a)
+			if !w.higher {
+				rv = median(a) / median(b)
+			}
+			ratio = fmt.Sprintf("%.2fx", rv)
+		}
+		fmt.Printf("| %-38s | %-5s | %-26s | %-26s | %-6s |\n", w.name, w.unit, stat(a), stat(b), ratio)
+	}
+	fmt.Printf("\nratio: blockwire/tgt for throughput, tgt/blockwire for latency (above 1 = blockwire better)\n")
+	fmt.Printf("loopback TCP ceiling (iperf3, one stream): %.0f MB/s\n", ceiling)
+	fmt.Printf("target RSS before the sessions: tgt %.1f MiB, blockwire %.1f MiB (blockwire's memory LUN holds the data written above; tgt's is in /dev/shm)\n", tgtBase, bwBase)
+	fmt.Printf("added by 64 idle sessions: tgt %+.1f MiB, blockwire %+.1f MiB\n", tgtIdle-tgtBase, idleRSS-bwBase)
+	fmt.Printf("added at peak by 16 sessions x QD32 4k random read: tgt %+.1f MiB, blockwire %+.1f MiB\n", tgtBusy-tgtBase, busyRSS-bwBase)
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func stat(v []float64) string {
+	if len(v) == 0 {
+		return "failed"
+	}
+	s := append([]float64(nil), v...)
+	sort.Float64s(s)
+	return fmt.Sprintf("%.0f [%.0f-%.0f]", median(s), s[0], s[len(s)-1])
+}
+
+func freePort() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+func waitPort(addr string) {
+	for i := 0; i < 200; i++ {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			c.Close()
+			return
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	log.Fatalf("bench: nothing listens on %s", addr)
+}
+
+func startTgt(dir string) (target, func()) {
+	addr := freePort()
+	ctl := strconv.Itoa(2000 + os.Getpid()%1000)
+	cmd := exec.Command("tgtd", "-f", "-C", ctl, "--iscsi", "portal="+addr)
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	backing := filepath.Join("/dev/shm", fmt.Sprintf("blockwire-bench-%d.img", os.Getpid()))
+	os.WriteFile(backing, nil, 0o600)
+	os.Truncate(backing, 1<<30)
+	adm := func(args ...string) {
+		var err error
+		var out []byte
+		for try := 0; try < 100; try++ {
+			if out, err = exec.Command("tgtadm", append([]string{"-C", ctl, "--lld", "iscsi"}, args...)...).CombinedOutput(); err == nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		log.Fatalf("tgtadm %v: %v %s", args, err, out)
+	}
+	const iqn = "iqn.2026-11.org.blockwire:bench-tgt"
+	adm("--op", "new", "--mode", "target", "--tid", "1", "-T", iqn)
+	adm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", backing)
+	adm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
+	waitPort(addr)
+	return target{"tgt", "iscsi://" + addr + "/" + iqn + "/1", cmd.Process.Pid}, func() {
+		cmd.Process.Kill()
+		cmd.Wait()
+		os.Remove(backing)
+	}
+}
+
+func startBlockwire(bin string) (target, func()) {
+	addr := freePort()
+	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB")
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	waitPort(addr)
+	return target{"blockwire", "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", cmd.Process.Pid}, func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	}
+}
+
+var qemuRE = regexp.MustCompile(`Run completed in ([0-9.]+) seconds`)
+
+func qemu(count string, args ...string) func(target) (float64, error) {
+	return func(t target) (float64, error) {
+		full := append([]string{"bench", "-f", "raw", "-c", count}, args...)
+		out, err := exec.Command("qemu-img", append(full, t.url)...).CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("%v: %s", err, out)
+		}
+		m := qemuRE.FindSubmatch(out)
+		if m == nil {
+			return 0, fmt.Errorf("no result in %q", out)
+		}
+		secs, _ := strconv.ParseFloat(string(m[1]), 64)
+		c, _ := strconv.Atoi(count)
+		size := 4096
+		for i, a := range args {
+			if a == "-s" {
+				size, _ = strconv.Atoi(args[i+1])
+			}
+		}
+		if size > 4096 {
+			return float64(c) * float64(size) / secs / 1e6, nil
+		}
+		return float64(c) / secs, nil
+	}
+}
+
+var perfRE = regexp.MustCompile(`iops average (\d+)`)
+
+func iscsiPerf(d time.Duration, args ...string) func(target) (float64, error) {
+	return func(t target) (float64, error) {
+		full := append([]string{"-t", strconv.Itoa(int(d.Seconds()))}, args...)
+		out, err := exec.Command("iscsi-perf", append(full, t.url)...).CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("%v: %s", err, out)
+		}
+		m := perfRE.FindAllSubmatch(out, -1)
+		if m == nil {
+			return 0, fmt.Errorf("no result in %q", out)
+		}
+		v, _ := strconv.ParseFloat(string(m[len(m)-1][1]), 64)
+		return v, nil
+	}
+}
+
+var (
+	iopsRE = regexp.MustCompile(`IOPS=([0-9.]+), BW=[0-9.]+MiB/s \(([0-9.]+)MB/s\)`)
+	p99RE  = regexp.MustCompile(`p99=([0-9.]+)`)
+)
+
+func bwBench(bin string, d time.Duration, rw, bs, qd, what string) func(target) (float64, error) {
+	return func(t target) (float64, error) {
+		out, err := exec.Command(bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String(), t.url).CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("%v: %s", err, out)
+		}
+		switch what {
+		case "p99":
+			m := p99RE.FindSubmatch(out)
+			if m == nil {
+				return 0, fmt.Errorf("no p99 in %q", out)
+			}
+			return strconv.ParseFloat(string(m[1]), 64)
+		default:
+			m := iopsRE.FindSubmatch(out)
+			if m == nil {
+				return 0, fmt.Errorf("no result in %q", out)
+			}
+			if what == "MB/s" {
+				return strconv.ParseFloat(string(m[2]), 64)
+			}
+			return strconv.ParseFloat(string(m[1]), 64)
+		}
+	}
+}
+
+func iperf(d time.Duration) float64 {
+	port := strings.Split(freePort(), ":")[1]
+	srv := exec.Command("iperf3", "-s", "-1", "-B", "127.0.0.1", "-p", port)
+	if err := srv.Start(); err != nil {
+		return 0
+	}
+	defer srv.Wait()
+	time.Sleep(300 * time.Millisecond)
+	out, err := exec.Command("iperf3", "-c", "127.0.0.1", "-p", port, "-t", strconv.Itoa(int(d.Seconds())), "-J").Output()
+	if err != nil {
+		srv.Process.Kill()
+		return 0
+	}
+	var r struct {
+		End struct {
+			SumReceived struct {
+				BitsPerSecond float64 `json:"bits_per_second"`
+			} `json:"sum_received"`
+		} `json:"end"`
+	}
+	json.Unmarshal(out, &r)
+	return r.End.SumReceived.BitsPerSecond / 8 / 1e6
+}
+
+func rss(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
+			kb, _ := strconv.ParseFloat(f[1], 64)
+			return kb / 1024
+		}
+	}
+	return 0
+}
+
+// memory reports a target's RSS with 64 idle sessions, then its peak RSS
+// with 16 sessions each running 32 concurrent 4 KiB random reads.
+func memory(t target, d time.Duration) (base, idle, busy float64) {
+	ctx := context.Background()
+	base = rss(t.pid)
+	var devs []*initiator.Device
+	for i := 0; i < 64; i++ {
+		dev, err := initiator.Open(ctx, t.url, initiator.Options{InitiatorName: fmt.Sprintf("iqn.2026-11.org.blockwire:bench-%d", i)})
+		if err != nil {
+			log.Printf("bench: session %d to %s: %v", i, t.name, err)
+			break
+		}
+		devs = append(devs, dev)
+	}
+	time.Sleep(500 * time.Millisecond)
+	idle = rss(t.pid)
+	stop := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for _, dev := range devs[:min(16, len(devs))] {
+		for q := 0; q < 32; q++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				buf := make([]byte, 4096)
+				blocks := dev.Size() / 4096
+				for time.Now().Before(stop) {
+					if _, err := dev.ReadAt(buf, rand.Int64N(blocks)*4096); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}
+	for time.Now().Before(stop) {
+		busy = max(busy, rss(t.pid))
+		time.Sleep(100 * time.Millisecond)
+	}
+	wg.Wait()
+	for _, dev := range devs {
+		dev.Close()
+	}
+	return base, idle, busy
+}
