@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"syscall"
@@ -106,6 +107,7 @@ func serve(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	if err := fs.Parse(args); err != nil {
@@ -151,6 +153,18 @@ func serve(args []string, stderr io.Writer) int {
 		cfg.Listen = []string{"127.0.0.1:3260"}
 	}
 
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fmt.Fprintf(stderr, "blockwire: %v\n", err)
+			return 1
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			fmt.Fprintf(stderr, "blockwire: %v\n", err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	srv := iscsitarget.NewServer(log, iscsitarget.Options{
 		NopInterval:         *nop,
 		RequireHeaderDigest: *hdigest == "required",
