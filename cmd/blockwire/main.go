@@ -210,6 +210,15 @@ func serve(args []string, stderr io.Writer) int {
 		}
 		listeners = append(listeners, l)
 	}
+	loopback := true
+	for _, l := range listeners {
+		if ta, ok := l.Addr().(*net.TCPAddr); !ok || !ta.IP.IsLoopback() {
+			loopback = false
+		}
+	}
+	if loopback {
+		log.Info("serving on loopback only; use --listen ADDR:PORT to reach other hosts")
+	}
 	var wg sync.WaitGroup
 	errc := make(chan error, len(listeners))
 	for _, l := range listeners {
