@@ -94,6 +94,20 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// parseOffset parses --offset, where 0 is allowed (ParseSize wants a
+// positive size).
+func parseOffset(v string, stderr io.Writer) (int64, bool) {
+	if v == "0" {
+		return 0, true
+	}
+	n, err := config.ParseSize(v)
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire: --offset:", err)
+		return 0, false
+	}
+	return n, true
+}
+
 func finishOptions(o *initiator.Options, targetSecret string, stderr io.Writer) {
 	if targetSecret == "" {
 		targetSecret = os.Getenv("BLOCKWIRE_TARGET_SECRET")
@@ -209,12 +223,8 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	start, err := config.ParseSize(*off)
-	if *off == "0" {
-		start, err = 0, nil
-	}
-	if err != nil {
-		fmt.Fprintln(stderr, "blockwire: --offset:", err)
+	start, ok := parseOffset(*off, stderr)
+	if !ok {
 		return exitUsage
 	}
 	n := d.Size() - start
@@ -265,13 +275,9 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	var start int64
-	if *off != "0" {
-		var err error
-		if start, err = config.ParseSize(*off); err != nil {
-			fmt.Fprintln(stderr, "blockwire: --offset:", err)
-			return exitUsage
-		}
+	start, ok := parseOffset(*off, stderr)
+	if !ok {
+		return exitUsage
 	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {

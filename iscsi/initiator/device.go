@@ -241,23 +241,17 @@ func rw16(op byte, lba uint64, blocks uint32) []byte {
 
 // ReadAtContext reads len(p) bytes at off (block-aligned).
 func (d *Device) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := d.check(len(p), off); err != nil {
-		return 0, err
-	}
-	done := 0
-	for done < len(p) {
-		n := min(len(p)-done, d.maxXfer)
-		lba := uint64(off+int64(done)) / uint64(d.blockSize)
-		if _, err := d.do(ctx, rw16(scsi.OpRead16, lba, uint32(n/d.blockSize)), nil, p[done:done+n]); err != nil {
-			return done, err
-		}
-		done += n
-	}
-	return done, nil
+	return d.transfer(ctx, scsi.OpRead16, p, off)
 }
 
 // WriteAtContext writes p at off (block-aligned).
 func (d *Device) WriteAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	return d.transfer(ctx, scsi.OpWrite16, p, off)
+}
+
+// transfer runs READ(16) or WRITE(16) over p in commands of at most
+// maxXfer bytes.
+func (d *Device) transfer(ctx context.Context, op byte, p []byte, off int64) (int, error) {
 	if err := d.check(len(p), off); err != nil {
 		return 0, err
 	}
@@ -265,7 +259,13 @@ func (d *Device) WriteAtContext(ctx context.Context, p []byte, off int64) (int, 
 	for done < len(p) {
 		n := min(len(p)-done, d.maxXfer)
 		lba := uint64(off+int64(done)) / uint64(d.blockSize)
-		if _, err := d.do(ctx, rw16(scsi.OpWrite16, lba, uint32(n/d.blockSize)), p[done:done+n], nil); err != nil {
+		var out, in []byte
+		if op == scsi.OpWrite16 {
+			out = p[done : done+n]
+		} else {
+			in = p[done : done+n]
+		}
+		if _, err := d.do(ctx, rw16(op, lba, uint32(n/d.blockSize)), out, in); err != nil {
 			return done, err
 		}
 		done += n
