@@ -109,7 +109,11 @@ func Discover(ctx context.Context, portal string, opts Options) ([]DiscoveredTar
 		select {
 		case rp = <-l.textCh:
 		case <-l.done:
-			return nil, errors.New("iscsi: discovery connection closed")
+			select {
+			case rp = <-l.textCh:
+			default:
+				return nil, errors.New("iscsi: discovery connection closed")
+			}
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}

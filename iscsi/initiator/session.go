@@ -395,7 +395,13 @@ func (l *link) exchange(ctx context.Context, req *pdu.LoginReq, kvs []text.KV) (
 		select {
 		case rp = <-l.loginCh:
 		case <-l.done:
-			return nil, nil, errors.New("iscsi: connection closed during login")
+			// A target that refuses a login answers and then closes: the
+			// answer may be queued behind the close.
+			select {
+			case rp = <-l.loginCh:
+			default:
+				return nil, nil, errors.New("iscsi: connection closed during login")
+			}
 		case <-ctx.Done():
 			return nil, nil, ctx.Err()
 		}
