@@ -36,13 +36,22 @@ type Conn struct {
 	txDataDigest   bool
 	maxXmit        int
 	maxBurst       int // 0: unbounded
-	hdr            [pdu.BHSLen + 4]byte
-	trailer        [8]byte
-	iov            [3][]byte
-	bufs           net.Buffers
-	dih            pdu.BHS // Data-In header scratch, under wmu
-	noStatSN       bool    // clear StatSN after stamping (Data-In without S)
 	closed         bool
+
+	// Group commit: senders queue their PDUs in the current batch; one of
+	// them (the leader) writes whole batches with one vectored write each
+	// while the others wait for theirs, so concurrent responses share
+	// system calls. A sender returns only once its bytes are written, so
+	// the buffers it lent stay valid until then.
+	cond     *sync.Cond
+	batches  [2]batch
+	cur      *batch
+	gen      uint64 // generation of cur
+	written  uint64 // batches with a generation below this are written
+	flushing bool
+	werr     error
+	iovs     [3 * batchSize][]byte
+	bufs     net.Buffers
 
 	pending     datamover.Params
 	havePending bool
@@ -55,13 +64,34 @@ func New(nc net.Conn, stamp datamover.Stamper) *Conn {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	return &Conn{
+	c := &Conn{
 		nc:      nc,
 		br:      bufio.NewReaderSize(nc, 64*1024),
 		stamp:   stamp,
 		maxRecv: 8192,
 		maxXmit: 8192,
 	}
+	c.cond = sync.NewCond(&c.wmu)
+	c.cur = &c.batches[0]
+	return c
+}
+
+const batchSize = 64
+
+// slot is one queued PDU: its stamped header (and digest), the data it
+// borrows from the sender, and the pad/digest trailer.
+type slot struct {
+	hdr     [pdu.BHSLen + 4]byte
+	long    []byte // header + AHS + digest, when there is an AHS (rare)
+	hl      int
+	data    []byte
+	trailer [8]byte
+	tl      int
+}
+
+type batch struct {
+	slots [batchSize]slot
+	n     int
 }
 
 // RemoteAddr implements datamover.Conn.
@@ -144,33 +174,56 @@ func (c *Conn) ConnectionTerminate() {
 	c.nc.Close()
 }
 
-// SendControl implements datamover.Conn: one vectored write per PDU.
+// SendControl implements datamover.Conn. PDUs are written with vectored
+// writes, several senders' PDUs sharing one when they arrive together.
 func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	return c.writeLocked(&p.BHS, p.AHS, p.Data, advance)
+	g, err := c.enqueueLocked(&p.BHS, p.AHS, p.Data, advance, false)
+	if err != nil {
+		return err
+	}
+	return c.commitLocked(g)
 }
 
-func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) error {
-	if c.closed {
-		return net.ErrClosed
+// enqueueLocked stamps a PDU and queues it, returning the generation of the
+// batch it joined.
+// With noStatSN the StatSN field is cleared after stamping (Data-In
+// without status).
+func (c *Conn) enqueueLocked(h *pdu.BHS, ahs []byte, data []byte, advance, noStatSN bool) (uint64, error) {
+	for {
+		if c.closed {
+			return 0, net.ErrClosed
+		}
+		if c.werr != nil {
+			return 0, c.werr
+		}
+		if c.cur.n < batchSize {
+			break
+		}
+		if c.flushing {
+			c.cond.Wait()
+		} else {
+			c.leadLocked()
+		}
 	}
-	// Work on the connection's own header copy, so the caller's BHS does
-	// not escape through the stamper (no allocation per PDU).
-	copy(c.hdr[:pdu.BHSLen], h[:])
-	hh := (*pdu.BHS)(c.hdr[:pdu.BHSLen])
+	s := &c.cur.slots[c.cur.n]
+	c.cur.n++
+	// The slot holds its own header copy, so the caller's BHS does not
+	// escape through the stamper (no allocation per PDU).
+	copy(s.hdr[:pdu.BHSLen], h[:])
+	hh := (*pdu.BHS)(s.hdr[:pdu.BHSLen])
 	if c.stamp != nil {
 		c.stamp(hh, advance)
 	}
-	if c.noStatSN {
+	if noStatSN {
 		hh[24], hh[25], hh[26], hh[27] = 0, 0, 0, 0
 	}
 	hh.SetTotalAHSLength(len(ahs))
 	hh.SetDataSegmentLength(len(data))
-	n := 0
-	hl := pdu.BHSLen
+	s.long = nil
+	s.hl = pdu.BHSLen
 	if len(ahs) > 0 {
-		// AHS is rare on the target side; keep the header contiguous.
 		buf := make([]byte, 0, pdu.BHSLen+len(ahs)+4)
 		buf = append(append(buf, hh[:]...), ahs...)
 		if c.txHeaderDigest {
@@ -178,33 +231,91 @@ func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) er
 			pdu.PutDigest(d[:], pdu.Digest(buf))
 			buf = append(buf, d[:]...)
 		}
-		c.iov[n] = buf
-	} else {
-		if c.txHeaderDigest {
-			pdu.PutDigest(c.hdr[pdu.BHSLen:], pdu.Digest(c.hdr[:pdu.BHSLen]))
-			hl += 4
-		}
-		c.iov[n] = c.hdr[:hl]
+		s.long = buf
+	} else if c.txHeaderDigest {
+		pdu.PutDigest(s.hdr[pdu.BHSLen:], pdu.Digest(s.hdr[:pdu.BHSLen]))
+		s.hl += 4
 	}
-	n++
+	s.data = data
+	s.tl = 0
 	if len(data) > 0 {
-		c.iov[n] = data
-		n++
-		t := pdu.Pad(len(data))
-		clear(c.trailer[:t])
+		s.tl = pdu.Pad(len(data))
+		clear(s.trailer[:s.tl])
 		if c.txDataDigest {
-			pdu.PutDigest(c.trailer[t:], pdu.DataDigest(data))
-			t += 4
-		}
-		if t > 0 {
-			c.iov[n] = c.trailer[:t]
-			n++
+			pdu.PutDigest(s.trailer[s.tl:], pdu.DataDigest(data))
+			s.tl += 4
 		}
 	}
-	c.bufs = c.iov[:n]
+	return c.gen, nil
+}
+
+// commitLocked returns once batch g has been written: it writes batches
+// itself when no other sender is doing so.
+func (c *Conn) commitLocked(g uint64) error {
+	for c.written <= g {
+		if c.werr != nil {
+			return c.werr
+		}
+		if c.flushing {
+			c.cond.Wait()
+			continue
+		}
+		c.leadLocked()
+	}
+	return nil
+}
+
+// leadLocked writes queued batches until none is left. The lock is released
+// during each write so that other senders can queue the next batch.
+func (c *Conn) leadLocked() {
+	c.flushing = true
+	for c.cur.n > 0 && c.werr == nil {
+		b, g := c.cur, c.gen
+		if c.cur == &c.batches[0] {
+			c.cur = &c.batches[1]
+		} else {
+			c.cur = &c.batches[0]
+		}
+		c.cur.n = 0
+		c.gen++
+		c.wmu.Unlock()
+		err := c.writeBatch(b)
+		c.wmu.Lock()
+		if err != nil {
+			c.werr = err
+		}
+		c.written = g + 1
+		c.cond.Broadcast()
+	}
+	c.flushing = false
+	c.cond.Broadcast()
+}
+
+// writeBatch sends a batch with one vectored write (the kernel may take it
+// in several system calls when it is large).
+func (c *Conn) writeBatch(b *batch) error {
+	c.bufs = c.iovs[:0]
+	for i := 0; i < b.n; i++ {
+		s := &b.slots[i]
+		if s.long != nil {
+			c.bufs = append(c.bufs, s.long)
+		} else {
+			c.bufs = append(c.bufs, s.hdr[:s.hl])
+		}
+		if len(s.data) > 0 {
+			c.bufs = append(c.bufs, s.data)
+		}
+		if s.tl > 0 {
+			c.bufs = append(c.bufs, s.trailer[:s.tl])
+		}
+	}
 	_, err := c.bufs.WriteTo(c.nc)
-	for i := range c.iov {
-		c.iov[i] = nil
+	for i := 0; i < b.n; i++ {
+		b.slots[i].data = nil
+		b.slots[i].long = nil
+	}
+	for i := range c.iovs {
+		c.iovs[i] = nil
 	}
 	return err
 }
@@ -217,14 +328,15 @@ func (c *Conn) writeLocked(h *pdu.BHS, ahs []byte, data []byte, advance bool) er
 func (c *Conn) PutData(d *datamover.DataIn) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	var g uint64
 	max := c.maxXmit
 	burst := c.maxBurst
 	if burst <= 0 {
 		burst = len(d.Data)
 	}
 	off := 0
-	seq := 0 // bytes sent in the current sequence
-	h := &c.dih
+	seq := 0      // bytes sent in the current sequence
+	var h pdu.BHS // enqueueLocked may wait and unlock: no shared scratch
 	for {
 		n := min(len(d.Data)-off, max, burst-seq)
 		last := off+n >= len(d.Data)
@@ -256,39 +368,28 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 				advance = true
 			}
 		}
-		di.Encode(h)
-		if !di.HasStatus {
-			// StatSN is reserved without S; the stamper must not advance it
-			// and we clear what it writes (RFC 7143 §11.7.4).
-			if err := c.writeNoStatSN(h, d.Data[off:off+n]); err != nil {
-				return err
-			}
-		} else if err := c.writeLocked(h, nil, d.Data[off:off+n], advance); err != nil {
+		di.Encode(&h)
+		// Without S, StatSN is reserved: the stamper must not advance it
+		// and what it writes is cleared (RFC 7143 §11.7.4).
+		var err error
+		g, err = c.enqueueLocked(&h, nil, d.Data[off:off+n], advance, !di.HasStatus)
+		if err != nil {
 			return err
 		}
 		off += n
 		if last {
-			return nil
+			return c.commitLocked(g)
 		}
 	}
-}
-
-func (c *Conn) writeNoStatSN(h *pdu.BHS, data []byte) error {
-	c.noStatSN = true
-	err := c.writeLocked(h, nil, data, false)
-	c.noStatSN = false
-	return err
 }
 
 // GetData implements datamover.Conn for TCP: it transmits the R2T; the
 // solicited Data-Out PDUs arrive through Serve and are placed by the iSCSI
 // layer's DataBuffer.
 func (c *Conn) GetData(r2t *pdu.R2T, _ []byte) error {
-	var h pdu.BHS
-	r2t.Encode(&h)
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	return c.writeLocked(&h, nil, nil, false)
+	var p datamover.PDU
+	r2t.Encode(&p.BHS)
+	return c.SendControl(&p, false)
 }
 
 // Serve implements datamover.Conn: it reads PDUs until the connection ends.
