@@ -92,6 +92,7 @@ func main() {
 	ws := []workload{
 		{"qemu 4k randread QD1", "IOPS", true, qemu(n(20000), "-d", "1", "-s", "4096", "-S", scatter)},
 		{"qemu 4k randread QD32", "IOPS", true, qemu(n(100000), "-d", "32", "-s", "4096", "-S", scatter)},
+		{"qemu 4k randwrite QD1", "IOPS", true, qemu(n(20000), "-d", "1", "-s", "4096", "-S", scatter, "-w")},
 		{"qemu 4k randwrite QD32", "IOPS", true, qemu(n(100000), "-d", "32", "-s", "4096", "-S", scatter, "-w")},
 		{"qemu 64k read QD8", "MB/s", true, qemu(n(20000), "-d", "8", "-s", "65536")},
 		{"qemu 64k write QD8", "MB/s", true, qemu(n(20000), "-d", "8", "-s", "65536", "-w")},
