@@ -637,7 +637,13 @@ func (s *Session) Close() error {
 		select {
 		case <-ch:
 		case <-l.done:
-			err = errors.New("iscsi: connection closed before the Logout Response")
+			// The target closes right after its Logout Response; the
+			// response may have been handled just before the close.
+			select {
+			case <-ch:
+			default:
+				err = errors.New("iscsi: connection closed before the Logout Response")
+			}
 		case <-time.After(10 * time.Second):
 			err = errors.New("iscsi: no Logout Response")
 		}
