@@ -216,6 +216,11 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: blockwire read [flags] URL [--offset N] [--length N] [--out FILE]")
 		return exitUsage
 	}
+	// Usage errors are reported before logging in.
+	start, ok := parseOffset(*off, stderr)
+	if !ok {
+		return exitUsage
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	d, code := openURL(ctx, pos[0], o, *ts, stderr)
@@ -223,10 +228,6 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	start, ok := parseOffset(*off, stderr)
-	if !ok {
-		return exitUsage
-	}
 	n := d.Size() - start
 	if *length != "" {
 		if n, err = config.ParseSize(*length); err != nil {
@@ -268,6 +269,11 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage: blockwire write [flags] URL --in FILE [--offset N]")
 		return exitUsage
 	}
+	// Usage errors are reported before logging in.
+	start, ok := parseOffset(*off, stderr)
+	if !ok {
+		return exitUsage
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	d, code := openURL(ctx, pos[0], o, *ts, stderr)
@@ -275,10 +281,6 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	start, ok := parseOffset(*off, stderr)
-	if !ok {
-		return exitUsage
-	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {
 		f, err := os.Open(*in)
