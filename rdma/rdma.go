@@ -67,13 +67,13 @@ type Fault uint8
 
 // Faults, in the order RFC 5040 §4.8 lists the remote protection errors.
 const (
-	FaultNone          Fault = iota
-	FaultInvalidSTag         // no such STag, or it is invalidated
-	FaultBounds              // outside the region
-	FaultAccess              // the region lacks the right
-	FaultNotAssociated       // the region belongs to another PD
-	FaultWrap                // tagged offset + length wraps
-	FaultNotInvalidable      // the region cannot be invalidated remotely
+	FaultNone           Fault = iota
+	FaultInvalidSTag          // no such STag, or it is invalidated
+	FaultBounds               // outside the region
+	FaultAccess               // the region lacks the right
+	FaultNotAssociated        // the region belongs to another PD
+	FaultWrap                 // tagged offset + length wraps
+	FaultNotInvalidable       // the region cannot be invalidated remotely
 )
 
 var faultNames = [...]string{"none", "invalid STag", "base or bounds violation", "access rights violation",

@@ -61,11 +61,11 @@ type qp struct {
 
 	// Send queue ring of sqLen slots from sqHead: the first sqStarted are
 	// being sent or await completion, the rest are not yet started.
-	sq        []sqe
-	sqHead    int
-	sqLen     int
-	sqStarted int
-	running   int // goroutines still running; the last one out flushes
+	sq               []sqe
+	sqHead           int
+	sqLen            int
+	sqStarted        int
+	running          int   // goroutines still running; the last one out flushes
 	reads            []int // send-queue slots of outstanding RDMA Reads, FIFO
 	readsHead, readN int
 	// Peer Read Requests owed a response, FIFO of at most IRD.
