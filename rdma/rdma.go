@@ -552,6 +552,10 @@ type ConnParams struct {
 	PD          *PD
 	QP          QPConfig
 	PrivateData []byte
+	// Recvs are posted before the connection carries any traffic, so a
+	// peer that sends at once (an iSER Login Request, an SRP IU) always
+	// finds a buffer.
+	Recvs []RecvWR
 }
 
 // Fabric is a transport's connection manager.

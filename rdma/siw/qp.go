@@ -127,6 +127,12 @@ func newQP(conn net.Conn, p rdma.ConnParams, crc bool, mulpdu, ird, ord int, det
 	}
 	q.cond = sync.NewCond(&q.mu)
 	q.rx.c = conn
+	for _, r := range p.Recvs {
+		if q.rqN < len(q.recvs) {
+			q.recvs[q.rqN] = r
+			q.rqN++
+		}
+	}
 	q.attr = rdma.QPAttr{Transport: "iwarp", IRD: ird, ORD: ord,
 		LocalAddr: conn.LocalAddr(), RemoteAddr: conn.RemoteAddr(), Detail: detail}
 	return q
@@ -256,6 +262,9 @@ func (q *qp) fail(err error, term *rdmap.Term) {
 		// unblocks a sender stuck in a write.
 		_ = q.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		q.wmu.Lock()
+		// The sender may have used up the deadline; the Terminate gets
+		// its own second.
+		_ = q.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		q.sendTerminate(term)
 		q.wmu.Unlock()
 	}
@@ -853,10 +862,10 @@ func (q *qp) recvSend(op rdmap.Opcode, h *ddp.Header, hdr []byte, n int, crc uin
 		return crc, q.violate(rdmap.LayerDDP, ddp.ETypeUntagged, ddp.CodeInvalidMO, hdr, ulpdu,
 			"Send MO %d, expected %d (RFC 5041 §5.3)", h.MO, q.curPlaced)
 	}
-	if q.curPlaced+n > len(q.cur.Buf) {
+	if size := len(q.cur.Buf); q.curPlaced+n > size {
 		q.finishRecv(rdma.LocalLength, false, false, 0)
 		return crc, q.violate(rdmap.LayerDDP, ddp.ETypeUntagged, ddp.CodeTooLong, hdr, ulpdu,
-			"Send of more than the %d-byte receive buffer (RFC 5041 §7.2)", len(q.cur.Buf))
+			"Send of more than the %d-byte receive buffer (RFC 5041 §7.2)", size)
 	}
 	crc, err := q.place(q.cur.Buf[q.curPlaced:q.curPlaced+n], crc)
 	if err != nil {
