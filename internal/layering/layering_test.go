@@ -54,6 +54,13 @@ func TestImportsPointOneWay(t *testing.T) {
 		// The datamover interface knows no concrete datamover and no session.
 		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "target"}},
 		{"datamover/tcp", []string{mod + "iscsi/target", mod + "target"}},
+		// RDMA is the bottom layer: it knows nothing of iSCSI, SCSI or
+		// the datamover; its wire codecs do no I/O.
+		{"rdma", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi", mod + "rdma/"}},
+		{"rdma/iwarp/mpa", []string{mod, "net", "log"}},
+		{"rdma/iwarp/ddp", []string{mod, "net", "log"}},
+		{"rdma/iwarp/rdmap", []string{mod + "rdma/iwarp/mpa", mod + "rdma/siw", mod + "iscsi", "net", "log"}},
+		{"rdma/siw", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi"}},
 	}
 	for _, r := range rules {
 		if _, ok := pkgs[r.pkg]; !ok {

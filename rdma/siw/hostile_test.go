@@ -298,7 +298,7 @@ func TestJunkBeforeMPA(t *testing.T) {
 	v := newVictim(t, Options{})
 	for _, junk := range [][]byte{
 		[]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n"),
-		append([]byte("MPA ID Req Frame\x00\x07"), 0, 0),              // revision 7
+		append([]byte("MPA ID Req Frame\x00\x07"), 0, 0),             // revision 7
 		append([]byte("MPA ID Req Frame\x00\x02"), 0x10, 0x00),       // 4096 bytes of private data
 		append([]byte("MPA ID Req Frame\x80\x02"), 0, 4, 0, 1, 0, 1), // markers
 	} {

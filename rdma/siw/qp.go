@@ -92,6 +92,8 @@ type qp struct {
 	readPlace int // bytes placed for the read at the head of reads
 	term      [maxTermBody]byte
 	termLen   int
+	hdr       [2 + ddp.UntaggedLen]byte  // MPA length + DDP header of the segment at hand
+	rrBody    [rdmap.ReadRequestLen]byte // Read Request body at hand
 }
 
 // arenaSegs is how many segments one vectored write gathers at most.
@@ -601,19 +603,6 @@ func (x *reader) fill(dst []byte) error {
 	return err
 }
 
-// discard skips n bytes.
-func (x *reader) discard(n int) error {
-	var tmp [512]byte
-	for n > 0 {
-		k := min(n, len(tmp))
-		if err := x.fill(tmp[:k]); err != nil {
-			return err
-		}
-		n -= k
-	}
-	return nil
-}
-
 // violation is a protocol error found while receiving: the Terminate to
 // send and the error to report.
 type violation struct {
@@ -649,7 +638,7 @@ func (q *qp) receive() error {
 		b := x.buf[x.r:]
 		ulpdu := int(binary.BigEndian.Uint16(b))
 		hl := ddp.HeaderLen(b[2])
-		var hdr [2 + ddp.UntaggedLen]byte
+		hdr := &q.hdr
 		copy(hdr[:], b[:2+hl])
 		if ulpdu < hl {
 			return q.violate(rdmap.LayerLLP, 0, mpa.CodeFPDUStart, hdr[:2+hl], 0,
@@ -918,7 +907,7 @@ func (q *qp) recvReadRequest(h *ddp.Header, hdr []byte, n int, crc uint32) (uint
 		return crc, q.violate(rdmap.LayerDDP, ddp.ETypeUntagged, ddp.CodeInvalidMO, hdr, ulpdu,
 			"Read Request must be one %d-byte segment (MO %d, last %v, %d bytes) (RFC 5040 §4.4)", rdmap.ReadRequestLen, h.MO, h.Last, n)
 	}
-	var body [rdmap.ReadRequestLen]byte
+	body := &q.rrBody
 	crc, err := q.place(body[:], crc)
 	if err != nil {
 		return crc, err

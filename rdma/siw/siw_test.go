@@ -30,15 +30,14 @@ const (
 	regSize = 1 << 20
 )
 
-func newEnd(va uint64) *end {
+func newEnd(va uint64) *end { return newEndSize(va, regSize) }
+
+func newEndSize(va uint64, size int) *end {
 	dev := rdma.NewDevice("test")
 	e := &end{dev: dev, pd: dev.AllocPD(), scq: rdma.NewCQ(64), rcq: rdma.NewCQ(64), va: va}
-	e.mem = make([]byte, regSize+2*guard)
-	for i := range e.mem {
-		e.mem[i] = 0xEE
-	}
-	e.model = bytes.Repeat([]byte{0xEE}, regSize)
-	mr, err := e.pd.Register(e.mem[guard:guard+regSize], va, rdma.LocalWrite|rdma.RemoteRead|rdma.RemoteWrite)
+	e.mem = bytes.Repeat([]byte{0xEE}, size+2*guard)
+	e.model = bytes.Repeat([]byte{0xEE}, size)
+	mr, err := e.pd.Register(e.mem[guard:guard+size], va, rdma.LocalWrite|rdma.RemoteRead|rdma.RemoteWrite)
 	if err != nil {
 		panic(err)
 	}
@@ -64,7 +63,7 @@ func (e *end) settle(t *testing.T) {
 func (e *end) checkGuards(t *testing.T) {
 	t.Helper()
 	for i := 0; i < guard; i++ {
-		if e.mem[i] != 0xEE || e.mem[guard+regSize+i] != 0xEE {
+		if e.mem[i] != 0xEE || e.mem[len(e.mem)-1-i] != 0xEE {
 			t.Fatalf("bytes outside the registered region changed")
 		}
 	}

@@ -28,40 +28,13 @@ func TestTsharkDecodesOurTraffic(t *testing.T) {
 		}
 		d := serve(t, args...)
 		port := d.addr[strings.LastIndex(d.addr, ":")+1:]
-		pcap := filepath.Join(t.TempDir(), "blockwire.pcap")
-		cap := exec.Command("tshark", "-i", "lo", "-B", "64", "-f", "tcp port "+port, "-w", pcap)
-		stderr, _ := cap.StderrPipe()
-		if err := cap.Start(); err != nil {
-			t.Fatal(err)
-		}
-		ready := make(chan struct{})
-		go func() {
-			sc := bufio.NewScanner(stderr)
-			once := false
-			for sc.Scan() {
-				if !once && strings.Contains(sc.Text(), "Capturing on") {
-					once = true
-					close(ready)
-				}
-			}
-			if !once {
-				close(ready)
-			}
-		}()
-		select {
-		case <-ready:
-		case <-time.After(20 * time.Second):
-			t.Fatal("tshark did not start capturing")
-		}
-		time.Sleep(200 * time.Millisecond)
+		pcap, stop := capture(t, port)
 		mustRun(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+d.addr)
 		src := randomImage(t, 4<<20)
 		mustRun(t, time.Minute, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src, d.url(defaultIQN, 0))
 		back := filepath.Join(t.TempDir(), "back.img")
 		mustRun(t, time.Minute, "qemu-img", "convert", "-f", "raw", "-O", "raw", d.url(defaultIQN, 0), back)
-		time.Sleep(500 * time.Millisecond)
-		cap.Process.Signal(syscall.SIGINT)
-		cap.Wait()
+		stop()
 
 		decode := []string{"-2", "-r", pcap, "-d", "tcp.port==" + port + ",iscsi", "-o", "iscsi.bogus_pdu_max_data_len:16777215"}
 		out := stdout(t, "tshark", append(decode, "-T", "fields", "-e", "iscsi.opcode")...)
@@ -111,4 +84,41 @@ func stdout(t *testing.T, name string, args ...string) string {
 		t.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, errb.String())
 	}
 	return string(out)
+}
+
+// capture records loopback traffic on a TCP port with tshark until stop is
+// called.
+func capture(t *testing.T, port string) (pcap string, stop func()) {
+	t.Helper()
+	pcap = filepath.Join(t.TempDir(), "capture.pcap")
+	cap := exec.Command("tshark", "-i", "lo", "-B", "64", "-f", "tcp port "+port, "-w", pcap)
+	stderr, _ := cap.StderrPipe()
+	if err := cap.Start(); err != nil {
+		t.Fatal(err)
+	}
+	ready := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		once := false
+		for sc.Scan() {
+			if !once && strings.Contains(sc.Text(), "Capturing on") {
+				once = true
+				close(ready)
+			}
+		}
+		if !once {
+			close(ready)
+		}
+	}()
+	select {
+	case <-ready:
+	case <-time.After(20 * time.Second):
+		t.Fatal("tshark did not start capturing")
+	}
+	time.Sleep(200 * time.Millisecond)
+	return pcap, func() {
+		time.Sleep(500 * time.Millisecond)
+		cap.Process.Signal(syscall.SIGINT)
+		cap.Wait()
+	}
 }
