@@ -31,6 +31,14 @@ type PDU struct {
 	BHS  pdu.BHS
 	AHS  []byte
 	Data []byte
+
+	// The I/O buffers of a SCSI Command an initiator sends (seed 002
+	// §11.3.1: DataDescriptorOut, DataDescriptorIn, UnsolicitedDataSize).
+	// An RDMA datamover registers them and advertises their STags; the TCP
+	// datamover ignores them.
+	DataOut             []byte
+	DataIn              []byte
+	UnsolicitedDataSize int
 }
 
 // Params are the negotiated key values a datamover needs (Notice_Key_Values,

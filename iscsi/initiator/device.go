@@ -23,16 +23,24 @@ type URL struct {
 	Target         string
 	LUN            uint64
 	HasLUN         bool
+	// ISER: the URL was iser://… (libiscsi's convention): connect with
+	// iSER.
+	ISER bool
 }
 
-// ParseURL parses an iSCSI URL. The target and LUN may be omitted (for
-// discovery).
+// ParseURL parses an iSCSI URL, iscsi://[user[%password]@]host[:port]/
+// target/lun, or the same with iser:// for iSER. The target and LUN may be
+// omitted (for discovery).
 func ParseURL(raw string) (*URL, error) {
+	u := &URL{}
 	rest, ok := strings.CutPrefix(raw, "iscsi://")
 	if !ok {
-		return nil, fmt.Errorf("iscsi URL %q: must start with iscsi://", raw)
+		rest, ok = strings.CutPrefix(raw, "iser://")
+		u.ISER = true
 	}
-	u := &URL{}
+	if !ok {
+		return nil, fmt.Errorf("iscsi URL %q: must start with iscsi:// or iser://", raw)
+	}
 	hostEnd := strings.IndexByte(rest, '/')
 	if hostEnd < 0 {
 		hostEnd = len(rest)
@@ -166,6 +174,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Device, error) {
 	}
 	if c := u.Credentials(); c != nil {
 		opts.CHAP = c
+	}
+	if u.ISER {
+		opts.ISER = true
 	}
 	s, err := Login(ctx, u.Portal, u.Target, opts)
 	if err != nil {

@@ -10,6 +10,7 @@
 package initiator
 
 import (
+	"github.com/blockwire/blockwire/rdma"
 	"crypto/rand"
 	"errors"
 	"fmt"
@@ -49,6 +50,13 @@ type Options struct {
 	Connections int
 	// NopInterval pings an idle target (30s; negative disables).
 	NopInterval time.Duration
+	// ISER connects with iSER instead of iSCSI/TCP: the RDMA connection
+	// first, login in RDMA Sends, data by RDMA Write and Read (the
+	// connection-first profile of RFC 7145 that Linux speaks).
+	ISER bool
+	// RDMA is the RDMA fabric for ISER; nil uses the software iWARP
+	// device (rdma/siw) over TCP.
+	RDMA rdma.Fabric
 	Logger      *slog.Logger
 }
 

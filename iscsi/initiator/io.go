@@ -156,14 +156,24 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 		headerDigest:  l.keys["HeaderDigest"] == "CRC32C",
 		dataDigest:    l.keys["DataDigest"] == "CRC32C",
 	}
-	l.params = pr
-	l.finalExp = binary.BigEndian.Uint32(p.BHS[28:])
-	l.finalMax = binary.BigEndian.Uint32(p.BHS[32:])
-	l.dm.NoticeKeyValues(datamover.Params{
+	dp := datamover.Params{
 		HeaderDigest: pr.headerDigest, DataDigest: pr.dataDigest,
 		MaxRecvDataSegmentLength: l.s.opts.MaxRecvDataSegmentLength,
 		MaxXmitDataSegmentLength: pr.maxXmit,
-	})
+	}
+	if l.rdma && l.keys["RDMAExtensions"] == "Yes" {
+		// Seed 004 §6: digests off; the control-PDU sizes are the iSER
+		// lengths (the minimum of both declarations).
+		dp.RDMAExtensions, dp.HeaderDigest, dp.DataDigest = true, false, false
+		dp.TargetRecvDataSegmentLength = min(num("TargetRecvDataSegmentLength", 8192), 8192)
+		dp.InitiatorRecvDataSegmentLength = min(num("InitiatorRecvDataSegmentLength", 8192), 8192)
+		pr.maxXmit = dp.TargetRecvDataSegmentLength
+		pr.headerDigest, pr.dataDigest = false, false
+	}
+	l.params = pr
+	l.finalExp = binary.BigEndian.Uint32(p.BHS[28:])
+	l.finalMax = binary.BigEndian.Uint32(p.BHS[32:])
+	l.dm.NoticeKeyValues(dp)
 	l.dm.EnableDatamover(nil)
 	l.ffp.Store(true)
 }
@@ -265,6 +275,19 @@ func (s *Session) finish(itt uint32, r *Result, err error) {
 		in := t.res.In
 		t.res = *r
 		t.res.In = in
+		if t.link != nil && t.link.rdma && t.in != nil {
+			// iSER: the data went by RDMA Write, no Data-In PDU counted
+			// it; the residual says how much (RFC 5046 §7.3.5).
+			t.res.In = max(len(t.in)-max(r.Residual, 0), 0)
+			if r.Residual < 0 {
+				t.res.In = len(t.in)
+			}
+		}
+	}
+	if t.link != nil {
+		// The task's STags are invalidated (unless the target did) and
+		// recycled (seed 002 §9.9).
+		t.link.dm.DeallocateTaskResources(itt)
 	}
 	t.err = err
 	s.mu.Unlock()
@@ -518,6 +541,9 @@ func (s *Session) sendCommand(l *link, t *task, cmdSN uint32) error {
 	cmd.Encode(&p.BHS)
 	p.AHS = ahs
 	p.Data = t.out[:imm]
+	// The I/O buffers, for an RDMA datamover to register (seed 002
+	// §11.3.1).
+	p.DataOut, p.DataIn, p.UnsolicitedDataSize = t.out, t.in, unsolEnd
 	if err := l.dm.SendControl(&p, !cmd.Immediate); err != nil {
 		return err
 	}

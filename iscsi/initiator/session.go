@@ -12,7 +12,10 @@ import (
 	"sync/atomic"
 
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/datamover/tcp"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -37,6 +40,7 @@ type Session struct {
 	links   []*link // the session's connections; links[0] is the leading one
 	rr      int     // round-robin position for new commands
 	tsih    uint16
+	pd      *rdma.PD // iSER: the protection domain of every connection
 	params  params
 	cmdSN   uint32
 	exp     uint32 // ExpCmdSN
@@ -96,6 +100,7 @@ type link struct {
 	done    chan struct{}
 	ffp     atomic.Bool
 	keys    map[string]string // the target's login keys so far (Serve goroutine)
+	rdma    bool              // the datamover is iSER
 	offers  map[string]string
 	chapAlg int
 	// Set by the receive goroutine on the final login response.
@@ -174,16 +179,24 @@ func (s *Session) connectAll(ctx context.Context) ([]*link, error) {
 func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*link, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", s.portal)
-	if err != nil {
-		return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
-	}
 	l := &link{s: s, cid: cid, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
-	l.dm = tcp.New(nc, s.stamp)
+	if s.opts.ISER {
+		dm, err := s.dialISER(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l.dm, l.rdma = dm, true
+	} else {
+		var d net.Dialer
+		nc, err := d.DialContext(ctx, "tcp", s.portal)
+		if err != nil {
+			return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
+		}
+		l.dm = tcp.New(nc, s.stamp)
+	}
 	go l.dm.Serve(l)
 	stop := context.AfterFunc(ctx, l.dm.ConnectionTerminate)
-	err = s.login(ctx, l, discovery)
+	err := s.login(ctx, l, discovery)
 	stop()
 	if err != nil {
 		l.dm.ConnectionTerminate()
@@ -247,6 +260,16 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 			text.KV{Key: "DataPDUInOrder", Value: "Yes"},
 			text.KV{Key: "DataSequenceInOrder", Value: "Yes"},
 		)
+	}
+	if l.rdma && !discovery {
+		// Seed 004 §6: RDMA extensions, and the data segment sizes of
+		// control-type PDUs in each direction (our receive buffers hold
+		// iser.Options.RecvDataSize bytes).
+		if l.leading {
+			ops = append(ops, text.KV{Key: "RDMAExtensions", Value: "Yes"})
+		}
+		ops = append(ops, text.KV{Key: "InitiatorRecvDataSegmentLength", Value: "8192"},
+			text.KV{Key: "TargetRecvDataSegmentLength", Value: "8192"})
 	}
 	l.offers = map[string]string{}
 	for _, kv := range ops {
@@ -426,3 +449,26 @@ func (l *link) exchange(ctx context.Context, req *pdu.LoginReq, kvs []text.KV) (
 }
 
 func newCond(s *Session) *sync.Cond { return sync.NewCond(&s.mu) }
+
+// dialISER makes the RDMA connection of the connection-first profile
+// (seed 001 part II, facts §2.2): the iSER CM header in the private data
+// says tagged offsets are virtual addresses; the target's answer says
+// whether it will invalidate our STags with Send with Invalidate.
+func (s *Session) dialISER(ctx context.Context) (*iser.Conn, error) {
+	f := s.opts.RDMA
+	if f == nil {
+		f = siw.New(siw.Options{Logger: s.opts.Logger})
+	}
+	s.mu.Lock()
+	if s.pd == nil {
+		s.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
+	}
+	pd := s.pd
+	s.mu.Unlock()
+	res := iser.Prepare(pd, iser.Options{Initiator: true, Logger: s.opts.Logger})
+	qp, reply, err := f.Dial(ctx, s.portal, res.ConnParams(iser.CMHeader{ZBVANotSupported: true}.Append(nil)))
+	if err != nil {
+		return nil, fmt.Errorf("iscsi: iSER connect to %s: %w", s.portal, err)
+	}
+	return res.Attach(qp, iser.DecodeCMHeader(reply), s.stamp), nil
+}

@@ -23,6 +23,8 @@ import (
 type conn struct {
 	srv *Server
 	dm  datamover.Conn
+	// rdma: the datamover is iSER, so RDMAExtensions=Yes is offered.
+	rdma bool
 	log *slog.Logger
 
 	login    loginState
@@ -75,6 +77,12 @@ type doPlacement struct {
 // with the connection's sequence-number stamper (the only place a concrete
 // datamover is chosen is the portal that accepted the connection).
 func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn) *conn {
+	return newConnRDMA(s, remote, mk, false)
+}
+
+// newConnRDMA builds a connection whose datamover may be RDMA-assisted
+// (iSER): it then offers RDMAExtensions=Yes.
+func newConnRDMA(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn, rdma bool) *conn {
 	c := &conn{
 		srv:   s,
 		log:   s.log.With("remote", remote),
@@ -84,6 +92,7 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 	}
 	c.statSN = 1
 	c.logoutAsked = -1
+	c.rdma = rdma
 	c.dm = mk(c.stamp)
 	return c
 }
@@ -156,9 +165,30 @@ func (c *conn) ConnectionTerminateNotify(err error) {
 	}
 }
 
-// DataCompletionNotify implements datamover.Upcalls; the TCP datamover does
-// not use it (Data-Out accounting is below, in ControlNotify).
-func (c *conn) DataCompletionNotify(itt, ttt uint32) {}
+// DataCompletionNotify implements datamover.Upcalls (seed 002 §10.3): an
+// RDMA datamover has placed all the data one Get_Data solicited, so that
+// burst is complete. The TCP datamover never calls it (its Data-Out PDUs
+// are accounted in ControlNotify).
+func (c *conn) DataCompletionNotify(itt, ttt uint32) {
+	c.mu.Lock()
+	t := c.byTTT[ttt]
+	if t == nil || t.itt != itt || t.aborted || t.released {
+		c.mu.Unlock()
+		return
+	}
+	for i := range t.bursts {
+		b := &t.bursts[i]
+		if b.live && b.ttt == ttt {
+			t.received += b.length - b.got
+			b.got, b.next, b.live = b.length, b.offset+b.length, false
+			delete(c.byTTT, ttt)
+			break
+		}
+	}
+	act := t.advanceLocked()
+	c.mu.Unlock()
+	t.act(act)
+}
 
 // DataACKNotify implements datamover.Upcalls; unused at ERL 0.
 func (c *conn) DataACKNotify(itt, dataSN uint32) {}

@@ -34,6 +34,7 @@ type loginState struct {
 	authDone    bool
 	textBuf     []byte
 	declaredOps bool
+	declaredISER bool
 	declaredTag bool
 }
 
@@ -139,6 +140,13 @@ func (c *conn) handleLogin(p *datamover.PDU) error {
 		ls.declaredOps = true
 		resp = append(resp, text.KV{Key: "MaxRecvDataSegmentLength", Value: strconv.Itoa(c.srv.opts.MaxRecvDataSegmentLength)})
 	}
+	if c.rdma && ls.neg.Value("RDMAExtensions") == "Yes" && !ls.declaredISER {
+		// Seed 004 §6.3/§6.4: both sides declare; the minimum applies.
+		ls.declaredISER = true
+		trdsl, irdsl := c.iserRecvLengths()
+		resp = append(resp, text.KV{Key: "TargetRecvDataSegmentLength", Value: strconv.Itoa(trdsl)},
+			text.KV{Key: "InitiatorRecvDataSegmentLength", Value: strconv.Itoa(irdsl)})
+	}
 	transit := req.Transit
 	if transit && req.CSG == pdu.StageSecurity && !c.authSatisfied() {
 		// The target may refuse to leave the security stage until the
@@ -198,7 +206,12 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 	default:
 		return lerr(pdu.LoginStatusSessionTypeUnsupp, "SessionType %q", st)
 	}
-	ls.neg = text.NewNegotiator(c.srv.localKeys(), ls.tsih == 0)
+	local := c.srv.localKeys()
+	if c.rdma {
+		// An iSER portal wants RDMA extensions (seed 004 §6.1).
+		local["RDMAExtensions"] = "Yes"
+	}
+	ls.neg = text.NewNegotiator(local, ls.tsih == 0)
 	c.log = c.log.With("initiator", name, "target", ls.targetName)
 	return nil
 }
@@ -346,10 +359,11 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	// The digest requirement protects SCSI data: it applies to Normal
 	// sessions; discovery carries none (and libiscsi's discovery login
 	// offers no digest).
-	if !ls.discovery && s.opts.RequireHeaderDigest && neg.Value("HeaderDigest") != "CRC32C" {
+	iserMode := c.rdma && neg.Value("RDMAExtensions") == "Yes"
+	if !ls.discovery && !iserMode && s.opts.RequireHeaderDigest && neg.Value("HeaderDigest") != "CRC32C" {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires HeaderDigest=CRC32C (RFC 7143 §13.1)"))
 	}
-	if !ls.discovery && s.opts.RequireDataDigest && neg.Value("DataDigest") != "CRC32C" {
+	if !ls.discovery && !iserMode && s.opts.RequireDataDigest && neg.Value("DataDigest") != "CRC32C" {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires DataDigest=CRC32C (RFC 7143 §13.1)"))
 	}
 	s.mu.Lock()
@@ -450,6 +464,12 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	if ls.declaredOps {
 		dp.MaxRecvDataSegmentLength = c.srv.opts.MaxRecvDataSegmentLength
 	}
+	if iserMode {
+		// Seed 004 §6.1–6.6: digests are off and the iSER lengths
+		// replace MaxRecvDataSegmentLength for control-type PDUs.
+		dp.RDMAExtensions, dp.HeaderDigest, dp.DataDigest = true, false, false
+		dp.TargetRecvDataSegmentLength, dp.InitiatorRecvDataSegmentLength = c.iserRecvLengths()
+	}
 	c.dm.NoticeKeyValues(dp)
 	r := pdu.LoginResp{
 		Transit: true, CSG: req.CSG, NSG: pdu.StageFullFeature,
@@ -492,4 +512,25 @@ func redact(kvs []text.KV) string {
 		b.WriteString(kv.Key + "=" + v)
 	}
 	return b.String()
+}
+
+// iserRecvLengths are the TargetRecvDataSegmentLength and
+// InitiatorRecvDataSegmentLength in force: the minimum of the
+// initiator's declaration (default 8192) and what the iSER datamover's
+// buffers hold (seed 004 §6.3, §6.4).
+func (c *conn) iserRecvLengths() (trdsl, irdsl int) {
+	ls := &c.login
+	peer := func(key string) int {
+		if v, ok := ls.neg.Peer(key); ok {
+			if n, err := text.ParseNumber(v); err == nil {
+				return int(n)
+			}
+		}
+		return 8192
+	}
+	own := c.dm.MaxSendDataSegmentLength()
+	if r, ok := c.dm.(interface{ RecvDataSize() int }); ok {
+		return min(peer("TargetRecvDataSegmentLength"), r.RecvDataSize()), min(peer("InitiatorRecvDataSegmentLength"), own)
+	}
+	return min(peer("TargetRecvDataSegmentLength"), 8192), min(peer("InitiatorRecvDataSegmentLength"), own)
 }

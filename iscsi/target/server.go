@@ -18,9 +18,11 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/iscsi/auth"
+	"github.com/blockwire/blockwire/rdma"
 	scsitarget "github.com/blockwire/blockwire/target"
 )
 
@@ -135,11 +137,13 @@ type Server struct {
 	targets   map[string]*Target
 	portals   []string // for SendTargets, "host:port"
 	listeners map[net.Listener]struct{}
-	conns     map[*conn]struct{}
-	sessions  map[uint16]*session
-	nextTSIH  uint16
-	closing   bool
-	connWG    sync.WaitGroup
+	// RDMA listeners (iSER portals).
+	rdmaListeners map[rdma.Listener]struct{}
+	conns         map[*conn]struct{}
+	sessions      map[uint16]*session
+	nextTSIH      uint16
+	closing       bool
+	connWG        sync.WaitGroup
 }
 
 // NewServer returns a server with no targets.
@@ -149,14 +153,15 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 	}
 	opts.defaults()
 	return &Server{
-		log:       log,
-		opts:      opts,
-		targets:   map[string]*Target{},
-		listeners: map[net.Listener]struct{}{},
-		conns:     map[*conn]struct{}{},
-		sessions:  map[uint16]*session{},
-		work:      make(chan *task),
-		done:      make(chan struct{}),
+		log:           log,
+		opts:          opts,
+		targets:       map[string]*Target{},
+		listeners:     map[net.Listener]struct{}{},
+		rdmaListeners: map[rdma.Listener]struct{}{},
+		conns:         map[*conn]struct{}{},
+		sessions:      map[uint16]*session{},
+		work:          make(chan *task),
+		done:          make(chan struct{}),
 	}
 }
 
@@ -259,11 +264,16 @@ func tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
 }
 
 func (s *Server) startConn(nc net.Conn) {
-	c := newConn(s, nc.RemoteAddr().String(), tcpConn(nc))
+	s.start(newConn(s, nc.RemoteAddr().String(), tcpConn(nc)), func() { nc.Close() })
+}
+
+// start runs a connection until it ends; abort closes its transport when
+// the server is already shutting down.
+func (s *Server) start(c *conn, abort func()) {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
-		nc.Close()
+		abort()
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -276,6 +286,59 @@ func (s *Server) startConn(nc net.Conn) {
 		delete(s.conns, c)
 		s.mu.Unlock()
 	}()
+}
+
+// ServeISER accepts iSER connections in the connection-first profile
+// (seed 001, RFC 7145, what Linux ib_iser speaks) from an RDMA listener,
+// with memory registered in pd, until the listener is closed.
+func (s *Server) ServeISER(l rdma.Listener, pd *rdma.PD, opt iser.Options) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		return net.ErrClosed
+	}
+	s.rdmaListeners[l] = struct{}{}
+	s.portals = append(s.portals, l.Addr().String())
+	s.mu.Unlock()
+	s.log.Info("listening for iSER", "portal", l.Addr().String(), "profile", opt.Profile)
+	for {
+		req, err := l.Accept(context.Background())
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return nil
+			}
+			return err
+		}
+		s.AcceptISER(req, pd, opt)
+	}
+}
+
+// AcceptISER accepts one RDMA connection request as an iSER connection:
+// it reads the initiator's iSER CM header, answers with ours (tagged
+// offsets are virtual addresses; Send with Invalidate is used unless the
+// initiator declined it, facts §2.2) and serves the connection.
+func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options) {
+	peer := iser.DecodeCMHeader(req.PrivateData())
+	if opt.Logger == nil {
+		opt.Logger = s.log
+	}
+	if opt.Profile == iser.ProfileLinux && opt.CtrlDataLimit == 0 {
+		// Linux ib_iser receives at most 128 data bytes per control PDU
+		// in full feature phase (facts §2.3).
+		opt.CtrlDataLimit = 128
+	}
+	res := iser.Prepare(pd, opt)
+	reply := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: peer.SendInvNotSupported}.Append(nil)
+	qp, err := req.Accept(res.ConnParams(reply))
+	if err != nil {
+		s.log.Warn("iSER accept failed", "remote", req.RemoteAddr(), "err", err)
+		return
+	}
+	mk := func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) }
+	s.start(newConnRDMA(s, "iser:"+req.RemoteAddr().String(), mk, true), func() { qp.Close() })
 }
 
 // ServeConn serves one already-accepted connection and returns when it
@@ -298,6 +361,9 @@ func (s *Server) ServeConn(nc net.Conn) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
+	for l := range s.rdmaListeners {
+		l.Close()
+	}
 	for l := range s.listeners {
 		l.Close()
 	}

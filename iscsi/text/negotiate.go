@@ -90,6 +90,18 @@ func (e *ErrRepeated) Error() string {
 // means the negotiation must fail (a repeated key).
 func (n *Negotiator) Respond(offers []KV, ctx Context) ([]KV, error) {
 	var out []KV
+	// RDMAExtensions decides whether the iSER keys of the same PDU are
+	// relevant (seed 004 §6), and open-iscsi sends it after them: answer
+	// it first.
+	for i, kv := range offers {
+		if kv.Key == "RDMAExtensions" && i > 0 {
+			re := make([]KV, 0, len(offers))
+			re = append(re, kv)
+			re = append(re, offers[:i]...)
+			offers = append(re, offers[i+1:]...)
+			break
+		}
+	}
 	for _, kv := range offers {
 		k, ok := n.keys[kv.Key]
 		if !ok {

@@ -190,7 +190,7 @@ func (t *Term) String() string {
 // Len is the encoded size of the body.
 func (t *Term) Len() int {
 	n := TermControlLen
-	if t.SegLenValid || len(t.DDPHeader) > 0 {
+	if t.hasTail() {
 		n += 2 + len(t.DDPHeader) + len(t.RDMAPHeader)
 	}
 	return n
@@ -211,12 +211,18 @@ func (t *Term) Append(b []byte) []byte {
 		w |= TermHdrR
 	}
 	b = binary.BigEndian.AppendUint32(b, w)
-	if t.SegLenValid || len(t.DDPHeader) > 0 {
+	if t.hasTail() {
 		b = binary.BigEndian.AppendUint16(b, t.DDPSegLen)
 		b = append(b, t.DDPHeader...)
 		b = append(b, t.RDMAPHeader...)
 	}
 	return b
+}
+
+// hasTail reports whether the length slot and echoed headers follow the
+// control word.
+func (t *Term) hasTail() bool {
+	return t.SegLenValid || len(t.DDPHeader) > 0 || len(t.RDMAPHeader) > 0
 }
 
 // DecodeTerm parses a Terminate body. Echoed headers alias b.

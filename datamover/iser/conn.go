@@ -1,0 +1,798 @@
+// Package iser is the iSER datamover (RFC 5046, seeds 004/000, and the
+// connection-first form of RFC 7145 / seed 001 that Linux speaks): it
+// implements every primitive of the Datamover Interface (seed 002 §9–10,
+// package datamover) over the rdma verbs API, never over a concrete
+// device.
+//
+//	Send_Control  → an RDMA Send carrying the iSER header and the PDU
+//	                (SendSE for SCSI Command/Response per seed 000 §9.5,
+//	                Send with Invalidate of the task's STag for a SCSI
+//	                Response when the initiator allows it)
+//	Put_Data      → RDMA Write into the initiator's Read STag
+//	Get_Data      → RDMA Read from the initiator's Write STag, then
+//	                Data_Completion_Notify
+//	Deallocate_Task_Resources → the task's STags are forgotten (target)
+//	                or invalidated and recycled (initiator)
+//
+// Control-type PDUs are copied once into a registered send slot; received
+// ones arrive in pre-posted receive buffers (seed 004 §8) and immediate or
+// unsolicited data is copied once into the task's buffer. Solicited data
+// never crosses the iSCSI layer: the RDMA device places it.
+package iser
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/rdma"
+)
+
+// Profile selects the wire form.
+type Profile int
+
+const (
+	// ProfileLinux is the connection-first form (RFC 7145, seed 001,
+	// Linux ib_iser/isert, tgt, libiscsi): the RDMA connection is made
+	// first with the CM header in its private data, login PDUs travel in
+	// Sends, the header is 28 bytes with virtual-address tagged offsets,
+	// and no Hello is exchanged.
+	ProfileLinux Profile = iota
+	// ProfileRFC5046 is the form of RFC 5046 (seed 004 §5.1): byte-stream
+	// login, then the connection turns into an RDMA stream, Hello and
+	// HelloReply, a 12-byte header and zero-based tagged offsets.
+	ProfileRFC5046
+)
+
+func (p Profile) String() string {
+	if p == ProfileRFC5046 {
+		return "rfc5046"
+	}
+	return "linux"
+}
+
+// Options size the datamover's resources.
+type Options struct {
+	Profile   Profile
+	Initiator bool
+	// Recvs is the number of receive buffers kept posted (seed 004 §8:
+	// enough for the CmdSN window and the unexpected PDUs); default 192.
+	Recvs int
+	// RecvDataSize is the data segment each receive buffer holds — what
+	// this side declares as its *RecvDataSegmentLength; default 8192
+	// (the login buffers of Linux, facts §2.3).
+	RecvDataSize int
+	// SendSlots bounds the control PDUs in flight; default 192.
+	SendSlots int
+	// IRD and ORD are the RDMA Read depths (iSER-IRD/ORD); default 16.
+	IRD, ORD int
+	// CtrlDataLimit, when set, caps the data segment of control-type PDUs
+	// sent in full feature phase. A target talking to Linux ib_iser needs
+	// 128 (its receive buffers hold no more, facts §2.3).
+	CtrlDataLimit int
+	Logger        *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Recvs <= 0 {
+		o.Recvs = 192
+	}
+	if o.RecvDataSize <= 0 {
+		o.RecvDataSize = 8192
+	}
+	if o.SendSlots <= 0 {
+		o.SendSlots = 192
+	}
+	if o.IRD <= 0 {
+		o.IRD = 16
+	}
+	if o.ORD <= 0 {
+		o.ORD = 16
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// maxAHS is room for an AHS in a receive buffer or send slot.
+const maxAHS = 256
+
+// Resources are what a connection needs before it exists: the completion
+// queues and the receive buffers posted before the first message can
+// arrive (seed 004 §5.1: Allocate_Connection_Resources).
+type Resources struct {
+	opt      Options
+	pd       *rdma.PD
+	scq, rcq *rdma.CQ
+	hl       int
+	recvBufs [][]byte
+}
+
+// Prepare allocates the resources of one connection.
+func Prepare(pd *rdma.PD, opt Options) *Resources {
+	opt.defaults()
+	r := &Resources{opt: opt, pd: pd, hl: HeaderLenLinux,
+		scq: rdma.NewCQ(opt.SendSlots + 2*opt.ORD + 8), rcq: rdma.NewCQ(opt.Recvs)}
+	if opt.Profile == ProfileRFC5046 {
+		r.hl = HeaderLenRFC5046
+	}
+	size := r.hl + pdu.BHSLen + maxAHS + opt.RecvDataSize
+	backing := make([]byte, size*opt.Recvs)
+	r.recvBufs = make([][]byte, opt.Recvs)
+	for i := range r.recvBufs {
+		r.recvBufs[i] = backing[i*size : (i+1)*size : (i+1)*size]
+	}
+	return r
+}
+
+// ConnParams are the rdma connection parameters with the receives to
+// post and privateData for the connection request or accept.
+func (r *Resources) ConnParams(privateData []byte) rdma.ConnParams {
+	p := rdma.ConnParams{PD: r.pd, PrivateData: privateData,
+		QP: rdma.QPConfig{SendCQ: r.scq, RecvCQ: r.rcq, SendDepth: r.opt.SendSlots + 2*r.opt.ORD + 8,
+			RecvDepth: r.opt.Recvs, IRD: r.opt.IRD, ORD: r.opt.ORD}}
+	for i, b := range r.recvBufs {
+		p.Recvs = append(p.Recvs, rdma.RecvWR{ID: uint64(i), Buf: b})
+	}
+	return p
+}
+
+// Work request IDs: the kind in the top byte, an index below.
+const (
+	kindSlot  = 1 << 56 // a control PDU's send slot
+	kindRead  = 2 << 56 // a Get_Data RDMA Read
+	kindWait  = 3 << 56 // a signaled request someone waits for
+	kindMask  = 0xFF << 56
+	indexMask = 1<<56 - 1
+)
+
+// taskTags are the STags of one task.
+type taskTags struct {
+	wsv, rsv  bool
+	wstag     uint32
+	wva       uint64
+	rstag     uint32
+	rva       uint64
+	solBase   int64 // buffer offset of the first solicited byte (Linux profile)
+	wmr, rmr  *rdma.MR
+	remoteInv bool // the target invalidated one of them
+}
+
+type readCtx struct {
+	itt, ttt uint32
+	mr       *rdma.MR
+}
+
+// Conn is the iSER datamover of one connection.
+type Conn struct {
+	r       *Resources
+	qp      rdma.QP
+	stamp   datamover.Stamper
+	hl      int
+	init    bool
+	sendInv bool // a SCSI Response may invalidate the initiator's STag
+	log     *slog.Logger
+
+	up     datamover.Upcalls
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	smu      sync.Mutex // transmit order
+	slots    [][]byte
+	freeSlot chan int
+	waiters  []chan rdma.Status
+
+	tmu    sync.Mutex
+	tasks  map[uint32]*taskTags
+	spare  []*taskTags
+	mrPool []*rdma.MR
+
+	reads    []readCtx
+	freeRead chan int
+	rmu      sync.Mutex
+	queued   []queuedRead // Get_Data waiting for a free read context
+
+	pmu      sync.Mutex
+	maxXmit  int // data segment limit of control PDUs we send
+	pending  datamover.Params
+	havePend bool
+	enabled  bool
+	termOnce sync.Once
+	dispDone chan struct{}
+}
+
+type queuedRead struct {
+	r2t pdu.R2T
+	buf []byte
+}
+
+// Attach builds the datamover over an established queue pair. peer is
+// the iSER CM header the other side sent (its flags decide whether a
+// SCSI Response may carry Send with Invalidate).
+func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *Conn {
+	o := r.opt
+	ctx, cancel := context.WithCancel(context.Background())
+	c := &Conn{r: r, qp: qp, stamp: stamp, hl: r.hl, init: o.Initiator, log: o.Logger,
+		sendInv: !o.Initiator && !peer.SendInvNotSupported,
+		ctx:     ctx, cancel: cancel,
+		tasks:   map[uint32]*taskTags{},
+		maxXmit: 8192, dispDone: make(chan struct{})}
+	slotSize := r.hl + pdu.BHSLen + maxAHS + max(o.RecvDataSize, 8192)
+	backing := make([]byte, slotSize*o.SendSlots)
+	c.slots = make([][]byte, o.SendSlots)
+	c.waiters = make([]chan rdma.Status, o.SendSlots)
+	c.freeSlot = make(chan int, o.SendSlots)
+	for i := range c.slots {
+		c.slots[i] = backing[i*slotSize : (i+1)*slotSize : (i+1)*slotSize]
+		c.waiters[i] = make(chan rdma.Status, 1)
+		c.freeSlot <- i
+	}
+	if !o.Initiator {
+		n := 2 * o.ORD
+		c.reads = make([]readCtx, n)
+		c.freeRead = make(chan int, n)
+		for i := range c.reads {
+			mr, err := r.pd.AllocMR()
+			if err != nil {
+				panic(err) // the STag space has 16M entries
+			}
+			c.reads[i].mr = mr
+			c.freeRead <- i
+		}
+	}
+	return c
+}
+
+// RemoteAddr implements datamover.Conn.
+func (c *Conn) RemoteAddr() string { return addr(c.qp.Attr().RemoteAddr) }
+
+// LocalAddr implements datamover.Conn.
+func (c *Conn) LocalAddr() string { return addr(c.qp.Attr().LocalAddr) }
+
+func addr(a interface{ String() string }) string {
+	if a == nil {
+		return ""
+	}
+	return a.String()
+}
+
+// Profile is the wire form in use.
+func (c *Conn) Profile() Profile { return c.r.opt.Profile }
+
+// AllocateConnectionResources implements datamover.Conn: the resources
+// were allocated by Prepare before the connection was accepted, after the
+// RDMA connection request was checked (seed 004 §5.1).
+func (c *Conn) AllocateConnectionResources(p datamover.Params) error { return nil }
+
+// DeallocateConnectionResources implements datamover.Conn.
+func (c *Conn) DeallocateConnectionResources() { c.ConnectionTerminate() }
+
+// NoticeKeyValues implements datamover.Conn: with RDMAExtensions=Yes the
+// control-PDU limit is the peer's *RecvDataSegmentLength (seed 004 §6.6),
+// otherwise its MaxRecvDataSegmentLength.
+func (c *Conn) NoticeKeyValues(p datamover.Params) {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	if c.enabled {
+		c.apply(p)
+		return
+	}
+	c.pending, c.havePend = p, true
+}
+
+func (c *Conn) apply(p datamover.Params) {
+	mx := p.MaxXmitDataSegmentLength
+	if p.RDMAExtensions {
+		if c.init {
+			mx = p.TargetRecvDataSegmentLength
+		} else {
+			mx = p.InitiatorRecvDataSegmentLength
+		}
+	}
+	if mx > 0 {
+		c.maxXmit = mx
+	}
+}
+
+// MaxSendDataSegmentLength implements datamover.Conn.
+func (c *Conn) MaxSendDataSegmentLength() int {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	mx := min(c.maxXmit, len(c.slots[0])-c.hl-pdu.BHSLen-maxAHS)
+	if c.enabled && c.r.opt.CtrlDataLimit > 0 {
+		mx = min(mx, c.r.opt.CtrlDataLimit)
+	}
+	return mx
+}
+
+// EnableDatamover implements datamover.Conn: the final Login Response
+// goes out as a Send, then the negotiated values apply.
+func (c *Conn) EnableDatamover(final *datamover.PDU) error {
+	if final != nil {
+		if err := c.SendControl(final, true); err != nil {
+			return err
+		}
+	}
+	c.pmu.Lock()
+	c.enabled = true
+	if c.havePend {
+		c.apply(c.pending)
+		c.havePend = false
+	}
+	c.pmu.Unlock()
+	return nil
+}
+
+var errTerminated = errors.New("iser: connection terminated")
+
+// SendControl implements datamover.Conn (seed 002 §9.1, seed 000 §9.5).
+func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
+	var slot int
+	select {
+	case slot = <-c.freeSlot:
+	case <-c.ctx.Done():
+		return errTerminated
+	}
+	buf := c.slots[slot]
+	n := c.hl + pdu.BHSLen + len(p.AHS) + len(p.Data)
+	if len(p.AHS) > maxAHS || n > len(buf) {
+		c.freeSlot <- slot
+		return fmt.Errorf("iser: %s of %d bytes does not fit a %d-byte send buffer", p.BHS.Opcode(), n, len(buf))
+	}
+	op := p.BHS.Opcode()
+	var h Header
+	wr := rdma.SendWR{ID: kindSlot | uint64(slot), Op: rdma.OpSend}
+	switch {
+	case c.init && op == pdu.OpSCSICommand:
+		if err := c.registerTask(p, &h); err != nil {
+			c.freeSlot <- slot
+			return err
+		}
+		wr.Solicited = true
+	case !c.init && op == pdu.OpSCSIResponse:
+		wr.Solicited = true
+		if c.sendInv {
+			// Seed 000 §9.5: the response may invalidate the initiator's
+			// STag (the Read STag, else the Write STag).
+			c.tmu.Lock()
+			if t := c.tasks[p.BHS.ITT()]; t != nil {
+				switch {
+				case t.rsv:
+					wr.Invalidate, wr.InvalidateSTag = true, t.rstag
+				case t.wsv:
+					wr.Invalidate, wr.InvalidateSTag = true, t.wstag
+				}
+			}
+			c.tmu.Unlock()
+		}
+	case op == pdu.OpLogoutReq:
+		wr.Solicited = true
+	}
+	h.Put(buf, c.hl)
+	c.smu.Lock()
+	defer c.smu.Unlock()
+	p.BHS.SetTotalAHSLength(len(p.AHS))
+	p.BHS.SetDataSegmentLength(len(p.Data))
+	if c.stamp != nil {
+		c.stamp(&p.BHS, advance)
+	}
+	o := c.hl + copy(buf[c.hl:], p.BHS[:])
+	o += copy(buf[o:], p.AHS)
+	o += copy(buf[o:], p.Data)
+	wr.SG = [][]byte{buf[:o]}
+	if err := c.qp.PostSend(&wr); err != nil {
+		c.freeSlot <- slot
+		return err
+	}
+	return nil
+}
+
+// registerTask maps the command's buffers and fills the header (the
+// initiator's side of seed 002 §11.3.1): the data-in buffer whole under a
+// remote-write STag (RSV), the solicited part of the data-out buffer
+// under a remote-read STag (WSV). In the Linux profile the base offset is
+// a virtual address and the write base already points past the
+// unsolicited data (facts §2.5); in RFC 5046 offsets are zero-based.
+func (c *Conn) registerTask(p *datamover.PDU, h *Header) error {
+	itt := p.BHS.ITT()
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	t := c.taskLocked(itt)
+	linux := c.r.opt.Profile == ProfileLinux
+	if len(p.DataIn) > 0 {
+		mr, err := c.mrLocked()
+		if err != nil {
+			return err
+		}
+		va := uint64(0)
+		if linux {
+			va = vaBase(mr)
+		}
+		stag, err := mr.Map(p.DataIn, va, rdma.RemoteWrite)
+		if err != nil {
+			return err
+		}
+		t.rmr, t.rsv, t.rstag, t.rva = mr, true, stag, va
+		h.RSV, h.ReadSTag, h.ReadVA = true, stag, va
+	}
+	if len(p.DataOut) > p.UnsolicitedDataSize {
+		mr, err := c.mrLocked()
+		if err != nil {
+			return err
+		}
+		va := uint64(0)
+		if linux {
+			va = vaBase(mr)
+		}
+		stag, err := mr.Map(p.DataOut, va, rdma.RemoteRead)
+		if err != nil {
+			return err
+		}
+		t.wmr, t.wsv, t.wstag, t.wva = mr, true, stag, va
+		h.WSV, h.WriteSTag, h.WriteVA = true, stag, va
+		if linux {
+			h.WriteVA = va + uint64(p.UnsolicitedDataSize)
+		}
+	}
+	return nil
+}
+
+// vaBase gives each region its own stretch of a made-up address space, so
+// tagged offsets look like the virtual addresses Linux uses.
+func vaBase(mr *rdma.MR) uint64 { return 0x7f00_0000_0000 | uint64(mr.STag()>>8)<<24 }
+
+func (c *Conn) taskLocked(itt uint32) *taskTags {
+	t := c.tasks[itt]
+	if t == nil {
+		if n := len(c.spare); n > 0 {
+			t = c.spare[n-1]
+			c.spare = c.spare[:n-1]
+		} else {
+			t = &taskTags{}
+		}
+		*t = taskTags{solBase: -1}
+		c.tasks[itt] = t
+	}
+	return t
+}
+
+func (c *Conn) mrLocked() (*rdma.MR, error) {
+	if n := len(c.mrPool); n > 0 {
+		mr := c.mrPool[n-1]
+		c.mrPool = c.mrPool[:n-1]
+		return mr, nil
+	}
+	return c.r.pd.AllocMR()
+}
+
+// DeallocateTaskResources implements datamover.Conn (seed 002 §9.9): the
+// initiator invalidates STags the target did not invalidate and recycles
+// them; the target forgets them.
+func (c *Conn) DeallocateTaskResources(itt uint32) {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	t := c.tasks[itt]
+	if t == nil {
+		return
+	}
+	delete(c.tasks, itt)
+	for _, mr := range []*rdma.MR{t.rmr, t.wmr} {
+		if mr != nil {
+			mr.Invalidate()
+			c.mrPool = append(c.mrPool, mr)
+		}
+	}
+	*t = taskTags{}
+	c.spare = append(c.spare, t)
+}
+
+// wait posts a signaled request and waits for its completion.
+func (c *Conn) wait(wr *rdma.SendWR) error {
+	var slot int
+	select {
+	case slot = <-c.freeSlot:
+	case <-c.ctx.Done():
+		return errTerminated
+	}
+	wr.ID = kindWait | uint64(slot)
+	if err := c.qp.PostSend(wr); err != nil {
+		c.freeSlot <- slot
+		return err
+	}
+	var st rdma.Status
+	select {
+	case st = <-c.waiters[slot]:
+	case <-c.ctx.Done():
+		// The completion (flushed) still arrives and frees the slot.
+		return errTerminated
+	}
+	c.freeSlot <- slot
+	if st != rdma.Success {
+		return fmt.Errorf("iser: RDMA %v failed: %v", wr.Op, st)
+	}
+	return nil
+}
+
+// PutData implements datamover.Conn (seed 002 §9.2, seed 000 §9.6): RDMA
+// Write into the Read STag the command advertised; with the status
+// collapsed, the SCSI Response follows as a Send.
+func (c *Conn) PutData(d *datamover.DataIn) error {
+	c.tmu.Lock()
+	t := c.tasks[d.ITT]
+	var stag uint32
+	var to uint64
+	ok := t != nil && t.rsv
+	if ok {
+		stag, to = t.rstag, t.rva+uint64(d.Offset)
+	}
+	c.tmu.Unlock()
+	if !ok {
+		return fmt.Errorf("iser: Put_Data for ITT %#x, whose command advertised no Read STag (RFC 5046 §9.2)", d.ITT)
+	}
+	if len(d.Data) > 0 {
+		// The write completes before the buffer goes back to the task.
+		if err := c.wait(&rdma.SendWR{Op: rdma.OpWrite, SG: [][]byte{d.Data}, RemoteSTag: stag, RemoteTO: to}); err != nil {
+			return err
+		}
+	}
+	if !d.Final || !d.WithStatus {
+		return nil
+	}
+	r := pdu.SCSIResponse{ITT: d.ITT, Response: pdu.RespCompleted, Status: d.Status,
+		Overflow: d.Overflow, Underflow: d.Underflow, Residual: d.Residual}
+	var p datamover.PDU
+	r.Encode(&p.BHS)
+	return c.SendControl(&p, true)
+}
+
+// GetData implements datamover.Conn (seed 002 §9.3, seed 000 §9.6): the
+// R2T becomes an RDMA Read of the solicited range from the Write STag into
+// buf; Data_Completion_Notify follows its completion. The QP never has
+// more Reads outstanding than the negotiated ORD.
+func (c *Conn) GetData(r2t *pdu.R2T, buf []byte) error {
+	end := uint64(r2t.Offset) + uint64(r2t.Desired)
+	if end > uint64(len(buf)) {
+		return fmt.Errorf("iser: R2T [%d,+%d) beyond the %d-byte buffer", r2t.Offset, r2t.Desired, len(buf))
+	}
+	stag, to, ok := c.readTarget(r2t)
+	if !ok {
+		return fmt.Errorf("iser: Get_Data for ITT %#x, whose command advertised no Write STag (RFC 5046 §9.2)", r2t.ITT)
+	}
+	var i int
+	select {
+	case i = <-c.freeRead:
+	default:
+		// All read contexts are busy: the dispatcher starts this one
+		// when a Read completes (it must never block on itself).
+		c.rmu.Lock()
+		c.queued = append(c.queued, queuedRead{*r2t, buf})
+		c.rmu.Unlock()
+		return nil
+	}
+	return c.startRead(i, r2t, buf, stag, to)
+}
+
+// readTarget is where the solicited range of r2t lives at the initiator.
+func (c *Conn) readTarget(r2t *pdu.R2T) (stag uint32, to uint64, ok bool) {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	t := c.tasks[r2t.ITT]
+	if t == nil || !t.wsv {
+		return 0, 0, false
+	}
+	if c.r.opt.Profile == ProfileRFC5046 {
+		return t.wstag, uint64(r2t.Offset), true
+	}
+	// Linux profile: the write base addresses the first solicited byte
+	// (facts §2.5), the first R2T's offset.
+	if t.solBase < 0 {
+		t.solBase = int64(r2t.Offset)
+	}
+	return t.wstag, t.wva + uint64(int64(r2t.Offset)-t.solBase), true
+}
+
+func (c *Conn) startRead(i int, r2t *pdu.R2T, buf []byte, stag uint32, to uint64) error {
+	end := r2t.Offset + r2t.Desired
+	rc := &c.reads[i]
+	rc.itt, rc.ttt = r2t.ITT, r2t.TTT
+	if _, err := rc.mr.Map(buf[r2t.Offset:end], 0, rdma.LocalWrite); err != nil {
+		c.freeRead <- i
+		return err
+	}
+	wr := rdma.SendWR{ID: kindRead | uint64(i), Op: rdma.OpRead, Sink: rc.mr, Length: int(r2t.Desired),
+		RemoteSTag: stag, RemoteTO: to}
+	if err := c.qp.PostSend(&wr); err != nil {
+		rc.mr.Invalidate()
+		c.freeRead <- i
+		return err
+	}
+	return nil
+}
+
+// ConnectionTerminate implements datamover.Conn (seed 002 §9.7).
+func (c *Conn) ConnectionTerminate() {
+	c.termOnce.Do(func() {
+		c.cancel()
+		c.qp.Close()
+	})
+}
+
+// dispatch handles send-queue completions: slots come back, waiters wake,
+// and finished RDMA Reads become Data_Completion_Notify.
+func (c *Conn) dispatch() {
+	defer close(c.dispDone)
+	var cs [32]rdma.Completion
+	for {
+		n, err := c.r.scq.Wait(c.ctx, cs[:])
+		if err != nil {
+			// Drain what the flush delivered so slot owners are freed.
+			n = c.r.scq.Poll(cs[:])
+			if n == 0 {
+				return
+			}
+		}
+		for _, cp := range cs[:n] {
+			i := int(cp.ID & indexMask)
+			switch cp.ID & kindMask {
+			case kindSlot:
+				c.freeSlot <- i
+			case kindWait:
+				c.waiters[i] <- cp.Status
+			case kindRead:
+				rc := c.reads[i]
+				rc.mr.Invalidate()
+				c.freeRead <- i
+				c.startQueued()
+				if cp.Status == rdma.Success {
+					c.up.DataCompletionNotify(rc.itt, rc.ttt)
+				}
+			}
+			if cp.Status != rdma.Success && cp.Status != rdma.Flushed {
+				c.log.Warn("iser: send queue error", "status", cp.Status, "err", c.qp.Err())
+				c.ConnectionTerminate()
+			}
+		}
+	}
+}
+
+// Serve implements datamover.Conn: it delivers received PDUs until the
+// connection ends, then calls ConnectionTerminateNotify once.
+func (c *Conn) Serve(up datamover.Upcalls) {
+	c.up = up
+	go c.dispatch()
+	err := c.serve(up)
+	c.ConnectionTerminate()
+	<-c.qp.Done()
+	<-c.dispDone
+	if err == nil {
+		if qerr := c.qp.Err(); qerr != nil && !errors.Is(qerr, rdma.ErrDisconnected) {
+			err = qerr
+		}
+	}
+	up.ConnectionTerminateNotify(err)
+}
+
+func (c *Conn) serve(up datamover.Upcalls) error {
+	var cs [32]rdma.Completion
+	var p datamover.PDU
+	for {
+		n, err := c.r.rcq.Wait(c.ctx, cs[:])
+		if err != nil {
+			return nil
+		}
+		for _, cp := range cs[:n] {
+			if cp.Status != rdma.Success {
+				// The QP failed: the rest are flushed receives.
+				return nil
+			}
+			if err := c.receive(up, &cp, &p); err != nil {
+				return err
+			}
+			if err := c.qp.PostRecv(rdma.RecvWR{ID: cp.ID, Buf: c.r.recvBufs[cp.ID]}); err != nil {
+				return nil
+			}
+		}
+	}
+}
+
+func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.PDU) error {
+	msg := c.r.recvBufs[cp.ID][:cp.Len]
+	h, err := Decode(msg, c.hl)
+	if err != nil {
+		return err
+	}
+	if h.Opcode != OpControl {
+		return formatError("unexpected %#x message in full feature phase (RFC 5046 §10.1.3.2)", h.Opcode>>4)
+	}
+	copy(p.BHS[:], msg[c.hl:])
+	ahs := p.BHS.TotalAHSLength()
+	dsl := p.BHS.DataSegmentLength()
+	start := c.hl + pdu.BHSLen + ahs
+	if start+dsl > len(msg) {
+		return formatError("%s announces %d AHS and %d data bytes, the message holds %d (RFC 5046 §9.2)",
+			p.BHS.Opcode(), ahs, dsl, len(msg)-c.hl-pdu.BHSLen)
+	}
+	p.AHS = msg[c.hl+pdu.BHSLen : start]
+	p.Data = msg[start : start+dsl]
+	op := p.BHS.Opcode()
+	if !c.init && op == pdu.OpSCSICommand && (h.WSV || h.RSV) {
+		c.tmu.Lock()
+		t := c.taskLocked(p.BHS.ITT())
+		t.wsv, t.wstag, t.wva = h.WSV, h.WriteSTag, h.WriteVA
+		t.rsv, t.rstag, t.rva = h.RSV, h.ReadSTag, h.ReadVA
+		c.tmu.Unlock()
+	}
+	var perr error
+	if dsl > 0 {
+		buf, err := up.DataBuffer(&p.BHS)
+		switch {
+		case err != nil:
+			perr = err
+		case buf != nil:
+			if len(buf) < dsl {
+				return fmt.Errorf("iser: internal: data buffer of %d bytes for a %d-byte segment", len(buf), dsl)
+			}
+			// Immediate and unsolicited data: the one copy, out of the
+			// receive buffer into the task's buffer.
+			p.Data = buf[:copy(buf, p.Data)]
+		}
+	}
+	if perr == nil {
+		perr = up.ControlNotify(p)
+	}
+	if perr != nil {
+		var pe *datamover.ProtocolError
+		if errors.As(perr, &pe) && pe.Reject {
+			var r datamover.PDU
+			rj := pdu.Reject{Reason: pe.Reason}
+			rj.Encode(&r.BHS)
+			hdr := p.BHS
+			r.Data = hdr[:]
+			return c.SendControl(&r, true)
+		}
+		return perr
+	}
+	return nil
+}
+
+var _ datamover.Conn = (*Conn)(nil)
+
+// startQueued issues queued Get_Data requests while read contexts are
+// free.
+func (c *Conn) startQueued() {
+	for {
+		c.rmu.Lock()
+		if len(c.queued) == 0 {
+			c.rmu.Unlock()
+			return
+		}
+		var i int
+		select {
+		case i = <-c.freeRead:
+		default:
+			c.rmu.Unlock()
+			return
+		}
+		q := c.queued[0]
+		copy(c.queued, c.queued[1:])
+		c.queued = c.queued[:len(c.queued)-1]
+		c.rmu.Unlock()
+		stag, to, ok := c.readTarget(&q.r2t)
+		if !ok {
+			c.freeRead <- i
+			continue // the task is gone
+		}
+		if err := c.startRead(i, &q.r2t, q.buf, stag, to); err != nil {
+			c.ConnectionTerminate()
+			return
+		}
+	}
+}
+
+// RecvDataSize is the data segment a receive buffer holds: this side's
+// Target/InitiatorRecvDataSegmentLength.
+func (c *Conn) RecvDataSize() int { return c.r.opt.RecvDataSize }

@@ -1,0 +1,127 @@
+package initiator
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"log/slog"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/datamover/iser"
+	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+// startISERTarget serves tIQN over the software iWARP device.
+func startISERTarget(t testing.TB) string {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	dev := scsitarget.NewDevice(tIQN, log)
+	m, _ := mem.New(64 << 20)
+	lu, err := scsitarget.NewLU(tIQN, scsitarget.LUConfig{Backend: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.AddLU(lu)
+	srv := iscsitarget.NewServer(log, iscsitarget.Options{})
+	srv.AddTarget(&iscsitarget.Target{Name: tIQN, Device: dev})
+	l, err := siw.New(siw.Options{Logger: log}).Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pd := rdma.NewDevice("target").AllocPD()
+	go srv.ServeISER(l, pd, iser.Options{})
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		srv.Shutdown(ctx)
+	})
+	return l.Addr().String()
+}
+
+// TestISERReadWrite runs the same SCSI workload as the TCP tests over
+// iSER: login in RDMA Sends, reads by RDMA Write, writes with immediate
+// data and the rest by RDMA Read, of many sizes and concurrently.
+func TestISERReadWrite(t *testing.T) {
+	addr := startISERTarget(t)
+	ctx := context.Background()
+	d, err := Open(ctx, fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if d.Size() != 64<<20 || d.BlockSize() != 512 {
+		t.Fatalf("size %d block %d", d.Size(), d.BlockSize())
+	}
+	for _, n := range []int{512, 4096, 8192, 8704, 65536, 3 << 20} {
+		data := make([]byte, n)
+		rand.Read(data)
+		off := int64(n) * 3
+		if _, err := d.WriteAt(data, off); err != nil {
+			t.Fatalf("write %d: %v", n, err)
+		}
+		back := make([]byte, n)
+		if k, err := d.ReadAt(back, off); err != nil || k != n {
+			t.Fatalf("read %d: %d %v", n, k, err)
+		}
+		if !bytes.Equal(back, data) {
+			t.Fatalf("%d bytes: read back differs", n)
+		}
+	}
+	// Many in flight at once.
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for g := 0; g < 32; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			data := make([]byte, 16384+512*g)
+			rand.Read(data)
+			off := int64(g) << 20
+			for i := 0; i < 20; i++ {
+				if _, err := d.WriteAt(data, off); err != nil {
+					errs <- err
+					return
+				}
+				back := make([]byte, len(data))
+				if _, err := d.ReadAt(back, off); err != nil {
+					errs <- err
+					return
+				}
+				if !bytes.Equal(back, data) {
+					errs <- fmt.Errorf("goroutine %d: mismatch", g)
+					return
+				}
+			}
+		}(g)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if err := d.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// A SCSI error's sense data arrives in the SCSI Response Send.
+	_, err = d.Do(ctx, []byte{0xc7, 0, 0, 0, 0, 0}, nil, nil)
+	var se *SCSIError
+	if !asSCSI(err, &se) || se.Sense == nil || se.Sense.ASC != 0x20 {
+		t.Fatalf("unknown opcode: %v", err)
+	}
+}
+
+func asSCSI(err error, se **SCSIError) bool {
+	e, ok := err.(*SCSIError)
+	if ok {
+		*se = e
+	}
+	return ok
+}
