@@ -159,7 +159,6 @@ type taskTags struct {
 	rva       uint64
 	solBase   int64 // buffer offset of the first solicited byte (Linux profile)
 	wmr, rmr  *rdma.MR
-	remoteInv bool // the target invalidated one of them
 }
 
 type readCtx struct {

@@ -10,10 +10,10 @@
 package initiator
 
 import (
-	"github.com/blockwire/blockwire/rdma"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"github.com/blockwire/blockwire/rdma"
 	"log/slog"
 	"time"
 
@@ -56,8 +56,8 @@ type Options struct {
 	ISER bool
 	// RDMA is the RDMA fabric for ISER; nil uses the software iWARP
 	// device (rdma/siw) over TCP.
-	RDMA rdma.Fabric
-	Logger      *slog.Logger
+	RDMA   rdma.Fabric
+	Logger *slog.Logger
 }
 
 func (o *Options) defaults() {

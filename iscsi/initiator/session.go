@@ -14,12 +14,12 @@ import (
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/datamover/tcp"
-	"github.com/blockwire/blockwire/rdma"
-	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
 )
 
 // ErrClosed is returned by commands on a closed session.

@@ -25,7 +25,7 @@ type conn struct {
 	dm  datamover.Conn
 	// rdma: the datamover is iSER, so RDMAExtensions=Yes is offered.
 	rdma bool
-	log *slog.Logger
+	log  *slog.Logger
 
 	login    loginState
 	loginITT uint32

@@ -17,25 +17,25 @@ import (
 
 // loginState is the login phase of one connection (RFC 7143 §6).
 type loginState struct {
-	started     bool
-	isid        [6]byte
-	tsih        uint16
-	cid         uint16
-	cmdSN       uint32
-	stage       byte
-	initiator   string
-	alias       string
-	targetName  string
-	discovery   bool
-	tgt         *Target
-	neg         *text.Negotiator
-	authMethod  string // "", "None", "CHAP"
-	chap        *auth.Target
-	authDone    bool
-	textBuf     []byte
-	declaredOps bool
+	started      bool
+	isid         [6]byte
+	tsih         uint16
+	cid          uint16
+	cmdSN        uint32
+	stage        byte
+	initiator    string
+	alias        string
+	targetName   string
+	discovery    bool
+	tgt          *Target
+	neg          *text.Negotiator
+	authMethod   string // "", "None", "CHAP"
+	chap         *auth.Target
+	authDone     bool
+	textBuf      []byte
+	declaredOps  bool
 	declaredISER bool
-	declaredTag bool
+	declaredTag  bool
 }
 
 // loginError ends the login with a status (RFC 7143 §11.13.5).
