@@ -152,13 +152,13 @@ const (
 
 // taskTags are the STags of one task.
 type taskTags struct {
-	wsv, rsv  bool
-	wstag     uint32
-	wva       uint64
-	rstag     uint32
-	rva       uint64
-	solBase   int64 // buffer offset of the first solicited byte (Linux profile)
-	wmr, rmr  *rdma.MR
+	wsv, rsv bool
+	wstag    uint32
+	wva      uint64
+	rstag    uint32
+	rva      uint64
+	solBase  int64 // buffer offset of the first solicited byte (Linux profile)
+	wmr, rmr *rdma.MR
 }
 
 type readCtx struct {
