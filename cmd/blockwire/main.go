@@ -8,6 +8,8 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
 	"io"
 	"log/slog"
 	"net"
@@ -110,6 +112,7 @@ func serve(args []string, stderr io.Writer) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
+	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -165,11 +168,20 @@ func serve(args []string, stderr io.Writer) int {
 		}
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
-	srv := iscsitarget.NewServer(log, iscsitarget.Options{
+	opts := iscsitarget.Options{
 		NopInterval:         *nop,
 		RequireHeaderDigest: *hdigest == "required",
 		RequireDataDigest:   *ddigest == "required",
-	})
+	}
+	if *iserOn {
+		// One port for iSCSI/TCP and iSER: the first byte tells them
+		// apart (an MPA Request or a Login PDU).
+		opts.ISER = &iscsitarget.ISERPortal{
+			IWARP: siw.New(siw.Options{Logger: log}),
+			PD:    rdma.NewDevice("blockwire").AllocPD(),
+		}
+	}
+	srv := iscsitarget.NewServer(log, opts)
 	var devices []*target.Device
 	closeDevices := func() {
 		for _, d := range devices {

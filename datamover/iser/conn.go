@@ -330,6 +330,12 @@ var errTerminated = errors.New("iser: connection terminated")
 
 // SendControl implements datamover.Conn (seed 002 §9.1, seed 000 §9.5).
 func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
+	return c.sendControl(p, advance, false)
+}
+
+// sendControl sends a control PDU; with wait it returns once the Send
+// (and every earlier request) has completed.
+func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
 	var slot int
 	select {
 	case slot = <-c.freeSlot:
@@ -373,7 +379,6 @@ func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
 	}
 	h.Put(buf, c.hl)
 	c.smu.Lock()
-	defer c.smu.Unlock()
 	p.BHS.SetTotalAHSLength(len(p.AHS))
 	p.BHS.SetDataSegmentLength(len(p.Data))
 	if c.stamp != nil {
@@ -383,9 +388,27 @@ func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
 	o += copy(buf[o:], p.AHS)
 	o += copy(buf[o:], p.Data)
 	wr.SG = [][]byte{buf[:o]}
-	if err := c.qp.PostSend(&wr); err != nil {
+	if wait {
+		wr.ID = kindWait | uint64(slot)
+	}
+	err := c.qp.PostSend(&wr)
+	c.smu.Unlock()
+	if err != nil {
 		c.freeSlot <- slot
 		return err
+	}
+	if !wait {
+		return nil
+	}
+	var st rdma.Status
+	select {
+	case st = <-c.waiters[slot]:
+	case <-c.ctx.Done():
+		return errTerminated
+	}
+	c.freeSlot <- slot
+	if st != rdma.Success {
+		return fmt.Errorf("iser: Send failed: %v", st)
 	}
 	return nil
 }
@@ -532,20 +555,29 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 	if !ok {
 		return fmt.Errorf("iser: Put_Data for ITT %#x, whose command advertised no Read STag (RFC 5046 §9.2)", d.ITT)
 	}
+	withStatus := d.Final && d.WithStatus
 	if len(d.Data) > 0 {
-		// The write completes before the buffer goes back to the task.
-		if err := c.wait(&rdma.SendWR{Op: rdma.OpWrite, SG: [][]byte{d.Data}, RemoteSTag: stag, RemoteTO: to}); err != nil {
+		wr := rdma.SendWR{Op: rdma.OpWrite, SG: [][]byte{d.Data}, RemoteSTag: stag, RemoteTO: to}
+		if !withStatus {
+			// The write completes before the buffer goes back to the
+			// task.
+			return c.wait(&wr)
+		}
+		// The response's completion below comes after this one (send
+		// queues complete in order), so one wait covers both.
+		wr.Unsignaled = true
+		if err := c.qp.PostSend(&wr); err != nil {
 			return err
 		}
 	}
-	if !d.Final || !d.WithStatus {
+	if !withStatus {
 		return nil
 	}
 	r := pdu.SCSIResponse{ITT: d.ITT, Response: pdu.RespCompleted, Status: d.Status,
 		Overflow: d.Overflow, Underflow: d.Underflow, Residual: d.Residual}
 	var p datamover.PDU
 	r.Encode(&p.BHS)
-	return c.SendControl(&p, true)
+	return c.sendControl(&p, true, true)
 }
 
 // GetData implements datamover.Conn (seed 002 §9.3, seed 000 §9.6): the

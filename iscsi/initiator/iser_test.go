@@ -6,13 +6,13 @@ import (
 	"crypto/rand"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
-	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -30,14 +30,17 @@ func startISERTarget(t testing.TB) string {
 		t.Fatal(err)
 	}
 	dev.AddLU(lu)
-	srv := iscsitarget.NewServer(log, iscsitarget.Options{})
+	// One TCP port for both: iSER connections open with an MPA Request.
+	srv := iscsitarget.NewServer(log, iscsitarget.Options{ISER: &iscsitarget.ISERPortal{
+		IWARP: siw.New(siw.Options{Logger: log}),
+		PD:    rdma.NewDevice("target").AllocPD(),
+	}})
 	srv.AddTarget(&iscsitarget.Target{Name: tIQN, Device: dev})
-	l, err := siw.New(siw.Options{Logger: log}).Listen("127.0.0.1:0")
+	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	pd := rdma.NewDevice("target").AllocPD()
-	go srv.ServeISER(l, pd, iser.Options{})
+	go srv.Serve(l)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
@@ -109,6 +112,18 @@ func TestISERReadWrite(t *testing.T) {
 	}
 	if err := d.Flush(); err != nil {
 		t.Fatal(err)
+	}
+	// The same port serves iSCSI/TCP, which sees what iSER wrote.
+	dt, err := Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dt.Close()
+	viaTCP, viaISER := make([]byte, 65536), make([]byte, 65536)
+	dt.ReadAt(viaTCP, 0)
+	d.ReadAt(viaISER, 0)
+	if !bytes.Equal(viaTCP, viaISER) {
+		t.Fatal("iSCSI/TCP and iSER see different data")
 	}
 	// A SCSI error's sense data arrives in the SCSI Response Send.
 	_, err = d.Do(ctx, []byte{0xc7, 0, 0, 0, 0, 0}, nil, nil)

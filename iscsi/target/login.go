@@ -208,8 +208,13 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 	}
 	local := c.srv.localKeys()
 	if c.rdma {
-		// An iSER portal wants RDMA extensions (seed 004 §6.1).
+		// An iSER portal wants RDMA extensions (seed 004 §6.1), and
+		// solicited data: an RDMA Read places it directly, while
+		// unsolicited Data-Out arrives in Sends of at most
+		// TargetRecvDataSegmentLength bytes that are copied (LIO answers
+		// InitialR2T=Yes for the same reason).
 		local["RDMAExtensions"] = "Yes"
+		local["InitialR2T"] = "Yes"
 	}
 	ls.neg = text.NewNegotiator(local, ls.tsih == 0)
 	c.log = c.log.With("initiator", name, "target", ls.targetName)

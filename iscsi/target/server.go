@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sort"
@@ -92,6 +93,21 @@ type Options struct {
 	// both and follows the initiator's order of preference.
 	RequireHeaderDigest bool
 	RequireDataDigest   bool
+	// ISER, when set, makes every TCP portal serve iSER too: a connection
+	// that opens with an MPA Request (connection-first iSER over iWARP)
+	// is handed to this device; one that opens with a Login PDU is
+	// iSCSI/TCP. So one port serves both, as LIO cannot on iWARP.
+	ISER *ISERPortal
+}
+
+// ISERPortal is the RDMA side of the portals.
+type ISERPortal struct {
+	// IWARP starts MPA on an accepted TCP connection (rdma/siw.Fabric).
+	IWARP interface {
+		Respond(ctx context.Context, c net.Conn) (rdma.ConnRequest, error)
+	}
+	PD      *rdma.PD
+	Options iser.Options
 }
 
 func (o *Options) defaults() {
@@ -264,7 +280,76 @@ func tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
 }
 
 func (s *Server) startConn(nc net.Conn) {
-	s.start(newConn(s, nc.RemoteAddr().String(), tcpConn(nc)), func() { nc.Close() })
+	if s.opts.ISER == nil {
+		s.start(newConn(s, nc.RemoteAddr().String(), tcpConn(nc)), func() { nc.Close() })
+		return
+	}
+	go s.classify(nc)
+}
+
+// classify tells iSCSI from iSER on a shared portal by the first byte: an
+// MPA Request starts with "M" (0x4D), which as an iSCSI opcode byte would
+// be opcode 0x0D with the I bit — no initiator PDU.
+func (s *Server) classify(nc net.Conn) {
+	var first [1]byte
+	_ = nc.SetReadDeadline(time.Now().Add(s.opts.LoginTimeout))
+	if _, err := io.ReadFull(nc, first[:]); err != nil {
+		nc.Close()
+		return
+	}
+	_ = nc.SetReadDeadline(time.Time{})
+	pc := withPrefix(nc, first[:])
+	if first[0] != 'M' {
+		s.start(newConn(s, nc.RemoteAddr().String(), tcpConn(pc)), func() { nc.Close() })
+		return
+	}
+	p := s.opts.ISER
+	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoginTimeout)
+	defer cancel()
+	req, err := p.IWARP.Respond(ctx, pc)
+	if err != nil {
+		s.log.Info("iSER connection refused", "remote", nc.RemoteAddr(), "err", err)
+		nc.Close()
+		return
+	}
+	s.AcceptISER(req, p.PD, p.Options)
+}
+
+// prefixConn gives back bytes already read before the rest of the stream.
+type prefixConn struct {
+	*net.TCPConn // keeps vectored writes (net.Buffers) working
+	pre          []byte
+}
+
+func (c *prefixConn) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.TCPConn.Read(b)
+}
+
+type prefixAny struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *prefixAny) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}
+
+func withPrefix(nc net.Conn, pre []byte) net.Conn {
+	pre = append([]byte(nil), pre...)
+	if tc, ok := nc.(*net.TCPConn); ok {
+		return &prefixConn{tc, pre}
+	}
+	return &prefixAny{nc, pre}
 }
 
 // start runs a connection until it ends; abort closes its transport when
@@ -330,6 +415,9 @@ func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options)
 		// in full feature phase (facts §2.3).
 		opt.CtrlDataLimit = 128
 	}
+	// Seed 004 §8: the receive buffers cover the CmdSN window plus the
+	// unexpected PDUs (NOP-Out, TMF, Text, Logout) an initiator may send.
+	opt.Recvs = max(opt.Recvs, int(s.opts.CmdWindow)+64)
 	res := iser.Prepare(pd, opt)
 	reply := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: peer.SendInvNotSupported}.Append(nil)
 	qp, err := req.Accept(res.ConnParams(reply))

@@ -270,7 +270,11 @@ func (q *qp) fail(err error, term *rdmap.Term) {
 		q.sendTerminate(term)
 		q.wmu.Unlock()
 	}
-	if err != nil {
+	switch {
+	case err == nil:
+	case errors.Is(err, rdma.ErrDisconnected):
+		q.log.Debug("siw: peer closed the stream", "remote", q.attr.RemoteAddr)
+	default:
 		q.log.Warn("siw: queue pair terminated", "remote", q.attr.RemoteAddr, "err", err)
 	}
 	q.conn.Close()
