@@ -132,7 +132,7 @@ func discover(args []string, stdout, stderr io.Writer) int {
 	}
 	finishOptions(o, *ts, stderr)
 	portal := pos[0]
-	if strings.HasPrefix(portal, "iscsi://") {
+	if isURL(portal) {
 		u, err := initiator.ParseURL(portal)
 		if err != nil {
 			fmt.Fprintln(stderr, "blockwire:", err)
@@ -140,6 +140,7 @@ func discover(args []string, stdout, stderr io.Writer) int {
 		}
 		portal = u.Portal
 		o.CHAP = u.Credentials()
+		o.ISER = u.ISER
 	}
 	ctx, cancel := signalContext()
 	defer cancel()

@@ -51,7 +51,7 @@ func (e *endpoint) close() error {
 }
 
 func openEndpoint(ctx context.Context, name string, write bool, o initiator.Options) (*endpoint, error) {
-	if strings.HasPrefix(name, "iscsi://") {
+	if isURL(name) {
 		d, err := initiator.Open(ctx, name, o)
 		if err != nil {
 			return nil, err
@@ -85,7 +85,7 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 	}
 	finishOptions(o, *ts, stderr)
 	for _, p := range pos {
-		if strings.HasPrefix(p, "iscsi://") {
+		if isURL(p) {
 			if _, err := initiator.ParseURL(p); err != nil {
 				fmt.Fprintln(stderr, "blockwire:", err)
 				return exitUsage
@@ -156,15 +156,18 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// redactURL hides the password of an iSCSI URL.
+// isURL tells an iSCSI or iSER URL from a file name.
+func isURL(s string) bool { return strings.HasPrefix(s, "iscsi://") || strings.HasPrefix(s, "iser://") }
+
+// redactURL hides the password of an iSCSI or iSER URL.
 func redactURL(u string) string {
-	rest, ok := strings.CutPrefix(u, "iscsi://")
-	if !ok {
+	scheme, rest, ok := strings.Cut(u, "://")
+	if !ok || !isURL(u) {
 		return u
 	}
 	if at := strings.IndexByte(rest, '@'); at >= 0 {
 		if pc := strings.IndexByte(rest[:at], '%'); pc >= 0 {
-			return "iscsi://" + rest[:pc] + "%***" + rest[at:]
+			return scheme + "://" + rest[:pc] + "%***" + rest[at:]
 		}
 	}
 	return u

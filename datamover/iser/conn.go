@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -644,9 +645,20 @@ func (c *Conn) startRead(i int, r2t *pdu.R2T, buf []byte, stag uint32, to uint64
 	return nil
 }
 
-// ConnectionTerminate implements datamover.Conn (seed 002 §9.7).
+// ConnectionTerminate implements datamover.Conn (seed 002 §9.7). Control
+// PDUs already handed to Send_Control (a Logout Response, a failed Login
+// Response) still go out first: the queue pair closes once its sends
+// have completed, or after a second.
 func (c *Conn) ConnectionTerminate() {
 	c.termOnce.Do(func() {
+		deadline := time.Now().Add(time.Second)
+		for len(c.freeSlot) < cap(c.freeSlot) && time.Now().Before(deadline) {
+			select {
+			case <-c.qp.Done():
+				deadline = time.Now()
+			case <-time.After(time.Millisecond):
+			}
+		}
 		c.cancel()
 		c.qp.Close()
 	})

@@ -80,6 +80,7 @@ type qp struct {
 	bufs  net.Buffers
 	iovs  [][]byte
 	arena []byte
+	ap    int       // arena bytes used by the batch being built
 	rspSG [1][]byte // sender only
 
 	// Receiver state (receiver goroutine only).
@@ -127,6 +128,7 @@ func newQP(conn net.Conn, p rdma.ConnParams, crc bool, mulpdu, ird, ord int, det
 		iovs:      make([][]byte, 0, arenaSegs*(2+rdma.MaxSGE)),
 		arena:     make([]byte, arenaSegs*perSeg),
 	}
+	q.bufs = q.iovs[:0]
 	q.cond = sync.NewCond(&q.mu)
 	q.rx.c = conn
 	for _, r := range p.Recvs {
@@ -322,9 +324,13 @@ func (q *qp) flushRecv(wr rdma.RecvWR) {
 
 // ---- sending ----
 
-// sender runs the send queue and the Read Responses owed to the peer, one
-// message at a time, each message in as few vectored writes as possible.
+// sender runs the send queue and the Read Responses owed to the peer. It
+// gathers every message that is ready into one vectored write (up to
+// arenaSegs segments), so a busy queue pair makes few system calls; sends
+// complete once their bytes are written.
 func (q *qp) sender() {
+	done := make([]int, 0, len(q.sq)) // slots written in the batch, completed after the flush
+	building := false
 	for {
 		q.mu.Lock()
 		var (
@@ -355,11 +361,35 @@ func (q *qp) sender() {
 					break
 				}
 			}
+			if building {
+				break // nothing more right now: write the batch
+			}
 			q.cond.Wait()
 		}
 		if q.failed {
 			q.mu.Unlock()
+			if building {
+				q.wmu.Unlock()
+			}
 			return
+		}
+		if !isRsp && slot < 0 {
+			// The batch is complete.
+			q.mu.Unlock()
+			err := q.flush()
+			q.wmu.Unlock()
+			building = false
+			if err != nil {
+				q.fail(fmt.Errorf("siw: send: %w", err), nil)
+				return
+			}
+			q.mu.Lock()
+			for _, i := range done {
+				q.complete(i, rdma.Success, q.sq[i].n)
+			}
+			q.mu.Unlock()
+			done = done[:0]
+			continue
 		}
 		var msnSend, msnRR uint32
 		if slot >= 0 {
@@ -373,30 +403,41 @@ func (q *qp) sender() {
 			}
 		}
 		q.mu.Unlock()
-
+		if !building {
+			q.wmu.Lock()
+			building = true
+		}
 		var err error
 		if isRsp {
 			q.rspSG[0] = resp.src
 			err = q.writeTagged(rdmap.ReadResponse, resp.sinkSTag, resp.sinkTO, q.rspSG[:], len(resp.src))
 			q.rspSG[0] = nil
 		} else {
-			err = q.run(slot, msnSend, msnRR)
+			var queued bool
+			queued, err = q.build(slot, msnSend, msnRR)
+			if queued {
+				done = append(done, slot)
+			}
 		}
 		if err != nil {
+			q.wmu.Unlock()
 			q.fail(fmt.Errorf("siw: send: %w", err), nil)
 			return
 		}
 	}
 }
 
-func (q *qp) run(slot int, msnSend, msnRR uint32) error {
+// build adds the message of send-queue slot to the batch; queued reports
+// whether it completes when the batch is written (Sends and Writes; a
+// Read completes when its response has been placed).
+func (q *qp) build(slot int, msnSend, msnRR uint32) (bool, error) {
 	e := &q.sq[slot]
 	wr := &e.wr
 	total := 0
 	for _, b := range wr.SG {
 		total += len(b)
 	}
-	var err error
+	e.n = total
 	switch wr.Op {
 	case rdma.OpSend:
 		op := rdmap.Send
@@ -412,9 +453,9 @@ func (q *qp) run(slot int, msnSend, msnRR uint32) error {
 		if wr.Invalidate {
 			inv = wr.InvalidateSTag
 		}
-		err = q.writeUntagged(op, inv, msnSend, wr.SG, total)
+		return true, q.writeUntagged(op, inv, msnSend, wr.SG, total)
 	case rdma.OpWrite:
-		err = q.writeTagged(rdmap.Write, wr.RemoteSTag, wr.RemoteTO, wr.SG, total)
+		return true, q.writeTagged(rdmap.Write, wr.RemoteSTag, wr.RemoteTO, wr.SG, total)
 	case rdma.OpRead:
 		sinkSTag := wr.Sink.STag()
 		// The sink must be ours and writable before we ask for data.
@@ -422,23 +463,15 @@ func (q *qp) run(slot int, msnSend, msnRR uint32) error {
 			q.mu.Lock()
 			q.complete(slot, rdma.LocalProtection, 0)
 			q.mu.Unlock()
-			return fmt.Errorf("RDMA Read sink: %v", f)
+			return false, fmt.Errorf("RDMA Read sink: %v", f)
 		}
 		rr := rdmap.ReadReq{SinkSTag: sinkSTag, SinkTO: wr.SinkTO, Size: uint32(wr.Length), SrcSTag: wr.RemoteSTag, SrcTO: wr.RemoteTO}
-		err = q.writeReadRequest(&rr, msnRR)
-		return err // completes when the response has been placed
+		return false, q.writeReadRequest(&rr, msnRR)
 	}
-	if err != nil {
-		return err
-	}
-	q.mu.Lock()
-	q.complete(slot, rdma.Success, total)
-	q.mu.Unlock()
-	return nil
+	return false, nil
 }
 
-// segment appends one FPDU (header bytes h already built in the arena at
-// q.arena[*ap:]) with payload taken from the gather cursor.
+// cursor walks the gather list of a message.
 type cursor struct {
 	sg  [][]byte
 	i   int
@@ -463,57 +496,56 @@ func (c *cursor) take(bufs net.Buffers, n int) net.Buffers {
 	return bufs
 }
 
-// writeTagged sends an RDMA Write or Read Response message as tagged DDP
-// segments (RFC 5041 §4.3): TO advances with the payload.
+// writeTagged adds an RDMA Write or Read Response message as tagged DDP
+// segments (RFC 5041 §4.3): TO advances with the payload. Called with wmu
+// held, as are the other write functions.
 func (q *qp) writeTagged(op rdmap.Opcode, stag uint32, to uint64, sg [][]byte, total int) error {
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
 	h := ddp.Header{Tagged: true, ULP: rdmap.Ctrl(op), STag: stag}
 	return q.segments(&h, nil, sg, total, func(off int) { h.TO = to + uint64(off) })
 }
 
-// writeUntagged sends a Send-family message on QN 0 (RFC 5041 §4.4).
+// writeUntagged adds a Send-family message on QN 0 (RFC 5041 §4.4).
 func (q *qp) writeUntagged(op rdmap.Opcode, inv, msn uint32, sg [][]byte, total int) error {
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
 	h := ddp.Header{ULP: rdmap.Ctrl(op), ULPWord: inv, QN: ddp.QNSend, MSN: msn}
 	return q.segments(&h, nil, sg, total, func(off int) { h.MO = uint32(off) })
 }
 
 func (q *qp) writeReadRequest(rr *rdmap.ReadReq, msn uint32) error {
-	q.wmu.Lock()
-	defer q.wmu.Unlock()
 	h := ddp.Header{ULP: rdmap.Ctrl(rdmap.ReadRequest), QN: ddp.QNReadRequest, MSN: msn, Last: true}
 	var body [rdmap.ReadRequestLen]byte
 	rr.Put(body[:])
 	return q.segments(&h, body[:], nil, 0, func(int) {})
 }
 
-// segments cuts a message into FPDUs of at most MULPDU and writes them
-// with vectored writes of up to arenaSegs segments.
+// segments cuts a message into FPDUs of at most MULPDU and adds them to
+// the batch, writing the batch out whenever the arena or the gather list
+// is full.
 func (q *qp) segments(h *ddp.Header, extra []byte, sg [][]byte, total int, at func(off int)) error {
 	hl := h.Len() + len(extra)
 	room := q.mulpdu - hl
 	cur := cursor{sg: sg}
-	q.bufs = q.iovs[:0]
-	ap := 0
 	off := 0
 	for first := true; first || off < total; first = false {
+		if q.ap+perSeg > len(q.arena) || len(q.bufs)+2+rdma.MaxSGE > cap(q.iovs) {
+			if err := q.flush(); err != nil {
+				return err
+			}
+		}
 		n := min(room, total-off)
 		at(off)
 		h.Last = off+n == total
-		hb := q.arena[ap : ap+2+hl]
+		hb := q.arena[q.ap : q.ap+2+hl]
 		ulpdu := hl + n
 		binary.BigEndian.PutUint16(hb, uint16(ulpdu))
 		h.Put(hb[2:])
 		copy(hb[2+h.Len():], extra)
-		ap += 2 + hl
+		q.ap += 2 + hl
 		start := len(q.bufs)
 		q.bufs = append(q.bufs, hb)
 		q.bufs = cur.take(q.bufs, n)
 		pad := mpa.PadLen(ulpdu)
-		tr := q.arena[ap : ap+pad+mpa.CRCLen]
-		ap += pad + mpa.CRCLen
+		tr := q.arena[q.ap : q.ap+pad+mpa.CRCLen]
+		q.ap += pad + mpa.CRCLen
 		clear(tr)
 		if q.crc {
 			var c uint32
@@ -525,35 +557,34 @@ func (q *qp) segments(h *ddp.Header, extra []byte, sg [][]byte, total int, at fu
 		}
 		q.bufs = append(q.bufs, tr)
 		off += n
-		if ap+perSeg > len(q.arena) || len(q.bufs)+2+rdma.MaxSGE > cap(q.iovs) {
-			if err := q.flush(); err != nil {
-				return err
-			}
-			ap = 0
-		}
 	}
-	return q.flush()
+	return nil
 }
 
+// flush writes the batch with one vectored write.
 func (q *qp) flush() error {
-	if len(q.bufs) == 0 {
-		return nil
+	var err error
+	if len(q.bufs) > 0 {
+		_, err = q.bufs.WriteTo(q.conn)
 	}
-	_, err := q.bufs.WriteTo(q.conn)
 	for i := range q.iovs[:cap(q.iovs)] {
 		q.iovs[:cap(q.iovs)][i] = nil
 	}
 	q.bufs = q.iovs[:0]
+	q.ap = 0
 	return err
 }
 
 // sendTerminate writes a Terminate message (RFC 5040 §4.8: QN 2, MSN 1,
-// MO 0, last). Called with wmu held.
+// MO 0, last). Called with wmu held, when no batch is being built.
 func (q *qp) sendTerminate(t *rdmap.Term) {
 	var body [maxTermBody]byte
 	b := t.Append(body[:0])
 	h := ddp.Header{ULP: rdmap.Ctrl(rdmap.Terminate), QN: ddp.QNTerminate, MSN: 1, Last: true}
-	_ = q.segments(&h, b, nil, 0, func(int) {})
+	q.bufs, q.ap = q.iovs[:0], 0
+	if q.segments(&h, b, nil, 0, func(int) {}) == nil {
+		_ = q.flush()
+	}
 }
 
 // ---- receiving ----

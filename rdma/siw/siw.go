@@ -193,16 +193,10 @@ func (f *Fabric) detail(rev uint8, crc bool) string {
 // the returned stop is called.
 func (f *Fabric) deadline(ctx context.Context, c net.Conn) (stop func()) {
 	_ = c.SetDeadline(time.Now().Add(f.opt.HandshakeTimeout))
-	done := make(chan struct{})
-	var once sync.Once
-	go func() {
-		select {
-		case <-ctx.Done():
-			_ = c.SetDeadline(time.Unix(1, 0))
-		case <-done:
-		}
-	}()
-	return func() { once.Do(func() { close(done) }) }
+	// Once stop has returned, a later cancellation of ctx no longer
+	// touches the connection.
+	cancel := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	return func() { cancel() }
 }
 
 // readFrame reads one MPA Request or Reply, exactly (nothing after it).
