@@ -203,6 +203,11 @@ type Conn struct {
 	enabled  bool
 	termOnce sync.Once
 	dispDone chan struct{}
+
+	// ready is closed once the Hello exchange of the RFC 5046 profile is
+	// over (at once in the Linux profile); control PDUs wait for it.
+	ready     chan struct{}
+	helloDone bool // receive goroutine
 }
 
 type queuedRead struct {
@@ -220,7 +225,11 @@ func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *
 		sendInv: !o.Initiator && !peer.SendInvNotSupported,
 		ctx:     ctx, cancel: cancel,
 		tasks:   map[uint32]*taskTags{},
-		maxXmit: 8192, dispDone: make(chan struct{})}
+		maxXmit: 8192, dispDone: make(chan struct{}), ready: make(chan struct{})}
+	if o.Profile != ProfileRFC5046 {
+		close(c.ready)
+		c.helloDone = true
+	}
 	slotSize := r.hl + pdu.BHSLen + maxAHS + max(o.RecvDataSize, 8192)
 	backing := make([]byte, slotSize*o.SendSlots)
 	c.slots = make([][]byte, o.SendSlots)
@@ -337,6 +346,11 @@ func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
 // sendControl sends a control PDU; with wait it returns once the Send
 // (and every earlier request) has completed.
 func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
+	select {
+	case <-c.ready:
+	case <-c.ctx.Done():
+		return errTerminated
+	}
 	var slot int
 	select {
 	case slot = <-c.freeSlot:
@@ -707,7 +721,15 @@ func (c *Conn) dispatch() {
 func (c *Conn) Serve(up datamover.Upcalls) {
 	c.up = up
 	go c.dispatch()
-	err := c.serve(up)
+	var err error
+	if !c.helloDone && c.init {
+		// Seed 004 §5.1.3: Hello is the initiator's first iSER message.
+		h := Hello{MaxVer: VersionRFC5046, MinVer: VersionRFC5046, IRD: uint16(c.r.opt.IRD)}
+		err = c.sendRaw(h.Append(nil))
+	}
+	if err == nil {
+		err = c.serve(up)
+	}
 	c.ConnectionTerminate()
 	<-c.qp.Done()
 	<-c.dispDone
@@ -744,6 +766,9 @@ func (c *Conn) serve(up datamover.Upcalls) error {
 
 func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.PDU) error {
 	msg := c.r.recvBufs[cp.ID][:cp.Len]
+	if !c.helloDone {
+		return c.hello(msg)
+	}
 	h, err := Decode(msg, c.hl)
 	if err != nil {
 		return err
@@ -839,3 +864,59 @@ func (c *Conn) startQueued() {
 // RecvDataSize is the data segment a receive buffer holds: this side's
 // Target/InitiatorRecvDataSegmentLength.
 func (c *Conn) RecvDataSize() int { return c.r.opt.RecvDataSize }
+
+// sendRaw sends an iSER message that is not an iSCSI PDU (Hello,
+// HelloReply) as a SendSE (seed 000 Appendix A), ahead of the ready gate.
+func (c *Conn) sendRaw(msg []byte) error {
+	var slot int
+	select {
+	case slot = <-c.freeSlot:
+	case <-c.ctx.Done():
+		return errTerminated
+	}
+	buf := c.slots[slot][:copy(c.slots[slot], msg)]
+	wr := rdma.SendWR{ID: kindSlot | uint64(slot), Op: rdma.OpSend, Solicited: true, SG: [][]byte{buf}}
+	c.smu.Lock()
+	err := c.qp.PostSend(&wr)
+	c.smu.Unlock()
+	if err != nil {
+		c.freeSlot <- slot
+	}
+	return err
+}
+
+// hello handles the first message of the RFC 5046 profile: the target
+// answers the initiator's Hello (iSER-ORD = min(own ORD, iSER-IRD),
+// rejecting when the versions do not overlap or it cannot serve the
+// initiator's RDMA Reads); the initiator checks the HelloReply. Anything
+// else first is a protocol error (seed 000 §10.1.3.2): the stream ends.
+func (c *Conn) hello(msg []byte) error {
+	if c.init {
+		r, err := DecodeHelloReply(msg)
+		if err != nil {
+			return fmt.Errorf("iser: the target's first message is not a HelloReply (RFC 5046 §5.1.3): %w", err)
+		}
+		if r.Reject {
+			return fmt.Errorf("iser: the target rejected our Hello (versions %d-%d, its %d; iSER-ORD %d) (RFC 5046 §10.1.3.4)",
+				VersionRFC5046, VersionRFC5046, r.MaxVer, r.ORD)
+		}
+		c.helloDone = true
+		close(c.ready)
+		return nil
+	}
+	h, err := DecodeHello(msg)
+	if err != nil {
+		return fmt.Errorf("iser: the initiator's first message is not a Hello (RFC 5046 §5.1.3): %w", err)
+	}
+	r := AnswerHello(h, VersionRFC5046, VersionRFC5046, uint16(c.qp.Attr().ORD))
+	if err := c.sendRaw(r.Append(nil)); err != nil {
+		return err
+	}
+	if r.Reject {
+		return fmt.Errorf("iser: Hello rejected: versions %d-%d, iSER-IRD %d, our ORD %d (RFC 5046 §10.1.3.4)",
+			h.MinVer, h.MaxVer, h.IRD, c.qp.Attr().ORD)
+	}
+	c.helloDone = true
+	close(c.ready)
+	return nil
+}

@@ -25,6 +25,7 @@ type Conn struct {
 	// runs inside it), so they need no lock.
 	rxHeaderDigest bool
 	rxDataDigest   bool
+	handoff        bool // stop after the current PDU (RequestHandoff)
 	maxRecv        int
 	scratch        []byte
 	ahs            [1024]byte
@@ -392,11 +393,31 @@ func (c *Conn) GetData(r2t *pdu.R2T, _ []byte) error {
 	return c.SendControl(&p, false)
 }
 
-// Serve implements datamover.Conn: it reads PDUs until the connection ends.
+// Serve implements datamover.Conn: it reads PDUs until the connection
+// ends, or until a handoff was asked for (see Handoff).
 func (c *Conn) Serve(up datamover.Upcalls) {
 	err := c.serve(up)
+	if err == errHandoff {
+		return
+	}
 	c.nc.Close()
 	up.ConnectionTerminateNotify(err)
+}
+
+var errHandoff = errors.New("iscsi: connection handed to another datamover")
+
+// RequestHandoff makes Serve return, without closing the connection or
+// notifying termination, once the PDU being delivered has been handled:
+// the RFC 5046 §5.1 switch from byte-stream mode to an RDMA stream after
+// the final Login Response (seed 004 §5.1). Call it from ControlNotify.
+func (c *Conn) RequestHandoff() { c.handoff = true }
+
+// Handoff returns the socket and the bytes already read from it but not
+// yet consumed, after Serve returned for a handoff.
+func (c *Conn) Handoff() (net.Conn, []byte) {
+	n := c.br.Buffered()
+	pre, _ := c.br.Peek(n)
+	return c.nc, append([]byte(nil), pre...)
 }
 
 // ErrHeaderDigest is a header digest mismatch; at ErrorRecoveryLevel 0 the
@@ -483,6 +504,9 @@ func (c *Conn) serve(up datamover.Upcalls) error {
 		p.Data = buf
 		if perr == nil {
 			perr = up.ControlNotify(&p)
+			if perr == nil && c.handoff {
+				return errHandoff
+			}
 		}
 		if perr != nil {
 			var pe *datamover.ProtocolError

@@ -13,12 +13,13 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"github.com/blockwire/blockwire/rdma"
 	"log/slog"
 	"time"
 
+	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
 )
 
@@ -56,8 +57,13 @@ type Options struct {
 	ISER bool
 	// RDMA is the RDMA fabric for ISER; nil uses the software iWARP
 	// device (rdma/siw) over TCP.
-	RDMA   rdma.Fabric
-	Logger *slog.Logger
+	RDMA rdma.Fabric
+	// ISERProfile picks the iSER form: iser.ProfileLinux (default;
+	// connection first) or iser.ProfileRFC5046 (login on TCP, then the
+	// connection turns into an RDMA stream, Hello; RDMA must then also
+	// implement iser.IWARP, as rdma/siw does).
+	ISERProfile iser.Profile
+	Logger      *slog.Logger
 }
 
 func (o *Options) defaults() {

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -47,6 +48,42 @@ func startISERTarget(t testing.TB) string {
 		srv.Shutdown(ctx)
 	})
 	return l.Addr().String()
+}
+
+// TestISERRFC5046Profile logs in on TCP in byte-stream mode with
+// RDMAExtensions=Yes, then the same connection turns into an RDMA stream
+// with the Hello exchange and 12-byte headers (seed 004 §5.1).
+func TestISERRFC5046Profile(t *testing.T) {
+	addr := startISERTarget(t)
+	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{ISERProfile: iser.ProfileRFC5046})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	up, ok := d.s.links[0].dm.(*iser.Upgrade)
+	if !ok || !up.ISER() {
+		t.Fatalf("connection did not switch to iSER (%T)", d.s.links[0].dm)
+	}
+	for _, n := range []int{512, 8192, 65536, 1 << 20} {
+		data := make([]byte, n)
+		rand.Read(data)
+		if _, err := d.WriteAt(data, 4096); err != nil {
+			t.Fatalf("write %d: %v", n, err)
+		}
+		back := make([]byte, n)
+		if _, err := d.ReadAt(back, 4096); err != nil {
+			t.Fatalf("read %d: %v", n, err)
+		}
+		if !bytes.Equal(back, data) {
+			t.Fatalf("%d bytes: read back differs", n)
+		}
+	}
+	// Without RDMAExtensions the same kind of connection stays iSCSI/TCP.
+	dt, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dt.Close()
 }
 
 // TestISERReadWrite runs the same SCSI workload as the TCP tests over

@@ -180,7 +180,13 @@ func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*lin
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
 	l := &link{s: s, cid: cid, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
-	if s.opts.ISER {
+	if s.opts.ISER && s.opts.ISERProfile == iser.ProfileRFC5046 {
+		dm, err := s.dialUpgrade(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l.dm, l.rdma = dm, true
+	} else if s.opts.ISER {
 		dm, err := s.dialISER(ctx)
 		if err != nil {
 			return nil, err
@@ -455,20 +461,42 @@ func newCond(s *Session) *sync.Cond { return sync.NewCond(&s.mu) }
 // says tagged offsets are virtual addresses; the target's answer says
 // whether it will invalidate our STags with Send with Invalidate.
 func (s *Session) dialISER(ctx context.Context) (*iser.Conn, error) {
-	f := s.opts.RDMA
-	if f == nil {
-		f = siw.New(siw.Options{Logger: s.opts.Logger})
-	}
-	s.mu.Lock()
-	if s.pd == nil {
-		s.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
-	}
-	pd := s.pd
-	s.mu.Unlock()
+	f, pd := s.rdma()
 	res := iser.Prepare(pd, iser.Options{Initiator: true, Logger: s.opts.Logger})
 	qp, reply, err := f.Dial(ctx, s.portal, res.ConnParams(iser.CMHeader{ZBVANotSupported: true}.Append(nil)))
 	if err != nil {
 		return nil, fmt.Errorf("iscsi: iSER connect to %s: %w", s.portal, err)
 	}
 	return res.Attach(qp, iser.DecodeCMHeader(reply), s.stamp), nil
+}
+
+// rdma is the session's RDMA fabric and protection domain.
+func (s *Session) rdma() (rdma.Fabric, *rdma.PD) {
+	f := s.opts.RDMA
+	if f == nil {
+		f = siw.New(siw.Options{Logger: s.opts.Logger})
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.pd == nil {
+		s.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
+	}
+	return f, s.pd
+}
+
+// dialUpgrade connects for the RFC 5046 profile: TCP, a byte-stream
+// login asking for RDMAExtensions, then MPA on the same connection and
+// the Hello exchange (seed 004 §5.1).
+func (s *Session) dialUpgrade(ctx context.Context) (*iser.Upgrade, error) {
+	f, pd := s.rdma()
+	iw, ok := f.(iser.IWARP)
+	if !ok {
+		return nil, fmt.Errorf("iscsi: the RFC 5046 iSER profile needs an iWARP fabric that can start MPA on a connection (%T cannot)", f)
+	}
+	var d net.Dialer
+	nc, err := d.DialContext(ctx, "tcp", s.portal)
+	if err != nil {
+		return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
+	}
+	return iser.NewUpgrade(nc, iw, pd, iser.Options{Initiator: true, Logger: s.opts.Logger}, s.stamp), nil
 }

@@ -23,9 +23,11 @@ import (
 type conn struct {
 	srv *Server
 	dm  datamover.Conn
-	// rdma: the datamover is iSER, so RDMAExtensions=Yes is offered.
-	rdma bool
-	log  *slog.Logger
+	// rdma: the datamover is or may become iSER, so RDMAExtensions=Yes
+	// is answered; iserOnly: it is iSER from the start (connection
+	// first), so solicited data moves by RDMA Read (InitialR2T=Yes).
+	rdma, iserOnly bool
+	log            *slog.Logger
 
 	login    loginState
 	loginITT uint32
@@ -77,12 +79,12 @@ type doPlacement struct {
 // with the connection's sequence-number stamper (the only place a concrete
 // datamover is chosen is the portal that accepted the connection).
 func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn) *conn {
-	return newConnRDMA(s, remote, mk, false)
+	return newConnRDMA(s, remote, mk, false, false)
 }
 
 // newConnRDMA builds a connection whose datamover may be RDMA-assisted
 // (iSER): it then offers RDMAExtensions=Yes.
-func newConnRDMA(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn, rdma bool) *conn {
+func newConnRDMA(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn, rdma, iserOnly bool) *conn {
 	c := &conn{
 		srv:   s,
 		log:   s.log.With("remote", remote),
@@ -92,7 +94,7 @@ func newConnRDMA(s *Server, remote string, mk func(datamover.Stamper) datamover.
 	}
 	c.statSN = 1
 	c.logoutAsked = -1
-	c.rdma = rdma
+	c.rdma, c.iserOnly = rdma, iserOnly
 	c.dm = mk(c.stamp)
 	return c
 }

@@ -214,7 +214,9 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		// TargetRecvDataSegmentLength bytes that are copied (LIO answers
 		// InitialR2T=Yes for the same reason).
 		local["RDMAExtensions"] = "Yes"
-		local["InitialR2T"] = "Yes"
+		if c.iserOnly {
+			local["InitialR2T"] = "Yes"
+		}
 	}
 	ls.neg = text.NewNegotiator(local, ls.tsih == 0)
 	c.log = c.log.With("initiator", name, "target", ls.targetName)

@@ -22,6 +22,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/bufpool"
+	"github.com/blockwire/blockwire/internal/prefixconn"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/rdma"
 	scsitarget "github.com/blockwire/blockwire/target"
@@ -103,9 +104,7 @@ type Options struct {
 // ISERPortal is the RDMA side of the portals.
 type ISERPortal struct {
 	// IWARP starts MPA on an accepted TCP connection (rdma/siw.Fabric).
-	IWARP interface {
-		Respond(ctx context.Context, c net.Conn) (rdma.ConnRequest, error)
-	}
+	IWARP   iser.IWARP
 	PD      *rdma.PD
 	Options iser.Options
 }
@@ -298,12 +297,21 @@ func (s *Server) classify(nc net.Conn) {
 		return
 	}
 	_ = nc.SetReadDeadline(time.Time{})
-	pc := withPrefix(nc, first[:])
+	pc := prefixconn.New(nc, first[:])
+	p := s.opts.ISER
 	if first[0] != 'M' {
-		s.start(newConn(s, nc.RemoteAddr().String(), tcpConn(pc)), func() { nc.Close() })
+		// iSCSI/TCP, which may turn into iSER after the login (RFC 5046
+		// profile, seed 004 §5.1) when the initiator asks for
+		// RDMAExtensions.
+		opt := p.Options
+		if opt.Logger == nil {
+			opt.Logger = s.log
+		}
+		opt.Recvs = max(opt.Recvs, int(s.opts.CmdWindow)+64)
+		mk := func(st datamover.Stamper) datamover.Conn { return iser.NewUpgrade(pc, p.IWARP, p.PD, opt, st) }
+		s.start(newConnRDMA(s, nc.RemoteAddr().String(), mk, true, false), func() { nc.Close() })
 		return
 	}
-	p := s.opts.ISER
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoginTimeout)
 	defer cancel()
 	req, err := p.IWARP.Respond(ctx, pc)
@@ -313,43 +321,6 @@ func (s *Server) classify(nc net.Conn) {
 		return
 	}
 	s.AcceptISER(req, p.PD, p.Options)
-}
-
-// prefixConn gives back bytes already read before the rest of the stream.
-type prefixConn struct {
-	*net.TCPConn // keeps vectored writes (net.Buffers) working
-	pre          []byte
-}
-
-func (c *prefixConn) Read(b []byte) (int, error) {
-	if len(c.pre) > 0 {
-		n := copy(b, c.pre)
-		c.pre = c.pre[n:]
-		return n, nil
-	}
-	return c.TCPConn.Read(b)
-}
-
-type prefixAny struct {
-	net.Conn
-	pre []byte
-}
-
-func (c *prefixAny) Read(b []byte) (int, error) {
-	if len(c.pre) > 0 {
-		n := copy(b, c.pre)
-		c.pre = c.pre[n:]
-		return n, nil
-	}
-	return c.Conn.Read(b)
-}
-
-func withPrefix(nc net.Conn, pre []byte) net.Conn {
-	pre = append([]byte(nil), pre...)
-	if tc, ok := nc.(*net.TCPConn); ok {
-		return &prefixConn{tc, pre}
-	}
-	return &prefixAny{nc, pre}
 }
 
 // start runs a connection until it ends; abort closes its transport when
@@ -426,7 +397,7 @@ func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options)
 		return
 	}
 	mk := func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) }
-	s.start(newConnRDMA(s, "iser:"+req.RemoteAddr().String(), mk, true), func() { qp.Close() })
+	s.start(newConnRDMA(s, "iser:"+req.RemoteAddr().String(), mk, true, true), func() { qp.Close() })
 }
 
 // ServeConn serves one already-accepted connection and returns when it

@@ -1,0 +1,47 @@
+// Package prefixconn puts bytes already read from a connection back in
+// front of it: a portal that looked at the first bytes to tell iSCSI from
+// MPA, or a datamover handing its socket to another, passes them on.
+package prefixconn
+
+import "net"
+
+// New returns a connection that reads pre first, then from nc. A TCP
+// connection keeps its vectored writes (net.Buffers).
+func New(nc net.Conn, pre []byte) net.Conn {
+	if len(pre) == 0 {
+		return nc
+	}
+	pre = append([]byte(nil), pre...)
+	if tc, ok := nc.(*net.TCPConn); ok {
+		return &tcpConn{tc, pre}
+	}
+	return &anyConn{nc, pre}
+}
+
+type tcpConn struct {
+	*net.TCPConn
+	pre []byte
+}
+
+func (c *tcpConn) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.TCPConn.Read(b)
+}
+
+type anyConn struct {
+	net.Conn
+	pre []byte
+}
+
+func (c *anyConn) Read(b []byte) (int, error) {
+	if len(c.pre) > 0 {
+		n := copy(b, c.pre)
+		c.pre = c.pre[n:]
+		return n, nil
+	}
+	return c.Conn.Read(b)
+}
