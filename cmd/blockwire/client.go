@@ -7,6 +7,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/blockwire/blockwire/datamover/iser"
 	"io"
 	"log/slog"
 	"math"
@@ -75,6 +76,17 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
 	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
 	targetSecret := fs.String("target-secret", "", "mutual CHAP: the target's user%secret (or BLOCKWIRE_TARGET_SECRET)")
+	fs.Func("iser-profile", "for iser:// URLs: linux (connection first, as Linux ib_iser; default) or rfc5046 (login on TCP, then RDMA)", func(v string) error {
+		switch v {
+		case "linux":
+			o.ISERProfile = iser.ProfileLinux
+		case "rfc5046":
+			o.ISERProfile = iser.ProfileRFC5046
+		default:
+			return fmt.Errorf("want linux or rfc5046, not %q", v)
+		}
+		return nil
+	})
 	return fs, o, targetSecret
 }
 
