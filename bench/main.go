@@ -47,15 +47,20 @@ type workload struct {
 }
 
 var (
-	rounds = flag.Int("rounds", 3, "alternating rounds (at least 3 for a median)")
-	quick  = flag.Bool("quick", false, "shorter runs (for a smoke test)")
-	bwBin  = flag.String("blockwire", "", "blockwire binary (default: build it)")
+	rounds   = flag.Int("rounds", 3, "alternating rounds (at least 3 for a median)")
+	quick    = flag.Bool("quick", false, "shorter runs (for a smoke test)")
+	bwBin    = flag.String("blockwire", "", "blockwire binary (default: build it)")
+	iserOnly = flag.Bool("iser-only", false, "only the iSER versus iSCSI/TCP comparison (no tgt)")
 )
 
 func main() {
 	flag.Parse()
 	log.SetFlags(0)
-	for _, tool := range []string{"tgtd", "tgtadm", "qemu-img", "iscsi-perf", "iperf3"} {
+	tools := []string{"tgtd", "tgtadm", "qemu-img", "iscsi-perf", "iperf3"}
+	if *iserOnly {
+		tools = nil
+	}
+	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			log.Fatalf("bench: %s not found (apt-get install tgt qemu-utils qemu-block-extra libiscsi-bin iperf3)", tool)
 		}
@@ -69,8 +74,6 @@ func main() {
 			log.Fatalf("bench: building blockwire: %v\n%s", err, out)
 		}
 	}
-	tgt, stopTgt := startTgt(dir)
-	defer stopTgt()
 	bw, stopBw := startBlockwire(bin)
 	defer stopBw()
 
@@ -106,6 +109,12 @@ func main() {
 		{"blockwire bench 128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
 		{"blockwire bench 128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
 	}
+	if *iserOnly {
+		transports(bin, bw, dur)
+		return
+	}
+	tgt, stopTgt := startTgt(dir)
+	defer stopTgt()
 	results := map[string]map[string][]float64{}
 	for r := 0; r < *rounds; r++ {
 		order := []target{tgt, bw}
@@ -153,6 +162,59 @@ func main() {
 	fmt.Printf("target RSS before the sessions: tgt %.1f MiB, blockwire %.1f MiB (blockwire's memory LUN holds the data written above; tgt's is in /dev/shm)\n", tgtBase, bwBase)
 	fmt.Printf("added by 64 idle sessions: tgt %+.1f MiB, blockwire %+.1f MiB\n", tgtIdle-tgtBase, idleRSS-bwBase)
 	fmt.Printf("added at peak by 16 sessions x QD32 4k random read: tgt %+.1f MiB, blockwire %+.1f MiB\n", tgtBusy-tgtBase, busyRSS-bwBase)
+	transports(bin, bw, dur)
+}
+
+// transports compares blockwire's own transports against one daemon in
+// one run: iSCSI/TCP, iSER over the software iWARP device in the
+// connection-first (Linux) profile, and iSER in the RFC 5046 profile —
+// alternating as above. (tgt's iSER needs kernel RDMA verbs, which these
+// machines do not have.)
+func transports(bin string, bw target, dur time.Duration) {
+	iser := target{name: "iser", url: strings.Replace(bw.url, "iscsi://", "iser://", 1)}
+	tcp := target{name: "tcp", url: bw.url}
+	ws := []workload{
+		{"4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
+		{"4k randread QD32", "IOPS", true, bwBench(bin, dur, "randread", "4k", "32", "IOPS")},
+		{"4k randwrite QD32", "IOPS", true, bwBench(bin, dur, "randwrite", "4k", "32", "IOPS")},
+		{"128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
+		{"128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
+	}
+	results := map[string]map[string][]float64{}
+	for r := 0; r < *rounds; r++ {
+		order := []target{tcp, iser}
+		if r%2 == 1 {
+			order = []target{iser, tcp}
+		}
+		for _, w := range ws {
+			for _, t := range order {
+				v, err := w.run(t)
+				if err != nil {
+					log.Printf("bench: %s on %s: %v", w.name, t.name, err)
+					continue
+				}
+				if results[w.name] == nil {
+					results[w.name] = map[string][]float64{}
+				}
+				results[w.name][t.name] = append(results[w.name][t.name], v)
+				fmt.Fprintf(os.Stderr, "round %d  %-38s %-9s %12.1f %s\n", r+1, w.name, t.name, v, w.unit)
+			}
+		}
+	}
+	host, _ := os.Hostname()
+	fmt.Printf("\nblockwire bench, iSER (software iWARP, connection-first) vs iSCSI/TCP, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
+	fmt.Printf("| %-38s | %-5s | %-26s | %-26s | %-6s |\n", "workload", "unit", "iSCSI/TCP", "iSER", "ratio")
+	fmt.Printf("|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 7), strings.Repeat("-", 28), strings.Repeat("-", 28), strings.Repeat("-", 8))
+	for _, w := range ws {
+		a, b := results[w.name]["tcp"], results[w.name]["iser"]
+		ratio := "n/a"
+		if len(a) > 0 && len(b) > 0 && median(a) > 0 {
+			ratio = fmt.Sprintf("%.2fx", median(b)/median(a))
+		}
+		fmt.Printf("| %-38s | %-5s | %-26s | %-26s | %-6s |\n", w.name, w.unit, stat(a), stat(b), ratio)
+	}
+	fmt.Printf("\nratio: iSER/TCP (above 1 = iSER faster)\n")
 }
 
 func median(v []float64) float64 {
