@@ -50,9 +50,9 @@ func (u *upcalls) DataACKNotify(itt, dataSN uint32) {}
 type rawPeer struct {
 	bufs [][]byte
 	qp   rdma.QP
-	pd  *rdma.PD
-	rcq *rdma.CQ
-	scq *rdma.CQ
+	pd   *rdma.PD
+	rcq  *rdma.CQ
+	scq  *rdma.CQ
 }
 
 // pair connects a datamover (opt) to a raw peer in memory.
