@@ -1,5 +1,5 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test bench fuzz
+.PHONY: test bench fuzz guestlab
 
 test:
 	go test -race ./...
@@ -12,4 +12,9 @@ bench:
 # A longer fuzzing pass: FUZZTIME per target (default 2m).
 FUZZTIME ?= 2m
 fuzz:
-	FUZZTIME=$(FUZZTIME) bash -c 'for t in "./iscsi/pdu FuzzDecodeBHS" "./iscsi/pdu FuzzParseAHS" "./iscsi/text FuzzParse" "./iscsi/text FuzzNegotiate" "./iscsi/auth FuzzCHAP" "./scsi FuzzParseSense" "./scsi FuzzDecodeRW" "./target FuzzExecuteCDB" "./iscsi/target FuzzTargetConnection" "./iscsi/initiator FuzzParseURL"; do set -- $$t; go test -run "^$$" -fuzz "^$$2$$" -fuzztime $(FUZZTIME) $$1 || exit 1; done'
+	FUZZTIME=$(FUZZTIME) bash -c 'for t in "./iscsi/pdu FuzzDecodeBHS" "./iscsi/pdu FuzzParseAHS" "./iscsi/text FuzzParse" "./iscsi/text FuzzNegotiate" "./iscsi/auth FuzzCHAP" "./scsi FuzzParseSense" "./scsi FuzzDecodeRW" "./target FuzzExecuteCDB" "./iscsi/target FuzzTargetConnection" "./iscsi/initiator FuzzParseURL" "./rdma/iwarp/mpa FuzzDecode" "./rdma/iwarp/ddp FuzzDecode" "./rdma/iwarp/rdmap FuzzDecodeTerm" "./rdma/iwarp/rdmap FuzzParseCtrl" "./rdma/siw FuzzQPStream" "./datamover/iser FuzzDecodeHeader" "./datamover/iser FuzzDecodeHello"; do set -- $$t; go test -run "^$$" -fuzz "^$$2$$" -fuzztime $(FUZZTIME) $$1 || exit 1; done'
+
+# The Linux kernel's initiators and targets as peers, in QEMU (root,
+# Debian apt; the image is cached in /var/tmp/blockwire-guestlab).
+guestlab:
+	go test -tags guestlab -count=1 -v ./test/guestlab

@@ -207,6 +207,12 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		return lerr(pdu.LoginStatusSessionTypeUnsupp, "SessionType %q", st)
 	}
 	local := c.srv.localKeys()
+	if ls.discovery {
+		// The digest requirement protects SCSI data, which discovery
+		// sessions do not carry: open-iscsi's discovery login offers
+		// only None, and must not get Reject for it.
+		local["HeaderDigest"], local["DataDigest"] = "CRC32C,None", "CRC32C,None"
+	}
 	if c.rdma {
 		// An iSER portal wants RDMA extensions (seed 004 §6.1), and
 		// solicited data: an RDMA Read places it directly, while

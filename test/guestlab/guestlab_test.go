@@ -1,0 +1,166 @@
+//go:build guestlab
+
+// Package guestlab runs the Linux kernel's iSCSI, iSER and RDMA code as
+// test peers: a Debian kernel booted in QEMU (software emulation, no
+// network device: nothing leaves the guest) with open-iscsi, LIO, siw and
+// ib_iser, our statically linked blockwire injected beside them, and one
+// scenario script per check that prints "LAB-RESULT: <scenario> rc=<n>" on
+// the serial console. Run it with `make guestlab` or
+// `go test -tags guestlab ./test/guestlab`; the image is built once into
+// $BLOCKWIRE_GUESTLAB_DIR (default /var/tmp/blockwire-guestlab) from
+// Debian's packages (build.sh) and reused while build.sh, init and run.sh
+// are unchanged.
+package guestlab
+
+import (
+	"bufio"
+	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
+var boots = [][]string{
+	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
+	{"linux-iser-siw"},
+}
+
+func TestGuestLab(t *testing.T) {
+	if os.Geteuid() != 0 {
+		skipOrFail(t, "the guest lab needs root (apt-get, module build)")
+	}
+	if _, err := exec.LookPath("apt-get"); err != nil {
+		skipOrFail(t, "the guest lab builds its image from Debian's packages (apt-get)")
+	}
+	dir := os.Getenv("BLOCKWIRE_GUESTLAB_DIR")
+	if dir == "" {
+		dir = "/var/tmp/blockwire-guestlab"
+	}
+	image(t, dir)
+	extra := extraCPIO(t)
+	for _, scenarios := range boots {
+		var tests []string
+		for _, s := range scenarios {
+			tests = append(tests, "/lab/"+s+".sh")
+		}
+		start := time.Now()
+		out, err := exec.Command("sh", "boot.sh", dir, strings.Join(tests, ","), extra).CombinedOutput()
+		t.Logf("boot with %v: %s", scenarios, time.Since(start).Round(time.Second))
+		results := map[string]string{}
+		for _, m := range resultRE.FindAllSubmatch(out, -1) {
+			results[filepath.Base(strings.TrimSuffix(string(m[1]), ".sh"))] = string(m[2])
+		}
+		failed := false
+		for _, s := range scenarios {
+			rc, ok := results[s]
+			switch {
+			case !ok:
+				t.Errorf("%s: no result (boot: %v)", s, err)
+				failed = true
+			case rc != "0":
+				t.Errorf("%s: rc=%s", s, rc)
+				failed = true
+			default:
+				t.Logf("%s: pass", s)
+			}
+		}
+		if failed {
+			t.Logf("console:\n%s", tail(out, 150))
+		}
+	}
+}
+
+var resultRE = regexp.MustCompile(`LAB-RESULT: (\S+) rc=(\d+)`)
+
+func skipOrFail(t *testing.T, why string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatal(why)
+	}
+	t.Skip(why)
+}
+
+// image builds the guest image unless one built from the same scripts is
+// there.
+func image(t *testing.T, dir string) {
+	t.Helper()
+	h := sha256.New()
+	for _, f := range []string{"build.sh", "init", "run.sh"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		h.Write(b)
+	}
+	stamp := hex.EncodeToString(h.Sum(nil))
+	stampFile := filepath.Join(dir, "stamp")
+	if b, err := os.ReadFile(stampFile); err == nil && string(b) == stamp {
+		if _, err := os.Stat(filepath.Join(dir, "initrd.img")); err == nil {
+			return
+		}
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	out, err := exec.Command("bash", "build.sh", dir).CombinedOutput()
+	if err != nil {
+		t.Fatalf("building the guest image: %v\n%s", err, tail(out, 40))
+	}
+	t.Logf("guest image built in %s", time.Since(start).Round(time.Second))
+	os.WriteFile(stampFile, []byte(stamp), 0o644)
+}
+
+// extraCPIO packs a static blockwire and the scenario scripts into a cpio
+// archive appended to the initrd.
+func extraCPIO(t *testing.T) string {
+	t.Helper()
+	tmp := t.TempDir()
+	root := filepath.Join(tmp, "root")
+	if err := os.MkdirAll(filepath.Join(root, "lab", "bin"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	build := exec.Command("go", "build", "-o", filepath.Join(root, "lab", "bin", "blockwire"), "../../cmd/blockwire")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building blockwire: %v\n%s", err, out)
+	}
+	scripts, _ := filepath.Glob("scenarios/*.sh")
+	for _, s := range scripts {
+		b, err := os.ReadFile(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, "lab", filepath.Base(s)), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out := filepath.Join(tmp, "extra.cpio.gz")
+	cmd := exec.Command("sh", "-c", "find . | cpio -o -H newc --quiet | gzip > "+out)
+	cmd.Dir = root
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("cpio: %v\n%s", err, b)
+	}
+	return out
+}
+
+func tail(b []byte, n int) string {
+	var lines []string
+	sc := bufio.NewScanner(bytes.NewReader(b))
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		lines = append(lines, strings.TrimRight(sc.Text(), "\r"))
+	}
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return fmt.Sprint(strings.Join(lines, "\n"))
+}
