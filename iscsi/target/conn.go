@@ -7,8 +7,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
-	"syscall"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
