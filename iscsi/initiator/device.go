@@ -183,6 +183,13 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Device, error) {
 		return nil, err
 	}
 	d := &Device{s: s, lun: u.LUN, maxXfer: 1 << 20}
+	if opts.ISER {
+		// 512 KiB per command over iSER, as Linux ib_iser does (its
+		// default max_sectors is 1024): tgt's iSER target, for one,
+		// registers a new buffer for anything larger and runs out of
+		// memory (seen in the guest lab).
+		d.maxXfer = 512 << 10
+	}
 	if err := d.probe(ctx); err != nil {
 		s.Close()
 		return nil, err

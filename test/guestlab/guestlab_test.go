@@ -30,8 +30,12 @@ import (
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
 var boots = [][]string{
 	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
-	{"linux-iser-siw"},
+	{"siw-rdma", "linux-iser-siw", "our-iser-initiator"},
 }
+
+// extraDebs are Debian packages unpacked into the appended archive: tgt,
+// the Linux-side iSER target for our initiator.
+var extraDebs = []string{"tgt", "libaio1"}
 
 func TestGuestLab(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -45,7 +49,7 @@ func TestGuestLab(t *testing.T) {
 		dir = "/var/tmp/blockwire-guestlab"
 	}
 	image(t, dir)
-	extra := extraCPIO(t)
+	extra := extraCPIO(t, debs(t, dir))
 	for _, scenarios := range boots {
 		var tests []string
 		for _, s := range scenarios {
@@ -119,19 +123,57 @@ func image(t *testing.T, dir string) {
 	os.WriteFile(stampFile, []byte(stamp), 0o644)
 }
 
-// extraCPIO packs a static blockwire and the scenario scripts into a cpio
-// archive appended to the initrd.
-func extraCPIO(t *testing.T) string {
+// debs downloads the extra packages into the image directory once.
+func debs(t *testing.T, dir string) []string {
+	t.Helper()
+	dd := filepath.Join(dir, "extra-debs")
+	var out []string
+	for _, p := range extraDebs {
+		m, _ := filepath.Glob(filepath.Join(dd, p+"_*.deb"))
+		if len(m) == 0 {
+			os.MkdirAll(dd, 0o755)
+			cmd := exec.Command("apt-get", "download", p)
+			cmd.Dir = dd
+			if b, err := cmd.CombinedOutput(); err != nil {
+				t.Fatalf("apt-get download %s: %v\n%s", p, err, b)
+			}
+			m, _ = filepath.Glob(filepath.Join(dd, p+"_*.deb"))
+		}
+		out = append(out, m...)
+	}
+	return out
+}
+
+// extraCPIO packs a static blockwire, the extra packages and the scenario
+// scripts into a cpio archive appended to the initrd.
+func extraCPIO(t *testing.T, debs []string) string {
 	t.Helper()
 	tmp := t.TempDir()
 	root := filepath.Join(tmp, "root")
 	if err := os.MkdirAll(filepath.Join(root, "lab", "bin"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	build := exec.Command("go", "build", "-o", filepath.Join(root, "lab", "bin", "blockwire"), "../../cmd/blockwire")
-	build.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building blockwire: %v\n%s", err, out)
+	for _, d := range debs {
+		if out, err := exec.Command("dpkg-deb", "-x", d, root).CombinedOutput(); err != nil {
+			t.Fatalf("dpkg-deb -x %s: %v\n%s", d, err, out)
+		}
+	}
+	// The base root is usr-merged: a real top-level lib/ in the appended
+	// archive would shadow its symlink; tgtd's socket lives in /var/run.
+	fix := "if [ -d lib ]; then mkdir -p usr/lib && cp -a lib/. usr/lib/ && rm -rf lib; fi; " +
+		"if [ -d sbin ]; then mkdir -p usr/sbin && cp -a sbin/. usr/sbin/ && rm -rf sbin; fi; " +
+		"rm -rf usr/share/doc usr/share/man etc/init.d; mkdir -p var; ln -sfn /run var/run"
+	cmd := exec.Command("sh", "-c", fix)
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("arranging the extra packages: %v\n%s", err, out)
+	}
+	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping"} {
+		build := exec.Command("go", "build", "-o", filepath.Join(root, "lab", "bin", bin), pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building %s: %v\n%s", bin, err, out)
+		}
 	}
 	scripts, _ := filepath.Glob("scenarios/*.sh")
 	for _, s := range scripts {
@@ -144,9 +186,9 @@ func extraCPIO(t *testing.T) string {
 		}
 	}
 	out := filepath.Join(tmp, "extra.cpio.gz")
-	cmd := exec.Command("sh", "-c", "find . | cpio -o -H newc --quiet | gzip > "+out)
-	cmd.Dir = root
-	if b, err := cmd.CombinedOutput(); err != nil {
+	pack := exec.Command("sh", "-c", "find . | cpio -o -H newc --quiet | gzip > "+out)
+	pack.Dir = root
+	if b, err := pack.CombinedOutput(); err != nil {
 		t.Fatalf("cpio: %v\n%s", err, b)
 	}
 	return out
