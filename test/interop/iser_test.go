@@ -10,23 +10,25 @@ import (
 )
 
 // TestISERBenchVerifyAndCopy runs the blockwire binary's initiator over
-// iSER (software iWARP, connection-first profile) against "blockwire
-// serve", whose one port serves iSCSI/TCP and iSER: the verifying
-// benchmark for reads and writes at QD 1 and 32, then a 64 MiB copy in and
-// out that must come back byte-identical, then the same bytes read over
-// iSCSI/TCP.
+// iSER (software iWARP) against "blockwire serve", whose one port serves
+// iSCSI/TCP and both iSER profiles: the verifying benchmark for reads and
+// writes at QD 1 and 32 in the connection-first and the RFC 5046
+// profile, then a 64 MiB copy in and out that must come back
+// byte-identical, then the same bytes read over iSCSI/TCP.
 func TestISERBenchVerifyAndCopy(t *testing.T) {
 	d := serve(t, "--size", "96MiB")
 	url := "iser://" + strings.TrimPrefix(d.url(defaultIQN, 0), "iscsi://")
-	for _, rw := range []string{"randwrite", "randread", "write", "read"} {
-		for _, qd := range []string{"1", "32"} {
-			out, code := blockwire(t, "bench", "--rw", rw, "--qd", qd, "--time", "2s", "--size", "16MiB", "--verify", url)
-			if code != 0 || !strings.Contains(out, "verify: 0 mismatches") || !strings.Contains(out, "IOPS=") {
-				t.Fatalf("iSER bench %s qd %s (exit %d):\n%s", rw, qd, code, out)
-			}
-			for _, line := range strings.Split(out, "\n") {
-				if strings.Contains(line, "IOPS=") {
-					t.Logf("iser %s qd=%s (verifying): %s", rw, qd, strings.TrimSpace(line))
+	for _, profile := range []string{"linux", "rfc5046"} {
+		for _, rw := range []string{"randwrite", "randread", "write", "read"} {
+			for _, qd := range []string{"1", "32"} {
+				out, code := blockwire(t, "bench", "--iser-profile", profile, "--rw", rw, "--qd", qd, "--time", "2s", "--size", "16MiB", "--verify", url)
+				if code != 0 || !strings.Contains(out, "verify: 0 mismatches") || !strings.Contains(out, "IOPS=") {
+					t.Fatalf("iSER (%s profile) bench %s qd %s (exit %d):\n%s", profile, rw, qd, code, out)
+				}
+				for _, line := range strings.Split(out, "\n") {
+					if strings.Contains(line, "IOPS=") {
+						t.Logf("iser %s %s qd=%s (verifying): %s", profile, rw, qd, strings.TrimSpace(line))
+					}
 				}
 			}
 		}
