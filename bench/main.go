@@ -115,27 +115,7 @@ func main() {
 	}
 	tgt, stopTgt := startTgt(dir)
 	defer stopTgt()
-	results := map[string]map[string][]float64{}
-	for r := 0; r < *rounds; r++ {
-		order := []target{tgt, bw}
-		if r%2 == 1 {
-			order = []target{bw, tgt}
-		}
-		for _, w := range ws {
-			for _, t := range order {
-				v, err := w.run(t)
-				if err != nil {
-					log.Printf("bench: %s on %s: %v", w.name, t.name, err)
-					continue
-				}
-				if results[w.name] == nil {
-					results[w.name] = map[string][]float64{}
-				}
-				results[w.name][t.name] = append(results[w.name][t.name], v)
-				fmt.Fprintf(os.Stderr, "round %d  %-38s %-9s %12.1f %s\n", r+1, w.name, t.name, v, w.unit)
-			}
-		}
-	}
+	results := rounds2(ws, tgt, bw)
 	ceiling := iperf(dur)
 	bwBase, idleRSS, busyRSS := memory(bw, dur)
 	tgtBase, tgtIdle, tgtBusy := memory(tgt, dur)
@@ -180,27 +160,7 @@ func transports(bin string, bw target, dur time.Duration) {
 		{"128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
 		{"128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
 	}
-	results := map[string]map[string][]float64{}
-	for r := 0; r < *rounds; r++ {
-		order := []target{tcp, iser}
-		if r%2 == 1 {
-			order = []target{iser, tcp}
-		}
-		for _, w := range ws {
-			for _, t := range order {
-				v, err := w.run(t)
-				if err != nil {
-					log.Printf("bench: %s on %s: %v", w.name, t.name, err)
-					continue
-				}
-				if results[w.name] == nil {
-					results[w.name] = map[string][]float64{}
-				}
-				results[w.name][t.name] = append(results[w.name][t.name], v)
-				fmt.Fprintf(os.Stderr, "round %d  %-38s %-9s %12.1f %s\n", r+1, w.name, t.name, v, w.unit)
-			}
-		}
-	}
+	results := rounds2(ws, tcp, iser)
 	host, _ := os.Hostname()
 	fmt.Printf("\nblockwire bench, iSER (software iWARP, connection-first) vs iSCSI/TCP, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
@@ -462,4 +422,31 @@ func memory(t target, d time.Duration) (base, idle, busy float64) {
 		dev.Close()
 	}
 	return base, idle, busy
+}
+
+// rounds2 runs every workload against a and b, alternating A B / B A over
+// the rounds, and returns the results by workload and target name.
+func rounds2(ws []workload, a, b target) map[string]map[string][]float64 {
+	results := map[string]map[string][]float64{}
+	for r := 0; r < *rounds; r++ {
+		order := []target{a, b}
+		if r%2 == 1 {
+			order = []target{b, a}
+		}
+		for _, w := range ws {
+			for _, t := range order {
+				v, err := w.run(t)
+				if err != nil {
+					log.Printf("bench: %s on %s: %v", w.name, t.name, err)
+					continue
+				}
+				if results[w.name] == nil {
+					results[w.name] = map[string][]float64{}
+				}
+				results[w.name][t.name] = append(results[w.name][t.name], v)
+				fmt.Fprintf(os.Stderr, "round %d  %-38s %-9s %12.1f %s\n", r+1, w.name, t.name, v, w.unit)
+			}
+		}
+	}
+	return results
 }

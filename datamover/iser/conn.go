@@ -415,15 +415,23 @@ func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
 	if !wait {
 		return nil
 	}
+	return c.awaitSlot(slot, rdma.OpSend)
+}
+
+// awaitSlot waits for the completion of the signaled request posted with
+// slot and gives the slot back.
+func (c *Conn) awaitSlot(slot int, op rdma.Op) error {
 	var st rdma.Status
 	select {
 	case st = <-c.waiters[slot]:
 	case <-c.ctx.Done():
+		// The completion (flushed) still arrives; the slot is not
+		// needed any more.
 		return errTerminated
 	}
 	c.freeSlot <- slot
 	if st != rdma.Success {
-		return fmt.Errorf("iser: Send failed: %v", st)
+		return fmt.Errorf("iser: RDMA %v failed: %v", op, st)
 	}
 	return nil
 }
@@ -440,16 +448,22 @@ func (c *Conn) registerTask(p *datamover.PDU, h *Header) error {
 	defer c.tmu.Unlock()
 	t := c.taskLocked(itt)
 	linux := c.r.opt.Profile == ProfileLinux
-	if len(p.DataIn) > 0 {
+	// register maps buf under a recycled region: VA-based offsets in the
+	// Linux profile, zero-based in RFC 5046.
+	register := func(buf []byte, access rdma.Access) (*rdma.MR, uint32, uint64, error) {
 		mr, err := c.mrLocked()
 		if err != nil {
-			return err
+			return nil, 0, 0, err
 		}
 		va := uint64(0)
 		if linux {
 			va = vaBase(mr)
 		}
-		stag, err := mr.Map(p.DataIn, va, rdma.RemoteWrite)
+		stag, err := mr.Map(buf, va, access)
+		return mr, stag, va, err
+	}
+	if len(p.DataIn) > 0 {
+		mr, stag, va, err := register(p.DataIn, rdma.RemoteWrite)
 		if err != nil {
 			return err
 		}
@@ -457,15 +471,7 @@ func (c *Conn) registerTask(p *datamover.PDU, h *Header) error {
 		h.RSV, h.ReadSTag, h.ReadVA = true, stag, va
 	}
 	if len(p.DataOut) > p.UnsolicitedDataSize {
-		mr, err := c.mrLocked()
-		if err != nil {
-			return err
-		}
-		va := uint64(0)
-		if linux {
-			va = vaBase(mr)
-		}
-		stag, err := mr.Map(p.DataOut, va, rdma.RemoteRead)
+		mr, stag, va, err := register(p.DataOut, rdma.RemoteRead)
 		if err != nil {
 			return err
 		}
@@ -540,18 +546,7 @@ func (c *Conn) wait(wr *rdma.SendWR) error {
 		c.freeSlot <- slot
 		return err
 	}
-	var st rdma.Status
-	select {
-	case st = <-c.waiters[slot]:
-	case <-c.ctx.Done():
-		// The completion (flushed) still arrives and frees the slot.
-		return errTerminated
-	}
-	c.freeSlot <- slot
-	if st != rdma.Success {
-		return fmt.Errorf("iser: RDMA %v failed: %v", wr.Op, st)
-	}
-	return nil
+	return c.awaitSlot(slot, wr.Op)
 }
 
 // PutData implements datamover.Conn (seed 002 §9.2, seed 000 §9.6): RDMA

@@ -27,6 +27,11 @@ const tIQN = "iqn.2026-11.org.blockwire:init-test"
 // test/interop).
 func startTarget(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target)) string {
 	t.Helper()
+	return startTargetOpts(t, be, mod, iscsitarget.Options{})
+}
+
+func startTargetOpts(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target), opts iscsitarget.Options) string {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	dev := scsitarget.NewDevice(tIQN, log)
 	if be.Backend == nil {
@@ -38,7 +43,7 @@ func startTarget(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Tar
 		t.Fatal(err)
 	}
 	dev.AddLU(lu)
-	srv := iscsitarget.NewServer(log, iscsitarget.Options{})
+	srv := iscsitarget.NewServer(log, opts)
 	tg := &iscsitarget.Target{Name: tIQN, Device: dev}
 	if mod != nil {
 		mod(tg)

@@ -5,14 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"log/slog"
-	"net"
-	"os"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma"
@@ -20,34 +15,15 @@ import (
 	scsitarget "github.com/blockwire/blockwire/target"
 )
 
-// startISERTarget serves tIQN over the software iWARP device.
+// startISERTarget serves tIQN on one TCP port for iSCSI/TCP and iSER
+// (connections that open with an MPA Request go to the software iWARP
+// device).
 func startISERTarget(t testing.TB) string {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	dev := scsitarget.NewDevice(tIQN, log)
-	m, _ := mem.New(64 << 20)
-	lu, err := scsitarget.NewLU(tIQN, scsitarget.LUConfig{Backend: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	dev.AddLU(lu)
-	// One TCP port for both: iSER connections open with an MPA Request.
-	srv := iscsitarget.NewServer(log, iscsitarget.Options{ISER: &iscsitarget.ISERPortal{
-		IWARP: siw.New(siw.Options{Logger: log}),
+	return startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{ISER: &iscsitarget.ISERPortal{
+		IWARP: siw.New(siw.Options{}),
 		PD:    rdma.NewDevice("target").AllocPD(),
 	}})
-	srv.AddTarget(&iscsitarget.Target{Name: tIQN, Device: dev})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(l)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		srv.Shutdown(ctx)
-	})
-	return l.Addr().String()
 }
 
 // TestISERRFC5046Profile logs in on TCP in byte-stream mode with
