@@ -131,6 +131,7 @@ func newQP(conn net.Conn, p rdma.ConnParams, crc bool, mulpdu, ird, ord int, det
 	q.bufs = q.iovs[:0]
 	q.cond = sync.NewCond(&q.mu)
 	q.rx.c = conn
+	q.rx.vec.init(conn)
 	for _, r := range p.Recvs {
 		if q.rqN < len(q.recvs) {
 			q.recvs[q.rqN] = r
@@ -595,6 +596,11 @@ type reader struct {
 	c    net.Conn
 	buf  [96]byte
 	r, w int
+	// ahead is the pad and CRC after the payload being placed: on Linux
+	// TCP, the system call that reads the payload into its destination
+	// also reads them and the next header into buf (readv).
+	ahead int
+	vec   vectored
 }
 
 // need makes at least n bytes available at buf[r:], reading no further
@@ -630,6 +636,11 @@ func (x *reader) fill(dst []byte) error {
 	x.r += k
 	if k == len(dst) {
 		return nil
+	}
+	if x.vec.ok() {
+		// The look-ahead is used up; reuse buf from its start.
+		x.r, x.w = 0, 0
+		return x.vec.fill(x, dst[k:])
 	}
 	_, err := io.ReadFull(x.c, dst[k:])
 	if err == io.EOF {
@@ -696,6 +707,7 @@ func (q *qp) receive() error {
 			crc = mpa.CRC(0, b[:2+hl])
 		}
 		x.r += 2 + hl
+		x.ahead = mpa.PadLen(ulpdu) + mpa.CRCLen
 		n := ulpdu - hl
 		if h.Tagged {
 			crc, err = q.recvTagged(op, &h, hdr[:2+hl], n, crc)
