@@ -32,6 +32,19 @@ func startTarget(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Tar
 
 func startTargetOpts(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target), opts iscsitarget.Options) string {
 	t.Helper()
+	srv := newTargetServer(t, be, mod, opts)
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(l)
+	return l.Addr().String()
+}
+
+// newTargetServer is a server with tIQN on a memory LUN (unless be has a
+// backend), shut down when the test ends; the caller serves its portals.
+func newTargetServer(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target), opts iscsitarget.Options) *iscsitarget.Server {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	dev := scsitarget.NewDevice(tIQN, log)
 	if be.Backend == nil {
@@ -49,17 +62,12 @@ func startTargetOpts(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget
 		mod(tg)
 	}
 	srv.AddTarget(tg)
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(l)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)
 	})
-	return l.Addr().String()
+	return srv
 }
 
 func TestDiscoverOpenReadWrite(t *testing.T) {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
@@ -152,4 +153,42 @@ func asSCSI(err error, se **SCSIError) bool {
 		*se = e
 	}
 	return ok
+}
+
+// TestServeISER serves iSER from an RDMA listener of its own (the entry
+// for fabrics without a TCP portal to share, such as RoCE later) and
+// reads back a write through it; Shutdown closes that listener too.
+func TestServeISER(t *testing.T) {
+	srv := newTargetServer(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{})
+	l, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.ServeISER(l, rdma.NewDevice("target").AllocPD(), iser.Options{}) }()
+	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", l.Addr(), tIQN), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := make([]byte, 192<<10)
+	rand.Read(data)
+	if _, err := d.WriteAt(data, 8192); err != nil {
+		t.Fatal(err)
+	}
+	back := make([]byte, len(data))
+	if _, err := d.ReadAt(back, 8192); err != nil || !bytes.Equal(back, data) {
+		t.Fatalf("read back differs (%v)", err)
+	}
+	d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(ctx)
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Fatalf("ServeISER: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("ServeISER did not return after Shutdown")
+	}
 }

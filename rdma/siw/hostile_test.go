@@ -285,12 +285,8 @@ func goodPeer(t *testing.T, v *victim) (rdma.QP, *end) {
 	vqp := <-v.qps
 	e.qp = qp
 	// Traffic from the victim's side of the good connection lands in e.
-	return vqpSender{vqp}, e
+	return vqp, e
 }
-
-// vqpSender lets the test send from the victim's side of the good
-// connection.
-type vqpSender struct{ rdma.QP }
 
 // TestJunkBeforeMPA: bytes that are not an MPA Request get the connection
 // closed without a reply, and the listener keeps serving.

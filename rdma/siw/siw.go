@@ -354,7 +354,6 @@ type listener struct {
 	reqs   chan rdma.ConnRequest
 	ctx    context.Context
 	cancel context.CancelFunc
-	err    error
 	once   sync.Once
 }
 
@@ -362,7 +361,6 @@ func (l *listener) loop() {
 	for {
 		c, err := l.ln.Accept()
 		if err != nil {
-			l.err = err
 			l.cancel()
 			return
 		}

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"net"
 	"testing"
 	"time"
 
@@ -401,5 +400,3 @@ func asTerm(err error, te **rdma.TerminateError) bool {
 	}
 	return ok
 }
-
-var _ net.Conn // keep net imported for helpers in other test files

@@ -92,13 +92,12 @@ type Frame struct {
 
 	// With Enhanced: the RFC 6581 words (values masked with IRDORDMask;
 	// the control bits separately).
-	IRD, ORD      uint16
-	PeerToPeer    bool
-	ZeroLenRTR    bool
-	WriteRTR      bool
-	ReadRTR       bool
-	PrivateData   []byte // the ULP's private data (after the IRD/ORD words)
-	privateLength int
+	IRD, ORD    uint16
+	PeerToPeer  bool
+	ZeroLenRTR  bool
+	WriteRTR    bool
+	ReadRTR     bool
+	PrivateData []byte // the ULP's private data (after the IRD/ORD words)
 }
 
 // Len is the encoded size of f.
@@ -210,13 +209,12 @@ func Decode(b []byte, wantReply bool) (Frame, error) {
 	}
 	flags := b[16]
 	f := Frame{
-		Reply:         wantReply,
-		Markers:       flags&FlagMarkers != 0,
-		CRC:           flags&FlagCRC != 0,
-		Reject:        flags&FlagReject != 0,
-		Enhanced:      flags&FlagEnhanced != 0,
-		Rev:           b[17],
-		privateLength: n,
+		Reply:    wantReply,
+		Markers:  flags&FlagMarkers != 0,
+		CRC:      flags&FlagCRC != 0,
+		Reject:   flags&FlagReject != 0,
+		Enhanced: flags&FlagEnhanced != 0,
+		Rev:      b[17],
 	}
 	if f.Reject && !wantReply {
 		return Frame{}, errorf(CodeInvalidReqRep, "R bit set in a Request (RFC 5044 §7.1)")

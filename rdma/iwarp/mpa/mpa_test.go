@@ -24,7 +24,6 @@ func TestFrameRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		g.privateLength = 0
 		if !equal(f, g) {
 			t.Fatalf("round trip:\n%+v\n%+v", f, g)
 		}
