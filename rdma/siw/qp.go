@@ -272,6 +272,16 @@ func (q *qp) fail(err error, term *rdmap.Term) {
 		_ = q.conn.SetWriteDeadline(time.Now().Add(time.Second))
 		q.sendTerminate(term)
 		q.wmu.Unlock()
+		// Linger: half-close, then read and drop what the peer still
+		// sends until it closes (or 200 ms pass). Cutting it off
+		// mid-write would turn into a reset, which can destroy the
+		// Terminate before the peer reads it. Violations are found by
+		// the receive goroutine, the only reader, which is here.
+		if cw, ok := q.conn.(interface{ CloseWrite() error }); ok {
+			_ = cw.CloseWrite()
+		}
+		_ = q.conn.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, _ = io.Copy(io.Discard, q.conn)
 	}
 	switch {
 	case err == nil:
