@@ -73,6 +73,25 @@ func TestRoundTripEveryOpcode(t *testing.T) {
 	}
 }
 
+// TestOneWayNop: a NOP with ITT and TTT both 0xffffffff asks for no
+// answer (RFC 7143 §11.18.1, §11.19.1); tgt sends such NOP-Ins, and an
+// initiator may send such a NOP-Out to confirm ExpStatSN.
+func TestOneWayNop(t *testing.T) {
+	var h BHS
+	in := NopIn{ITT: ReservedITT, TTT: ReservedTTT, StatSN: 7, ExpCmdSN: 3, MaxCmdSN: 10}
+	in.Encode(&h)
+	var gotIn NopIn
+	if err := gotIn.Decode(&h); err != nil || gotIn != in {
+		t.Fatalf("one-way NOP-In: %+v %v", gotIn, err)
+	}
+	out := NopOut{Immediate: true, ITT: ReservedITT, TTT: ReservedTTT, CmdSN: 3, ExpStatSN: 8}
+	out.Encode(&h)
+	var gotOut NopOut
+	if err := gotOut.Decode(&h); err != nil || gotOut != out {
+		t.Fatalf("one-way NOP-Out: %+v %v", gotOut, err)
+	}
+}
+
 func TestDecodeErrorsNameTheRule(t *testing.T) {
 	cases := []struct {
 		name string
@@ -88,7 +107,7 @@ func TestDecodeErrorsNameTheRule(t *testing.T) {
 		{"login T and C", &LoginReq{Transit: true, NSG: 1, ITT: 1}, func(h *BHS) { h[1] |= 0x40 }, RejectProtocolError},
 		{"login stage 2", &LoginReq{Transit: true, CSG: 0, NSG: 2}, nil, RejectProtocolError},
 		{"login no advance", &LoginReq{Transit: true, CSG: 1, NSG: 1}, nil, RejectProtocolError},
-		{"nop both reserved", &NopOut{Immediate: true, ITT: ReservedITT, TTT: ReservedTTT}, nil, RejectProtocolError},
+		{"one-way nop not immediate", &NopOut{ITT: ReservedITT, TTT: ReservedTTT}, nil, RejectProtocolError},
 		{"tmf data", &TaskMgmtReq{Function: 1}, func(h *BHS) { h.SetDataSegmentLength(4) }, RejectProtocolError},
 		{"logout reason", &LogoutReq{Reason: 3}, nil, RejectInvalidPDUField},
 		{"text F and C", &TextReq{Final: true, Continue: true, ITT: 1}, nil, RejectProtocolError},

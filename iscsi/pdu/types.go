@@ -884,9 +884,8 @@ func (p *NopOut) Decode(h *BHS) error {
 	if !h.Final() {
 		return errorf(OpNopOut, "§11.18", RejectInvalidPDUField, "F bit must be 1")
 	}
-	if p.ITT == ReservedITT && p.TTT == ReservedTTT {
-		return errorf(OpNopOut, "§11.18.3", RejectProtocolError, "ITT and TTT both 0xffffffff")
-	}
+	// ITT and TTT both 0xffffffff is a one-way NOP-Out: no answer is
+	// wanted, it only confirms ExpStatSN (RFC 7143 §11.18.1, §11.18.3).
 	if p.ITT == ReservedITT && !p.Immediate {
 		return errorf(OpNopOut, "§11.18", RejectProtocolError, "a NOP-Out answering a ping (ITT 0xffffffff) must be immediate")
 	}
@@ -922,8 +921,7 @@ func (p *NopIn) Decode(h *BHS) error {
 	p.StatSN = h.u32(24)
 	p.ExpCmdSN = h.u32(28)
 	p.MaxCmdSN = h.u32(32)
-	if p.ITT == ReservedITT && p.TTT == ReservedTTT {
-		return errorf(OpNopIn, "§11.19.2", RejectProtocolError, "ITT and TTT both 0xffffffff")
-	}
+	// ITT and TTT both 0xffffffff is a one-way NOP-In: the target wants
+	// no NOP-Out back (RFC 7143 §11.19.1, §11.19.2); tgt sends them.
 	return nil
 }

@@ -603,3 +603,23 @@ func TestLoginTimeout(t *testing.T) {
 		t.Fatalf("TUR after the login timeout elapsed: %d", r.status)
 	}
 }
+
+// TestOneWayNopOut: a NOP-Out with ITT and TTT both 0xffffffff only
+// confirms ExpStatSN (RFC 7143 §11.18.1); it gets no answer and no Reject.
+func TestOneWayNopOut(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	c.command(tur(), false, 0, nil, 0) // unit attention
+	nop := pdu.NopOut{Immediate: true, ITT: pdu.ReservedITT, TTT: pdu.ReservedTTT, CmdSN: c.cmdSN}
+	var h pdu.BHS
+	nop.Encode(&h)
+	c.sendRaw(&h, nil, nil)
+	if rh, _, ok := c.recv(300 * time.Millisecond); ok {
+		t.Fatalf("one-way NOP-Out answered with %v", rh.Opcode())
+	}
+	c.nc.SetReadDeadline(time.Time{})
+	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("TUR after a one-way NOP-Out: %d", r.status)
+	}
+}

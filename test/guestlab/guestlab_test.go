@@ -50,10 +50,23 @@ func TestGuestLab(t *testing.T) {
 	}
 	image(t, dir)
 	extra := extraCPIO(t, debs(t, dir))
-	for _, scenarios := range boots {
-		var tests []string
-		for _, s := range scenarios {
-			tests = append(tests, "/lab/"+s+".sh")
+	// BLOCKWIRE_GUESTLAB_ONLY=a,b runs only the named scenarios.
+	only := map[string]bool{}
+	for _, s := range strings.Split(os.Getenv("BLOCKWIRE_GUESTLAB_ONLY"), ",") {
+		if s != "" {
+			only[s] = true
+		}
+	}
+	for _, all := range boots {
+		var scenarios, tests []string
+		for _, s := range all {
+			if len(only) == 0 || only[s] {
+				scenarios = append(scenarios, s)
+				tests = append(tests, "/lab/"+s+".sh")
+			}
+		}
+		if len(scenarios) == 0 {
+			continue
 		}
 		start := time.Now()
 		out, err := exec.Command("sh", "boot.sh", dir, strings.Join(tests, ","), extra).CombinedOutput()

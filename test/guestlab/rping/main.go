@@ -18,6 +18,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -205,6 +206,16 @@ func serve(ctx context.Context, addr string, count, size int) error {
 		if err := e.send(ctx, zero); err != nil {
 			return err
 		}
+	}
+	// Like rping's server, leave the disconnect to the client: our send
+	// completing means its bytes were written, not that the peer has
+	// taken them, and rping's client loses its last completion if the
+	// disconnect event overtakes it.
+	select {
+	case <-e.qp.Done():
+	case <-time.After(10 * time.Second):
+		return errors.New("the client did not disconnect after the last ping")
+	case <-ctx.Done():
 	}
 	return nil
 }
