@@ -61,6 +61,12 @@ func TestImportsPointOneWay(t *testing.T) {
 		{"rdma/iwarp/ddp", []string{mod, "net", "log"}},
 		{"rdma/iwarp/rdmap", []string{mod + "rdma/iwarp/mpa", mod + "rdma/siw", mod + "iscsi", "net", "log"}},
 		{"rdma/siw", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi"}},
+		// SRP sits beside iSCSI: SCSI ← SRP ← RDMA verbs, never a
+		// concrete RDMA device; its codec does no I/O.
+		{"srp", []string{mod, "net", "log"}},
+		{"srp/target", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "srp/initiator"}},
+		{"srp/initiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "target"}},
+		{"blockdev", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "target", "net"}},
 	}
 	for _, r := range rules {
 		if _, ok := pkgs[r.pkg]; !ok {

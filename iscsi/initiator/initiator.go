@@ -16,11 +16,11 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/rdma"
-	"github.com/blockwire/blockwire/scsi"
 )
 
 // DefaultInitiatorName is used when Options.InitiatorName is empty.
@@ -140,28 +140,10 @@ func loginStatusText(class, detail byte) string {
 var ErrTargetAuth = errors.New("iscsi: the target's mutual CHAP response is wrong")
 
 // SCSIError is a command that ended with a status other than GOOD.
-type SCSIError struct {
-	Status byte
-	Sense  *scsi.Sense // nil without sense data
-}
-
-func (e *SCSIError) Error() string {
-	if e.Sense != nil {
-		return fmt.Sprintf("scsi: status %#02x: %v", e.Status, e.Sense)
-	}
-	return fmt.Sprintf("scsi: status %#02x", e.Status)
-}
+type SCSIError = blockdev.SCSIError
 
 // Result is the outcome of a command that completed.
-type Result struct {
-	Status byte
-	Sense  *scsi.Sense
-	// Residual is the residual count: positive for underflow (less data
-	// than expected), negative for overflow.
-	Residual int
-	// In is the number of data-in bytes received.
-	In int
-}
+type Result = blockdev.Result
 
 func newISID() [6]byte {
 	var b [6]byte

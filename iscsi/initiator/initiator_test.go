@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -448,4 +449,12 @@ func FuzzParseURL(f *testing.F) {
 			t.Fatalf("%q parsed to %+v", s, u)
 		}
 	})
+}
+
+func rw16(op byte, lba uint64, blocks uint32) []byte {
+	cdb := make([]byte, 16)
+	cdb[0] = op
+	binary.BigEndian.PutUint64(cdb[2:], lba)
+	binary.BigEndian.PutUint32(cdb[10:], blocks)
+	return cdb
 }

@@ -1,0 +1,553 @@
+// Package target is the SRP target: it accepts SRP logins through the rdma
+// connection manager (on iWARP the login rides in the MPA private data, as
+// Linux ib_srp sends it over RDMA/CM), runs one RDMA channel per login,
+// and drives the transport-neutral SCSI target core exactly as the iSCSI
+// target does. Data-out is fetched with RDMA Reads from the initiator's
+// descriptors and data-in is placed with RDMA Writes before the SRP_RSP
+// Send, so iWARP's ordering makes the data visible first (seed 003, Annex
+// A.3: initiators support inbound RDMA Read and Write; A.4: targets only
+// receive Sends).
+//
+// Credit flow control: a channel grants as many credits (REQUEST LIMIT
+// DELTA) as it has receive buffers for requests. Each SRP_CMD or
+// SRP_TSK_MGMT holds its receive buffer until it is answered; the buffer
+// is then posted again and its credit returned in the next SRP_RSP, or in
+// an SRP_CRED_REQ when there is no response to carry it (an aborted task).
+package target
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blockwire/blockwire/internal/bufpool"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/srp"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+// Options configure a Server.
+type Options struct {
+	// PD is the protection domain of the RDMA device the listeners
+	// belong to: every channel's queue pair and memory live in it.
+	PD *rdma.PD
+	// Device is the SCSI target device whose logical units are served.
+	Device *scsitarget.Device
+	// IDExt and IOCGUID make up the target port ID (SRP r16a: id_ext then
+	// the I/O controller GUID). Logins naming another target port are
+	// rejected with "unable to associate RDMA channel with I_T nexus".
+	IDExt, IOCGUID uint64
+	// Credits is each channel's request limit (default 128).
+	Credits int
+	// MaxITIULen bounds the initiator-to-target IU length a login may ask
+	// for (default 65536+68: immediate data up to 64 KiB).
+	MaxITIULen int
+	// MaxChannels limits the RDMA channels of all initiators together
+	// (default 64); further logins are rejected with "RDMA channel limit
+	// reached".
+	MaxChannels int
+	// MaxDescriptors limits the data buffer descriptors of one command
+	// (default 32; Linux ib_srp sends at most cmd_sg_entries, 12 by
+	// default).
+	MaxDescriptors int
+	// NoImmediate refuses immediate data (SRP-2).
+	NoImmediate bool
+	// Allow, when set, admits an initiator port; others are rejected with
+	// "unable to associate RDMA channel with I_T nexus".
+	Allow func(initiator srp.PortID) bool
+	// RelativePort is the relative target port identifier reported in
+	// VPD page 83h (default 2; the iSCSI portal group is 1).
+	RelativePort uint16
+	Logger       *slog.Logger
+}
+
+// Largest data transfer of one command.
+const maxTransfer = 64 << 20
+
+// Server is an SRP target port.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	pool    bufpool.Pool
+	port    srp.PortID
+	formats uint16
+
+	mu        sync.Mutex
+	nexuses   map[srp.PortID]*nexus
+	channels  map[*channel]struct{}
+	reserved  int // channels being set up
+	listeners map[rdma.Listener]struct{}
+	closed    bool
+	wg        sync.WaitGroup
+}
+
+// nexus is one I_T nexus: an initiator port's channels to this target
+// port share its unit attentions and task sets.
+type nexus struct {
+	n        *scsitarget.Nexus
+	channels map[*channel]struct{}
+}
+
+// New returns a target port serving opts.Device.
+func New(opts Options) *Server {
+	if opts.Credits <= 0 {
+		opts.Credits = 128
+	}
+	if opts.MaxITIULen <= 0 {
+		opts.MaxITIULen = 65536 + 68
+	}
+	opts.MaxITIULen = max(opts.MaxITIULen, srp.MinITIULen)
+	if opts.MaxChannels <= 0 {
+		opts.MaxChannels = 64
+	}
+	if opts.MaxDescriptors <= 0 {
+		opts.MaxDescriptors = 32
+	}
+	if opts.RelativePort == 0 {
+		opts.RelativePort = 2
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{opts: opts, log: opts.Logger, port: srp.MakePortID(opts.IDExt, opts.IOCGUID),
+		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}, listeners: map[rdma.Listener]struct{}{}}
+	s.formats = srp.BufDirect | srp.BufIndirect
+	if !opts.NoImmediate {
+		s.formats |= srp.BufImmediate
+	}
+	return s
+}
+
+// PortID returns the target port ID logins must name.
+func (s *Server) PortID() srp.PortID { return s.port }
+
+// Serve accepts logins on ln until ln or the server is closed.
+func (s *Server) Serve(ln rdma.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return errors.New("srp: server closed")
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+	for {
+		req, err := ln.Accept(context.Background())
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return nil
+			}
+			return err
+		}
+		s.wg.Add(1)
+		go func() {
+			defer s.wg.Done()
+			s.login(req)
+		}()
+	}
+}
+
+// Close logs every channel out (SRP_T_LOGOUT), stops the listeners Serve
+// runs on and waits for the channels to end.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	chans := make([]*channel, 0, len(s.channels))
+	for ch := range s.channels {
+		chans = append(chans, ch)
+	}
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	s.mu.Unlock()
+	for _, ch := range chans {
+		ch.logout(srp.LogoutNoReason, errors.New("target shutting down"))
+	}
+	s.wg.Wait()
+	return nil
+}
+
+// Channels returns the number of live RDMA channels.
+func (s *Server) Channels() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.channels)
+}
+
+func (s *Server) reject(req rdma.ConnRequest, lr *srp.LoginReq, reason srp.RejectReason, format string, a ...any) {
+	s.log.Warn("srp: login rejected", "remote", req.RemoteAddr(), "initiator", lr.Initiator, "reason", reason.String(),
+		"detail", fmt.Sprintf(format, a...))
+	rej := srp.LoginRej{Reason: reason, Tag: lr.Tag, BufFormats: s.formats}
+	_ = req.Reject(rej.Append(nil))
+}
+
+// login validates an SRP_LOGIN_REQ and sets up its channel.
+func (s *Server) login(req rdma.ConnRequest) {
+	var lr srp.LoginReq
+	if err := lr.DecodeCM(req.PrivateData()); err != nil {
+		s.reject(req, &lr, srp.RejectUnable, "%v", err)
+		return
+	}
+	switch {
+	case lr.MaxITIULen < srp.MinITIULen:
+		s.reject(req, &lr, srp.RejectITIULen, "requested I→T IU length %d is below %d", lr.MaxITIULen, srp.MinITIULen)
+		return
+	case lr.BufFormats&^s.formats != 0:
+		s.reject(req, &lr, srp.RejectBufferFormat, "required buffer formats %#x, supported %#x", lr.BufFormats, s.formats)
+		return
+	case lr.Target != s.port:
+		s.reject(req, &lr, srp.RejectAssociate, "target port ID %v is not this target's %v", lr.Target, s.port)
+		return
+	case s.opts.Allow != nil && !s.opts.Allow(lr.Initiator):
+		s.reject(req, &lr, srp.RejectAssociate, "initiator port not admitted")
+		return
+	case lr.MultiChannel > srp.MultiChannelMulti:
+		s.reject(req, &lr, srp.RejectUnable, "MULTI-CHANNEL ACTION %d is reserved", lr.MultiChannel)
+		return
+	}
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		s.reject(req, &lr, srp.RejectUnable, "target shutting down")
+		return
+	}
+	if len(s.channels)+s.reserved >= s.opts.MaxChannels {
+		s.mu.Unlock()
+		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels already", s.opts.MaxChannels)
+		return
+	}
+	s.reserved++
+	var existing []*channel
+	if nx := s.nexuses[lr.Initiator]; nx != nil {
+		for ch := range nx.channels {
+			existing = append(existing, ch)
+		}
+	}
+	s.mu.Unlock()
+
+	maxIT := min(int(lr.MaxITIULen), s.opts.MaxITIULen)
+	// Immediate data must start past the fixed IU and a descriptor, and
+	// leave room in the IU (SRP-2).
+	imm := !s.opts.NoImmediate && lr.Immediate &&
+		int(lr.ImmDataOffset) >= srp.CmdLen+srp.ImmediateLen && int(lr.ImmDataOffset) < maxIT
+	ch := newChannel(s, &lr, maxIT, imm, req)
+	mc := uint8(srp.MultiChanNoExisting)
+	if len(existing) > 0 {
+		mc = srp.MultiChanMaintained
+		if lr.MultiChannel == srp.MultiChannelSingle {
+			mc = srp.MultiChanTerminated
+		}
+	}
+	rsp := srp.LoginRsp{ReqLimDelta: uint32(s.opts.Credits), Tag: lr.Tag, MaxITIULen: uint32(maxIT),
+		MaxTIIULen: uint32(maxTI), BufFormats: s.formats, MultiChannel: mc, Immediate: imm}
+	depth := (s.opts.Credits+extraRecvs)*2*(s.opts.MaxDescriptors+1) + 8
+	qp, err := req.Accept(rdma.ConnParams{PD: s.opts.PD,
+		QP:          rdma.QPConfig{SendCQ: ch.cq, RecvCQ: ch.cq, SendDepth: depth, RecvDepth: len(ch.slots)},
+		PrivateData: rsp.Append(nil), Recvs: ch.recvs()})
+	s.mu.Lock()
+	s.reserved--
+	if err != nil || s.closed {
+		s.mu.Unlock()
+		if err == nil {
+			qp.Close()
+			err = errors.New("target shutting down")
+		}
+		s.log.Warn("srp: accepting a login failed", "remote", req.RemoteAddr(), "err", err)
+		return
+	}
+	nx := s.nexuses[lr.Initiator]
+	if nx == nil {
+		nx = &nexus{n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort},
+			channels: map[*channel]struct{}{}}
+		s.nexuses[lr.Initiator] = nx
+		s.opts.Device.AddNexus(nx.n)
+	}
+	nx.channels[ch] = struct{}{}
+	s.channels[ch] = struct{}{}
+	ch.qp, ch.nx = qp, nx
+	s.wg.Add(1)
+	s.mu.Unlock()
+	ch.log.Info("srp: channel up", "credits", s.opts.Credits, "max_it_iu", maxIT, "immediate", imm,
+		"multichannel", lr.MultiChannel, "existing", len(existing))
+	if lr.MultiChannel == srp.MultiChannelSingle {
+		// SINGLE: the nexus's other channels are logged out.
+		for _, old := range existing {
+			old.logout(srp.LogoutMultiChannel, errors.New("a new login asked for a single channel"))
+		}
+	}
+	go func() {
+		defer s.wg.Done()
+		ch.run()
+	}()
+}
+
+// leave removes a finished channel; the last channel of a nexus ends it.
+func (s *Server) leave(ch *channel) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.channels, ch)
+	nx := ch.nx
+	delete(nx.channels, ch)
+	if len(nx.channels) == 0 && s.nexuses[ch.initiator] == nx {
+		delete(s.nexuses, ch.initiator)
+		s.opts.Device.RemoveNexus(nx.n)
+	}
+}
+
+// ---- channels ----
+
+// Receive buffers beyond the credits: room for SRP_CRED_RSP and
+// SRP_AER_RSP (which need no credit) and for noticing an initiator that
+// sends more requests than its credits allow.
+const extraRecvs = 2
+
+// maxTI is the longest IU we send: SRP_RSP with 4 bytes of response data
+// and the longest sense data the core produces.
+var maxTI = srp.RspLen + 4 + len(scsitarget.Command{}.Sense)
+
+// Send work request kinds (low byte of the ID; the task index above it).
+const (
+	kindRead   = 1 // last RDMA Read of a task's data-out
+	kindTable  = 2 // RDMA Read of an external descriptor table
+	kindRsp    = 3 // SRP_RSP
+	kindWrite  = 4 // RDMA Write of data-in (unsignaled)
+	kindCtl    = 5 // SRP_CRED_REQ or SRP_T_LOGOUT (no task)
+	kindLogout = 6
+)
+
+type channel struct {
+	s         *Server
+	log       *slog.Logger
+	qp        rdma.QP
+	cq        *rdma.CQ
+	nx        *nexus
+	initiator srp.PortID
+	maxIT     int
+	immOff    int // 0 without immediate data
+	credits   int
+
+	ring  []byte // receive buffers, maxIT bytes each
+	slots []rdma.RecvWR
+	tasks []task
+	free  []int32 // free task indexes (under mu)
+
+	held  atomic.Int32 // receive buffers holding a request
+	delta atomic.Int32 // receive buffers posted again, credit not yet returned
+
+	mu       sync.Mutex
+	byTag    map[uint64]*task
+	closing  bool
+	live     int // tasks not yet released
+	credReqs int // SRP_CRED_REQs not yet answered
+	ctlBuf   [srp.TLogoutLen]byte
+	credBuf  [srp.CredReqLen]byte
+	stopOnce sync.Once
+	logoutCh chan struct{}
+}
+
+func newChannel(s *Server, lr *srp.LoginReq, maxIT int, imm bool, req rdma.ConnRequest) *channel {
+	n := s.opts.Credits + extraRecvs
+	ch := &channel{s: s, initiator: lr.Initiator, maxIT: maxIT, credits: s.opts.Credits,
+		cq: rdma.NewCQ(4 * n), ring: make([]byte, n*maxIT), slots: make([]rdma.RecvWR, n),
+		tasks: make([]task, 2*n), byTag: map[uint64]*task{}, logoutCh: make(chan struct{})}
+	ch.log = s.log.With("initiator", lr.Initiator.String(), "remote", req.RemoteAddr())
+	if imm {
+		ch.immOff = int(lr.ImmDataOffset)
+	}
+	for i := range ch.slots {
+		ch.slots[i] = rdma.RecvWR{ID: uint64(i), Buf: ch.ring[i*maxIT : (i+1)*maxIT]}
+	}
+	for i := len(ch.tasks) - 1; i >= 0; i-- {
+		ch.tasks[i].ch, ch.tasks[i].idx = ch, int32(i)
+		ch.free = append(ch.free, int32(i))
+	}
+	return ch
+}
+
+func (ch *channel) recvs() []rdma.RecvWR { return append([]rdma.RecvWR(nil), ch.slots...) }
+
+// run is the channel's completion loop: receives and send completions
+// come through one CQ and are handled here, in order.
+func (ch *channel) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		<-ch.qp.Done()
+		cancel()
+	}()
+	var comps [32]rdma.Completion
+	for {
+		n, err := ch.cq.Wait(ctx, comps[:])
+		if err != nil {
+			// The queue pair is down: everything it still held has been
+			// flushed into the CQ before Done closed.
+			n = ch.cq.Poll(comps[:])
+			if n == 0 {
+				break
+			}
+		}
+		for i := range comps[:n] {
+			ch.completion(&comps[i])
+		}
+	}
+	ch.mu.Lock()
+	ch.closing = true
+	ch.mu.Unlock()
+	if err := ch.qp.Err(); err != nil {
+		ch.log.Info("srp: channel down", "err", err)
+	} else {
+		ch.log.Info("srp: channel closed")
+	}
+	// Tasks still executing in the core finish without a response.
+	for {
+		ch.mu.Lock()
+		live := ch.live
+		ch.mu.Unlock()
+		if live == 0 {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	ch.s.leave(ch)
+	cancel()
+}
+
+func (ch *channel) completion(c *rdma.Completion) {
+	if c.Op == rdma.OpRecv {
+		if c.Status != rdma.Success {
+			return // flushed
+		}
+		ch.receive(int(c.ID), ch.slots[c.ID].Buf[:c.Len])
+		return
+	}
+	kind := c.ID & 0xff
+	if kind == kindCtl || kind == kindLogout {
+		if kind == kindLogout {
+			ch.stopOnce.Do(func() { close(ch.logoutCh) })
+		}
+		return
+	}
+	t := &ch.tasks[c.ID>>8]
+	if c.Status != rdma.Success {
+		if c.Status != rdma.Flushed {
+			ch.log.Warn("srp: work request failed", "op", c.Op, "status", c.Status, "tag", t.tag, "err", ch.qp.Err())
+		}
+		ch.mu.Lock()
+		t.aborted = true
+		ch.mu.Unlock()
+		if kind == kindRsp || kind == kindRead || kind == kindTable {
+			ch.release(t)
+		}
+		return
+	}
+	switch kind {
+	case kindRead:
+		ch.fetched(t)
+	case kindTable:
+		ch.tableFetched(t)
+	case kindRsp:
+		ch.release(t)
+	}
+}
+
+// receive handles one IU in receive buffer slot.
+func (ch *channel) receive(slot int, iu []byte) {
+	op := srp.Op(iu)
+	switch op {
+	case srp.OpCmd, srp.OpTskMgmt:
+		if ch.held.Add(1) > int32(ch.credits) {
+			ch.logout(srp.LogoutNoReason, fmt.Errorf("%v beyond the request limit of %d", op, ch.credits))
+			return
+		}
+		ch.mu.Lock()
+		if len(ch.free) == 0 {
+			ch.mu.Unlock()
+			ch.logout(srp.LogoutNoReason, errors.New("no task slot free"))
+			return
+		}
+		t := &ch.tasks[ch.free[len(ch.free)-1]]
+		ch.free = ch.free[:len(ch.free)-1]
+		ch.live++
+		ch.mu.Unlock()
+		t.reset(slot, iu)
+		if op == srp.OpCmd {
+			ch.command(t)
+		} else {
+			ch.taskMgmt(t)
+		}
+	case srp.OpILogout:
+		ch.log.Info("srp: initiator logged out")
+		go ch.qp.Close()
+	case srp.OpCredRsp:
+		ch.mu.Lock()
+		ok := ch.credReqs > 0
+		if ok {
+			ch.credReqs--
+		}
+		ch.mu.Unlock()
+		if !ok {
+			ch.logout(srp.LogoutSpuriousResponse, errors.New("SRP_CRED_RSP without a request"))
+			return
+		}
+		ch.repost(slot, false)
+	case srp.OpAerRsp:
+		ch.logout(srp.LogoutSpuriousResponse, errors.New("SRP_AER_RSP without a request"))
+	case srp.OpLoginReq:
+		ch.logout(srp.LogoutInvalidIUType, errors.New("SRP_LOGIN_REQ on a live channel"))
+	default:
+		ch.logout(srp.LogoutInvalidIUType, fmt.Errorf("%v from the initiator", op))
+	}
+}
+
+// repost gives receive buffer slot back to the queue pair; a request's
+// buffer also earns back a credit for the next response.
+func (ch *channel) repost(slot int, credit bool) {
+	if err := ch.qp.PostRecv(ch.slots[slot]); err != nil {
+		return // the channel is going down
+	}
+	if credit {
+		ch.held.Add(-1)
+		ch.delta.Add(1)
+	}
+}
+
+// logout sends SRP_T_LOGOUT with reason and closes the channel once it
+// has been sent (or after a second).
+func (ch *channel) logout(reason srp.LogoutReason, why error) {
+	ch.mu.Lock()
+	if ch.closing {
+		ch.mu.Unlock()
+		return
+	}
+	ch.closing = true
+	ch.mu.Unlock()
+	lvl := slog.LevelWarn
+	if reason == srp.LogoutNoReason || reason == srp.LogoutMultiChannel {
+		lvl = slog.LevelInfo
+	}
+	ch.log.Log(context.Background(), lvl, "srp: logging the channel out", "reason", reason.String(), "why", why)
+	tl := srp.TLogout{Reason: reason}
+	b := tl.Append(ch.ctlBuf[:0])
+	if ch.qp.PostSend(&rdma.SendWR{ID: kindLogout, Op: rdma.OpSend, Solicited: true, SG: [][]byte{b}}) == nil {
+		go func() {
+			select {
+			case <-ch.logoutCh:
+			case <-ch.qp.Done():
+			case <-time.After(time.Second):
+			}
+			ch.qp.Close()
+		}()
+		return
+	}
+	go ch.qp.Close()
+}

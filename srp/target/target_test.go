@@ -1,0 +1,296 @@
+package target_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/srp"
+	"github.com/blockwire/blockwire/srp/initiator"
+	srptarget "github.com/blockwire/blockwire/srp/target"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+const idExt = 0x0011223344556677
+
+var tgtPort = srp.MakePortID(idExt, idExt)
+
+// gated is a memory backend whose writes wait while the gate is closed.
+type gated struct {
+	*mem.Disk
+	gate   atomic.Pointer[chan struct{}]
+	inside chan struct{}
+}
+
+func (g *gated) WriteAt(p []byte, off int64) (int, error) {
+	if ch := g.gate.Load(); ch != nil {
+		select {
+		case g.inside <- struct{}{}:
+		default:
+		}
+		<-*ch
+	}
+	return g.Disk.WriteAt(p, off)
+}
+
+func start(t *testing.T, credits int) (string, *srptarget.Server, *gated) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
+	m, _ := mem.New(16 << 20)
+	g := &gated{Disk: m, inside: make(chan struct{}, 1)}
+	lu, err := scsitarget.NewLU(dev.Name(), scsitarget.LUConfig{Backend: g})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dev.AddLU(lu)
+	srv := srptarget.New(srptarget.Options{PD: rdma.NewDevice("t").AllocPD(), Device: dev, IDExt: idExt, IOCGUID: idExt,
+		Credits: credits, Logger: log})
+	ln, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		if ch := g.gate.Swap(nil); ch != nil {
+			close(*ch)
+		}
+		srv.Close()
+	})
+	return ln.Addr().String(), srv, g
+}
+
+// raw is a hand-driven channel: it sends whatever IUs a test builds.
+type raw struct {
+	qp  rdma.QP
+	pd  *rdma.PD
+	cq  *rdma.CQ
+	buf [8][512]byte
+	rsp srp.LoginRsp
+}
+
+func dialRaw(t *testing.T, addr string) *raw {
+	t.Helper()
+	r := &raw{pd: rdma.NewDevice("raw").AllocPD(), cq: rdma.NewCQ(64)}
+	var recvs []rdma.RecvWR
+	for i := range r.buf {
+		recvs = append(recvs, rdma.RecvWR{ID: uint64(i), Buf: r.buf[i][:]})
+	}
+	lr := srp.LoginReq{MaxITIULen: 8260, BufFormats: srp.BufDirect | srp.BufIndirect, Immediate: true, ImmDataOffset: 68,
+		Initiator: srp.MakePortID(1, uint64(time.Now().UnixNano())), Target: tgtPort}
+	qp, pd, err := siw.New(siw.Options{}).Dial(context.Background(), addr, rdma.ConnParams{PD: r.pd,
+		QP: rdma.QPConfig{SendCQ: r.cq, RecvCQ: r.cq}, PrivateData: lr.AppendCM(nil), Recvs: recvs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.rsp.Decode(pd); err != nil {
+		t.Fatal(err)
+	}
+	r.qp = qp
+	t.Cleanup(func() { qp.Close() })
+	return r
+}
+
+func (r *raw) send(t *testing.T, iu []byte) {
+	t.Helper()
+	if err := r.qp.PostSend(&rdma.SendWR{Op: rdma.OpSend, SG: [][]byte{iu}, Unsignaled: true}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// next returns the next IU the target sends (nil when the channel ends).
+func (r *raw) next(t *testing.T) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var c [1]rdma.Completion
+	for {
+		if _, err := r.cq.Wait(ctx, c[:]); err != nil {
+			t.Fatal("no IU from the target in 5 s")
+		}
+		if c[0].Op != rdma.OpRecv {
+			continue
+		}
+		if c[0].Status != rdma.Success {
+			return nil
+		}
+		iu := append([]byte(nil), r.buf[c[0].ID][:c[0].Len]...)
+		_ = r.qp.PostRecv(rdma.RecvWR{ID: c[0].ID, Buf: r.buf[c[0].ID][:]})
+		return iu
+	}
+}
+
+func (r *raw) expectLogout(t *testing.T, want srp.LogoutReason) {
+	t.Helper()
+	for {
+		iu := r.next(t)
+		if iu == nil {
+			t.Fatalf("channel ended without SRP_T_LOGOUT (want reason %v)", want)
+		}
+		if srp.Op(iu) != srp.OpTLogout {
+			continue
+		}
+		var lo srp.TLogout
+		if err := lo.Decode(iu); err != nil || lo.Reason != want {
+			t.Fatalf("SRP_T_LOGOUT %+v %v, want reason %v", lo, err, want)
+		}
+		select {
+		case <-r.qp.Done():
+		case <-time.After(5 * time.Second):
+			t.Fatal("channel not closed after SRP_T_LOGOUT")
+		}
+		return
+	}
+}
+
+// good is a well-behaved initiator running beside the hostile one.
+func good(t *testing.T, addr string) *initiator.Device {
+	t.Helper()
+	d, err := initiator.Open(context.Background(), "srp://"+addr+"/0011223344556677/0", initiator.Options{Fabric: siw.New(siw.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func checkGood(t *testing.T, d *initiator.Device) {
+	t.Helper()
+	want := bytes.Repeat([]byte("blockwire"), 456)[:4096]
+	if _, err := d.WriteAt(want, 8192); err != nil {
+		t.Fatalf("well-behaved channel: %v", err)
+	}
+	got := make([]byte, 4096)
+	if _, err := d.ReadAt(got, 8192); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("well-behaved channel read back: %v", err)
+	}
+}
+
+func TestMalformedIUsLogOut(t *testing.T) {
+	addr, _, _ := start(t, 0)
+	d := good(t, addr)
+	tur := srp.Cmd{Tag: 1, CDB: []byte{scsi.OpTestUnitReady}}
+	turIU, _ := tur.Append(nil, 0)
+	for _, tc := range []struct {
+		name string
+		iu   []byte
+		want srp.LogoutReason
+	}{
+		{"truncated SRP_CMD", turIU[:30], srp.LogoutInvalidIULength},
+		{"unknown IU type", append([]byte{0x55}, make([]byte, 15)...), srp.LogoutInvalidIUType},
+		{"descriptor past the IU", func() []byte { b := append([]byte(nil), turIU...); b[5] = 0x01; return b }(), srp.LogoutInvalidIULength},
+		{"data-in format 7", func() []byte { b := append([]byte(nil), turIU...); b[5] = 0x07; return b }(), srp.LogoutDataInFormat},
+		{"immediate data past the IU", func() []byte {
+			c := srp.Cmd{Tag: 2, CDB: []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, Out: srp.Immediate(make([]byte, 512))}
+			b, _ := c.Append(nil, 68)
+			return b[:300]
+		}(), srp.LogoutInvalidIULength},
+		{"SRP_AER_RSP without a request", srp.AppendAerRsp(nil, 9), srp.LogoutSpuriousResponse},
+		{"SRP_LOGIN_REQ on a live channel", (&srp.LoginReq{MaxITIULen: 64}).Append(nil), srp.LogoutInvalidIUType},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := dialRaw(t, addr)
+			r.send(t, tc.iu)
+			r.expectLogout(t, tc.want)
+			checkGood(t, d)
+		})
+	}
+}
+
+// TestDescriptorOutsideRegisteredMemory: the target's RDMA Read of a
+// descriptor the initiator never registered fails at the initiator's
+// RDMA layer (Terminate); that channel ends, the others go on.
+func TestDescriptorOutsideRegisteredMemory(t *testing.T) {
+	addr, srv, _ := start(t, 0)
+	d := good(t, addr)
+	r := dialRaw(t, addr)
+	c := srp.Cmd{Tag: 1, CDB: []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 8, 0},
+		Out: srp.Direct(srp.Desc{VA: 0x1000, Key: 0x00abcd00, Len: 4096})}
+	iu, _ := c.Append(nil, 0)
+	r.send(t, iu)
+	select {
+	case <-r.qp.Done():
+	case <-time.After(5 * time.Second):
+		t.Fatal("channel survived a descriptor outside registered memory")
+	}
+	var te *rdma.TerminateError
+	if err := r.qp.Err(); !errors.As(err, &te) {
+		t.Logf("raw channel ended with %v", err)
+	}
+	checkGood(t, d)
+	deadline := time.Now().Add(5 * time.Second)
+	for srv.Channels() != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := srv.Channels(); n != 1 {
+		t.Fatalf("%d channels, want the well-behaved one only", n)
+	}
+}
+
+// TestCreditOverrun: an IU beyond the request limit logs the channel out.
+func TestCreditOverrun(t *testing.T) {
+	addr, _, g := start(t, 1)
+	gate := make(chan struct{})
+	g.gate.Store(&gate)
+	r := dialRaw(t, addr)
+	if r.rsp.ReqLimDelta != 1 {
+		t.Fatalf("granted %d credits, want 1", r.rsp.ReqLimDelta)
+	}
+	// The unit attention of the new nexus comes first (its response
+	// returns the credit).
+	tur := srp.Cmd{Tag: 9, CDB: []byte{scsi.OpTestUnitReady}}
+	iu, _ := tur.Append(nil, 0)
+	r.send(t, iu)
+	var rsp srp.Rsp
+	if err := rsp.Decode(r.next(t)); err != nil || rsp.ReqLimDelta != 1 {
+		t.Fatalf("TUR: %+v %v", rsp, err)
+	}
+	for tag := uint64(1); tag <= 2; tag++ {
+		c := srp.Cmd{Tag: tag, CDB: []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, Out: srp.Immediate(make([]byte, 512))}
+		iu, _ := c.Append(nil, 68)
+		r.send(t, iu)
+		if tag == 1 {
+			<-g.inside // the first write holds its credit in the backend
+		}
+	}
+	r.expectLogout(t, srp.LogoutNoReason)
+	g.gate.Store(nil)
+	close(gate)
+}
+
+// TestAbortTask: a command stuck in the backend is aborted by the
+// initiator when its context ends (SRP_TSK_MGMT ABORT TASK); the channel
+// stays usable and keeps its credits.
+func TestAbortTask(t *testing.T) {
+	addr, _, g := start(t, 3) // the initiator keeps one credit for task management
+	d := good(t, addr)
+	checkGood(t, d) // clears the unit attention
+	gate := make(chan struct{})
+	g.gate.Store(&gate)
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() {
+		_, err := d.WriteAtContext(ctx, make([]byte, 4096), 0)
+		errc <- err
+	}()
+	<-g.inside
+	cancel()
+	time.Sleep(100 * time.Millisecond) // ABORT TASK waits for the task to leave the backend
+	g.gate.Store(nil)
+	close(gate)
+	if err := <-errc; err != context.Canceled { // not wrapped: the ABORT TASK succeeded
+		t.Fatalf("aborted write: %v", err)
+	}
+	for i := 0; i < 10; i++ { // more commands than credits: the aborted one's came back
+		checkGood(t, d)
+	}
+}
