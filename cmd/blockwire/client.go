@@ -7,7 +7,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/blockwire/blockwire/datamover/iser"
 	"io"
 	"log/slog"
 	"math"
@@ -22,10 +21,16 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/blockwire/blockwire/blockdev"
+	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/srp"
+
 	"github.com/blockwire/blockwire/internal/config"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/scsi"
+	srpinit "github.com/blockwire/blockwire/srp/initiator"
 )
 
 // Exit codes of the initiator verbs, for scripts.
@@ -43,10 +48,11 @@ const (
 func classify(err error) (int, string) {
 	var le *initiator.LoginError
 	var se *initiator.SCSIError
+	var rej *srp.LoginRej
 	var ne net.Error
 	var oe *net.OpError
 	switch {
-	case errors.As(err, &le) || errors.Is(err, initiator.ErrTargetAuth):
+	case errors.As(err, &le) || errors.Is(err, initiator.ErrTargetAuth) || errors.As(err, &rej):
 		return exitLogin, err.Error()
 	case errors.As(err, &se):
 		if se.Sense != nil && se.Sense.ASC == 0x25 {
@@ -171,13 +177,45 @@ func discover(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-func openURL(ctx context.Context, url string, o *initiator.Options, ts string, stderr io.Writer) (*initiator.Device, int) {
+// device is a LUN reached through one of the initiators: iSCSI or iSER
+// (package iscsi/initiator) or SRP (package srp/initiator).
+type device interface {
+	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
+	WriteAtContext(ctx context.Context, p []byte, off int64) (int, error)
+	ReadAt(p []byte, off int64) (int, error)
+	WriteAt(p []byte, off int64) (int, error)
+	Do(ctx context.Context, cdb []byte, out, in []byte) (blockdev.Result, error)
+	Size() int64
+	BlockSize() int
+	Flush() error
+	Close() error
+}
+
+// checkURL reports a malformed iscsi://, iser:// or srp:// URL.
+func checkURL(u string) error {
+	if strings.HasPrefix(u, "srp://") {
+		_, err := srpinit.ParseURL(u)
+		return err
+	}
+	_, err := initiator.ParseURL(u)
+	return err
+}
+
+// openDevice logs in to the LUN of an iscsi://, iser:// or srp:// URL.
+func openDevice(ctx context.Context, u string, o initiator.Options) (device, error) {
+	if strings.HasPrefix(u, "srp://") {
+		return srpinit.Open(ctx, u, srpinit.Options{Fabric: siw.New(siw.Options{Logger: o.Logger}), Logger: o.Logger})
+	}
+	return initiator.Open(ctx, u, o)
+}
+
+func openURL(ctx context.Context, url string, o *initiator.Options, ts string, stderr io.Writer) (device, int) {
 	finishOptions(o, ts, stderr)
-	if _, err := initiator.ParseURL(url); err != nil {
+	if err := checkURL(url); err != nil {
 		fmt.Fprintln(stderr, "blockwire:", err)
 		return nil, exitUsage
 	}
-	d, err := initiator.Open(ctx, url, *o)
+	d, err := openDevice(ctx, url, *o)
 	if err != nil {
 		return nil, fail(stderr, err)
 	}

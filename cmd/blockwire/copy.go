@@ -16,7 +16,7 @@ import (
 // endpoint is one side of a copy: a local file or an iSCSI LUN.
 type endpoint struct {
 	name string
-	dev  *initiator.Device
+	dev  device
 	f    *os.File
 	size int64
 }
@@ -52,7 +52,7 @@ func (e *endpoint) close() error {
 
 func openEndpoint(ctx context.Context, name string, write bool, o initiator.Options) (*endpoint, error) {
 	if isURL(name) {
-		d, err := initiator.Open(ctx, name, o)
+		d, err := openDevice(ctx, name, o)
 		if err != nil {
 			return nil, err
 		}
@@ -80,13 +80,13 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("copy", stderr)
 	pos, err := parse(fs, args)
 	if err != nil || len(pos) != 2 {
-		fmt.Fprintln(stderr, "usage: blockwire copy [flags] SRC DST   (each a file or an iscsi:// URL)")
+		fmt.Fprintln(stderr, "usage: blockwire copy [flags] SRC DST   (each a file or an iscsi://, iser:// or srp:// URL)")
 		return exitUsage
 	}
 	finishOptions(o, *ts, stderr)
 	for _, p := range pos {
 		if isURL(p) {
-			if _, err := initiator.ParseURL(p); err != nil {
+			if err := checkURL(p); err != nil {
 				fmt.Fprintln(stderr, "blockwire:", err)
 				return exitUsage
 			}
@@ -156,8 +156,10 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 	return exitOK
 }
 
-// isURL tells an iSCSI or iSER URL from a file name.
-func isURL(s string) bool { return strings.HasPrefix(s, "iscsi://") || strings.HasPrefix(s, "iser://") }
+// isURL tells an iSCSI, iSER or SRP URL from a file name.
+func isURL(s string) bool {
+	return strings.HasPrefix(s, "iscsi://") || strings.HasPrefix(s, "iser://") || strings.HasPrefix(s, "srp://")
+}
 
 // redactURL hides the password of an iSCSI or iSER URL.
 func redactURL(u string) string {

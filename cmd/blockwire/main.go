@@ -8,18 +8,22 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"github.com/blockwire/blockwire/rdma"
-	"github.com/blockwire/blockwire/rdma/siw"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"net"
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
+	srptarget "github.com/blockwire/blockwire/srp/target"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/file"
@@ -33,7 +37,7 @@ import (
 const usage = `blockwire: block storage over the wire
 
 Usage:
-  blockwire serve [flags]             run the iSCSI target
+  blockwire serve [flags]             run the target (iSCSI and iSER; SRP with --srp-listen)
   blockwire config check FILE         validate a configuration file
   blockwire discover PORTAL           list the targets a portal offers (SendTargets)
   blockwire inquiry URL               identify a LUN
@@ -42,7 +46,8 @@ Usage:
   blockwire copy SRC DST              file to LUN, LUN to file, LUN to LUN
   blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
 
-URL is iscsi://[user[%password]@]host[:port]/target-iqn/lun, as libiscsi writes it.
+URL is iscsi://[user[%password]@]host[:port]/target-iqn/lun, as libiscsi writes it,
+iser://… (the same over software iWARP), or srp://host[:port]/ID_EXT[:IOC_GUID]/lun.
 Run "blockwire VERB -h" for a verb's flags. Initiator verbs exit 0 on success,
 2 on a usage error, 3 when the portal is unreachable, 4 when login is refused,
 5 on a SCSI error, 6 on a verification mismatch, 1 otherwise.
@@ -113,6 +118,9 @@ func serve(args []string, stderr io.Writer) int {
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
+	var srpListen listFlag
+	fs.Var(&srpListen, "srp-listen", "also serve the first target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
+	srpID := fs.String("srp-id-ext", "", "SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -209,6 +217,32 @@ func serve(args []string, stderr io.Writer) int {
 		}
 	}
 
+	var srpSrv *srptarget.Server
+	var srpListeners []rdma.Listener
+	if len(srpListen) > 0 {
+		hi, lo, err := srpPortID(*srpID, cfg.Targets[0].Name)
+		if err != nil {
+			closeDevices()
+			fmt.Fprintln(stderr, "blockwire: --srp-id-ext:", err)
+			return 2
+		}
+		srpSrv = srptarget.New(srptarget.Options{PD: rdma.NewDevice("blockwire-srp").AllocPD(), Device: devices[0],
+			IDExt: hi, IOCGUID: lo, Logger: log.With("target", cfg.Targets[0].Name)})
+		fab := siw.New(siw.Options{Logger: log})
+		for _, a := range srpListen {
+			l, err := fab.Listen(a)
+			if err != nil {
+				for _, o := range srpListeners {
+					o.Close()
+				}
+				closeDevices()
+				fmt.Fprintf(stderr, "blockwire: --srp-listen: %v\n", err)
+				return 1
+			}
+			srpListeners = append(srpListeners, l)
+			log.Info("serving SRP", "target", cfg.Targets[0].Name, "url", fmt.Sprintf("srp://%s/%016x:%016x/0", l.Addr(), hi, lo))
+		}
+	}
 	var listeners []net.Listener
 	for _, a := range cfg.Listen {
 		l, err := net.Listen("tcp", a)
@@ -232,12 +266,21 @@ func serve(args []string, stderr io.Writer) int {
 		log.Info("serving on loopback only; use --listen ADDR:PORT to reach other hosts")
 	}
 	var wg sync.WaitGroup
-	errc := make(chan error, len(listeners))
+	errc := make(chan error, len(listeners)+len(srpListeners))
 	for _, l := range listeners {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			if err := srv.Serve(l); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	for _, l := range srpListeners {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := srpSrv.Serve(l); err != nil {
 				errc <- err
 			}
 		}()
@@ -254,6 +297,9 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if srpSrv != nil {
+		srpSrv.Close() // SRP_T_LOGOUT to every channel
+	}
 	if err := srv.Shutdown(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		log.Warn("shutdown incomplete", "err", err)
 	}
@@ -261,6 +307,27 @@ func serve(args []string, stderr io.Writer) int {
 	closeDevices()
 	log.Info("stopped")
 	return code
+}
+
+// srpPortID parses --srp-id-ext, or derives the port ID from the target
+// name (FNV-1a, so it stays the same across restarts).
+func srpPortID(v, name string) (uint64, uint64, error) {
+	if v == "" {
+		h := fnv.New64a()
+		h.Write([]byte(name))
+		id := h.Sum64()
+		return id, id, nil
+	}
+	a, b, ok := strings.Cut(v, ":")
+	if !ok {
+		b = a
+	}
+	hi, err1 := strconv.ParseUint(strings.TrimPrefix(a, "0x"), 16, 64)
+	lo, err2 := strconv.ParseUint(strings.TrimPrefix(b, "0x"), 16, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("want ID_EXT[:IOC_GUID] in hex, not %q", v)
+	}
+	return hi, lo, nil
 }
 
 func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarget.Target, error) {
