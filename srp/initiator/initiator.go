@@ -155,10 +155,13 @@ func Dial(ctx context.Context, addr string, tgt srp.PortID, opts Options) (*Chan
 		qp.Close()
 		return nil, fmt.Errorf("srp: login response: %w", err)
 	}
-	if rsp.MaxITIULen < srp.MinITIULen || rsp.MaxITIULen > lr.MaxITIULen {
+	if rsp.MaxITIULen < srp.MinITIULen {
 		qp.Close()
-		return nil, fmt.Errorf("srp: target's maximum I→T IU length %d outside [%d, %d]", rsp.MaxITIULen, srp.MinITIULen, lr.MaxITIULen)
+		return nil, fmt.Errorf("srp: target's maximum I→T IU length %d is below %d", rsp.MaxITIULen, srp.MinITIULen)
 	}
+	// ib_srpt answers its own limit (8276 by default), which may exceed
+	// what we asked for: use the smaller.
+	rsp.MaxITIULen = min(rsp.MaxITIULen, lr.MaxITIULen)
 	if rsp.ReqLimDelta == 0 {
 		qp.Close()
 		return nil, errors.New("srp: the target granted no credits")

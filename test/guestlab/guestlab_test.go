@@ -30,7 +30,7 @@ import (
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
 var boots = [][]string{
 	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
-	{"siw-rdma", "linux-iser-siw", "our-iser-initiator"},
+	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "our-srp-initiator"},
 }
 
 // extraDebs are Debian packages unpacked into the appended archive: tgt,
@@ -91,11 +91,23 @@ func TestGuestLab(t *testing.T) {
 		}
 		if failed {
 			t.Logf("console:\n%s", tail(out, 150))
+		} else {
+			// The evidence of a pass: each scenario's own check lines.
+			var b strings.Builder
+			for _, line := range strings.Split(string(out), "\n") {
+				if evidenceRE.MatchString(line) {
+					b.WriteString(strings.TrimSpace(line) + "\n")
+				}
+			}
+			t.Logf("checks:\n%s", b.String())
 		}
 	}
 }
 
-var resultRE = regexp.MustCompile(`LAB-RESULT: (\S+) rc=(\d+)`)
+var (
+	resultRE   = regexp.MustCompile(`LAB-RESULT: (\S+) rc=(\d+)`)
+	evidenceRE = regexp.MustCompile(`LAB\[|LAB: =====|IOPS=|verify: `)
+)
 
 func skipOrFail(t *testing.T, why string) {
 	t.Helper()
