@@ -46,9 +46,10 @@ func Direct(d Desc) Buffer {
 	return Buffer{Format: FmtDirect, Total: d.Len, direct: d, count: 1}
 }
 
-// Indirect describes a buffer with an indirect descriptor whose whole
-// list is carried in the IU; table is where the same list lives in
-// initiator memory (it may be zero when the target never needs it).
+// Indirect describes a buffer with an indirect descriptor carrying descs
+// in the IU; table is where the whole list lives in initiator memory.
+// When table.Len covers more descriptors than descs, the list is external
+// and the caller sets Total; a zero table.Len means descs is the list.
 func Indirect(table Desc, descs []Desc) Buffer {
 	list := make([]byte, len(descs)*DirectLen)
 	var total uint32
@@ -59,7 +60,7 @@ func Indirect(table Desc, descs []Desc) Buffer {
 	if table.Len == 0 {
 		table.Len = uint32(len(list))
 	}
-	return Buffer{Format: FmtIndirect, Table: table, Total: total, list: list, count: len(descs)}
+	return Buffer{Format: FmtIndirect, Table: table, Total: total, list: list, count: max(len(descs), int(table.Len/DirectLen))}
 }
 
 // Immediate describes data-out carried in the SRP_CMD itself (SRP-2).

@@ -129,6 +129,10 @@ func (ch *channel) command(t *task) {
 	case c.In.Format != srp.FmtNone && c.In.Total > 0:
 		t.bb = ch.s.pool.Get(int(c.In.Total))
 		t.cmd.Data = t.bb.B
+		if c.In.External() {
+			ch.fetchTable(t, &t.in) // executes once the table is in
+			return
+		}
 	}
 	go ch.execute(t)
 }
@@ -158,7 +162,24 @@ func (ch *channel) fetchTable(t *task, b *srp.Buffer) {
 
 func (ch *channel) tableFetched(t *task) {
 	t.mr.Invalidate()
-	ch.fetch(t, &t.out, t.table.B)
+	if t.write {
+		ch.fetch(t, &t.out, t.table.B)
+		return
+	}
+	// Data-in: the table says where RDMA Writes go (place).
+	if descSum(t.table.B) != uint64(len(t.bb.B)) {
+		ch.fail(t, scsi.InvalidFieldInIU())
+		return
+	}
+	ch.fetched(t)
+}
+
+func descSum(list []byte) uint64 {
+	var sum uint64
+	for i := 0; i < len(list)/srp.DirectLen; i++ {
+		sum += uint64(srp.DescAt(list, i).Len)
+	}
+	return sum
 }
 
 func (ch *channel) mapSink(t *task, buf []byte) error {
@@ -187,7 +208,7 @@ func (ch *channel) fetch(t *task, b *srp.Buffer, list []byte) {
 	for i := 0; i < n; i++ {
 		sum += uint64(desc(i).Len)
 	}
-	if sum != uint64(len(t.bb.B)) {
+	if sum != uint64(len(t.bb.B)) { // checked for in-IU lists by the codec, here for fetched ones
 		ch.fail(t, scsi.InvalidFieldInIU())
 		return
 	}
@@ -292,25 +313,24 @@ func (ch *channel) respond(t *task) {
 // place posts the RDMA Writes of data-in into the initiator's descriptors.
 func (ch *channel) place(t *task, data []byte) bool {
 	b := &t.in
+	n, desc := b.InIU(), b.Desc
 	if b.External() {
-		// An external data-in table would need a fetch first; the sense
-		// path never gets here (refused in command), this is for safety.
-		return false
+		list := t.table.B // fetched before execution
+		n, desc = len(list)/srp.DirectLen, func(i int) srp.Desc { return srp.DescAt(list, i) }
 	}
-	for i := 0; i < b.InIU() && len(data) > 0; i++ {
-		d := b.Desc(i)
-		n := min(int(d.Len), len(data))
-		if n == 0 {
+	for i := 0; i < n && len(data) > 0; i++ {
+		d := desc(i)
+		k := min(int(d.Len), len(data))
+		if k == 0 {
 			continue
 		}
-		t.sg[0] = data[:n]
+		t.sg[0] = data[:k]
 		t.wr = rdma.SendWR{ID: ch.id(t, kindWrite), Op: rdma.OpWrite, SG: t.sg[:],
 			RemoteSTag: d.Key, RemoteTO: d.VA, Unsignaled: true}
-		err := ch.qp.PostSend(&t.wr)
-		if err != nil {
+		if err := ch.qp.PostSend(&t.wr); err != nil {
 			return false
 		}
-		data = data[n:]
+		data = data[k:]
 	}
 	return true
 }
