@@ -42,7 +42,7 @@ func (g *gated) WriteAt(p []byte, off int64) (int, error) {
 	return g.Disk.WriteAt(p, off)
 }
 
-func start(t *testing.T, credits int) (string, *srptarget.Server, *gated) {
+func start(t testing.TB, credits int) (string, *srptarget.Server, *gated) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
@@ -78,7 +78,7 @@ type raw struct {
 	rsp srp.LoginRsp
 }
 
-func dialRaw(t *testing.T, addr string) *raw {
+func dialRaw(t testing.TB, addr string) *raw {
 	t.Helper()
 	r := &raw{pd: rdma.NewDevice("raw").AllocPD(), cq: rdma.NewCQ(64)}
 	var recvs []rdma.RecvWR
@@ -100,7 +100,7 @@ func dialRaw(t *testing.T, addr string) *raw {
 	return r
 }
 
-func (r *raw) send(t *testing.T, iu []byte) {
+func (r *raw) send(t testing.TB, iu []byte) {
 	t.Helper()
 	if err := r.qp.PostSend(&rdma.SendWR{Op: rdma.OpSend, SG: [][]byte{iu}, Unsignaled: true}); err != nil {
 		t.Fatal(err)
@@ -108,7 +108,7 @@ func (r *raw) send(t *testing.T, iu []byte) {
 }
 
 // next returns the next IU the target sends (nil when the channel ends).
-func (r *raw) next(t *testing.T) []byte {
+func (r *raw) next(t testing.TB) []byte {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

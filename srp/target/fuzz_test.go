@@ -1,0 +1,53 @@
+package target_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/srp"
+)
+
+// FuzzTargetIU sends arbitrary bytes as an IU on a live channel: the
+// target either answers, logs the channel out or drops it — never
+// panics or hangs — and a new channel is served afterwards.
+func FuzzTargetIU(f *testing.F) {
+	addr, srv, _ := start(f, 0)
+	tur := srp.Cmd{Tag: 1, CDB: []byte{scsi.OpTestUnitReady}}
+	b, _ := tur.Append(nil, 0)
+	f.Add(b)
+	rd := srp.Cmd{Tag: 2, CDB: []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, In: srp.Direct(srp.Desc{VA: 0x1000, Key: 0x100, Len: 512})}
+	b, _ = rd.Append(nil, 0)
+	f.Add(b)
+	wr := srp.Cmd{Tag: 3, CDB: []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, Out: srp.Immediate(make([]byte, 512))}
+	b, _ = wr.Append(nil, 68)
+	f.Add(b)
+	tm := srp.TskMgmt{Tag: 4, Function: srp.TMFLUNReset}
+	f.Add(tm.Append(nil))
+	f.Add(srp.AppendCredRsp(nil, 5))
+	f.Add((&srp.ILogout{Tag: 6}).Append(nil))
+	f.Fuzz(func(t *testing.T, iu []byte) {
+		if len(iu) == 0 || len(iu) > 8260 {
+			return
+		}
+		r := dialRaw(t, addr)
+		r.send(t, iu)
+		// Whatever happened, the target must still answer a new channel.
+		select {
+		case <-r.qp.Done():
+		case <-time.After(20 * time.Millisecond):
+		}
+		r.qp.Close()
+		s := dialRaw(t, addr)
+		turIU, _ := (&srp.Cmd{Tag: 77, CDB: []byte{scsi.OpTestUnitReady}}).Append(nil, 0)
+		s.send(t, turIU)
+		var rsp srp.Rsp
+		if err := rsp.Decode(s.next(t)); err != nil || rsp.Tag != 77 {
+			t.Fatalf("a fresh channel after the fuzzed IU: %+v %v", rsp, err)
+		}
+		s.qp.Close()
+		if n := srv.Channels(); n > 16 { // teardown is asynchronous; a leak grows without bound
+			t.Fatalf("%d channels left behind", n)
+		}
+	})
+}
