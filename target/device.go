@@ -135,6 +135,12 @@ type Nexus struct {
 	TargetPort    string
 	// RelativePort is the relative target port identifier (VPD 83h).
 	RelativePort uint16
+	// OnUnitAttention, if set, is told of every unit attention queued
+	// for this nexus, so a fabric with asynchronous event reporting (SRP's
+	// SRP_AER_REQ) can announce it. The unit attention is still reported
+	// by CHECK CONDITION. It is called without the core's locks held and
+	// must not block.
+	OnUnitAttention func(lun uint64, s scsi.Sense)
 
 	mu      sync.Mutex
 	pending atomic.Int32
@@ -143,13 +149,13 @@ type Nexus struct {
 
 func (n *Nexus) addUA(lun uint64, s scsi.Sense) {
 	n.mu.Lock()
-	defer n.mu.Unlock()
 	if n.ua == nil {
 		n.ua = map[uint64][]scsi.Sense{}
 	}
 	q := n.ua[lun]
 	for _, have := range q {
 		if have.ASC == s.ASC && have.ASCQ == s.ASCQ {
+			n.mu.Unlock()
 			return
 		}
 	}
@@ -159,6 +165,10 @@ func (n *Nexus) addUA(lun uint64, s scsi.Sense) {
 	}
 	n.ua[lun] = append(q, s)
 	n.pending.Store(n.countLocked())
+	n.mu.Unlock()
+	if n.OnUnitAttention != nil {
+		n.OnUnitAttention(lun, s)
+	}
 }
 
 func (n *Nexus) countLocked() int32 {

@@ -48,7 +48,10 @@ type Options struct {
 	// MaxOutstanding bounds the commands in flight (default 128, and
 	// never more than the target's credits allow).
 	MaxOutstanding int
-	Logger         *slog.Logger
+	// OnEvent, if set, is told of each asynchronous event the target
+	// reports (SRP_AER_REQ: a unit attention and its sense data).
+	OnEvent func(lun uint64, s *scsi.Sense)
+	Logger  *slog.Logger
 }
 
 // Linux ib_srp's immediate-data offset: after SRP_CMD and an indirect
@@ -289,7 +292,13 @@ func (c *Channel) receive(iu []byte) {
 		c.cond.Broadcast()
 		c.mu.Unlock()
 		if s, err := scsi.ParseSense(r.Sense); err == nil {
-			c.log.Info("srp: asynchronous event", "lun", r.LUN, "sense", s)
+			var lf [8]byte
+			binary.BigEndian.PutUint64(lf[:], r.LUN)
+			lun, _ := scsi.DecodeLUN(lf)
+			c.log.Info("srp: asynchronous event", "lun", lun, "sense", s)
+			if c.opts.OnEvent != nil {
+				c.opts.OnEvent(lun, s)
+			}
 		}
 		c.reply(srp.AppendAerRsp(nil, r.Tag))
 	case srp.OpTLogout:

@@ -269,6 +269,56 @@ func TestMultiChannelAction(t *testing.T) {
 	}
 }
 
+// TestAsyncEvent: a capacity change reaches the initiator as SRP_AER_REQ
+// (and it answers SRP_AER_RSP: the channel carries on); the unit
+// attention is also there for the next command.
+func TestAsyncEvent(t *testing.T) {
+	var lu *scsitarget.LU
+	addr, _ := startTarget(t, func(o *srptarget.Options) { lu = o.Device.LU(0) })
+	events := make(chan *scsi.Sense, 4)
+	o := opts()
+	o.OnEvent = func(lun uint64, s *scsi.Sense) {
+		if lun == 0 {
+			events <- s
+		}
+	}
+	d, err := Open(context.Background(), srpURL(addr), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	if err := lu.Resize(96 << 20); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case s := <-events:
+		if s.Key != scsi.SenseUnitAttention || s.ASC != 0x2a || s.ASCQ != 0x09 {
+			t.Fatalf("event %v, want CAPACITY DATA HAS CHANGED", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no SRP_AER_REQ after a resize")
+	}
+	// The unit attention is also reported by CHECK CONDITION (blockdev
+	// retries it); once it is consumed, a second change makes a second
+	// event: the first AER_RSP was taken (a spurious one would have
+	// logged the channel out).
+	buf := make([]byte, 512)
+	if _, err := d.ReadAt(buf, 0); err != nil {
+		t.Fatalf("channel after the event: %v", err)
+	}
+	if err := lu.Resize(128 << 20); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-events:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no second SRP_AER_REQ")
+	}
+	if _, err := d.ReadAt(buf, 0); err != nil {
+		t.Fatalf("channel after the events: %v", err)
+	}
+}
+
 func TestServerCloseLogsOut(t *testing.T) {
 	addr, srv := startTarget(t, nil)
 	c, err := Dial(context.Background(), addr, srp.MakePortID(idExt, idExt), opts())

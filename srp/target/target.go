@@ -17,6 +17,7 @@ package target
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/srp"
 	scsitarget "github.com/blockwire/blockwire/target"
 )
@@ -88,8 +90,26 @@ type Server struct {
 // nexus is one I_T nexus: an initiator port's channels to this target
 // port share its unit attentions and task sets.
 type nexus struct {
-	n        *scsitarget.Nexus
+	n *scsitarget.Nexus
+	// channels is changed under Server.mu and nexus.mu, read under
+	// either: the unit attention hook runs under the core's callers'
+	// locks and takes only nexus.mu.
+	mu       sync.Mutex
 	channels map[*channel]struct{}
+}
+
+// unitAttention announces a unit attention on every channel of the nexus
+// with SRP_AER_REQ (SRP r16a: asynchronous event reporting).
+func (nx *nexus) unitAttention(lun uint64, s scsi.Sense) {
+	nx.mu.Lock()
+	chans := make([]*channel, 0, len(nx.channels))
+	for ch := range nx.channels {
+		chans = append(chans, ch)
+	}
+	nx.mu.Unlock()
+	for _, ch := range chans {
+		ch.sendAER(lun, &s)
+	}
 }
 
 // New returns a target port serving opts.Device.
@@ -230,9 +250,11 @@ func (s *Server) login(req rdma.ConnRequest) {
 	s.reserved++
 	var existing []*channel
 	if nx := s.nexuses[lr.Initiator]; nx != nil {
+		nx.mu.Lock()
 		for ch := range nx.channels {
 			existing = append(existing, ch)
 		}
+		nx.mu.Unlock()
 	}
 	s.mu.Unlock()
 
@@ -257,29 +279,34 @@ func (s *Server) login(req rdma.ConnRequest) {
 		PrivateData: rsp.Append(nil), Recvs: ch.recvs()})
 	s.mu.Lock()
 	s.reserved--
-	if err != nil || s.closed {
+	if err != nil {
 		s.mu.Unlock()
-		if err == nil {
-			qp.Close()
-			err = errors.New("target shutting down")
-		}
 		s.log.Warn("srp: accepting a login failed", "remote", req.RemoteAddr(), "err", err)
 		return
 	}
+	// Closed meanwhile: the channel is set up all the same and logged out
+	// below, so the initiator learns why (SRP_T_LOGOUT).
+	closing := s.closed
 	nx := s.nexuses[lr.Initiator]
 	if nx == nil {
 		nx = &nexus{n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort},
 			channels: map[*channel]struct{}{}}
+		nx.n.OnUnitAttention = nx.unitAttention
 		s.nexuses[lr.Initiator] = nx
 		s.opts.Device.AddNexus(nx.n)
 	}
-	nx.channels[ch] = struct{}{}
-	s.channels[ch] = struct{}{}
 	ch.qp, ch.nx = qp, nx
+	nx.mu.Lock()
+	nx.channels[ch] = struct{}{}
+	nx.mu.Unlock()
+	s.channels[ch] = struct{}{}
 	s.wg.Add(1)
 	s.mu.Unlock()
 	ch.log.Info("srp: channel up", "credits", s.opts.Credits, "max_it_iu", maxIT, "immediate", imm,
 		"multichannel", lr.MultiChannel, "existing", len(existing))
+	if closing {
+		ch.logout(srp.LogoutNoReason, errors.New("target shutting down"))
+	}
 	if lr.MultiChannel == srp.MultiChannelSingle {
 		// SINGLE: the nexus's other channels are logged out.
 		for _, old := range existing {
@@ -298,8 +325,11 @@ func (s *Server) leave(ch *channel) {
 	defer s.mu.Unlock()
 	delete(s.channels, ch)
 	nx := ch.nx
+	nx.mu.Lock()
 	delete(nx.channels, ch)
-	if len(nx.channels) == 0 && s.nexuses[ch.initiator] == nx {
+	empty := len(nx.channels) == 0
+	nx.mu.Unlock()
+	if empty && s.nexuses[ch.initiator] == nx {
 		delete(s.nexuses, ch.initiator)
 		s.opts.Device.RemoveNexus(nx.n)
 	}
@@ -350,8 +380,11 @@ type channel struct {
 	closing  bool
 	live     int // tasks not yet released
 	credReqs int // SRP_CRED_REQs not yet answered
+	aerOut   bool
+	aerTag   uint64
 	ctlBuf   [srp.TLogoutLen]byte
 	credBuf  [srp.CredReqLen]byte
+	aerBuf   [srp.AerReqLen + 252]byte
 	stopOnce sync.Once
 	logoutCh chan struct{}
 }
@@ -501,7 +534,15 @@ func (ch *channel) receive(slot int, iu []byte) {
 		}
 		ch.repost(slot, false)
 	case srp.OpAerRsp:
-		ch.logout(srp.LogoutSpuriousResponse, errors.New("SRP_AER_RSP without a request"))
+		ch.mu.Lock()
+		ok := ch.aerOut
+		ch.aerOut = false
+		ch.mu.Unlock()
+		if !ok {
+			ch.logout(srp.LogoutSpuriousResponse, errors.New("SRP_AER_RSP without a request"))
+			return
+		}
+		ch.repost(slot, false)
 	case srp.OpLoginReq:
 		ch.logout(srp.LogoutInvalidIUType, errors.New("SRP_LOGIN_REQ on a live channel"))
 	default:
@@ -518,6 +559,26 @@ func (ch *channel) repost(slot int, credit bool) {
 	if credit {
 		ch.held.Add(-1)
 		ch.delta.Add(1)
+	}
+}
+
+// sendAER reports a unit attention with SRP_AER_REQ, one at a time (while
+// one is unanswered, later ones are left to CHECK CONDITION).
+func (ch *channel) sendAER(lun uint64, s *scsi.Sense) {
+	ch.mu.Lock()
+	if ch.closing || ch.aerOut || ch.qp == nil {
+		ch.mu.Unlock()
+		return
+	}
+	ch.aerOut = true
+	ch.aerTag++
+	var sense [252]byte
+	lf := scsi.EncodeLUN(lun)
+	ar := srp.AerReq{ReqLimDelta: uint32(ch.delta.Swap(0)), Tag: ch.aerTag, LUN: binary.BigEndian.Uint64(lf[:]), Sense: s.AppendFixed(sense[:0])}
+	b := ar.Append(ch.aerBuf[:0])
+	ch.mu.Unlock()
+	if err := ch.qp.PostSend(&rdma.SendWR{ID: kindCtl, Op: rdma.OpSend, SG: [][]byte{b}}); err != nil {
+		ch.delta.Add(int32(ar.ReqLimDelta))
 	}
 }
 
