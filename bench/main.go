@@ -37,7 +37,10 @@ type target struct {
 	name string
 	url  string
 	pid  int
+	srp  string // blockwire's SRP URL
 }
+
+const benchSRPID = "0011223344556677"
 
 type workload struct {
 	name   string
@@ -50,7 +53,7 @@ var (
 	rounds   = flag.Int("rounds", 3, "alternating rounds (at least 3 for a median)")
 	quick    = flag.Bool("quick", false, "shorter runs (for a smoke test)")
 	bwBin    = flag.String("blockwire", "", "blockwire binary (default: build it)")
-	iserOnly = flag.Bool("iser-only", false, "only the iSER versus iSCSI/TCP comparison (no tgt)")
+	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
 )
 
 func main() {
@@ -147,12 +150,13 @@ func main() {
 
 // transports compares blockwire's own transports against one daemon in
 // one run: iSCSI/TCP, iSER over the software iWARP device in the
-// connection-first (Linux) profile, and iSER in the RFC 5046 profile —
-// alternating as above. (tgt's iSER needs kernel RDMA verbs, which these
+// connection-first (Linux) profile, and SRP over the same device —
+// rotating as above. (tgt's iSER needs kernel RDMA verbs, which these
 // machines do not have.)
 func transports(bin string, bw target, dur time.Duration) {
-	iser := target{name: "iser", url: strings.Replace(bw.url, "iscsi://", "iser://", 1)}
 	tcp := target{name: "tcp", url: bw.url}
+	iser := target{name: "iser", url: strings.Replace(bw.url, "iscsi://", "iser://", 1)}
+	srp := target{name: "srp", url: bw.srp}
 	ws := []workload{
 		{"4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
 		{"4k randread QD32", "IOPS", true, bwBench(bin, dur, "randread", "4k", "32", "IOPS")},
@@ -160,21 +164,23 @@ func transports(bin string, bw target, dur time.Duration) {
 		{"128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
 		{"128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
 	}
-	results := rounds2(ws, tcp, iser)
+	results := roundsN(ws, tcp, iser, srp)
 	host, _ := os.Hostname()
-	fmt.Printf("\nblockwire bench, iSER (software iWARP, connection-first) vs iSCSI/TCP, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
+	fmt.Printf("\nblockwire bench, iSER and SRP (software iWARP) vs iSCSI/TCP, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
 		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
-	fmt.Printf("| %-38s | %-5s | %-26s | %-26s | %-6s |\n", "workload", "unit", "iSCSI/TCP", "iSER", "ratio")
-	fmt.Printf("|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 40), strings.Repeat("-", 7), strings.Repeat("-", 28), strings.Repeat("-", 28), strings.Repeat("-", 8))
-	for _, w := range ws {
-		a, b := results[w.name]["tcp"], results[w.name]["iser"]
-		ratio := "n/a"
+	fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-8s | %-8s |\n", "workload", "unit", "iSCSI/TCP", "iSER", "SRP", "iSER/TCP", "SRP/TCP")
+	fmt.Printf("|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 22), strings.Repeat("-", 7), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 10))
+	ratio := func(a, b []float64) string {
 		if len(a) > 0 && len(b) > 0 && median(a) > 0 {
-			ratio = fmt.Sprintf("%.2fx", median(b)/median(a))
+			return fmt.Sprintf("%.2fx", median(b)/median(a))
 		}
-		fmt.Printf("| %-38s | %-5s | %-26s | %-26s | %-6s |\n", w.name, w.unit, stat(a), stat(b), ratio)
+		return "n/a"
 	}
-	fmt.Printf("\nratio: iSER/TCP (above 1 = iSER faster)\n")
+	for _, w := range ws {
+		a, b, c := results[w.name]["tcp"], results[w.name]["iser"], results[w.name]["srp"]
+		fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-8s | %-8s |\n", w.name, w.unit, stat(a), stat(b), stat(c), ratio(a, b), ratio(a, c))
+	}
+	fmt.Printf("\nratios: the RDMA transport over iSCSI/TCP (above 1 = faster than TCP)\n")
 }
 
 func median(v []float64) float64 {
@@ -244,7 +250,7 @@ func startTgt(dir string) (target, func()) {
 	adm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", backing)
 	adm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
 	waitPort(addr)
-	return target{"tgt", "iscsi://" + addr + "/" + iqn + "/1", cmd.Process.Pid}, func() {
+	return target{name: "tgt", url: "iscsi://" + addr + "/" + iqn + "/1", pid: cmd.Process.Pid}, func() {
 		cmd.Process.Kill()
 		cmd.Wait()
 		os.Remove(backing)
@@ -253,13 +259,15 @@ func startTgt(dir string) (target, func()) {
 
 func startBlockwire(bin string) (target, func()) {
 	addr := freePort()
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB")
+	srpAddr := freePort()
+	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB",
+		"--srp-listen", srpAddr, "--srp-id-ext", benchSRPID)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
 	}
 	waitPort(addr)
-	return target{"blockwire", "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", cmd.Process.Pid}, func() {
+	return target{name: "blockwire", url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: cmd.Process.Pid, srp: "srp://" + srpAddr + "/" + benchSRPID + "/0"}, func() {
 		cmd.Process.Signal(os.Interrupt)
 		cmd.Wait()
 	}
@@ -427,12 +435,15 @@ func memory(t target, d time.Duration) (base, idle, busy float64) {
 // rounds2 runs every workload against a and b, alternating A B / B A over
 // the rounds, and returns the results by workload and target name.
 func rounds2(ws []workload, a, b target) map[string]map[string][]float64 {
+	return roundsN(ws, a, b)
+}
+
+// roundsN runs every workload on every target, the order rotating each
+// round so no target always goes first.
+func roundsN(ws []workload, ts ...target) map[string]map[string][]float64 {
 	results := map[string]map[string][]float64{}
 	for r := 0; r < *rounds; r++ {
-		order := []target{a, b}
-		if r%2 == 1 {
-			order = []target{b, a}
-		}
+		order := append(append([]target(nil), ts[r%len(ts):]...), ts[:r%len(ts)]...)
 		for _, w := range ws {
 			for _, t := range order {
 				v, err := w.run(t)
