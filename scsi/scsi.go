@@ -36,6 +36,7 @@ const (
 	OpWriteAndVerify10          = 0x2e
 	OpVerify10                  = 0x2f
 	OpPreFetch10                = 0x34
+	OpReadDefectData10          = 0x37
 	OpSynchronizeCache10        = 0x35
 	OpWriteSame10               = 0x41
 	OpUnmap                     = 0x42
@@ -45,6 +46,7 @@ const (
 	OpPersistentReserveOut      = 0x5f
 	OpRead16                    = 0x88
 	OpCompareAndWrite           = 0x89
+	OpOrWrite16                 = 0x8b
 	OpWrite16                   = 0x8a
 	OpWriteAndVerify16          = 0x8e
 	OpVerify16                  = 0x8f
@@ -58,6 +60,7 @@ const (
 	OpWrite12                   = 0xaa
 	OpWriteAndVerify12          = 0xae
 	OpVerify12                  = 0xaf
+	OpReadDefectData12          = 0xb7
 )
 
 // Service actions.

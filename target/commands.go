@@ -67,6 +67,14 @@ func commandTable() []opInfo {
 		{op: scsi.OpWrite12, name: "WRITE(12)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
 		{op: scsi.OpWriteAndVerify12, name: "WRITE AND VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteVerify, media: true, writes: true},
 		{op: scsi.OpVerify12, name: "VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
+		{op: scsi.OpPreFetch10, name: "PRE-FETCH(10)", usage: u(0xff, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdPreFetch, media: true},
+		{op: scsi.OpPreFetch16, name: "PRE-FETCH(16)", usage: u(0xff, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdPreFetch, media: true},
+		{op: scsi.OpReadDefectData10, name: "READ DEFECT DATA(10)", usage: u(0xff, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdReadDefectData, media: true},
+		{op: scsi.OpReadDefectData12, name: "READ DEFECT DATA(12)", usage: u(0xff, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReadDefectData, media: true},
+		{op: scsi.OpWriteSame10, name: "WRITE SAME(10)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdWriteSame, media: true, writes: true},
+		{op: scsi.OpWriteSame16, name: "WRITE SAME(16)", usage: u(0xff, 0x19, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteSame, media: true, writes: true},
+		{op: scsi.OpCompareAndWrite, name: "COMPARE AND WRITE", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0), fn: cmdCompareAndWrite, media: true, writes: true},
+		{op: scsi.OpOrWrite16, name: "ORWRITE(16)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdOrWrite, media: true, writes: true},
 	}
 }
 
@@ -316,7 +324,7 @@ func cmdReadCapacity16(lu *LU, c *Command) error {
 	binary.BigEndian.PutUint64(b[0:], lu.Blocks()-1)
 	binary.BigEndian.PutUint32(b[8:], uint32(lu.blockSize))
 	if lu.unmapper != nil && !lu.readOnly {
-		b[14] = 0x80 // LBPME: logical block provisioning management enabled
+		b[14] = 0x80 | 0x40 // LBPME: provisioning management; LBPRZ: unmapped blocks read zeroes
 	}
 	c.putData(b[:], alloc)
 	return nil
@@ -374,7 +382,10 @@ func (lu *LU) write(c *Command, rw scsi.RW) error {
 	if n == 0 {
 		return nil
 	}
-	if _, err := lu.be.WriteAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits); err != nil {
+	lu.atomicMu.RLock()
+	_, err := lu.be.WriteAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits)
+	lu.atomicMu.RUnlock()
+	if err != nil {
 		lu.dev.log.Error("backend write failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
 		return scsi.MediumError(true, rw.LBA)
 	}

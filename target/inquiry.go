@@ -74,8 +74,11 @@ func cmdInquiry(lu *LU, c *Command) error {
 	case 0xb0:
 		b = make([]byte, 64)
 		b[1] = 0xb0
-		// MAXIMUM COMPARE AND WRITE LENGTH stays 0 until COMPARE AND WRITE
-		// exists.
+		if !lu.readOnly {
+			b[4] = 0x01 // WSNZ: WRITE SAME with zero blocks is refused
+			b[5] = maxCompareAndWriteBlocks
+			binary.BigEndian.PutUint64(b[36:], maxWriteSameBlocks) // MAXIMUM WRITE SAME LENGTH
+		}
 		binary.BigEndian.PutUint16(b[6:], 1)                            // optimal transfer length granularity
 		binary.BigEndian.PutUint32(b[8:], maxTransferBlocks)            // maximum transfer length
 		binary.BigEndian.PutUint32(b[12:], uint32(1<<20>>lu.blockBits)) // optimal transfer length: 1 MiB
@@ -92,7 +95,9 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b = make([]byte, 8)
 		b[1] = 0xb2
 		if lu.unmapper != nil && !lu.readOnly {
-			b[5] = 0x80 // LBPU: UNMAP supported
+			// LBPU, LBPWS, LBPWS10: UNMAP and WRITE SAME(16/10) with
+			// UNMAP; LBPRZ: unmapped blocks read as zeroes.
+			b[5] = 0x80 | 0x40 | 0x20 | 0x04
 			b[6] = 0x02 // provisioning type: thin
 		}
 	default:

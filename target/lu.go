@@ -49,6 +49,10 @@ type LU struct {
 
 	taskMu sync.Mutex
 	tasks  *Command
+
+	// atomicMu makes COMPARE AND WRITE and ORWRITE atomic against every
+	// other write: writes hold it shared, those two exclusively.
+	atomicMu sync.RWMutex
 }
 
 // NewLU builds a logical unit for device name on cfg.Backend.

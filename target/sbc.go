@@ -1,0 +1,203 @@
+package target
+
+import (
+	"encoding/binary"
+
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// Block commands beyond plain reads and writes (SBC-4).
+
+// Limits reported in the Block Limits VPD page (B0h).
+const (
+	maxCompareAndWriteBlocks = 255     // MAXIMUM COMPARE AND WRITE LENGTH (one byte)
+	maxWriteSameBlocks       = 1 << 22 // MAXIMUM WRITE SAME LENGTH
+)
+
+// cmdPreFetch is PRE-FETCH(10/16) (SBC-4 §5.9, §5.10): our backends have
+// no cache to load, so a valid range is simply GOOD (CONDITION MET is only
+// for caches that could hold the range).
+func cmdPreFetch(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	return lu.rangeCheck(rw.LBA, uint64(rw.Blocks))
+}
+
+// cmdReadDefectData is READ DEFECT DATA(10/12) (SBC-4 §5.12, §5.13): the
+// lists are valid and empty, in the format asked for.
+func cmdReadDefectData(lu *LU, c *Command) error {
+	if c.CDB[0] == scsi.OpReadDefectData10 {
+		b := []byte{0, c.CDB[2] & 0x1f, 0, 0} // PLISTV, GLISTV, format; length 0
+		c.putData(b, int(binary.BigEndian.Uint16(c.CDB[7:9])))
+		return nil
+	}
+	b := []byte{0, c.CDB[1] & 0x1f, 0, 0, 0, 0, 0, 0}
+	c.putData(b, int(binary.BigEndian.Uint32(c.CDB[6:10])))
+	return nil
+}
+
+// cmdWriteSame is WRITE SAME(10/16) (SBC-4 §5.50, §5.51): one block of
+// data-out (or zeroes with NDOB) written over the range, or the range
+// unmapped when UNMAP is set and the block is zeroes (LBPRZ: unmapped
+// blocks read back as zeroes, so the result is the same).
+func cmdWriteSame(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	unmap := c.CDB[1]&0x08 != 0
+	if c.CDB[1]&0x10 != 0 { // ANCHOR: anchored blocks are not supported (ANC_SUP 0)
+		return scsi.InvalidFieldInCDB(1, 4)
+	}
+	ndob := c.CDB[0] == scsi.OpWriteSame16 && c.CDB[1]&0x01 != 0
+	if rw.Blocks == 0 {
+		// WSNZ is 1 in the Block Limits page: zero blocks is not allowed.
+		return scsi.InvalidFieldInCDB(c.lenField(), -1)
+	}
+	if rw.Blocks > maxWriteSameBlocks {
+		return scsi.InvalidFieldInCDB(c.lenField(), -1)
+	}
+	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+		return err
+	}
+	if unmap && lu.unmapper == nil {
+		return scsi.InvalidFieldInCDB(1, 3)
+	}
+	block := make([]byte, lu.blockSize)
+	if !ndob {
+		c.Transfer = lu.blockSize
+		if len(c.Data) < lu.blockSize {
+			return scsi.InvalidFieldInIU()
+		}
+		copy(block, c.Data[:lu.blockSize])
+	}
+	zero := true
+	for _, v := range block {
+		if v != 0 {
+			zero = false
+			break
+		}
+	}
+	off, n := int64(rw.LBA)<<lu.blockBits, int64(rw.Blocks)<<lu.blockBits
+	lu.atomicMu.RLock()
+	defer lu.atomicMu.RUnlock()
+	if unmap && zero {
+		if err := lu.unmapper.Unmap(off, n); err != nil {
+			return scsi.MediumError(true, rw.LBA)
+		}
+		return lu.flushIf(rw.FUA, rw.LBA)
+	}
+	// Write in chunks of up to 1 MiB of repeated blocks.
+	chunk := make([]byte, min(n, 1<<20))
+	for i := 0; i < len(chunk); i += lu.blockSize {
+		copy(chunk[i:], block)
+	}
+	for done := int64(0); done < n; {
+		k := min(n-done, int64(len(chunk)))
+		if _, err := lu.be.WriteAt(chunk[:k], off+done); err != nil {
+			return scsi.MediumError(true, rw.LBA+uint64(done>>lu.blockBits))
+		}
+		done += k
+	}
+	return lu.flushIf(rw.FUA, rw.LBA)
+}
+
+// lenField is the byte offset of a CDB's transfer length field.
+func (c *Command) lenField() int {
+	switch len(c.CDB) {
+	case 10:
+		return 7
+	case 12:
+		return 6
+	}
+	return 10
+}
+
+// flushIf makes the writes just done durable when FUA asks or the write
+// cache is off (SBC-4 §4.15).
+func (lu *LU) flushIf(fua bool, lba uint64) error {
+	if fua || !lu.writeCache() {
+		if err := lu.Flush(); err != nil {
+			return scsi.MediumError(true, lba)
+		}
+	}
+	return nil
+}
+
+// cmdCompareAndWrite is COMPARE AND WRITE (SBC-4 §5.3): the first half of
+// data-out is compared with the medium and, only if every byte matches,
+// the second half is written — atomically against every other write to
+// the LU. A mismatch is MISCOMPARE with the offset of the first differing
+// byte in INFORMATION.
+func cmdCompareAndWrite(lu *LU, c *Command) error {
+	lba := binary.BigEndian.Uint64(c.CDB[2:10])
+	blocks := uint64(c.CDB[13])
+	if blocks == 0 {
+		if len(c.Data) > 0 {
+			// Data-out with nothing to compare: a NUMBER OF LOGICAL
+			// BLOCKS the initiator could not encode (256 wraps to 0).
+			return scsi.InvalidFieldInCDB(13, -1)
+		}
+		return nil
+	}
+	if blocks > maxCompareAndWriteBlocks {
+		return scsi.InvalidFieldInCDB(13, -1)
+	}
+	if err := lu.rangeCheck(lba, blocks); err != nil {
+		return err
+	}
+	n := int(blocks) << lu.blockBits
+	c.Transfer = 2 * n
+	if len(c.Data) < 2*n {
+		return scsi.InvalidFieldInIU()
+	}
+	verify, data := c.Data[:n], c.Data[n:2*n]
+	cur := make([]byte, n)
+	lu.atomicMu.Lock()
+	defer lu.atomicMu.Unlock()
+	if _, err := lu.be.ReadAt(cur, int64(lba)<<lu.blockBits); err != nil {
+		return scsi.MediumError(false, lba)
+	}
+	for i := range cur {
+		if cur[i] != verify[i] {
+			return scsi.Miscompare(uint64(i))
+		}
+	}
+	if _, err := lu.be.WriteAt(data, int64(lba)<<lu.blockBits); err != nil {
+		return scsi.MediumError(true, lba)
+	}
+	return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
+}
+
+// cmdOrWrite is ORWRITE(16) (SBC-4 §5.8): the data-out is ORed into the
+// medium, atomically against other writes.
+func cmdOrWrite(lu *LU, c *Command) error {
+	rw, err := scsi.DecodeRW(c.CDB)
+	if err != nil {
+		return scsi.InvalidFieldInCDB(0, -1)
+	}
+	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+		return err
+	}
+	want := int(rw.Blocks) << lu.blockBits
+	c.Transfer = want
+	n := min(want, len(c.Data))
+	if n == 0 {
+		return nil
+	}
+	cur := make([]byte, n)
+	lu.atomicMu.Lock()
+	defer lu.atomicMu.Unlock()
+	if _, err := lu.be.ReadAt(cur, int64(rw.LBA)<<lu.blockBits); err != nil {
+		return scsi.MediumError(false, rw.LBA)
+	}
+	for i := range cur {
+		cur[i] |= c.Data[i]
+	}
+	if _, err := lu.be.WriteAt(cur, int64(rw.LBA)<<lu.blockBits); err != nil {
+		return scsi.MediumError(true, rw.LBA)
+	}
+	return lu.flushIf(rw.FUA, rw.LBA)
+}
