@@ -41,6 +41,8 @@ const (
 	OpWriteSame10               = 0x41
 	OpUnmap                     = 0x42
 	OpModeSelect10              = 0x55
+	OpReserve10                 = 0x56
+	OpRelease10                 = 0x57
 	OpModeSense10               = 0x5a
 	OpPersistentReserveIn       = 0x5e
 	OpPersistentReserveOut      = 0x5f

@@ -31,6 +31,9 @@ type opInfo struct {
 	media bool
 	// writes: modifies the medium (refused on a read-only LU).
 	writes bool
+	// noConflict: allowed from other nexuses while an SPC-2 reservation
+	// is held (SPC-2 §5.5.1).
+	noConflict bool
 }
 
 // commandTable returns the table of supported commands.
@@ -38,10 +41,10 @@ func commandTable() []opInfo {
 	u := func(b ...byte) []byte { return b }
 	return []opInfo{
 		{op: scsi.OpTestUnitReady, name: "TEST UNIT READY", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdTestUnitReady},
-		{op: scsi.OpRequestSense, name: "REQUEST SENSE", usage: u(0xff, 0x01, 0, 0, 0xff, 0), fn: cmdRequestSense, noUA: true},
+		{op: scsi.OpRequestSense, name: "REQUEST SENSE", usage: u(0xff, 0x01, 0, 0, 0xff, 0), fn: cmdRequestSense, noUA: true, noConflict: true},
 		{op: scsi.OpRead6, name: "READ(6)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite6, name: "WRITE(6)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0), fn: cmdWrite, media: true, writes: true},
-		{op: scsi.OpInquiry, name: "INQUIRY", usage: u(0xff, 0x01, 0xff, 0xff, 0xff, 0), fn: cmdInquiry, noUA: true},
+		{op: scsi.OpInquiry, name: "INQUIRY", usage: u(0xff, 0x01, 0xff, 0xff, 0xff, 0), fn: cmdInquiry, noUA: true, noConflict: true},
 		{op: scsi.OpModeSelect6, name: "MODE SELECT(6)", usage: u(0xff, 0x11, 0, 0, 0xff, 0), fn: cmdModeSelect},
 		{op: scsi.OpModeSense6, name: "MODE SENSE(6)", usage: u(0xff, 0x08, 0xff, 0xff, 0xff, 0), fn: cmdModeSense},
 		{op: scsi.OpStartStopUnit, name: "START STOP UNIT", usage: u(0xff, 0x01, 0, 0x0f, 0xf7, 0), fn: cmdStartStop},
@@ -61,12 +64,16 @@ func commandTable() []opInfo {
 		{op: scsi.OpSynchronizeCache16, name: "SYNCHRONIZE CACHE(16)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdSyncCache, media: true},
 		{op: scsi.OpServiceActionIn16, sa: scsi.SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), fn: cmdReadCapacity16, media: true},
 		{op: scsi.OpServiceActionIn16, sa: scsi.SAGetLBAStatus, hasSA: true, name: "GET LBA STATUS", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdGetLBAStatus, media: true},
-		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true},
+		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true, noConflict: true},
 		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportSupportedOpcodes, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", usage: u(0xff, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportOpcodes},
 		{op: scsi.OpRead12, name: "READ(12)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite12, name: "WRITE(12)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
 		{op: scsi.OpWriteAndVerify12, name: "WRITE AND VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteVerify, media: true, writes: true},
 		{op: scsi.OpVerify12, name: "VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
+		{op: scsi.OpReserve6, name: "RESERVE(6)", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdReserve},
+		{op: scsi.OpRelease6, name: "RELEASE(6)", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdRelease, noConflict: true},
+		{op: scsi.OpReserve10, name: "RESERVE(10)", usage: u(0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0), fn: cmdReserve},
+		{op: scsi.OpRelease10, name: "RELEASE(10)", usage: u(0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0), fn: cmdRelease, noConflict: true},
 		{op: scsi.OpPreFetch10, name: "PRE-FETCH(10)", usage: u(0xff, 0x02, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdPreFetch, media: true},
 		{op: scsi.OpPreFetch16, name: "PRE-FETCH(16)", usage: u(0xff, 0x02, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdPreFetch, media: true},
 		{op: scsi.OpReadDefectData10, name: "READ DEFECT DATA(10)", usage: u(0xff, 0, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdReadDefectData, media: true},
@@ -203,6 +210,10 @@ func (d *Device) Execute(c *Command) {
 			return
 		}
 	}
+	if !o.noConflict && c.Nexus != nil && lu.reservedByOther(c.Nexus) {
+		c.Status = scsi.StatusReservationConflict
+		return
+	}
 	if o.media && lu.isStopped() {
 		d.fail(lu, c, scsi.NotReadyStopped())
 		return
@@ -217,6 +228,10 @@ func (d *Device) Execute(c *Command) {
 // fail records err as the command's outcome (nil is success).
 func (d *Device) fail(lu *LU, c *Command, err error) {
 	if err == nil {
+		return
+	}
+	if err == errReservationConflict {
+		c.Status = scsi.StatusReservationConflict
 		return
 	}
 	var s *scsi.Sense

@@ -220,5 +220,17 @@ func (d *Device) AddNexus(n *Nexus) {
 func (d *Device) RemoveNexus(n *Nexus) {
 	d.mu.Lock()
 	delete(d.nexuses, n)
+	lus := make([]*LU, 0, len(d.lus))
+	for _, lu := range d.lus {
+		lus = append(lus, lu)
+	}
 	d.mu.Unlock()
+	// The loss of an I_T nexus releases its SPC-2 reservations.
+	for _, lu := range lus {
+		lu.stateMu.Lock()
+		if lu.reserver == n {
+			lu.reserver = nil
+		}
+		lu.stateMu.Unlock()
+	}
 }

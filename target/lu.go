@@ -46,6 +46,9 @@ type LU struct {
 	dsense   bool // descriptor-format sense (control mode page)
 	stopped  bool // START STOP UNIT with START=0
 	defaults struct{ wce, dsense bool }
+	// reserver holds the SPC-2 reservation (RESERVE(6/10)), nil when
+	// there is none.
+	reserver *Nexus
 
 	taskMu sync.Mutex
 	tasks  *Command
@@ -163,6 +166,7 @@ func (lu *LU) reset() {
 	lu.wce = lu.defaults.wce
 	lu.dsense = lu.defaults.dsense
 	lu.stopped = false
+	lu.reserver = nil // SPC-2 §5.5.1: a LU reset releases the reservation
 	lu.stateMu.Unlock()
 }
 

@@ -2,6 +2,7 @@ package target
 
 import (
 	"encoding/binary"
+	"errors"
 
 	"github.com/blockwire/blockwire/scsi"
 )
@@ -200,4 +201,45 @@ func cmdOrWrite(lu *LU, c *Command) error {
 		return scsi.MediumError(true, rw.LBA)
 	}
 	return lu.flushIf(rw.FUA, rw.LBA)
+}
+
+// SPC-2 reservations (RESERVE and RELEASE, SPC-2 §7.21–7.24): one
+// nexus holds the LU; the others get RESERVATION CONFLICT for every
+// command but INQUIRY, REPORT LUNS, REQUEST SENSE and RELEASE. The
+// reservation ends with RELEASE, the holder's nexus loss, a LU reset or a
+// target reset. The third-party and extent forms are not supported (their
+// CDB bits are refused as INVALID FIELD IN CDB).
+
+// errReservationConflict makes a handler end with RESERVATION CONFLICT
+// status (no sense data).
+var errReservationConflict = errors.New("reservation conflict")
+
+func (lu *LU) reservedByOther(n *Nexus) bool {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	return lu.reserver != nil && lu.reserver != n
+}
+
+func cmdReserve(lu *LU, c *Command) error {
+	if c.Nexus == nil {
+		return scsi.InvalidOpcode()
+	}
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	if lu.reserver != nil && lu.reserver != c.Nexus {
+		return errReservationConflict // lost a race with another RESERVE
+	}
+	lu.reserver = c.Nexus
+	return nil
+}
+
+func cmdRelease(lu *LU, c *Command) error {
+	// Releasing someone else's reservation, or none, is GOOD and changes
+	// nothing (SPC-2 §7.21.2).
+	lu.stateMu.Lock()
+	if lu.reserver == c.Nexus {
+		lu.reserver = nil
+	}
+	lu.stateMu.Unlock()
+	return nil
 }
