@@ -34,42 +34,48 @@ type opInfo struct {
 	// noConflict: allowed from other nexuses while an SPC-2 reservation
 	// is held (SPC-2 §5.5.1).
 	noConflict bool
+	// prAllowed: allowed whatever the persistent reservation (SPC-4
+	// §5.13.1); prWrite: conflicts with the Write Exclusive types like a
+	// write does.
+	prAllowed, prWrite bool
 }
 
 // commandTable returns the table of supported commands.
 func commandTable() []opInfo {
 	u := func(b ...byte) []byte { return b }
 	return []opInfo{
-		{op: scsi.OpTestUnitReady, name: "TEST UNIT READY", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdTestUnitReady},
-		{op: scsi.OpRequestSense, name: "REQUEST SENSE", usage: u(0xff, 0x01, 0, 0, 0xff, 0), fn: cmdRequestSense, noUA: true, noConflict: true},
+		{op: scsi.OpTestUnitReady, name: "TEST UNIT READY", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdTestUnitReady, prAllowed: true},
+		{op: scsi.OpRequestSense, name: "REQUEST SENSE", usage: u(0xff, 0x01, 0, 0, 0xff, 0), fn: cmdRequestSense, noUA: true, noConflict: true, prAllowed: true},
 		{op: scsi.OpRead6, name: "READ(6)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite6, name: "WRITE(6)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0), fn: cmdWrite, media: true, writes: true},
-		{op: scsi.OpInquiry, name: "INQUIRY", usage: u(0xff, 0x01, 0xff, 0xff, 0xff, 0), fn: cmdInquiry, noUA: true, noConflict: true},
-		{op: scsi.OpModeSelect6, name: "MODE SELECT(6)", usage: u(0xff, 0x11, 0, 0, 0xff, 0), fn: cmdModeSelect},
+		{op: scsi.OpInquiry, name: "INQUIRY", usage: u(0xff, 0x01, 0xff, 0xff, 0xff, 0), fn: cmdInquiry, noUA: true, noConflict: true, prAllowed: true},
+		{op: scsi.OpModeSelect6, name: "MODE SELECT(6)", usage: u(0xff, 0x11, 0, 0, 0xff, 0), fn: cmdModeSelect, prWrite: true},
 		{op: scsi.OpModeSense6, name: "MODE SENSE(6)", usage: u(0xff, 0x08, 0xff, 0xff, 0xff, 0), fn: cmdModeSense},
-		{op: scsi.OpStartStopUnit, name: "START STOP UNIT", usage: u(0xff, 0x01, 0, 0x0f, 0xf7, 0), fn: cmdStartStop},
-		{op: scsi.OpReadCapacity10, name: "READ CAPACITY(10)", usage: u(0xff, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0), fn: cmdReadCapacity10, media: true},
+		{op: scsi.OpStartStopUnit, name: "START STOP UNIT", usage: u(0xff, 0x01, 0, 0x0f, 0xf7, 0), fn: cmdStartStop, prWrite: true},
+		{op: scsi.OpReadCapacity10, name: "READ CAPACITY(10)", usage: u(0xff, 0, 0xff, 0xff, 0xff, 0xff, 0, 0, 0x01, 0), fn: cmdReadCapacity10, media: true, prAllowed: true},
 		{op: scsi.OpRead10, name: "READ(10)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite10, name: "WRITE(10)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdWrite, media: true, writes: true},
 		{op: scsi.OpWriteAndVerify10, name: "WRITE AND VERIFY(10)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdWriteVerify, media: true, writes: true},
 		{op: scsi.OpVerify10, name: "VERIFY(10)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdVerify, media: true},
-		{op: scsi.OpSynchronizeCache10, name: "SYNCHRONIZE CACHE(10)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdSyncCache, media: true},
+		{op: scsi.OpSynchronizeCache10, name: "SYNCHRONIZE CACHE(10)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdSyncCache, media: true, prWrite: true},
 		{op: scsi.OpUnmap, name: "UNMAP", usage: u(0xff, 0, 0, 0, 0, 0, 0x3f, 0xff, 0xff, 0), fn: cmdUnmap, media: true, writes: true},
-		{op: scsi.OpModeSelect10, name: "MODE SELECT(10)", usage: u(0xff, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdModeSelect},
+		{op: scsi.OpModeSelect10, name: "MODE SELECT(10)", usage: u(0xff, 0x11, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdModeSelect, prWrite: true},
 		{op: scsi.OpModeSense10, name: "MODE SENSE(10)", usage: u(0xff, 0x18, 0xff, 0xff, 0, 0, 0, 0xff, 0xff, 0), fn: cmdModeSense},
 		{op: scsi.OpRead16, name: "READ(16)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite16, name: "WRITE(16)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
 		{op: scsi.OpWriteAndVerify16, name: "WRITE AND VERIFY(16)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteVerify, media: true, writes: true},
 		{op: scsi.OpVerify16, name: "VERIFY(16)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
-		{op: scsi.OpSynchronizeCache16, name: "SYNCHRONIZE CACHE(16)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdSyncCache, media: true},
-		{op: scsi.OpServiceActionIn16, sa: scsi.SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), fn: cmdReadCapacity16, media: true},
+		{op: scsi.OpSynchronizeCache16, name: "SYNCHRONIZE CACHE(16)", usage: u(0xff, 0x06, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdSyncCache, media: true, prWrite: true},
+		{op: scsi.OpServiceActionIn16, sa: scsi.SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), fn: cmdReadCapacity16, media: true, prAllowed: true},
 		{op: scsi.OpServiceActionIn16, sa: scsi.SAGetLBAStatus, hasSA: true, name: "GET LBA STATUS", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdGetLBAStatus, media: true},
-		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true, noConflict: true},
-		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportSupportedOpcodes, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", usage: u(0xff, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportOpcodes},
+		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true, noConflict: true, prAllowed: true},
+		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportSupportedOpcodes, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", usage: u(0xff, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportOpcodes, prAllowed: true},
 		{op: scsi.OpRead12, name: "READ(12)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite12, name: "WRITE(12)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
 		{op: scsi.OpWriteAndVerify12, name: "WRITE AND VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteVerify, media: true, writes: true},
 		{op: scsi.OpVerify12, name: "VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
+		{op: scsi.OpPersistentReserveIn, name: "PERSISTENT RESERVE IN", usage: u(0xff, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdPRIn, noConflict: true, prAllowed: true},
+		{op: scsi.OpPersistentReserveOut, name: "PERSISTENT RESERVE OUT", usage: u(0xff, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0), fn: cmdPROut, prAllowed: true},
 		{op: scsi.OpReserve6, name: "RESERVE(6)", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdReserve},
 		{op: scsi.OpRelease6, name: "RELEASE(6)", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdRelease, noConflict: true},
 		{op: scsi.OpReserve10, name: "RESERVE(10)", usage: u(0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0), fn: cmdReserve},
@@ -211,6 +217,10 @@ func (d *Device) Execute(c *Command) {
 		}
 	}
 	if !o.noConflict && c.Nexus != nil && lu.reservedByOther(c.Nexus) {
+		c.Status = scsi.StatusReservationConflict
+		return
+	}
+	if c.Nexus != nil && lu.prConflict(c.Nexus, o) {
 		c.Status = scsi.StatusReservationConflict
 		return
 	}

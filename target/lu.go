@@ -49,6 +49,7 @@ type LU struct {
 	// reserver holds the SPC-2 reservation (RESERVE(6/10)), nil when
 	// there is none.
 	reserver *Nexus
+	pr       prState // persistent reservations
 
 	taskMu sync.Mutex
 	tasks  *Command

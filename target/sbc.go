@@ -224,6 +224,9 @@ func cmdReserve(lu *LU, c *Command) error {
 	if c.Nexus == nil {
 		return scsi.InvalidOpcode()
 	}
+	if lu.prActive() {
+		return errReservationConflict // SPC-4 §5.13.3: persistent reservations win
+	}
 	lu.stateMu.Lock()
 	defer lu.stateMu.Unlock()
 	if lu.reserver != nil && lu.reserver != c.Nexus {
@@ -234,6 +237,9 @@ func cmdReserve(lu *LU, c *Command) error {
 }
 
 func cmdRelease(lu *LU, c *Command) error {
+	if lu.prActive() {
+		return errReservationConflict
+	}
 	// Releasing someone else's reservation, or none, is GOOD and changes
 	// nothing (SPC-2 §7.21.2).
 	lu.stateMu.Lock()

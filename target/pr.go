@@ -1,0 +1,387 @@
+package target
+
+import (
+	"encoding/binary"
+	"strings"
+	"sync"
+
+	"github.com/blockwire/blockwire/scsi"
+)
+
+// Persistent reservations (SPC-4 §5.13, PERSISTENT RESERVE IN/OUT §6.15,
+// §6.16). Registrations belong to I_T nexuses by name (initiator port,
+// target port), so they survive the nexus's session ending and apply
+// again when the same initiator port returns. Scope is always the LU.
+// APTPL (persist through power loss) is not offered: REPORT CAPABILITIES
+// says PTPL_C 0 and APTPL=1 is refused.
+
+// PR types.
+const (
+	prWE   = 1 // Write Exclusive
+	prEA   = 3 // Exclusive Access
+	prWERO = 5 // Write Exclusive – Registrants Only
+	prEARO = 6 // Exclusive Access – Registrants Only
+	prWEAR = 7 // Write Exclusive – All Registrants
+	prEAAR = 8 // Exclusive Access – All Registrants
+)
+
+type prKey struct{ ip, tp string }
+
+func keyOf(n *Nexus) prKey { return prKey{n.InitiatorPort, n.TargetPort} }
+
+type prState struct {
+	mu         sync.Mutex
+	generation uint32
+	regs       map[prKey]uint64
+	order      []prKey // registration order, for READ KEYS / READ FULL STATUS
+	rtype      uint8   // 0: no reservation
+	holder     prKey   // for types other than the all-registrants ones
+}
+
+func (p *prState) allRegistrants() bool { return p.rtype == prWEAR || p.rtype == prEAAR }
+
+func (p *prState) isHolder(k prKey) bool {
+	if p.rtype == 0 {
+		return false
+	}
+	if p.allRegistrants() {
+		_, ok := p.regs[k]
+		return ok
+	}
+	return p.holder == k
+}
+
+func (p *prState) unregister(k prKey) {
+	delete(p.regs, k)
+	for i, o := range p.order {
+		if o == k {
+			p.order = append(p.order[:i], p.order[i+1:]...)
+			break
+		}
+	}
+}
+
+func (p *prState) register(k prKey, key uint64) {
+	if p.regs == nil {
+		p.regs = map[prKey]uint64{}
+	}
+	if _, ok := p.regs[k]; !ok {
+		p.order = append(p.order, k)
+	}
+	p.regs[k] = key
+}
+
+// prConflict reports whether a command from n conflicts with the LU's
+// persistent reservation (SPC-4 §5.13.1, table of commands allowed in the
+// presence of persistent reservations, simplified to its two classes).
+func (lu *LU) prConflict(n *Nexus, o *opInfo) bool {
+	p := &lu.pr
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.rtype == 0 || o.prAllowed {
+		return false
+	}
+	k := keyOf(n)
+	if p.isHolder(k) {
+		return false
+	}
+	_, registered := p.regs[k]
+	switch p.rtype {
+	case prWERO, prEARO:
+		if registered {
+			return false
+		}
+	}
+	exclusiveAccess := p.rtype == prEA || p.rtype == prEARO || p.rtype == prEAAR
+	if exclusiveAccess {
+		return true
+	}
+	return o.writes || o.prWrite
+}
+
+// prRegistered reports whether any registration exists (SPC-2 RESERVE and
+// RELEASE conflict with persistent reservations, SPC-4 §5.13.3).
+func (lu *LU) prActive() bool {
+	lu.pr.mu.Lock()
+	defer lu.pr.mu.Unlock()
+	return len(lu.pr.regs) > 0
+}
+
+func cmdPRIn(lu *LU, c *Command) error {
+	if c.Nexus == nil {
+		return scsi.InvalidOpcode()
+	}
+	alloc := int(binary.BigEndian.Uint16(c.CDB[7:9]))
+	p := &lu.pr
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b []byte
+	switch c.CDB[1] & 0x1f {
+	case 0: // READ KEYS
+		b = make([]byte, 8, 8+8*len(p.order))
+		binary.BigEndian.PutUint32(b, p.generation)
+		for _, k := range p.order {
+			b = binary.BigEndian.AppendUint64(b, p.regs[k])
+		}
+		binary.BigEndian.PutUint32(b[4:], uint32(len(b)-8))
+	case 1: // READ RESERVATION
+		b = make([]byte, 8, 24)
+		binary.BigEndian.PutUint32(b, p.generation)
+		if p.rtype != 0 {
+			var d [16]byte
+			if !p.allRegistrants() {
+				binary.BigEndian.PutUint64(d[0:], p.regs[p.holder])
+			}
+			d[13] = p.rtype // scope 0 (LU)
+			b = append(b, d[:]...)
+			binary.BigEndian.PutUint32(b[4:], 16)
+		}
+	case 2: // REPORT CAPABILITIES
+		b = make([]byte, 8)
+		binary.BigEndian.PutUint16(b, 8)
+		b[2] = 0x10                             // CRH: RESERVE/RELEASE(6/10) conflict-checked against PRs (SPC-4 §5.13.3)
+		b[3] = 0x80                             // TMV: the type mask is valid
+		b[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02 // WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX
+		b[5] = 0x01                             // EX_AC_AR
+	case 3: // READ FULL STATUS
+		b = make([]byte, 8, 8+64*len(p.order))
+		binary.BigEndian.PutUint32(b, p.generation)
+		for _, k := range p.order {
+			tid := transportID(k.ip)
+			d := make([]byte, 24, 24+len(tid))
+			binary.BigEndian.PutUint64(d, p.regs[k])
+			if p.isHolder(k) {
+				d[12] = 0x01 // R_HOLDER
+				d[13] = p.rtype
+			}
+			binary.BigEndian.PutUint32(d[20:], uint32(len(tid)))
+			b = append(append(b, d...), tid...)
+		}
+		binary.BigEndian.PutUint32(b[4:], uint32(len(b)-8))
+	default:
+		return scsi.InvalidFieldInCDB(1, 4)
+	}
+	c.putData(b, alloc)
+	return nil
+}
+
+// transportID encodes an initiator port name as a TransportID (SPC-4
+// §7.6.4): iSCSI's "name,i,0xISID" form, or SRP's 16-byte port ID.
+func transportID(ip string) []byte {
+	if strings.Contains(ip, ",i,0x") {
+		n := len(ip) + 1
+		n = (n + 3) &^ 3
+		b := make([]byte, 4+n)
+		b[0] = 0x40 | 0x05 // format 01b, protocol iSCSI
+		binary.BigEndian.PutUint16(b[2:], uint16(n))
+		copy(b[4:], ip)
+		return b
+	}
+	b := make([]byte, 24)
+	b[0] = 0x04 // SRP
+	if len(ip) == 34 && strings.HasPrefix(ip, "0x") {
+		for i := 0; i < 16; i++ {
+			var v byte
+			for _, ch := range ip[2+2*i : 4+2*i] {
+				v <<= 4
+				switch {
+				case ch >= '0' && ch <= '9':
+					v |= byte(ch - '0')
+				case ch >= 'a' && ch <= 'f':
+					v |= byte(ch-'a') + 10
+				}
+			}
+			b[8+i] = v
+		}
+	}
+	return b
+}
+
+var errPRConflict = errReservationConflict
+
+// prUA establishes a unit attention on every nexus registered under one
+// of keys (other than except) that is connected now.
+func (lu *LU) prUA(keys map[prKey]bool, except prKey, s scsi.Sense) {
+	lu.dev.forEachNexus(func(n *Nexus) {
+		k := keyOf(n)
+		if k != except && keys[k] {
+			n.addUA(lu.lun, s)
+		}
+	})
+}
+
+var (
+	uaReservationsPreempted  = scsi.Sense{Key: scsi.SenseUnitAttention, ASC: 0x2a, ASCQ: 0x03, Bit: -1}
+	uaReservationsReleased   = scsi.Sense{Key: scsi.SenseUnitAttention, ASC: 0x2a, ASCQ: 0x04, Bit: -1}
+	uaRegistrationsPreempted = scsi.Sense{Key: scsi.SenseUnitAttention, ASC: 0x2a, ASCQ: 0x05, Bit: -1}
+)
+
+func cmdPROut(lu *LU, c *Command) error {
+	if c.Nexus == nil {
+		return scsi.InvalidOpcode()
+	}
+	sa := c.CDB[1] & 0x1f
+	scope, typ := c.CDB[2]>>4, c.CDB[2]&0x0f
+	plen := int(binary.BigEndian.Uint32(c.CDB[5:9]))
+	if sa > 8 {
+		return scsi.InvalidFieldInCDB(1, 4)
+	}
+	if sa == 7 || sa == 8 { // REGISTER AND MOVE, REPLACE LOST RESERVATION
+		return scsi.InvalidFieldInCDB(1, 4)
+	}
+	if plen != 24 {
+		return scsi.ParameterListLengthError()
+	}
+	c.Transfer = plen
+	if len(c.Data) < 24 {
+		return scsi.ParameterListLengthError()
+	}
+	prm := c.Data[:24]
+	resKey := binary.BigEndian.Uint64(prm[0:])
+	saKey := binary.BigEndian.Uint64(prm[8:])
+	flags := prm[20]
+	if flags&0x08 != 0 { // SPEC_I_PT: not supported
+		return scsi.InvalidFieldInParameterList(20, 3)
+	}
+	if flags&0x04 != 0 { // ALL_TG_PT: one target port per device here; not offered (ATP_C 0)
+		return scsi.InvalidFieldInParameterList(20, 2)
+	}
+	if flags&0x01 != 0 { // APTPL
+		return scsi.InvalidFieldInParameterList(20, 0)
+	}
+	needType := sa == 1 || sa == 2 || sa == 4 || sa == 5
+	if needType {
+		if scope != 0 {
+			return scsi.InvalidFieldInCDB(2, 7)
+		}
+		switch typ {
+		case prWE, prEA, prWERO, prEARO, prWEAR, prEAAR:
+		default:
+			return scsi.InvalidFieldInCDB(2, 3)
+		}
+	}
+	k := keyOf(c.Nexus)
+	p := &lu.pr
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cur, registered := p.regs[k]
+	switch sa {
+	case 0, 6: // REGISTER, REGISTER AND IGNORE EXISTING KEY
+		if sa == 0 {
+			if !registered && resKey != 0 || registered && resKey != cur {
+				return errPRConflict
+			}
+		}
+		if !registered {
+			if saKey != 0 {
+				p.register(k, saKey)
+				p.generation++
+			}
+			return nil
+		}
+		p.generation++
+		if saKey != 0 {
+			p.regs[k] = saKey
+			return nil
+		}
+		// Unregister; a holder's reservation goes with it (for the
+		// all-registrants types, with the last registrant).
+		wasHolder := p.isHolder(k)
+		p.unregister(k)
+		if wasHolder && (!p.allRegistrants() || len(p.regs) == 0) {
+			t := p.rtype
+			p.rtype, p.holder = 0, prKey{}
+			if t == prWERO || t == prEARO {
+				lu.prUA(p.regSet(), k, uaReservationsReleased)
+			}
+		}
+		return nil
+	}
+	if !registered || resKey != cur {
+		return errPRConflict
+	}
+	switch sa {
+	case 1: // RESERVE
+		if p.rtype == 0 {
+			p.rtype, p.holder = typ, k
+			return nil
+		}
+		if p.isHolder(k) && p.rtype == typ {
+			return nil
+		}
+		return errPRConflict
+	case 2: // RELEASE
+		if p.rtype == 0 || !p.isHolder(k) {
+			return nil
+		}
+		if p.rtype != typ {
+			return &scsi.Sense{Key: scsi.SenseIllegalRequest, ASC: 0x26, ASCQ: 0x04, Bit: -1} // INVALID RELEASE OF PERSISTENT RESERVATION
+		}
+		t := p.rtype
+		p.rtype, p.holder = 0, prKey{}
+		if t != prWE && t != prEA {
+			lu.prUA(p.regSet(), k, uaReservationsReleased)
+		}
+		return nil
+	case 3: // CLEAR
+		others := p.regSet()
+		p.regs, p.order = nil, nil
+		p.rtype, p.holder = 0, prKey{}
+		p.generation++
+		lu.prUA(others, k, uaReservationsPreempted)
+		return nil
+	case 4, 5: // PREEMPT, PREEMPT AND ABORT
+		victims := map[prKey]bool{}
+		switch {
+		case p.rtype == 0 || p.allRegistrants() && saKey != 0 || !p.allRegistrants() && saKey != p.regs[p.holder]:
+			// Only registrations are preempted.
+			if saKey == 0 {
+				return scsi.InvalidFieldInParameterList(8, -1)
+			}
+			for o, v := range p.regs {
+				if v == saKey {
+					victims[o] = true
+				}
+			}
+			if len(victims) == 0 {
+				return errPRConflict
+			}
+		case p.allRegistrants():
+			// SARK 0 against an all-registrants reservation: everyone
+			// else is preempted and the reservation taken.
+			for o := range p.regs {
+				if o != k {
+					victims[o] = true
+				}
+			}
+			p.rtype, p.holder = typ, k
+		default:
+			// SARK is the holder's key: its registrations go, the
+			// reservation is ours with the new type.
+			for o, v := range p.regs {
+				if v == saKey && o != k {
+					victims[o] = true
+				}
+			}
+			p.rtype, p.holder = typ, k
+		}
+		for o := range victims {
+			p.unregister(o)
+		}
+		p.generation++
+		lu.prUA(victims, k, uaRegistrationsPreempted)
+		if sa == 5 && len(victims) > 0 {
+			lu.abortMatching(func(t *Command) bool { return t.Nexus != nil && victims[keyOf(t.Nexus)] }, c).Wait()
+		}
+		return nil
+	}
+	return scsi.InvalidFieldInCDB(1, 4)
+}
+
+func (p *prState) regSet() map[prKey]bool {
+	m := make(map[prKey]bool, len(p.regs))
+	for k := range p.regs {
+		m[k] = true
+	}
+	return m
+}
