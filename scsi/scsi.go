@@ -55,6 +55,7 @@ const (
 	OpPreFetch16                = 0x90
 	OpSynchronizeCache16        = 0x91
 	OpWriteSame16               = 0x93
+	OpWriteAtomic16             = 0x9c
 	OpServiceActionIn16         = 0x9e
 	OpReportLuns                = 0xa0
 	OpMaintenanceIn             = 0xa3

@@ -75,9 +75,11 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b = make([]byte, 64)
 		b[1] = 0xb0
 		if !lu.readOnly {
-			b[4] = 0x01 // WSNZ: WRITE SAME with zero blocks is refused
-			b[5] = maxCompareAndWriteBlocks
+			b[5] = maxCompareAndWriteBlocks                        // WSNZ 0: WRITE SAME of 0 blocks runs to the end
 			binary.BigEndian.PutUint64(b[36:], maxWriteSameBlocks) // MAXIMUM WRITE SAME LENGTH
+			binary.BigEndian.PutUint32(b[44:], maxAtomicBlocks)    // MAXIMUM ATOMIC TRANSFER LENGTH
+			binary.BigEndian.PutUint32(b[48:], 1)                  // ATOMIC ALIGNMENT
+			binary.BigEndian.PutUint32(b[52:], 1)                  // ATOMIC TRANSFER LENGTH GRANULARITY
 		}
 		binary.BigEndian.PutUint16(b[6:], 1)                            // optimal transfer length granularity
 		binary.BigEndian.PutUint32(b[8:], maxTransferBlocks)            // maximum transfer length

@@ -6,9 +6,10 @@
 rdma_dev siw dummy || exit 1
 modprobe ib_srp; modprobe sd_mod
 ID=0011223344556677
-/lab/bin/blockwire serve --listen $RADDR:3260 --iqn $IQN --size 64MiB --srp-listen [::]:5555 --srp-id-ext $ID > /tmp/bws.log 2>&1 &
+/lab/bin/blockwire serve --listen 127.0.0.1:3262 --iqn $IQN --size 64MiB --srp-listen [::]:5555 --srp-id-ext $ID > /tmp/bws.log 2>&1 &
 BW=$!
 sleep 1
+kill -0 $BW 2>/dev/null || { say "blockwire serve did not start"; cat /tmp/bws.log; exit 1; }
 rc=0
 echo "id_ext=$ID,ioc_guid=$ID,dest=[2001:db8::77:1]:5555,initiator_ext=0000000000000001" > /sys/class/infiniband_srp/srp-siw0-1/add_target || rc=1
 for i in $(seq 1 50); do DEV=$(ls /sys/class/scsi_host/*/device/target*/*/block 2>/dev/null | head -1); [ -n "$DEV" ] && [ -b /dev/$DEV ] && break; sleep 0.2; done
