@@ -349,6 +349,11 @@ func cmdReadCapacity16(lu *LU, c *Command) error {
 	var b [32]byte
 	binary.BigEndian.PutUint64(b[0:], lu.Blocks()-1)
 	binary.BigEndian.PutUint32(b[8:], uint32(lu.blockSize))
+	// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: report 4 KiB physical
+	// blocks (what file systems and SSDs align to) for smaller logical ones.
+	for bs := lu.blockSize; bs < 4096; bs <<= 1 {
+		b[13]++
+	}
 	if lu.unmapper != nil && !lu.readOnly {
 		b[14] = 0x80 | 0x40 // LBPME: provisioning management; LBPRZ: unmapped blocks read zeroes
 	}

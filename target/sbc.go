@@ -107,8 +107,9 @@ func cmdWriteSame(lu *LU, c *Command) error {
 	block := make([]byte, lu.blockSize)
 	if !ndob {
 		c.Transfer = lu.blockSize
-		if len(c.Data) < lu.blockSize {
-			return scsi.InvalidFieldInIU()
+		if len(c.Data) != lu.blockSize {
+			// Exactly one logical block of data-out (SBC-4 §5.50).
+			return scsi.InvalidFieldInCDB(c.lenField(), -1)
 		}
 		copy(block, c.Data[:lu.blockSize])
 	}
@@ -182,8 +183,9 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 	}
 	n := int(blocks) << lu.blockBits
 	c.Transfer = 2 * n
-	if len(c.Data) < 2*n {
-		return scsi.InvalidFieldInIU()
+	if len(c.Data) != 2*n {
+		// The verify and write data, exactly (SBC-4 §5.3).
+		return scsi.InvalidFieldInCDB(13, -1)
 	}
 	verify, data := c.Data[:n], c.Data[n:2*n]
 	cur := make([]byte, n)
