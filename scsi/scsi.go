@@ -39,6 +39,7 @@ const (
 	OpReadDefectData10          = 0x37
 	OpSynchronizeCache10        = 0x35
 	OpWriteSame10               = 0x41
+	OpSanitize                  = 0x48
 	OpUnmap                     = 0x42
 	OpModeSelect10              = 0x55
 	OpReserve10                 = 0x56
@@ -71,6 +72,9 @@ const (
 	SAReadCapacity16         = 0x10 // SERVICE ACTION IN(16)
 	SAGetLBAStatus           = 0x12 // SERVICE ACTION IN(16)
 	SAReportSupportedOpcodes = 0x0c // MAINTENANCE IN
+	SASanitizeOverwrite      = 0x01 // SANITIZE
+	SASanitizeBlockErase     = 0x02
+	SASanitizeExitFailure    = 0x1f
 )
 
 // Sense keys (SPC-4 §4.5.6).

@@ -198,6 +198,9 @@ func WriteProtected() *Sense { return &Sense{Key: SenseDataProtect, ASC: 0x27, B
 // REQUIRED (04/02): the LU was stopped with START STOP UNIT.
 func NotReadyStopped() *Sense { return &Sense{Key: SenseNotReady, ASC: 0x04, ASCQ: 0x02, Bit: -1} }
 
+// NotReadySanitizing is LOGICAL UNIT NOT READY, SANITIZE IN PROGRESS.
+func NotReadySanitizing() *Sense { return &Sense{Key: SenseNotReady, ASC: 0x04, ASCQ: 0x1b, Bit: -1} }
+
 // MediumError wraps a backend I/O failure: MEDIUM ERROR, UNRECOVERED READ
 // ERROR (11/00) or WRITE ERROR (0C/00).
 func MediumError(write bool, lba uint64) *Sense {

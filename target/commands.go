@@ -87,6 +87,9 @@ func commandTable() []opInfo {
 		{op: scsi.OpWriteSame10, name: "WRITE SAME(10)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0x3f, 0xff, 0xff, 0), fn: cmdWriteSame, media: true, writes: true},
 		{op: scsi.OpWriteSame16, name: "WRITE SAME(16)", usage: u(0xff, 0x19, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteSame, media: true, writes: true},
 		{op: scsi.OpCompareAndWrite, name: "COMPARE AND WRITE", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0, 0, 0xff, 0x3f, 0), fn: cmdCompareAndWrite, media: true, writes: true},
+		{op: scsi.OpSanitize, sa: scsi.SASanitizeOverwrite, hasSA: true, name: "SANITIZE OVERWRITE", usage: u(0xff, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdSanitize, writes: true},
+		{op: scsi.OpSanitize, sa: scsi.SASanitizeBlockErase, hasSA: true, name: "SANITIZE BLOCK ERASE", usage: u(0xff, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdSanitize, writes: true},
+		{op: scsi.OpSanitize, sa: scsi.SASanitizeExitFailure, hasSA: true, name: "SANITIZE EXIT FAILURE MODE", usage: u(0xff, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdSanitize, writes: true},
 		{op: scsi.OpWriteAtomic16, name: "WRITE ATOMIC(16)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteAtomic, media: true, writes: true},
 		{op: scsi.OpOrWrite16, name: "ORWRITE(16)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdOrWrite, media: true, writes: true},
 	}
@@ -225,13 +228,21 @@ func (d *Device) Execute(c *Command) {
 		c.Status = scsi.StatusReservationConflict
 		return
 	}
+	if lu.sanitizing.Load() && !o.noUA {
+		// SBC-4 §4.11.2: only INQUIRY, REPORT LUNS and REQUEST SENSE
+		// are served while a sanitize operation runs.
+		d.fail(lu, c, scsi.NotReadySanitizing())
+		return
+	}
 	if o.media && lu.isStopped() {
 		d.fail(lu, c, scsi.NotReadyStopped())
 		return
 	}
-	if o.writes && lu.readOnly {
-		d.fail(lu, c, scsi.WriteProtected())
-		return
+	if o.writes {
+		if wp, s := lu.writeProtected(); wp {
+			d.fail(lu, c, s)
+			return
+		}
 	}
 	d.fail(lu, c, o.fn(lu, c))
 }
@@ -349,11 +360,10 @@ func cmdReadCapacity16(lu *LU, c *Command) error {
 	var b [32]byte
 	binary.BigEndian.PutUint64(b[0:], lu.Blocks()-1)
 	binary.BigEndian.PutUint32(b[8:], uint32(lu.blockSize))
-	// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT: report 4 KiB physical
-	// blocks (what file systems and SSDs align to) for smaller logical ones.
-	for bs := lu.blockSize; bs < 4096; bs <<= 1 {
-		b[13]++
-	}
+	// LOGICAL BLOCKS PER PHYSICAL BLOCK EXPONENT stays 0: provisioning is
+	// tracked per logical block, and GET LBA STATUS answers at that
+	// granularity (libiscsi's GetLBAStatus.UnmapSingle expects descriptors
+	// on physical-block boundaries otherwise).
 	if lu.unmapper != nil && !lu.readOnly {
 		b[14] = 0x80 | 0x40 // LBPME: provisioning management; LBPRZ: unmapped blocks read zeroes
 	}

@@ -93,6 +93,7 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b = make([]byte, 64)
 		b[1] = 0xb1
 		binary.BigEndian.PutUint16(b[4:], 1) // non-rotating medium
+		b[7] = 0x40                          // WABEREQ 01b: reads after a BLOCK ERASE sanitize succeed (zeroes)
 	case 0xb2:
 		b = make([]byte, 8)
 		b[1] = 0xb2
@@ -157,9 +158,9 @@ func appendNameDesignator(b []byte, assoc byte, name string) []byte {
 
 func (lu *LU) modePage(page byte, pc byte) []byte {
 	lu.stateMu.Lock()
-	wce, dsense := lu.wce, lu.dsense
+	wce, dsense, swp := lu.wce, lu.dsense, lu.swp
 	if pc == 2 {
-		wce, dsense = lu.defaults.wce, lu.defaults.dsense
+		wce, dsense, swp = lu.defaults.wce, lu.defaults.dsense, false
 	}
 	lu.stateMu.Unlock()
 	switch page {
@@ -181,9 +182,15 @@ func (lu *LU) modePage(page byte, pc byte) []byte {
 		switch pc {
 		case 1:
 			p[2] = 0x04 // D_SENSE changeable
+			if !lu.readOnly {
+				p[4] = 0x08 // SWP changeable
+			}
 		default:
 			if dsense {
 				p[2] |= 0x04
+			}
+			if swp {
+				p[4] |= 0x08
 			}
 			p[3] = 0x10                               // queue algorithm modifier 1: unrestricted reordering
 			binary.BigEndian.PutUint16(p[8:], 0xffff) // busy timeout: unlimited
@@ -245,7 +252,7 @@ func cmdModeSense(lu *LU, c *Command) error {
 		}
 	}
 	var devSpecific byte = 0x10 // DPOFUA
-	if lu.readOnly {
+	if wp, _ := lu.writeProtected(); wp {
 		devSpecific |= 0x80 // WP
 	}
 	if ten {
@@ -303,6 +310,9 @@ func cmdModeSelect(lu *LU, c *Command) error {
 	rest := p[hlen+bdl:]
 	off := hlen + bdl
 	wce, dsense := lu.writeCache(), lu.descriptorSense()
+	lu.stateMu.Lock()
+	swp := lu.swp
+	lu.stateMu.Unlock()
 	for len(rest) > 0 {
 		if len(rest) < 2 {
 			return scsi.ParameterListLengthError()
@@ -334,13 +344,14 @@ func cmdModeSelect(lu *LU, c *Command) error {
 			wce = rest[2]&0x04 != 0
 		case 0x0a:
 			dsense = rest[2]&0x04 != 0
+			swp = rest[4]&0x08 != 0
 		}
 		rest = rest[l:]
 		off += l
 	}
 	lu.stateMu.Lock()
-	changed := lu.wce != wce || lu.dsense != dsense
-	lu.wce, lu.dsense = wce, dsense
+	changed := lu.wce != wce || lu.dsense != dsense || lu.swp != swp
+	lu.wce, lu.dsense, lu.swp = wce, dsense, swp
 	lu.stateMu.Unlock()
 	if changed && lu.dev != nil {
 		// SPC-4 §7.5.1: other nexuses learn of changed mode parameters.

@@ -45,6 +45,7 @@ type LU struct {
 	wce      bool // write cache enabled (caching mode page)
 	dsense   bool // descriptor-format sense (control mode page)
 	stopped  bool // START STOP UNIT with START=0
+	swp      bool // software write protect (control mode page)
 	defaults struct{ wce, dsense bool }
 	// reserver holds the SPC-2 reservation (RESERVE(6/10)), nil when
 	// there is none.
@@ -53,6 +54,9 @@ type LU struct {
 
 	taskMu sync.Mutex
 	tasks  *Command
+
+	// sanitizing is set while a SANITIZE runs: media access is NOT READY.
+	sanitizing atomic.Bool
 
 	// atomicMu makes COMPARE AND WRITE and ORWRITE atomic against every
 	// other write: writes hold it shared, those two exclusively.
@@ -129,6 +133,21 @@ func (lu *LU) BlockSize() int { return lu.blockSize }
 // ReadOnly reports whether the LU is write-protected.
 func (lu *LU) ReadOnly() bool { return lu.readOnly }
 
+// writeProtected reports the write protection in force now: the LU's own,
+// or software write protect set through the control mode page (SWP).
+func (lu *LU) writeProtected() (bool, *scsi.Sense) {
+	if lu.readOnly {
+		return true, scsi.WriteProtected()
+	}
+	lu.stateMu.Lock()
+	swp := lu.swp
+	lu.stateMu.Unlock()
+	if swp {
+		return true, &scsi.Sense{Key: scsi.SenseDataProtect, ASC: 0x27, ASCQ: 0x02, Bit: -1} // LOGICAL UNIT SOFTWARE WRITE PROTECTED
+	}
+	return false, nil
+}
+
 // Flush flushes the backend's volatile cache.
 func (lu *LU) Flush() error {
 	if lu.flusher == nil {
@@ -167,6 +186,7 @@ func (lu *LU) reset() {
 	lu.wce = lu.defaults.wce
 	lu.dsense = lu.defaults.dsense
 	lu.stopped = false
+	lu.swp = false
 	lu.reserver = nil // SPC-2 §5.5.1: a LU reset releases the reservation
 	lu.stateMu.Unlock()
 }

@@ -282,3 +282,90 @@ func cmdRelease(lu *LU, c *Command) error {
 	lu.stateMu.Unlock()
 	return nil
 }
+
+// cmdSanitize is SANITIZE (SBC-4 §5.27, §4.11): OVERWRITE writes the
+// initialization pattern (inverted between passes when INVERT is set)
+// over every block, OVERWRITE COUNT times; BLOCK ERASE deallocates every
+// block (they read back as zeroes, LBPRZ). EXIT FAILURE MODE is GOOD: a
+// sanitize here never ends in the failure mode. While one runs (IMMED
+// returns at once), media access is NOT READY, SANITIZE IN PROGRESS.
+// CRYPTOGRAPHIC ERASE is not offered: nothing here is encrypted.
+func cmdSanitize(lu *LU, c *Command) error {
+	immed := c.CDB[1]&0x80 != 0
+	plen := int(binary.BigEndian.Uint16(c.CDB[7:9]))
+	var run func() error
+	switch c.CDB[1] & 0x1f {
+	case scsi.SASanitizeOverwrite:
+		if plen < 5 || plen > lu.blockSize+4 {
+			return scsi.InvalidFieldInCDB(7, -1)
+		}
+		c.Transfer = plen
+		if len(c.Data) < plen {
+			return scsi.ParameterListLengthError()
+		}
+		p := c.Data[:plen]
+		count := int(p[0] & 0x1f)
+		invert := p[0]&0x80 != 0
+		ipl := int(binary.BigEndian.Uint16(p[2:4]))
+		if count == 0 || ipl == 0 || ipl > lu.blockSize || ipl != plen-4 {
+			return scsi.InvalidFieldInCDB(7, -1)
+		}
+		pattern := append([]byte(nil), p[4:4+ipl]...)
+		run = func() error { return lu.overwrite(pattern, count, invert) }
+	case scsi.SASanitizeBlockErase:
+		if plen != 0 {
+			return scsi.InvalidFieldInCDB(7, -1)
+		}
+		if lu.unmapper == nil {
+			return scsi.InvalidFieldInCDB(1, 4)
+		}
+		run = func() error { return lu.unmapper.Unmap(0, int64(lu.Blocks())<<lu.blockBits) }
+	case scsi.SASanitizeExitFailure:
+		if plen != 0 {
+			return scsi.InvalidFieldInCDB(7, -1)
+		}
+		return nil
+	default:
+		return scsi.InvalidFieldInCDB(1, 4)
+	}
+	if !lu.sanitizing.CompareAndSwap(false, true) {
+		return scsi.NotReadySanitizing()
+	}
+	finish := func() error {
+		defer lu.sanitizing.Store(false)
+		lu.atomicMu.Lock()
+		defer lu.atomicMu.Unlock()
+		if err := run(); err != nil {
+			lu.dev.log.Error("sanitize failed", "lun", lu.lun, "err", err)
+			return scsi.MediumError(true, 0)
+		}
+		return lu.flushIf(true, 0)
+	}
+	if immed {
+		go finish()
+		return nil
+	}
+	return finish()
+}
+
+// overwrite fills the LU with pattern repeated, count times.
+func (lu *LU) overwrite(pattern []byte, count int, invert bool) error {
+	chunk := make([]byte, 1<<20)
+	for pass := 0; pass < count; pass++ {
+		for i := range chunk {
+			v := pattern[(i%lu.blockSize)%len(pattern)]
+			if invert && pass%2 == 1 {
+				v = ^v
+			}
+			chunk[i] = v
+		}
+		size := int64(lu.Blocks()) << lu.blockBits
+		for off := int64(0); off < size; off += int64(len(chunk)) {
+			n := min(int64(len(chunk)), size-off)
+			if _, err := lu.be.WriteAt(chunk[:n], off); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}

@@ -111,6 +111,7 @@ func serve(args []string, stderr io.Writer) int {
 	size := fs.String("size", "1GiB", "LUN 0 size")
 	path := fs.String("file", "", "back LUN 0 with this file (created sparse when missing)")
 	blockSize := fs.Int("block-size", 512, "logical block size (512 or 4096)")
+	readOnly := fs.Bool("read-only", false, "write-protect LUN 0 (writes fail with DATA PROTECT)")
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
@@ -152,7 +153,7 @@ func serve(args []string, stderr io.Writer) int {
 			Listen: listen,
 			Targets: []config.Target{{
 				Name: *iqn,
-				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, BlockSize: *blockSize}},
+				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, BlockSize: *blockSize, ReadOnly: *readOnly}},
 			}},
 		}
 		if err := cfg.Validate(); err != nil {
