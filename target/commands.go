@@ -76,6 +76,7 @@ func commandTable() []opInfo {
 		{op: scsi.OpVerify12, name: "VERIFY(12)", usage: u(0xff, 0x16, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdVerify, media: true},
 		{op: scsi.OpPersistentReserveIn, name: "PERSISTENT RESERVE IN", usage: u(0xff, 0x1f, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdPRIn, noConflict: true, prAllowed: true},
 		{op: scsi.OpPersistentReserveOut, name: "PERSISTENT RESERVE OUT", usage: u(0xff, 0x1f, 0xff, 0, 0, 0xff, 0xff, 0xff, 0xff, 0), fn: cmdPROut, prAllowed: true},
+		{op: scsi.OpPreventAllowMediumRemoval, name: "PREVENT ALLOW MEDIUM REMOVAL", usage: u(0xff, 0, 0, 0, 0x03, 0), fn: cmdPreventAllow, prWrite: true},
 		{op: scsi.OpReserve6, name: "RESERVE(6)", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdReserve},
 		{op: scsi.OpRelease6, name: "RELEASE(6)", usage: u(0xff, 0, 0, 0, 0, 0), fn: cmdRelease, noConflict: true},
 		{op: scsi.OpReserve10, name: "RESERVE(10)", usage: u(0xff, 0, 0, 0, 0, 0, 0, 0, 0, 0), fn: cmdReserve},
@@ -234,9 +235,11 @@ func (d *Device) Execute(c *Command) {
 		d.fail(lu, c, scsi.NotReadySanitizing())
 		return
 	}
-	if o.media && lu.isStopped() {
-		d.fail(lu, c, scsi.NotReadyStopped())
-		return
+	if o.media {
+		if s := lu.notReady(); s != nil {
+			d.fail(lu, c, s)
+			return
+		}
 	}
 	if o.writes {
 		if wp, s := lu.writeProtected(); wp {
@@ -285,8 +288,8 @@ func allocLen(cdb []byte) int {
 }
 
 func cmdTestUnitReady(lu *LU, c *Command) error {
-	if lu.isStopped() {
-		return scsi.NotReadyStopped()
+	if s := lu.notReady(); s != nil {
+		return s
 	}
 	return nil
 }
@@ -299,8 +302,10 @@ func cmdRequestSense(lu *LU, c *Command) error {
 			s = &ua
 		}
 	}
-	if s.Key == scsi.SenseNoSense && lu.isStopped() {
-		s = scsi.NotReadyStopped()
+	if s.Key == scsi.SenseNoSense {
+		if nr := lu.notReady(); nr != nil {
+			s = nr
+		}
 	}
 	var b []byte
 	if desc {
@@ -617,18 +622,55 @@ func cmdStartStop(lu *LU, c *Command) error {
 		// LU ready: we have no power states.
 		return nil
 	}
-	if c.CDB[4]&0x02 != 0 && c.CDB[4]&0x01 == 0 {
-		// LOEJ with START=0 ejects: the medium is not removable (RMB=0).
-		return scsi.InvalidFieldInCDB(4, 1)
+	start, loej := c.CDB[4]&0x01 != 0, c.CDB[4]&0x02 != 0
+	if loej && !lu.removable {
+		if !start {
+			// LOEJ with START=0 ejects: the medium is not removable (RMB=0).
+			return scsi.InvalidFieldInCDB(4, 1)
+		}
+		loej = false
 	}
-	start := c.CDB[4]&0x01 != 0
 	if !start && c.CDB[4]&0x04 == 0 {
 		if err := lu.Flush(); err != nil {
 			return scsi.MediumError(true, 0)
 		}
 	}
 	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	if loej && len(lu.prevent) > 0 {
+		// SBC-4 §5.25: MEDIUM REMOVAL PREVENTED, for loading as for
+		// ejecting.
+		return &scsi.Sense{Key: scsi.SenseIllegalRequest, ASC: 0x53, ASCQ: 0x02, Bit: -1}
+	}
+	if lu.removable {
+		// A removable medium is ready while loaded: only LOEJ changes
+		// that (as LIO and tgt behave; libiscsi's NoLoej expects it).
+		if loej {
+			lu.ejected = !start
+		}
+		return nil
+	}
 	lu.stopped = !start
-	lu.stateMu.Unlock()
+	return nil
+}
+
+// cmdPreventAllow is PREVENT ALLOW MEDIUM REMOVAL (SBC-4 §5.11): each
+// nexus's prevention counts until it allows again, its nexus ends or the
+// LU is reset.
+func cmdPreventAllow(lu *LU, c *Command) error {
+	prevent := c.CDB[4] & 0x03
+	if prevent > 1 {
+		return scsi.InvalidFieldInCDB(4, 1) // the changer forms do not apply
+	}
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	if prevent == 1 {
+		if lu.prevent == nil {
+			lu.prevent = map[*Nexus]bool{}
+		}
+		lu.prevent[c.Nexus] = true
+	} else {
+		delete(lu.prevent, c.Nexus)
+	}
 	return nil
 }

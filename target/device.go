@@ -231,6 +231,7 @@ func (d *Device) RemoveNexus(n *Nexus) {
 		if lu.reserver == n {
 			lu.reserver = nil
 		}
+		delete(lu.prevent, n) // its medium removal prevention ends with it
 		lu.stateMu.Unlock()
 	}
 }

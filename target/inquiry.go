@@ -50,6 +50,9 @@ func cmdInquiry(lu *LU, c *Command) error {
 		}
 		var b [96]byte
 		b[0] = 0x00 // connected, direct access block device
+		if lu.removable {
+			b[1] = 0x80 // RMB
+		}
 		b[2] = 0x06 // SPC-4
 		b[3] = 0x12 // HISUP, response data format 2
 		b[4] = byte(len(b) - 5)

@@ -22,6 +22,9 @@ type LUConfig struct {
 	Serial    string
 	VendorID  string // up to 8 ASCII characters
 	ProductID string // up to 16 ASCII characters
+	// Removable makes the medium removable (RMB): START STOP UNIT with
+	// LOEJ ejects and loads it, PREVENT ALLOW MEDIUM REMOVAL holds it in.
+	Removable bool
 }
 
 // LU is one logical unit: a block device on a backend.
@@ -34,6 +37,7 @@ type LU struct {
 	blockSize int
 	blockBits uint
 	readOnly  bool
+	removable bool
 	serial    string
 	vendor    string
 	product   string
@@ -42,10 +46,12 @@ type LU struct {
 	nblocks atomic.Uint64
 
 	stateMu  sync.Mutex
-	wce      bool // write cache enabled (caching mode page)
-	dsense   bool // descriptor-format sense (control mode page)
-	stopped  bool // START STOP UNIT with START=0
-	swp      bool // software write protect (control mode page)
+	wce      bool            // write cache enabled (caching mode page)
+	dsense   bool            // descriptor-format sense (control mode page)
+	stopped  bool            // START STOP UNIT with START=0
+	swp      bool            // software write protect (control mode page)
+	ejected  bool            // removable medium not present
+	prevent  map[*Nexus]bool // nexuses preventing medium removal
 	defaults struct{ wce, dsense bool }
 	// reserver holds the SPC-2 reservation (RESERVE(6/10)), nil when
 	// there is none.
@@ -84,6 +90,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		be:        cfg.Backend,
 		blockSize: bs,
 		readOnly:  cfg.ReadOnly,
+		removable: cfg.Removable,
 		serial:    cfg.Serial,
 		vendor:    cfg.VendorID,
 		product:   cfg.ProductID,
@@ -187,6 +194,7 @@ func (lu *LU) reset() {
 	lu.dsense = lu.defaults.dsense
 	lu.stopped = false
 	lu.swp = false
+	lu.prevent = nil  // SPC-4 §6.13: a reset allows medium removal again
 	lu.reserver = nil // SPC-2 §5.5.1: a LU reset releases the reservation
 	lu.stateMu.Unlock()
 }
@@ -207,4 +215,18 @@ func (lu *LU) isStopped() bool {
 	lu.stateMu.Lock()
 	defer lu.stateMu.Unlock()
 	return lu.stopped
+}
+
+// notReady is the NOT READY condition for media access, if any: medium
+// not present (ejected), or stopped.
+func (lu *LU) notReady() *scsi.Sense {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	switch {
+	case lu.ejected:
+		return &scsi.Sense{Key: scsi.SenseNotReady, ASC: 0x3a, Bit: -1} // MEDIUM NOT PRESENT
+	case lu.stopped:
+		return scsi.NotReadyStopped()
+	}
+	return nil
 }

@@ -112,6 +112,7 @@ func serve(args []string, stderr io.Writer) int {
 	path := fs.String("file", "", "back LUN 0 with this file (created sparse when missing)")
 	blockSize := fs.Int("block-size", 512, "logical block size (512 or 4096)")
 	readOnly := fs.Bool("read-only", false, "write-protect LUN 0 (writes fail with DATA PROTECT)")
+	removable := fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
@@ -153,7 +154,7 @@ func serve(args []string, stderr io.Writer) int {
 			Listen: listen,
 			Targets: []config.Target{{
 				Name: *iqn,
-				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, BlockSize: *blockSize, ReadOnly: *readOnly}},
+				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable}},
 			}},
 		}
 		if err := cfg.Validate(); err != nil {
@@ -352,7 +353,7 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 			dev.Close()
 			return nil, nil, err
 		}
-		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: lc.BlockSize, ReadOnly: lc.ReadOnly, Serial: lc.Serial})
+		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: lc.BlockSize, ReadOnly: lc.ReadOnly, Removable: lc.Removable, Serial: lc.Serial})
 		if err != nil {
 			if c, ok := be.(backend.Closer); ok {
 				c.Close()

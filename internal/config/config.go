@@ -70,6 +70,7 @@ type LUN struct {
 	File      string `toml:"file"` // empty: in memory
 	BlockSize int    `toml:"block_size"`
 	ReadOnly  bool   `toml:"read_only"`
+	Removable bool   `toml:"removable"`
 	Serial    string `toml:"serial"`
 }
 

@@ -379,8 +379,9 @@ size = "16MiB"
 // the result to testdata/iscsi-test-cu.expected: every test listed as a
 // pass must pass (a skip or a failure of one is a regression); every test
 // listed as a skip carries its reason there. The LUN has a second portal,
-// so the MultipathIO family runs, and the ReadOnly family runs against a
-// write-protected LUN. A second full run with header digests required
+// so the MultipathIO family runs; the ReadOnly family runs against a
+// write-protected LUN, the Sanitize family (with its allow flag) on a LUN
+// of its own, and the removable-medium families against a removable LUN. A second full run with header digests required
 // must have no failures. The target must survive all of it.
 func TestIscsiTestCu(t *testing.T) {
 	need(t, "iscsi-test-cu", "iscsi-inq")
@@ -388,6 +389,8 @@ func TestIscsiTestCu(t *testing.T) {
 	plain := serve(t, "--size", "256MiB", "--listen", second)
 	digest := serve(t, "--size", "256MiB", "--header-digest", "required")
 	ro := serve(t, "--size", "64MiB", "--read-only")
+	san := serve(t, "--size", "64MiB")
+	rm := serve(t, "--size", "64MiB", "--removable")
 	url2 := fmt.Sprintf("iscsi://%s/%s/0", second, defaultIQN)
 
 	out, _ := run(t, 10*time.Minute, "iscsi-test-cu", "--dataloss", "--test=ALL", plain.url(defaultIQN, 0), url2)
@@ -395,6 +398,25 @@ func TestIscsiTestCu(t *testing.T) {
 	outRO, _ := run(t, 2*time.Minute, "iscsi-test-cu", "--dataloss", "--test=SCSI.ReadOnly", ro.url(defaultIQN, 0))
 	for k, v := range cuOutcomes(t, " (read-only LUN)", outRO) {
 		got[k] = v
+	}
+	// SANITIZE wipes its LU: its own daemon, with the allow flag. Reset
+	// needs a sanitize still running seconds after it started, which a
+	// memory LU never is.
+	sanTests := "SCSI.Sanitize.BlockErase,SCSI.Sanitize.BlockEraseReserved,SCSI.Sanitize.CryptoErase,SCSI.Sanitize.CryptoEraseReserved," +
+		"SCSI.Sanitize.ExitFailureMode,SCSI.Sanitize.InvalidServiceAction,SCSI.Sanitize.Overwrite,SCSI.Sanitize.OverwriteReserved," +
+		"SCSI.Sanitize.Readonly,SCSI.Sanitize.Reservations"
+	outS, _ := run(t, 5*time.Minute, "iscsi-test-cu", "--dataloss", "--allow-sanitize", "--test="+sanTests, san.url(defaultIQN, 0))
+	for k, v := range cuOutcomes(t, " (sanitize)", outS) {
+		got[k] = v
+	}
+	// Removable-medium families (eject, load, PREVENT ALLOW) on a
+	// removable LU.
+	outR, _ := run(t, 5*time.Minute, "iscsi-test-cu", "--dataloss", "--test=SCSI.PreventAllow,SCSI.StartStopUnit,SCSI.NoMedia", rm.url(defaultIQN, 0))
+	for k, v := range cuOutcomes(t, " (removable LU)", outR) {
+		got[k] = v
+	}
+	if strings.HasPrefix(got["Sanitize.Reset"], "skip") {
+		got["Sanitize.Reset"] = "skip not run: it needs a SANITIZE still in progress 4 s after it started; a memory LU's takes well under a second"
 	}
 	outD, _ := run(t, 10*time.Minute, "iscsi-test-cu", "--dataloss", "--test=ALL", digest.url(defaultIQN, 0))
 	for k, v := range cuOutcomes(t, " (header digest)", outD) {
@@ -405,7 +427,7 @@ func TestIscsiTestCu(t *testing.T) {
 	if !strings.Contains(digest.log.String(), "header_digest=true") {
 		t.Error("the digest run negotiated no header digest")
 	}
-	for _, d := range []*daemon{plain, digest, ro} {
+	for _, d := range []*daemon{plain, digest, ro, san, rm} {
 		if out, err := run(t, 30*time.Second, "iscsi-inq", d.url(defaultIQN, 0)); err != nil {
 			t.Fatalf("target not answering after iscsi-test-cu: %v\n%s", err, out)
 		}
@@ -430,7 +452,9 @@ func TestIscsiTestCu(t *testing.T) {
 	if os.Getenv("BLOCKWIRE_CU_UPDATE") != "" {
 		var b strings.Builder
 		b.WriteString("# libiscsi iscsi-test-cu --dataloss --test=ALL against blockwire serve (second portal for MultipathIO;\n")
-		b.WriteString("# ReadOnly against --read-only). Regenerate with BLOCKWIRE_CU_UPDATE=1; a skip needs a reason.\n")
+		b.WriteString("# ReadOnly against --read-only; Sanitize with --allow-sanitize on its own LU; PreventAllow,\n")
+		b.WriteString("# StartStopUnit and NoMedia against --removable).\n")
+		b.WriteString("# Regenerate with BLOCKWIRE_CU_UPDATE=1 (TestIscsiTestCu in test/interop); a skip carries its reason.\n")
 		for _, k := range names {
 			b.WriteString(k + " " + got[k] + "\n")
 		}

@@ -36,5 +36,7 @@ cmp /tmp/src /tmp/back && say "copy through tgt iSER readback OK" || rc=1
 # cost our initiator its connection.
 if grep -E "level=(WARN|ERROR)" /tmp/ini.log; then say "our initiator logged a warning"; rc=1; fi
 [ $rc = 0 ] || { tail -20 /tmp/tgtd.log; dmesg | grep -iE 'siw|iw_' | tail -10; }
-kill $TGTD; wait $TGTD 2>/dev/null   # its iSER listener holds port 3260 until it is gone
+# tgtd ignores SIGTERM (it wants "tgtadm --op delete --mode system"), and
+# its iSER listener holds port 3260 for the scenarios after this one.
+kill -9 $TGTD; wait $TGTD 2>/dev/null
 exit $rc
