@@ -211,12 +211,6 @@ func (lu *LU) descriptorSense() bool {
 	return lu.dsense
 }
 
-func (lu *LU) isStopped() bool {
-	lu.stateMu.Lock()
-	defer lu.stateMu.Unlock()
-	return lu.stopped
-}
-
 // notReady is the NOT READY condition for media access, if any: medium
 // not present (ejected), or stopped.
 func (lu *LU) notReady() *scsi.Sense {
