@@ -47,6 +47,8 @@ const (
 	OpModeSense10               = 0x5a
 	OpPersistentReserveIn       = 0x5e
 	OpPersistentReserveOut      = 0x5f
+	OpExtendedCopy              = 0x83
+	OpReceiveCopyResults        = 0x84
 	OpRead16                    = 0x88
 	OpCompareAndWrite           = 0x89
 	OpOrWrite16                 = 0x8b
@@ -88,6 +90,7 @@ const (
 	SenseUnitAttention  = 0x6
 	SenseDataProtect    = 0x7
 	SenseBlankCheck     = 0x8
+	SenseCopyAborted    = 0xa
 	SenseAbortedCommand = 0xb
 	SenseMiscompare     = 0xe
 )

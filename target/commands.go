@@ -91,6 +91,9 @@ func commandTable() []opInfo {
 		{op: scsi.OpSanitize, sa: scsi.SASanitizeOverwrite, hasSA: true, name: "SANITIZE OVERWRITE", usage: u(0xff, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdSanitize, writes: true},
 		{op: scsi.OpSanitize, sa: scsi.SASanitizeBlockErase, hasSA: true, name: "SANITIZE BLOCK ERASE", usage: u(0xff, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdSanitize, writes: true},
 		{op: scsi.OpSanitize, sa: scsi.SASanitizeExitFailure, hasSA: true, name: "SANITIZE EXIT FAILURE MODE", usage: u(0xff, 0xbf, 0, 0, 0, 0, 0, 0xff, 0xff, 0), fn: cmdSanitize, writes: true},
+		{op: scsi.OpExtendedCopy, sa: 0x00, hasSA: true, name: "EXTENDED COPY(LID1)", usage: u(0xff, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdExtendedCopy, media: true, prWrite: true},
+		{op: scsi.OpReceiveCopyResults, sa: 0x00, hasSA: true, name: "RECEIVE COPY RESULTS(COPY STATUS)", usage: u(0xff, 0x1f, 0xff, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReceiveCopyResults},
+		{op: scsi.OpReceiveCopyResults, sa: 0x03, hasSA: true, name: "RECEIVE COPY RESULTS(OPERATING PARAMETERS)", usage: u(0xff, 0x1f, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReceiveCopyResults},
 		{op: scsi.OpWriteAtomic16, name: "WRITE ATOMIC(16)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWriteAtomic, media: true, writes: true},
 		{op: scsi.OpOrWrite16, name: "ORWRITE(16)", usage: u(0xff, 0x18, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdOrWrite, media: true, writes: true},
 	}

@@ -24,6 +24,9 @@ type Device struct {
 	mu      sync.RWMutex
 	lus     map[uint64]*LU
 	nexuses map[*Nexus]struct{}
+
+	copyMu sync.Mutex
+	copies []copyStatus // finished EXTENDED COPY operations, for COPY STATUS
 }
 
 // NewDevice returns an empty target device. name is the SCSI target device
