@@ -388,19 +388,25 @@ func (lu *LU) rangeCheck(lba uint64, blocks uint64) error {
 	return nil
 }
 
-func cmdRead(lu *LU, c *Command) error {
-	rw, err := scsi.DecodeRW(c.CDB)
+// dataRange decodes a READ/WRITE-style CDB, checks its range and sets
+// Transfer; n is how much of the fabric's buffer the command moves.
+func (lu *LU) dataRange(c *Command) (rw scsi.RW, n int, err error) {
+	rw, err = scsi.DecodeRW(c.CDB)
 	if err != nil {
-		return scsi.InvalidFieldInCDB(0, -1)
+		return rw, 0, scsi.InvalidFieldInCDB(0, -1)
 	}
 	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
-		return err
+		return rw, 0, err
 	}
 	want := int(rw.Blocks) << lu.blockBits
 	c.Transfer = want
-	n := min(want, len(c.Data))
-	if n == 0 {
-		return nil
+	return rw, min(want, len(c.Data)), nil
+}
+
+func cmdRead(lu *LU, c *Command) error {
+	rw, n, err := lu.dataRange(c)
+	if err != nil || n == 0 {
+		return err
 	}
 	if _, err := lu.be.ReadAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits); err != nil {
 		lu.dev.log.Error("backend read failed", "lun", lu.lun, "lba", rw.LBA, "err", err)

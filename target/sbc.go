@@ -208,18 +208,9 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 // cmdOrWrite is ORWRITE(16) (SBC-4 §5.8): the data-out is ORed into the
 // medium, atomically against other writes.
 func cmdOrWrite(lu *LU, c *Command) error {
-	rw, err := scsi.DecodeRW(c.CDB)
-	if err != nil {
-		return scsi.InvalidFieldInCDB(0, -1)
-	}
-	if err := lu.rangeCheck(rw.LBA, uint64(rw.Blocks)); err != nil {
+	rw, n, err := lu.dataRange(c)
+	if err != nil || n == 0 {
 		return err
-	}
-	want := int(rw.Blocks) << lu.blockBits
-	c.Transfer = want
-	n := min(want, len(c.Data))
-	if n == 0 {
-		return nil
 	}
 	cur := make([]byte, n)
 	lu.atomicMu.Lock()

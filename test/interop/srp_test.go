@@ -2,7 +2,6 @@ package interop
 
 import (
 	"bytes"
-	"crypto/rand"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -33,41 +32,16 @@ func TestSRPBenchVerifyAndCopy(t *testing.T) {
 	for _, bs := range []string{"4k", "128k"} {
 		for _, rw := range []string{"randwrite", "randread"} {
 			for _, qd := range []string{"1", "32"} {
-				out, code := blockwire(t, "bench", "--bs", bs, "--rw", rw, "--qd", qd, "--time", "2s", "--size", "32MiB", "--verify", url)
-				if code != 0 || !strings.Contains(out, "verify: 0 mismatches") || !strings.Contains(out, "IOPS=") {
-					t.Fatalf("SRP bench %s %s qd %s (exit %d):\n%s", bs, rw, qd, code, out)
-				}
-				for _, line := range strings.Split(out, "\n") {
-					if strings.Contains(line, "IOPS=") {
-						t.Logf("srp %s %s qd=%s (verifying): %s", bs, rw, qd, strings.TrimSpace(line))
-					}
-				}
+				benchVerify(t, "srp", url, "--bs", bs, "--rw", rw, "--qd", qd, "--size", "32MiB")
 			}
 		}
 	}
-	dir := t.TempDir()
-	src := filepath.Join(dir, "src.img")
-	data := make([]byte, 64<<20)
-	rand.Read(data)
-	if err := os.WriteFile(src, data, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if out, code := blockwire(t, "copy", src, url); code != 0 {
-		t.Fatalf("copy to SRP (exit %d):\n%s", code, out)
-	}
-	back := filepath.Join(dir, "back.img")
-	if out, code := blockwire(t, "copy", url, back); code != 0 {
-		t.Fatalf("copy from SRP (exit %d):\n%s", code, out)
-	}
-	got, _ := os.ReadFile(back)
-	if len(got) < len(data) || !bytes.Equal(got[:len(data)], data) {
-		t.Fatalf("64 MiB through SRP came back different (%d bytes)", len(got))
-	}
+	data, dir := copyThrough(t, "SRP", url)
 	viaTCP := filepath.Join(dir, "tcp.img")
 	if out, code := blockwire(t, "copy", d.url(defaultIQN, 0), viaTCP); code != 0 {
 		t.Fatalf("copy over iSCSI/TCP (exit %d):\n%s", code, out)
 	}
-	got, _ = os.ReadFile(viaTCP)
+	got, _ := os.ReadFile(viaTCP)
 	if len(got) < len(data) || !bytes.Equal(got[:len(data)], data) {
 		t.Fatal("iSCSI/TCP reads different bytes than SRP wrote")
 	}
