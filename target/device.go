@@ -223,12 +223,22 @@ func (d *Device) AddNexus(n *Nexus) {
 func (d *Device) RemoveNexus(n *Nexus) {
 	d.mu.Lock()
 	delete(d.nexuses, n)
+	d.mu.Unlock()
+	d.ReleaseNexus(n)
+}
+
+// ReleaseNexus drops what the loss of nexus n releases: its SPC-2
+// reservations and its medium removal preventions (persistent
+// reservations survive). RemoveNexus does it; a fabric calls it earlier
+// when it knows the nexus is ending (iSCSI: before the Logout Response).
+// It is idempotent.
+func (d *Device) ReleaseNexus(n *Nexus) {
+	d.mu.RLock()
 	lus := make([]*LU, 0, len(d.lus))
 	for _, lu := range d.lus {
 		lus = append(lus, lu)
 	}
-	d.mu.Unlock()
-	// The loss of an I_T nexus releases its SPC-2 reservations.
+	d.mu.RUnlock()
 	for _, lu := range lus {
 		lu.stateMu.Lock()
 		if lu.reserver == n {

@@ -635,6 +635,13 @@ func (c *conn) logout(req pdu.LogoutReq) {
 		c.mu.Lock()
 		c.loggedOut = req.Reason == pdu.LogoutCloseConnection
 		c.mu.Unlock()
+		if ss := c.sess; ss.nexus != nil && (req.Reason == pdu.LogoutCloseSession || len(ss.connList()) == 1) {
+			// The I_T nexus ends with this response: what it held
+			// (SPC-2 reservations, medium removal prevention) is
+			// released first, so the initiator's next command through
+			// another nexus already sees it free.
+			ss.tgt.Device.ReleaseNexus(ss.nexus)
+		}
 	}
 	var h pdu.BHS
 	resp.Encode(&h)

@@ -490,8 +490,12 @@ func TestIscsiTestCu(t *testing.T) {
 			t.Errorf("%s (%s): not in %s", k, got[k], expectedFile)
 		}
 	}
-	if failed > 0 {
-		t.Errorf("failures:\n%s", failures(out))
+	if failed > 0 || t.Failed() {
+		for _, o := range []struct{ what, out string }{{"main run", out}, {"read-only LU", outRO}, {"sanitize", outS}, {"removable LU", outR}} {
+			if f := failures(o.out); f != "" {
+				t.Logf("%s:\n%s", o.what, f)
+			}
+		}
 	}
 }
 
