@@ -25,6 +25,10 @@ type LUConfig struct {
 	// Removable makes the medium removable (RMB): START STOP UNIT with
 	// LOEJ ejects and loads it, PREVENT ALLOW MEDIUM REMOVAL holds it in.
 	Removable bool
+	// PRFile, when set, is where persistent reservations are kept when an
+	// initiator asks for them to survive power loss (APTPL, SPC-4
+	// §5.13.4); they are loaded from it here. Empty: APTPL is refused.
+	PRFile string
 }
 
 // LU is one logical unit: a block device on a backend.
@@ -125,6 +129,10 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	lu.naa[1], lu.naa[2] = 0, 0
 	lu.naa[3] &= 0x0f
 	lu.defaults.wce = lu.wce
+	lu.pr.file = cfg.PRFile
+	if err := lu.pr.load(); err != nil {
+		return nil, fmt.Errorf("target: LUN %d persistent reservations: %w", cfg.LUN, err)
+	}
 	return lu, nil
 }
 

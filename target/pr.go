@@ -2,6 +2,11 @@ package target
 
 import (
 	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
 	"strings"
 	"sync"
 
@@ -11,9 +16,10 @@ import (
 // Persistent reservations (SPC-4 §5.13, PERSISTENT RESERVE IN/OUT §6.15,
 // §6.16). Registrations belong to I_T nexuses by name (initiator port,
 // target port), so they survive the nexus's session ending and apply
-// again when the same initiator port returns. Scope is always the LU.
-// APTPL (persist through power loss) is not offered: REPORT CAPABILITIES
-// says PTPL_C 0 and APTPL=1 is refused.
+// again when the same initiator port returns; ALL_TG_PT registers the
+// initiator port through every target port. Scope is always the LU.
+// APTPL keeps the state in the LU's PRFile (file-backed LUs), written
+// atomically on every change and loaded at start.
 
 // PR types.
 const (
@@ -25,6 +31,8 @@ const (
 	prEAAR = 8 // Exclusive Access – All Registrants
 )
 
+// prKey names an I_T nexus; a registration with an empty tp was made
+// with ALL_TG_PT and covers every target port.
 type prKey struct{ ip, tp string }
 
 func keyOf(n *Nexus) prKey { return prKey{n.InitiatorPort, n.TargetPort} }
@@ -36,6 +44,103 @@ type prState struct {
 	order      []prKey // registration order, for READ KEYS / READ FULL STATUS
 	rtype      uint8   // 0: no reservation
 	holder     prKey   // for types other than the all-registrants ones
+	aptpl      bool    // the last registration asked to persist through power loss
+	file       string  // where APTPL state lives; empty: APTPL not offered
+}
+
+// find returns the registration that covers nexus k: its own, or its
+// initiator port's ALL_TG_PT one.
+func (p *prState) find(k prKey) (prKey, uint64, bool) {
+	if v, ok := p.regs[k]; ok {
+		return k, v, true
+	}
+	all := prKey{ip: k.ip}
+	if v, ok := p.regs[all]; ok {
+		return all, v, true
+	}
+	return k, 0, false
+}
+
+// prFile is the APTPL file's contents.
+type prFile struct {
+	Generation uint32        `json:"generation"`
+	Regs       []prFileEntry `json:"registrations"`
+	Type       uint8         `json:"type,omitempty"`
+	Holder     *prFileEntry  `json:"holder,omitempty"`
+}
+
+type prFileEntry struct {
+	Initiator string `json:"initiator"`
+	Target    string `json:"target,omitempty"` // empty: all target ports
+	Key       uint64 `json:"key,omitempty"`
+}
+
+func (p *prState) load() error {
+	if p.file == "" {
+		return nil
+	}
+	b, err := os.ReadFile(p.file)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	var f prFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return fmt.Errorf("%s: %w", p.file, err)
+	}
+	p.generation = f.Generation
+	for _, r := range f.Regs {
+		p.register(prKey{r.Initiator, r.Target}, r.Key)
+	}
+	if f.Holder != nil {
+		p.rtype, p.holder = f.Type, prKey{f.Holder.Initiator, f.Holder.Target}
+	}
+	p.aptpl = true
+	return nil
+}
+
+// persist writes the state when APTPL is in force, or removes the file
+// when it is not (SPC-4 §5.13.4: the last APTPL value decides). Called
+// with p.mu held.
+func (p *prState) persist() error {
+	if p.file == "" {
+		return nil
+	}
+	if !p.aptpl {
+		if err := os.Remove(p.file); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return err
+		}
+		return nil
+	}
+	f := prFile{Generation: p.generation, Regs: []prFileEntry{}}
+	for _, k := range p.order {
+		f.Regs = append(f.Regs, prFileEntry{k.ip, k.tp, p.regs[k]})
+	}
+	if p.rtype != 0 {
+		f.Type, f.Holder = p.rtype, &prFileEntry{Initiator: p.holder.ip, Target: p.holder.tp}
+	}
+	b, err := json.MarshalIndent(&f, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := p.file + ".tmp"
+	w, err := os.Create(tmp)
+	if err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err == nil {
+		err = w.Sync()
+	}
+	if cerr := w.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(tmp)
+		return err
+	}
+	return os.Rename(tmp, p.file)
 }
 
 func (p *prState) allRegistrants() bool { return p.rtype == prWEAR || p.rtype == prEAAR }
@@ -44,11 +149,11 @@ func (p *prState) isHolder(k prKey) bool {
 	if p.rtype == 0 {
 		return false
 	}
+	rk, _, ok := p.find(k)
 	if p.allRegistrants() {
-		_, ok := p.regs[k]
 		return ok
 	}
-	return p.holder == k
+	return ok && p.holder == rk
 }
 
 func (p *prState) unregister(k prKey) {
@@ -85,7 +190,7 @@ func (lu *LU) prConflict(n *Nexus, o *opInfo) bool {
 	if p.isHolder(k) {
 		return false
 	}
-	_, registered := p.regs[k]
+	_, _, registered := p.find(k)
 	switch p.rtype {
 	case prWERO, prEARO:
 		if registered {
@@ -204,7 +309,7 @@ var errPRConflict = errReservationConflict
 func (lu *LU) prUA(keys map[prKey]bool, except prKey, s scsi.Sense) {
 	lu.dev.forEachNexus(func(n *Nexus) {
 		k := keyOf(n)
-		if k != except && keys[k] {
+		if k != except && (keys[k] || keys[prKey{ip: k.ip}]) {
 			n.addUA(lu.lun, s)
 		}
 	})
@@ -243,10 +348,9 @@ func cmdPROut(lu *LU, c *Command) error {
 	if flags&0x08 != 0 { // SPEC_I_PT: not supported
 		return scsi.InvalidFieldInParameterList(20, 3)
 	}
-	if flags&0x04 != 0 { // ALL_TG_PT: one target port per device here; not offered (ATP_C 0)
-		return scsi.InvalidFieldInParameterList(20, 2)
-	}
-	if flags&0x01 != 0 { // APTPL
+	allTgPt := flags&0x04 != 0
+	aptpl := flags&0x01 != 0
+	if aptpl && lu.pr.file == "" { // PTPL_C 0: nowhere to keep it
 		return scsi.InvalidFieldInParameterList(20, 0)
 	}
 	needType := sa == 1 || sa == 2 || sa == 4 || sa == 5
@@ -260,11 +364,25 @@ func cmdPROut(lu *LU, c *Command) error {
 			return scsi.InvalidFieldInCDB(2, 3)
 		}
 	}
-	k := keyOf(c.Nexus)
 	p := &lu.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cur, registered := p.regs[k]
+	k, cur, registered := p.find(keyOf(c.Nexus))
+	if err := lu.prOut(c, sa, typ, k, cur, registered, resKey, saKey, allTgPt, aptpl); err != nil {
+		return err
+	}
+	if err := p.persist(); err != nil {
+		lu.dev.log.Error("persistent reservations not saved", "lun", lu.lun, "file", p.file, "err", err)
+		return scsi.MediumError(true, 0)
+	}
+	return nil
+}
+
+// prOut carries out a PERSISTENT RESERVE OUT service action for the
+// registration k (the nexus's own or its ALL_TG_PT one). Called with
+// lu.pr.mu held.
+func (lu *LU) prOut(c *Command, sa, typ byte, k prKey, cur uint64, registered bool, resKey, saKey uint64, allTgPt, aptpl bool) error {
+	p := &lu.pr
 	switch sa {
 	case 0, 6: // REGISTER, REGISTER AND IGNORE EXISTING KEY
 		if sa == 0 {
@@ -274,14 +392,19 @@ func cmdPROut(lu *LU, c *Command) error {
 		}
 		if !registered {
 			if saKey != 0 {
+				if allTgPt {
+					k.tp = ""
+				}
 				p.register(k, saKey)
 				p.generation++
+				p.aptpl = aptpl
 			}
 			return nil
 		}
 		p.generation++
 		if saKey != 0 {
 			p.regs[k] = saKey
+			p.aptpl = aptpl
 			return nil
 		}
 		// Unregister; a holder's reservation goes with it (for the
@@ -371,7 +494,13 @@ func cmdPROut(lu *LU, c *Command) error {
 		p.generation++
 		lu.prUA(victims, k, uaRegistrationsPreempted)
 		if sa == 5 && len(victims) > 0 {
-			lu.abortMatching(func(t *Command) bool { return t.Nexus != nil && victims[keyOf(t.Nexus)] }, c).Wait()
+			lu.abortMatching(func(t *Command) bool {
+				if t.Nexus == nil {
+					return false
+				}
+				k := keyOf(t.Nexus)
+				return victims[k] || victims[prKey{ip: k.ip}]
+			}, c).Wait()
 		}
 		return nil
 	}

@@ -353,7 +353,12 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 			dev.Close()
 			return nil, nil, err
 		}
-		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: lc.BlockSize, ReadOnly: lc.ReadOnly, Removable: lc.Removable, Serial: lc.Serial})
+		prFile := ""
+		if lc.File != "" {
+			prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
+		}
+		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: lc.BlockSize, ReadOnly: lc.ReadOnly,
+			Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile})
 		if err != nil {
 			if c, ok := be.(backend.Closer); ok {
 				c.Close()

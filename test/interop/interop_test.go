@@ -382,12 +382,14 @@ size = "16MiB"
 // so the MultipathIO family runs; the ReadOnly family runs against a
 // write-protected LUN, the Sanitize family (with its allow flag) on a LUN
 // of its own, and the removable-medium families against a removable LUN. A second full run with header digests required
-// must have no failures. The target must survive all of it.
+// on a file-backed LUN must have no failures. The target must survive all
+// of it.
 func TestIscsiTestCu(t *testing.T) {
 	need(t, "iscsi-test-cu", "iscsi-inq")
 	second := freePort(t)
 	plain := serve(t, "--size", "256MiB", "--listen", second)
-	digest := serve(t, "--size", "256MiB", "--header-digest", "required")
+	// The second full run: header digests required, on a file-backed LUN.
+	digest := serve(t, "--size", "256MiB", "--header-digest", "required", "--file", filepath.Join(t.TempDir(), "lun0.img"))
 	ro := serve(t, "--size", "64MiB", "--read-only")
 	san := serve(t, "--size", "64MiB")
 	rm := serve(t, "--size", "64MiB", "--removable")
@@ -421,7 +423,7 @@ func TestIscsiTestCu(t *testing.T) {
 	outD, _ := run(t, 10*time.Minute, "iscsi-test-cu", "--dataloss", "--test=ALL", digest.url(defaultIQN, 0))
 	for k, v := range cuOutcomes(t, " (header digest)", outD) {
 		if v == "fail" {
-			t.Errorf("with header digests: %s failed", k)
+			t.Errorf("with header digests, file-backed: %s failed", k)
 		}
 	}
 	if !strings.Contains(digest.log.String(), "header_digest=true") {

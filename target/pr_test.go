@@ -1,0 +1,120 @@
+package target
+
+import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/scsi"
+)
+
+func prOut(sa, typ byte, resKey, saKey uint64, flags byte) ([]byte, []byte) {
+	cdb := []byte{scsi.OpPersistentReserveOut, sa, typ, 0, 0, 0, 0, 0, 24, 0}
+	p := make([]byte, 24)
+	binary.BigEndian.PutUint64(p[0:], resKey)
+	binary.BigEndian.PutUint64(p[8:], saKey)
+	p[20] = flags
+	return cdb, p
+}
+
+func readKeys(t *testing.T, d *Device, n *Nexus) []uint64 {
+	t.Helper()
+	buf := make([]byte, 256)
+	c := run(d, n, []byte{scsi.OpPersistentReserveIn, 0, 0, 0, 0, 0, 0, 1, 0, 0}, buf)
+	good(t, c)
+	l := int(binary.BigEndian.Uint32(buf[4:]))
+	var keys []uint64
+	for i := 0; i < l; i += 8 {
+		keys = append(keys, binary.BigEndian.Uint64(buf[8+i:]))
+	}
+	return keys
+}
+
+func luWithPRFile(t *testing.T, file string) *Device {
+	t.Helper()
+	d := NewDevice("iqn.2026-11.org.blockwire:test", nil)
+	be, _ := mem.New(16 << 20)
+	lu, err := NewLU(d.Name(), LUConfig{Backend: be, PRFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.AddLU(lu)
+	return d
+}
+
+// TestAPTPLSurvivesRestart: a registration and reservation made with
+// APTPL=1 are there again when the LU is built anew from its PR file
+// (SPC-4 §5.13.4); APTPL=0 in a later registration removes the file.
+func TestAPTPLSurvivesRestart(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "lun0.img.pr")
+	d := luWithPRFile(t, file)
+	a := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
+	d.AddNexus(a)
+	run(d, a, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil) // power-on UA
+	cdb, p := prOut(0, 0, 0, 0xabc, 0x01)
+	good(t, run(d, a, cdb, p))
+	cdb, p = prOut(1, prWE, 0xabc, 0, 0)
+	good(t, run(d, a, cdb, p))
+	if _, err := os.Stat(file); err != nil {
+		t.Fatalf("APTPL state not written: %v", err)
+	}
+
+	// "Restart": a new device and LU from the same file.
+	d2 := luWithPRFile(t, file)
+	b := &Nexus{InitiatorPort: "iqn.b,i,0x1", TargetPort: "t,0x1"}
+	d2.AddNexus(b)
+	run(d2, b, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	if keys := readKeys(t, d2, b); len(keys) != 1 || keys[0] != 0xabc {
+		t.Fatalf("keys after restart: %x", keys)
+	}
+	// b is not the holder of the Write Exclusive reservation: writes conflict.
+	c := run(d2, b, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512))
+	if c.Status != scsi.StatusReservationConflict {
+		t.Fatalf("write by a non-holder after restart: status %#x", c.Status)
+	}
+	// The holder returns (same initiator port): it may write.
+	a2 := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
+	d2.AddNexus(a2)
+	run(d2, a2, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	good(t, run(d2, a2, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
+	// Registering again with APTPL=0 ends persistence.
+	cdb, p = prOut(0, 0, 0xabc, 0xdef, 0)
+	good(t, run(d2, a2, cdb, p))
+	if _, err := os.Stat(file); !os.IsNotExist(err) {
+		t.Fatalf("APTPL=0 left the PR file: %v", err)
+	}
+	// Without a PR file, APTPL is refused.
+	d3, _ := newDev(t, false)
+	c = run(d3, a, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	cdb, p = prOut(0, 0, 0, 1, 0x01)
+	if s := sense(t, run(d3, a, cdb, p)); s.Key != scsi.SenseIllegalRequest {
+		t.Fatalf("APTPL without a PR file: %v", s)
+	}
+}
+
+// TestAllTargetPorts: a registration with ALL_TG_PT covers the initiator
+// port through every target port.
+func TestAllTargetPorts(t *testing.T) {
+	d, _ := newDev(t, false)
+	p1 := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
+	p2 := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x2"}
+	other := &Nexus{InitiatorPort: "iqn.b,i,0x1", TargetPort: "t,0x1"}
+	for _, n := range []*Nexus{p1, p2, other} {
+		d.AddNexus(n)
+		run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	}
+	cdb, p := prOut(0, 0, 0, 0x77, 0x04)
+	good(t, run(d, p1, cdb, p))
+	// Through the second target port the same key reserves.
+	cdb, p = prOut(1, prEA, 0x77, 0, 0)
+	good(t, run(d, p2, cdb, p))
+	good(t, run(d, p1, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
+	if c := run(d, other, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)); c.Status != scsi.StatusReservationConflict {
+		t.Fatalf("another initiator under Exclusive Access: status %#x", c.Status)
+	}
+	if keys := readKeys(t, d, other); len(keys) != 1 {
+		t.Fatalf("one ALL_TG_PT registration, READ KEYS lists %x", keys)
+	}
+}
