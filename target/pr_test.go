@@ -118,3 +118,58 @@ func TestAllTargetPorts(t *testing.T) {
 		t.Fatalf("one ALL_TG_PT registration, READ KEYS lists %x", keys)
 	}
 }
+
+// TestCompareAndWriteIsAtomic: goroutines increment a counter block only
+// through COMPARE AND WRITE (read it, compare-and-swap old for old+1)
+// while plain writes hammer the next block; every successful swap must
+// count exactly once.
+func TestCompareAndWriteIsAtomic(t *testing.T) {
+	d, lu := newDev(t, false)
+	n := &Nexus{}
+	bs := lu.BlockSize()
+	good(t, run(d, n, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, bs)))
+	const workers, per = 4, 50
+	done := make(chan int, workers+1)
+	stop := make(chan struct{})
+	go func() {
+		buf := make([]byte, bs)
+		for {
+			select {
+			case <-stop:
+				done <- 0
+				return
+			default:
+			}
+			run(d, n, []byte{scsi.OpWrite10, 0, 0, 0, 0, 1, 0, 0, 1, 0}, buf)
+		}
+	}()
+	for w := 0; w < workers; w++ {
+		go func() {
+			ok := 0
+			cur := make([]byte, bs)
+			for ok < per {
+				run(d, n, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, cur)
+				v := binary.BigEndian.Uint64(cur)
+				data := make([]byte, 2*bs)
+				copy(data, cur)
+				binary.BigEndian.PutUint64(data[bs:], v+1)
+				c := run(d, n, []byte{scsi.OpCompareAndWrite, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0}, data)
+				if c.Status == scsi.StatusGood {
+					ok++
+				}
+			}
+			done <- ok
+		}()
+	}
+	total := 0
+	for w := 0; w < workers; w++ {
+		total += <-done
+	}
+	close(stop)
+	<-done
+	buf := make([]byte, bs)
+	good(t, run(d, n, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, buf))
+	if got := binary.BigEndian.Uint64(buf); got != uint64(total) || total != workers*per {
+		t.Fatalf("counter %d after %d successful COMPARE AND WRITEs", got, total)
+	}
+}
