@@ -1,6 +1,7 @@
 package target
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -57,6 +58,15 @@ func (p *prState) find(k prKey) (prKey, uint64, bool) {
 	all := prKey{ip: k.ip}
 	if v, ok := p.regs[all]; ok {
 		return all, v, true
+	}
+	// A registration made (by REGISTER AND MOVE) with an iSCSI
+	// TransportID of the device-level form names the initiator, not one
+	// of its ports.
+	if name, _, cut := strings.Cut(k.ip, ",i,0x"); cut {
+		dev := prKey{name, k.tp}
+		if v, ok := p.regs[dev]; ok {
+			return dev, v, true
+		}
 	}
 	return k, 0, false
 }
@@ -331,8 +341,13 @@ func cmdPROut(lu *LU, c *Command) error {
 	if sa > 8 {
 		return scsi.InvalidFieldInCDB(1, 4)
 	}
-	if sa == 7 || sa == 8 { // REGISTER AND MOVE, REPLACE LOST RESERVATION
+	if sa == 8 {
+		// REPLACE LOST RESERVATION: reservations are never lost here
+		// (APTPL keeps them in a file), so there is nothing to replace.
 		return scsi.InvalidFieldInCDB(1, 4)
+	}
+	if sa == 7 {
+		return lu.registerAndMove(c, plen, typ, scope)
 	}
 	if plen != 24 {
 		return scsi.ParameterListLengthError()
@@ -513,4 +528,103 @@ func (p *prState) regSet() map[prKey]bool {
 		m[k] = true
 	}
 	return m
+}
+
+// registerAndMove is PERSISTENT RESERVE OUT REGISTER AND MOVE (SPC-4
+// §5.13.8): the holder registers another I_T nexus — named by a
+// TransportID and a relative target port — with the service action key
+// and hands it the reservation, unregistering itself when UNREG is set.
+func (lu *LU) registerAndMove(c *Command, plen int, typ, scope byte) error {
+	if plen < 24 {
+		return scsi.ParameterListLengthError()
+	}
+	c.Transfer = plen
+	if len(c.Data) < plen {
+		return scsi.ParameterListLengthError()
+	}
+	prm := c.Data[:plen]
+	resKey := binary.BigEndian.Uint64(prm[0:])
+	saKey := binary.BigEndian.Uint64(prm[8:])
+	unreg, aptpl := prm[17]&0x02 != 0, prm[17]&0x01 != 0
+	relPort := binary.BigEndian.Uint16(prm[18:20])
+	tidLen := int(binary.BigEndian.Uint32(prm[20:24]))
+	if 24+tidLen > plen {
+		return scsi.ParameterListLengthError()
+	}
+	if scope != 0 {
+		return scsi.InvalidFieldInCDB(2, 7)
+	}
+	if aptpl && lu.pr.file == "" {
+		return scsi.InvalidFieldInParameterList(17, 0)
+	}
+	ip, ok := parseTransportID(prm[24 : 24+tidLen])
+	if !ok {
+		return scsi.InvalidFieldInParameterList(24, -1)
+	}
+	// The destination's target port, by its relative port identifier.
+	tp := ""
+	lu.dev.forEachNexus(func(n *Nexus) {
+		if n.RelativePort == relPort && tp == "" {
+			tp = n.TargetPort
+		}
+	})
+	if tp == "" {
+		return scsi.InvalidFieldInParameterList(18, -1)
+	}
+	dst := prKey{ip, tp}
+	p := &lu.pr
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	k, cur, registered := p.find(keyOf(c.Nexus))
+	if !registered || resKey != cur {
+		return errPRConflict
+	}
+	if p.rtype == 0 || p.allRegistrants() || p.holder != k {
+		return errPRConflict // only the holder of a one-holder reservation moves it
+	}
+	if saKey == 0 {
+		return scsi.InvalidFieldInParameterList(8, -1)
+	}
+	if dst == k || dst == keyOf(c.Nexus) {
+		return scsi.InvalidFieldInParameterList(24, -1) // moving to itself
+	}
+	p.register(dst, saKey)
+	p.holder = dst
+	if typ != 0 {
+		p.rtype = typ
+	}
+	if unreg {
+		p.unregister(k)
+	}
+	p.aptpl = aptpl
+	p.generation++
+	if err := p.persist(); err != nil {
+		return scsi.MediumError(true, 0)
+	}
+	return nil
+}
+
+// parseTransportID reads an iSCSI TransportID (SPC-4 §7.6.4.6): format
+// 00b (the initiator's name: device-level, matched as the name) or 01b
+// (name,i,0xISID: the initiator port). SRP's (protocol 4) is its 16-byte
+// port identifier.
+func parseTransportID(b []byte) (string, bool) {
+	if len(b) < 4 {
+		return "", false
+	}
+	switch b[0] & 0x0f {
+	case 0x05: // iSCSI
+		n := int(binary.BigEndian.Uint16(b[2:4]))
+		if 4+n > len(b) || n == 0 {
+			return "", false
+		}
+		name := string(bytes.TrimRight(b[4:4+n], "\x00"))
+		return name, name != ""
+	case 0x04: // SRP
+		if len(b) < 24 {
+			return "", false
+		}
+		return fmt.Sprintf("0x%x", b[8:24]), true
+	}
+	return "", false
 }

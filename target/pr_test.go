@@ -173,3 +173,46 @@ func TestCompareAndWriteIsAtomic(t *testing.T) {
 		t.Fatalf("counter %d after %d successful COMPARE AND WRITEs", got, total)
 	}
 }
+
+// TestRegisterAndMove: the holder hands its reservation to another I_T
+// nexus named by TransportID and relative target port, unregistering
+// itself (UNREG).
+func TestRegisterAndMove(t *testing.T) {
+	d, _ := newDev(t, false)
+	a := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1", RelativePort: 1}
+	b := &Nexus{InitiatorPort: "iqn.b,i,0x2", TargetPort: "t,0x1", RelativePort: 1}
+	for _, n := range []*Nexus{a, b} {
+		d.AddNexus(n)
+		run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	}
+	cdb, p := prOut(0, 0, 0, 0x1111, 0)
+	good(t, run(d, a, cdb, p))
+	cdb, p = prOut(1, prWE, 0x1111, 0, 0)
+	good(t, run(d, a, cdb, p))
+	name := "iqn.b,i,0x2"
+	tid := make([]byte, 4+((len(name)+1+3)&^3))
+	tid[0] = 0x45
+	binary.BigEndian.PutUint16(tid[2:], uint16(len(tid)-4))
+	copy(tid[4:], name)
+	prm := make([]byte, 24+len(tid))
+	binary.BigEndian.PutUint64(prm[0:], 0x1111)
+	binary.BigEndian.PutUint64(prm[8:], 0x2222)
+	prm[17] = 0x02 // UNREG
+	binary.BigEndian.PutUint16(prm[18:], 1)
+	binary.BigEndian.PutUint32(prm[20:], uint32(len(tid)))
+	copy(prm[24:], tid)
+	mv := []byte{scsi.OpPersistentReserveOut, 7, prWE, 0, 0, 0, 0, 0, byte(len(prm)), 0}
+	// Only the holder may move it.
+	if c := run(d, b, mv, prm); c.Status != scsi.StatusReservationConflict {
+		t.Fatalf("REGISTER AND MOVE by a non-holder: status %#x", c.Status)
+	}
+	good(t, run(d, a, mv, prm))
+	if keys := readKeys(t, d, a); len(keys) != 1 || keys[0] != 0x2222 {
+		t.Fatalf("keys after the move: %x", keys)
+	}
+	w := []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}
+	if c := run(d, a, w, make([]byte, 512)); c.Status != scsi.StatusReservationConflict {
+		t.Fatalf("write by the former holder: status %#x", c.Status)
+	}
+	good(t, run(d, b, w, make([]byte, 512)))
+}
