@@ -116,6 +116,7 @@ func serve(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
+	maxSessions := fs.Int("max-sessions", 1024, "sessions allowed at once (logins beyond it fail with out of resources)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
@@ -180,6 +181,7 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	opts := iscsitarget.Options{
 		NopInterval:         *nop,
+		MaxSessions:         *maxSessions,
 		RequireHeaderDigest: *hdigest == "required",
 		RequireDataDigest:   *ddigest == "required",
 	}

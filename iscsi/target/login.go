@@ -389,6 +389,11 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	var oldConn *conn
 	if ls.tsih == 0 {
 		old = s.findSession(ls.initiator, ls.isid, ls.targetName, ls.discovery)
+		if old == nil && len(s.sessions) >= s.opts.MaxSessions {
+			// A reinstatement replaces a session; anything else must fit.
+			s.mu.Unlock()
+			return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions already (the limit; --max-sessions)", len(s.sessions)))
+		}
 		if old != nil {
 			// Session reinstatement (RFC 7143 §6.3.5): the old session is
 			// closed and a new one replaces it.

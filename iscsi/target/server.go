@@ -86,6 +86,10 @@ type Options struct {
 	MaxRecvDataSegmentLength int
 	// MaxConnections per session (8).
 	MaxConnections int
+	// MaxSessions bounds the sessions of all targets together, discovery
+	// ones included (1024); a login beyond it fails with "out of
+	// resources" (RFC 7143 §11.13.5, status 0302h).
+	MaxSessions int
 	// LogoutWait is how long Shutdown waits for initiators to log out
 	// after the Async Message asking them to (3s).
 	LogoutWait time.Duration
@@ -127,6 +131,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxConnections == 0 {
 		o.MaxConnections = 8
+	}
+	if o.MaxSessions == 0 {
+		o.MaxSessions = 1024
 	}
 	if o.LogoutWait == 0 {
 		o.LogoutWait = 3 * time.Second

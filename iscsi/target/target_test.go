@@ -623,3 +623,33 @@ func TestOneWayNopOut(t *testing.T) {
 		t.Fatalf("TUR after a one-way NOP-Out: %d", r.status)
 	}
 }
+
+// TestMaxSessions: a login beyond the session limit fails with "out of
+// resources" (RFC 7143 §11.13.5); reinstating an existing session still
+// works at the limit, and a slot freed by a logout is usable again.
+func TestMaxSessions(t *testing.T) {
+	ts := startServer(t, Options{MaxSessions: 2}, nil)
+	var cs []*tclient
+	for i := 0; i < 2; i++ {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(normalKeys(ini)...)
+		cs = append(cs, c)
+	}
+	extra := dial(t, ts.addr)
+	extra.isid[5] = 9
+	if st, _ := extra.login(normalKeys(ini)...); st != pdu.LoginStatusOutOfResources {
+		t.Fatalf("third session: login status %04x, want 0302", st)
+	}
+	// Same ISID as the first session: reinstatement, allowed at the limit.
+	again := dial(t, ts.addr)
+	again.isid[5] = 1
+	again.mustLogin(normalKeys(ini)...)
+	again.command(tur(), false, 0, nil, 0)
+	if r := again.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("reinstated session: TUR %d", r.status)
+	}
+	if r := cs[1].command(tur(), false, 0, nil, 0); r.status != 0 && r.status != 2 {
+		t.Fatalf("second session: TUR %d", r.status)
+	}
+}
