@@ -140,7 +140,8 @@ func (p *prState) persist() error {
 	if err != nil {
 		return err
 	}
-	if _, err := w.Write(b); err == nil {
+	_, err = w.Write(b)
+	if err == nil {
 		err = w.Sync()
 	}
 	if cerr := w.Close(); err == nil {

@@ -87,7 +87,7 @@ func TestAPTPLSurvivesRestart(t *testing.T) {
 	}
 	// Without a PR file, APTPL is refused.
 	d3, _ := newDev(t, false)
-	c = run(d3, a, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	run(d3, a, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil) // power-on UA
 	cdb, p = prOut(0, 0, 0, 1, 0x01)
 	if s := sense(t, run(d3, a, cdb, p)); s.Key != scsi.SenseIllegalRequest {
 		t.Fatalf("APTPL without a PR file: %v", s)
