@@ -1,5 +1,7 @@
 package srp
 
+import "fmt"
+
 // PortID is a 16-byte SRP port identifier. For InfiniBand (SRP r16a
 // Annex, and what Linux uses) an initiator port ID is initiator_ext then
 // the port GUID; a target port ID is id_ext then the I/O controller GUID.
@@ -18,17 +20,7 @@ func (p PortID) Halves() (uint64, uint64) { return be.Uint64(p[:8]), be.Uint64(p
 
 func (p PortID) String() string {
 	hi, lo := p.Halves()
-	return "0x" + hex16(hi) + hex16(lo)
-}
-
-func hex16(v uint64) string {
-	const digits = "0123456789abcdef"
-	var b [16]byte
-	for i := 15; i >= 0; i-- {
-		b[i] = digits[v&15]
-		v >>= 4
-	}
-	return string(b[:])
+	return fmt.Sprintf("0x%016x%016x", hi, lo)
 }
 
 // LoginReq is SRP_LOGIN_REQ.

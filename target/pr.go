@@ -3,6 +3,7 @@ package target
 import (
 	"bytes"
 	"encoding/binary"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -296,19 +297,7 @@ func transportID(ip string) []byte {
 	b := make([]byte, 24)
 	b[0] = 0x04 // SRP
 	if len(ip) == 34 && strings.HasPrefix(ip, "0x") {
-		for i := 0; i < 16; i++ {
-			var v byte
-			for _, ch := range ip[2+2*i : 4+2*i] {
-				v <<= 4
-				switch {
-				case ch >= '0' && ch <= '9':
-					v |= byte(ch - '0')
-				case ch >= 'a' && ch <= 'f':
-					v |= byte(ch-'a') + 10
-				}
-			}
-			b[8+i] = v
-		}
+		hex.Decode(b[8:], []byte(ip[2:])) // a malformed name leaves zeroes
 	}
 	return b
 }

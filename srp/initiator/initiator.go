@@ -276,10 +276,7 @@ func (c *Channel) receive(iu []byte) {
 			c.fail(err)
 			return
 		}
-		c.mu.Lock()
-		c.reqLim += int(r.ReqLimDelta)
-		c.cond.Broadcast()
-		c.mu.Unlock()
+		c.grant(r.ReqLimDelta)
 		c.reply(srp.AppendCredRsp(nil, r.Tag))
 	case srp.OpAerReq:
 		var r srp.AerReq
@@ -287,10 +284,7 @@ func (c *Channel) receive(iu []byte) {
 			c.fail(err)
 			return
 		}
-		c.mu.Lock()
-		c.reqLim += int(r.ReqLimDelta)
-		c.cond.Broadcast()
-		c.mu.Unlock()
+		c.grant(r.ReqLimDelta)
 		if s, err := scsi.ParseSense(r.Sense); err == nil {
 			var lf [8]byte
 			binary.BigEndian.PutUint64(lf[:], r.LUN)
@@ -310,6 +304,14 @@ func (c *Channel) receive(iu []byte) {
 	default:
 		c.log.Warn("srp: unexpected IU from the target", "type", srp.Op(iu))
 	}
+}
+
+// grant adds credits the target returned.
+func (c *Channel) grant(delta uint32) {
+	c.mu.Lock()
+	c.reqLim += int(delta)
+	c.cond.Broadcast()
+	c.mu.Unlock()
 }
 
 // reply sends a CRED_RSP or AER_RSP (they need no credit).

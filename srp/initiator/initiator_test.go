@@ -233,6 +233,11 @@ func TestMultiChannelAction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Dial returns once the login response arrives; the target registers
+	// the channel just after, so give it a moment.
+	for deadline := time.Now().Add(5 * time.Second); srv.Channels() != 2 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if srv.Channels() != 2 {
 		t.Fatalf("MULTI: %d channels, want 2", srv.Channels())
 	}

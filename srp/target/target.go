@@ -376,6 +376,7 @@ type channel struct {
 	delta atomic.Int32 // receive buffers posted again, credit not yet returned
 
 	mu       sync.Mutex
+	idle     *sync.Cond // signalled when live drops to 0
 	byTag    map[uint64]*task
 	closing  bool
 	live     int // tasks not yet released
@@ -394,6 +395,7 @@ func newChannel(s *Server, lr *srp.LoginReq, maxIT int, imm bool, req rdma.ConnR
 	ch := &channel{s: s, initiator: lr.Initiator, maxIT: maxIT, credits: s.opts.Credits,
 		cq: rdma.NewCQ(4 * n), ring: make([]byte, n*maxIT), slots: make([]rdma.RecvWR, n),
 		tasks: make([]task, 2*n), byTag: map[uint64]*task{}, logoutCh: make(chan struct{})}
+	ch.idle = sync.NewCond(&ch.mu)
 	ch.log = s.log.With("initiator", lr.Initiator.String(), "remote", req.RemoteAddr())
 	if imm {
 		ch.immOff = int(lr.ImmDataOffset)
@@ -442,15 +444,11 @@ func (ch *channel) run() {
 		ch.log.Info("srp: channel closed")
 	}
 	// Tasks still executing in the core finish without a response.
-	for {
-		ch.mu.Lock()
-		live := ch.live
-		ch.mu.Unlock()
-		if live == 0 {
-			break
-		}
-		time.Sleep(time.Millisecond)
+	ch.mu.Lock()
+	for ch.live > 0 {
+		ch.idle.Wait()
 	}
+	ch.mu.Unlock()
 	ch.s.leave(ch)
 	cancel()
 }

@@ -1,6 +1,7 @@
 package target
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 
@@ -80,7 +81,7 @@ func (ch *channel) command(t *task) {
 		cdb = cdb[:l]
 	}
 	var lunField [8]byte
-	be64(lunField[:], c.LUN)
+	binary.BigEndian.PutUint64(lunField[:], c.LUN)
 	lun, err := scsi.DecodeLUN(lunField)
 	if err != nil {
 		lun = ^uint64(0)
@@ -135,13 +136,6 @@ func (ch *channel) command(t *task) {
 		}
 	}
 	go ch.execute(t)
-}
-
-func be64(p []byte, v uint64) {
-	for i := 7; i >= 0; i-- {
-		p[i] = byte(v)
-		v >>= 8
-	}
 }
 
 // fetchTable reads an indirect descriptor table that did not fit in the
@@ -409,6 +403,9 @@ func (ch *channel) release(t *task) {
 	ch.mu.Lock()
 	ch.free = append(ch.free, t.idx)
 	ch.live--
+	if ch.live == 0 {
+		ch.idle.Broadcast()
+	}
 	idle := ch.live == 0 && !ch.closing
 	ch.mu.Unlock()
 	if unanswered && idle {
@@ -445,7 +442,7 @@ func (ch *channel) taskMgmt(t *task) {
 	t.tag, t.sol = m.Tag, m.SolNT
 	go func() {
 		var lunField [8]byte
-		be64(lunField[:], m.LUN)
+		binary.BigEndian.PutUint64(lunField[:], m.LUN)
 		lun, lerr := scsi.DecodeLUN(lunField)
 		dev := ch.s.opts.Device
 		var res scsitarget.TMFResult
