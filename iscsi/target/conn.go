@@ -47,6 +47,7 @@ type conn struct {
 	byTTT     map[uint32]*task
 	nextTTT   uint32
 	closed    bool
+	draining  bool // a target cold reset: commands are no longer taken
 	loggedOut bool
 	// logoutAsked is the logout wait (seconds) requested by Shutdown
 	// during login, or -1.
@@ -753,14 +754,13 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 		resp.Response = pdu.TMFRespRejected
 	}
 	c.log.Info("task management", "function", req.Function, "lun", lun, "rtt", fmt.Sprintf("%#x", req.RTT), "response", resp.Response)
-	var h pdu.BHS
-	resp.Encode(&h)
-	c.send(&h, nil, true)
+	var all []*session
 	if cold {
 		// RFC 7143 §11.5.1: after a target cold reset the target drops all
-		// its connections.
+		// its connections. From the response on, no command is taken on
+		// them: one the initiator sends before the drop reaches it would
+		// run on the old nexus and be lost with it.
 		c.srv.mu.Lock()
-		var all []*session
 		for _, s2 := range c.srv.sessions {
 			if s2.tgt == ss.tgt {
 				all = append(all, s2)
@@ -768,7 +768,17 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 		}
 		c.srv.mu.Unlock()
 		for _, s2 := range all {
-			s2.close("target cold reset")
+			for _, o := range s2.connList() {
+				o.mu.Lock()
+				o.draining = true
+				o.mu.Unlock()
+			}
 		}
+	}
+	var h pdu.BHS
+	resp.Encode(&h)
+	c.send(&h, nil, true)
+	for _, s2 := range all {
+		s2.close("target cold reset")
 	}
 }

@@ -183,7 +183,7 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 		c.freeTask(t)
 		return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", t.itt)
 	}
-	if c.closed {
+	if c.closed || c.draining {
 		c.mu.Unlock()
 		c.freeTask(t)
 		return nil
