@@ -12,7 +12,7 @@ bench:
 # A longer fuzzing pass: FUZZTIME per target (default 2m).
 FUZZTIME ?= 2m
 fuzz:
-	FUZZTIME=$(FUZZTIME) bash -c 'for t in "./iscsi/pdu FuzzDecodeBHS" "./iscsi/pdu FuzzParseAHS" "./iscsi/text FuzzParse" "./iscsi/text FuzzNegotiate" "./iscsi/auth FuzzCHAP" "./scsi FuzzParseSense" "./scsi FuzzDecodeRW" "./target FuzzExecuteCDB" "./iscsi/target FuzzTargetConnection" "./iscsi/initiator FuzzParseURL" "./rdma/iwarp/mpa FuzzDecode" "./rdma/iwarp/ddp FuzzDecode" "./rdma/iwarp/rdmap FuzzDecodeTerm" "./rdma/iwarp/rdmap FuzzParseCtrl" "./rdma/siw FuzzQPStream" "./datamover/iser FuzzDecodeHeader" "./datamover/iser FuzzDecodeHello"; do set -- $$t; go test -run "^$$" -fuzz "^$$2$$" -fuzztime $(FUZZTIME) $$1 || exit 1; done'
+	FUZZTIME=$(FUZZTIME) .ci/fuzz
 
 # The Linux kernel's initiators and targets as peers, in QEMU (root,
 # Debian apt; the image is cached in /var/tmp/blockwire-guestlab).
