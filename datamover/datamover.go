@@ -22,6 +22,8 @@
 package datamover
 
 import (
+	"errors"
+
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -60,7 +62,31 @@ type Params struct {
 	RDMAExtensions                 bool
 	TargetRecvDataSegmentLength    int
 	InitiatorRecvDataSegmentLength int
-	MaxOutstandingUnexpectedPDUs   int
+	// MaxOutstandingUnexpectedPDUs is what this side declared (the
+	// unexpected PDUs it accepts), PeerMaxOutstandingUnexpectedPDUs what
+	// the peer declared (the ones this side may send); 0 is no limit
+	// (seed 004 §6.7, §8.1).
+	MaxOutstandingUnexpectedPDUs     int
+	PeerMaxOutstandingUnexpectedPDUs int
+}
+
+// ErrUnexpectedLimit is SendControl's answer when sending the PDU would
+// exceed the peer's MaxOutstandingUnexpectedPDUs (seed 004 §8.1): the PDU
+// is not sent and no sequence number is taken. An initiator may send it
+// again as a regulated (non-immediate) PDU; a target drops it, even a
+// Reject (§8.1.2 overrides every "MUST send a Reject").
+var ErrUnexpectedLimit = errors.New("datamover: the peer's MaxOutstandingUnexpectedPDUs is reached")
+
+// ReceiveBudget is implemented by datamovers whose incoming control PDUs
+// land in pre-posted buffers (iSER, seed 004 §8): the values the iSCSI
+// layer declares for them at login.
+type ReceiveBudget interface {
+	// RecvDataSize is the data segment one receive buffer holds (this
+	// side's Target/InitiatorRecvDataSegmentLength).
+	RecvDataSize() int
+	// MaxOutstandingUnexpectedPDUs is how many unexpected control-type
+	// PDUs the buffers can take beyond the command window.
+	MaxOutstandingUnexpectedPDUs() int
 }
 
 // Stamper fills the sequence numbers of an outgoing PDU while the
@@ -84,10 +110,15 @@ type DataIn struct {
 	DataSN     *uint32
 	Final      bool
 	WithStatus bool
-	Status     byte
-	Overflow   bool
-	Underflow  bool
-	Residual   uint32
+	// Ack is the A-bit (RFC 7143 §11.7.2, ErrorRecoveryLevel ≥ 1): the
+	// iSCSI layer wants to know when the initiator has this data. The
+	// datamover then calls DataACKNotify with the ITT and the DataSN that
+	// follows (seed 002 §10.4, seed 004 §7.3.5).
+	Ack       bool
+	Status    byte
+	Overflow  bool
+	Underflow bool
+	Residual  uint32
 }
 
 // Conn is the Datamover of one iSCSI connection (the Connection_Handle of

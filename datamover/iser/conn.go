@@ -26,6 +26,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
@@ -75,7 +76,18 @@ type Options struct {
 	// sent in full feature phase. A target talking to Linux ib_iser needs
 	// 128 (its receive buffers hold no more, facts §2.3).
 	CtrlDataLimit int
-	Logger        *slog.Logger
+	// Unexpected is the MaxOutstandingUnexpectedPDUs this side declares
+	// (seed 004 §6.7); default a sixth of Recvs, at least 2.
+	Unexpected int
+	Logger     *slog.Logger
+}
+
+func (o Options) unexpected() int {
+	o.defaults()
+	if o.Unexpected > 0 {
+		return o.Unexpected
+	}
+	return max(o.Recvs/6, 2)
 }
 
 func (o *Options) defaults() {
@@ -192,6 +204,7 @@ type Conn struct {
 	mrPool []*rdma.MR
 
 	reads    []readCtx
+	ackMR    *rdma.MR // the sink of Data_ACK's zero-length Reads (target)
 	freeRead chan int
 	rmu      sync.Mutex
 	queued   []queuedRead // Get_Data waiting for a free read context
@@ -203,6 +216,13 @@ type Conn struct {
 	enabled  bool
 	termOnce sync.Once
 	dispDone chan struct{}
+
+	// The unexpected control-type PDUs of each direction (seed 004 §8.1,
+	// unexpected.go), counted once either side declared a limit.
+	umu     sync.Mutex
+	ucount  atomic.Bool
+	fromIni ledger
+	fromTgt ledger
 
 	// ready is closed once the Hello exchange of the RFC 5046 profile is
 	// over (at once in the Linux profile); control PDUs wait for it.
@@ -241,6 +261,10 @@ func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *
 		c.freeSlot <- i
 	}
 	if !o.Initiator {
+		var err error
+		if c.ackMR, err = r.pd.Register(make([]byte, 1), 0, rdma.LocalWrite); err != nil {
+			panic(err) // the STag space has 16M entries
+		}
 		n := 2 * o.ORD
 		c.reads = make([]readCtx, n)
 		c.freeRead = make(chan int, n)
@@ -305,7 +329,23 @@ func (c *Conn) apply(p datamover.Params) {
 	if mx > 0 {
 		c.maxXmit = mx
 	}
+	if p.RDMAExtensions {
+		own, peer := p.MaxOutstandingUnexpectedPDUs, p.PeerMaxOutstandingUnexpectedPDUs
+		c.umu.Lock()
+		if c.init {
+			c.fromIni.limit, c.fromTgt.limit = peer, own
+		} else {
+			c.fromIni.limit, c.fromTgt.limit = own, peer
+		}
+		c.ucount.Store(own > 0 || peer > 0)
+		c.umu.Unlock()
+	}
 }
+
+// MaxOutstandingUnexpectedPDUs implements datamover.ReceiveBudget: the
+// receive buffers beyond those the command window and its responses
+// need (seed 004 §8.1).
+func (c *Conn) MaxOutstandingUnexpectedPDUs() int { return c.r.opt.unexpected() }
 
 // MaxSendDataSegmentLength implements datamover.Conn.
 func (c *Conn) MaxSendDataSegmentLength() int {
@@ -394,11 +434,17 @@ func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
 	}
 	h.Put(buf, c.hl)
 	c.smu.Lock()
+	if !c.mayGenerate(p) {
+		c.smu.Unlock()
+		c.freeSlot <- slot
+		return datamover.ErrUnexpectedLimit
+	}
 	p.BHS.SetTotalAHSLength(len(p.AHS))
 	p.BHS.SetDataSegmentLength(len(p.Data))
 	if c.stamp != nil {
 		c.stamp(&p.BHS, advance)
 	}
+	c.count(p)
 	o := c.hl + copy(buf[c.hl:], p.BHS[:])
 	o += copy(buf[o:], p.AHS)
 	o += copy(buf[o:], p.Data)
@@ -568,17 +614,32 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 	withStatus := d.Final && d.WithStatus
 	if len(d.Data) > 0 {
 		wr := rdma.SendWR{Op: rdma.OpWrite, SG: [][]byte{d.Data}, RemoteSTag: stag, RemoteTO: to}
-		if !withStatus {
+		if !withStatus && !d.Ack {
 			// The write completes before the buffer goes back to the
 			// task.
 			return c.wait(&wr)
 		}
-		// The response's completion below comes after this one (send
-		// queues complete in order), so one wait covers both.
+		// A later completion below comes after this one (send queues
+		// complete in order), so one wait covers both.
 		wr.Unsignaled = true
 		if err := c.qp.PostSend(&wr); err != nil {
 			return err
 		}
+	}
+	if d.Ack {
+		// Seed 004 §7.3.5, approach 1 (right at every ErrorRecoveryLevel):
+		// a zero-length RDMA Read after the Write. The initiator's RNIC
+		// answers it only after placing the Write (RDMAP ordering, RFC
+		// 5040 §5.5), so its completion is the acknowledgement.
+		rd := rdma.SendWR{Op: rdma.OpRead, Sink: c.ackMR, RemoteSTag: stag, RemoteTO: to + uint64(len(d.Data))}
+		if err := c.wait(&rd); err != nil {
+			return err
+		}
+		next := uint32(0)
+		if d.DataSN != nil {
+			next = *d.DataSN
+		}
+		c.up.DataACKNotify(d.ITT, next)
 	}
 	if !withStatus {
 		return nil
@@ -781,6 +842,13 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 	}
 	p.AHS = msg[c.hl+pdu.BHSLen : start]
 	p.Data = msg[start : start+dsl]
+	if c.count(p) {
+		lim := c.fromIni.limit
+		if c.init {
+			lim = c.fromTgt.limit
+		}
+		return unexpectedError(&p.BHS, lim)
+	}
 	op := p.BHS.Opcode()
 	if !c.init && op == pdu.OpSCSICommand && (h.WSV || h.RSV) {
 		c.tmu.Lock()
@@ -815,7 +883,12 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 			rj.Encode(&r.BHS)
 			hdr := p.BHS
 			r.Data = hdr[:]
-			return c.SendControl(&r, true)
+			if err := c.SendControl(&r, true); !errors.Is(err, datamover.ErrUnexpectedLimit) {
+				return err
+			}
+			// Seed 004 §8.1.2: no Reject beyond the initiator's limit.
+			c.log.Warn("iser: Reject not sent: the initiator's MaxOutstandingUnexpectedPDUs is reached", "err", perr)
+			return nil
 		}
 		return perr
 	}
@@ -914,4 +987,42 @@ func (c *Conn) hello(msg []byte) error {
 	c.helloDone = true
 	close(c.ready)
 	return nil
+}
+
+// mayGenerate reports whether p may be sent without exceeding the peer's
+// MaxOutstandingUnexpectedPDUs (seed 004 §8.1.1.3, §8.1.2). A target keeps
+// the last one for a NOP-In ping, through whose answer the initiator can
+// retire the others (§8.2's implementation note). Called under smu.
+func (c *Conn) mayGenerate(p *datamover.PDU) bool {
+	if !c.ucount.Load() {
+		return true
+	}
+	c.umu.Lock()
+	defer c.umu.Unlock()
+	if c.init {
+		return !initiatorUnexpected(&p.BHS) || !c.fromIni.full(0)
+	}
+	u, ttt := targetUnexpected(&p.BHS, p.Data)
+	if !u {
+		return true
+	}
+	reserve := 1
+	if p.BHS.Opcode() == pdu.OpNopIn && ttt != pdu.ReservedTTT {
+		reserve = 0
+	}
+	return !c.fromTgt.full(min(reserve, c.fromTgt.limit-1))
+}
+
+// count applies a control PDU sent or received to the unexpected-PDU
+// ledgers and reports whether a received one exceeds this side's limit.
+func (c *Conn) count(p *datamover.PDU) (over bool) {
+	if !c.ucount.Load() {
+		return false
+	}
+	c.umu.Lock()
+	defer c.umu.Unlock()
+	if op := p.BHS.Opcode(); op&0x20 != 0 { // target opcodes (RFC 7143 §11.2.1.2)
+		return targetPDU(&p.BHS, p.Data, &c.fromIni, &c.fromTgt)
+	}
+	return initiatorPDU(&p.BHS, &c.fromIni, &c.fromTgt)
 }

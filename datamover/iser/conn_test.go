@@ -20,6 +20,8 @@ type upcalls struct {
 	pdus   []pdu.Opcode
 	ended  chan error
 	reads  int
+	acks   [][2]uint32
+	onAck  func()
 	bufFor func(h *pdu.BHS) []byte
 }
 
@@ -43,7 +45,14 @@ func (u *upcalls) DataCompletionNotify(itt, ttt uint32) {
 	u.reads++
 	u.mu.Unlock()
 }
-func (u *upcalls) DataACKNotify(itt, dataSN uint32) {}
+func (u *upcalls) DataACKNotify(itt, dataSN uint32) {
+	u.mu.Lock()
+	u.acks = append(u.acks, [2]uint32{itt, dataSN})
+	if u.onAck != nil {
+		u.onAck()
+	}
+	u.mu.Unlock()
+}
 
 // rawPeer is the other end of a datamover under test: a bare queue pair
 // whose receives land in rcq.
@@ -238,5 +247,42 @@ func TestReadBeyondAdvertised(t *testing.T) {
 	}
 	if err := ended(t, u); err == nil {
 		t.Fatal("the initiator's datamover did not report the terminated stream")
+	}
+}
+
+// TestDataACK: a Put_Data with the A-bit (ErrorRecoveryLevel ≥ 1) is
+// acknowledged by a zero-length RDMA Read after the RDMA Write (seed 004
+// §7.3.5): Data_ACK_Notify comes once the initiator has placed the data,
+// with the DataSN that follows.
+func TestDataACK(t *testing.T) {
+	c, peer := pair(t, Options{})
+	u := newUpcalls()
+	go c.Serve(u)
+	buf := make([]byte, 16384)
+	mr, err := peer.pd.Register(buf, 0x10000, rdma.RemoteWrite|rdma.LocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cmd pdu.BHS
+	(&pdu.SCSICommand{Final: true, Read: true, ITT: 9, EDTL: 16384, CmdSN: 1}).Encode(&cmd)
+	msg := control(HeaderLenLinux, Header{RSV: true, ReadSTag: mr.STag(), ReadVA: 0x10000}, 0, nil)
+	copy(msg[HeaderLenLinux:], cmd[:])
+	peer.send(t, msg)
+	u.waitFor(t, 1)
+	var placed []byte
+	u.onAck = func() { placed = append([]byte(nil), buf[:5]...) }
+	sn := uint32(1)
+	data := make([]byte, 16384)
+	copy(data, "hello")
+	if err := c.PutData(&datamover.DataIn{ITT: 9, Data: data, DataSN: &sn, Ack: true}); err != nil {
+		t.Fatal(err)
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if len(u.acks) != 1 || u.acks[0] != [2]uint32{9, 1} {
+		t.Fatalf("Data_ACK_Notify %v, want once for ITT 9, DataSN 1", u.acks)
+	}
+	if string(placed) != "hello" {
+		t.Fatalf("at Data_ACK_Notify the initiator's buffer held %q", placed)
 	}
 }

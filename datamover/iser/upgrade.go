@@ -83,6 +83,9 @@ func (u *Upgrade) RecvDataSize() int {
 	return o.RecvDataSize
 }
 
+// MaxOutstandingUnexpectedPDUs implements datamover.ReceiveBudget.
+func (u *Upgrade) MaxOutstandingUnexpectedPDUs() int { return u.opt.unexpected() }
+
 // RemoteAddr implements datamover.Conn.
 func (u *Upgrade) RemoteAddr() string { return u.tcp.RemoteAddr() }
 
@@ -220,4 +223,8 @@ func (u *Upgrade) rdmaStream() (*Conn, error) {
 	return ic, nil
 }
 
-var _ datamover.Conn = (*Upgrade)(nil)
+var (
+	_ datamover.Conn          = (*Upgrade)(nil)
+	_ datamover.ReceiveBudget = (*Upgrade)(nil)
+	_ datamover.ReceiveBudget = (*Conn)(nil)
+)

@@ -5,6 +5,7 @@ package tcp
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -53,6 +54,10 @@ type Conn struct {
 	werr     error
 	iovs     [3 * batchSize][]byte
 	bufs     net.Buffers
+
+	// Data-In PDUs sent with the A-bit whose DataACK SNACK is awaited,
+	// by TTT (the ITT; RFC 7143 §11.7.4, §11.16.3). Guarded by wmu.
+	acks map[uint32]bool
 
 	pending     datamover.Params
 	havePending bool
@@ -358,6 +363,15 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 		if endSeq && !last {
 			di.Final = true // end of a Data-In sequence, not of the data
 		}
+		if last && d.Ack {
+			// RFC 7143 §11.7.2: the A-bit asks for a DataACK SNACK,
+			// which names this PDU by its TTT.
+			di.Ack, di.TTT = true, d.ITT
+			if c.acks == nil {
+				c.acks = map[uint32]bool{}
+			}
+			c.acks[d.ITT] = true
+		}
 		if last && d.Final {
 			di.Final = true
 			if d.WithStatus {
@@ -502,6 +516,9 @@ func (c *Conn) serve(up datamover.Upcalls) error {
 			}
 		}
 		p.Data = buf
+		if perr == nil && c.dataACK(h, up) {
+			continue
+		}
 		if perr == nil {
 			perr = up.ControlNotify(&p)
 			if perr == nil && c.handoff {
@@ -530,4 +547,23 @@ func (c *Conn) sendReject(reason pdu.RejectReason, rejected *pdu.BHS) error {
 	hdr := *rejected
 	r.Data = hdr[:]
 	return c.SendControl(&r, true)
+}
+
+// dataACK consumes a DataACK SNACK that answers a Data-In sent with the
+// A-bit and reports it as Data_ACK_Notify (seed 002 §10.4; RFC 7143
+// §11.16.3: TTT names the Data-In, BegRun is the next DataSN). Any other
+// SNACK goes to the iSCSI layer.
+func (c *Conn) dataACK(h *pdu.BHS, up datamover.Upcalls) bool {
+	if h.Opcode() != pdu.OpSNACKReq || h[1]&0x0f != pdu.SNACKDataACK {
+		return false
+	}
+	ttt := binary.BigEndian.Uint32(h[20:])
+	c.wmu.Lock()
+	ok := c.acks[ttt]
+	delete(c.acks, ttt)
+	c.wmu.Unlock()
+	if ok {
+		up.DataACKNotify(ttt, binary.BigEndian.Uint32(h[40:]))
+	}
+	return ok
 }

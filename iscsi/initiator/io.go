@@ -168,6 +168,11 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 		dp.TargetRecvDataSegmentLength = min(num("TargetRecvDataSegmentLength", 8192), 8192)
 		dp.InitiatorRecvDataSegmentLength = min(num("InitiatorRecvDataSegmentLength", 8192), 8192)
 		pr.maxXmit = dp.TargetRecvDataSegmentLength
+		if rb, ok := l.dm.(datamover.ReceiveBudget); ok {
+			// 0 when the target does not know the key (NotUnderstood).
+			dp.MaxOutstandingUnexpectedPDUs = rb.MaxOutstandingUnexpectedPDUs()
+			dp.PeerMaxOutstandingUnexpectedPDUs = num("MaxOutstandingUnexpectedPDUs", 0)
+		}
 		pr.headerDigest, pr.dataDigest = false, false
 	}
 	l.params = pr
@@ -447,36 +452,8 @@ func (s *Session) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte
 		return Result{}, errors.New("iscsi: bidirectional commands are not supported")
 	}
 	t := &task{lun: scsi.EncodeLUN(lun), cdb: cdb, out: out, in: in, done: make(chan struct{})}
-	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
-	defer stop()
-	ready := func() bool { return len(s.links) > 0 && serial.LessOrEqual(s.cmdSN, s.max) }
-	for {
-		// Wait for a connection and room in the command window without
-		// holding sendMu (recovery needs it to replay).
-		s.mu.Lock()
-		for !s.closed && !ready() && ctx.Err() == nil {
-			s.cond.Wait()
-		}
-		s.mu.Unlock()
-		s.sendMu.Lock()
-		s.mu.Lock()
-		if s.closed || ctx.Err() != nil {
-			err := ctx.Err()
-			if s.closed {
-				err = ErrClosed
-				if s.failed != nil {
-					err = s.failed
-				}
-			}
-			s.mu.Unlock()
-			s.sendMu.Unlock()
-			return Result{}, err
-		}
-		if ready() {
-			break
-		}
-		s.mu.Unlock()
-		s.sendMu.Unlock()
+	if err := s.lockWindow(ctx, false); err != nil {
+		return Result{}, err
 	}
 	t.itt = s.nextITT
 	s.nextITT++
@@ -508,6 +485,66 @@ func (s *Session) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte
 		return t.res, &SCSIError{Status: t.res.Status, Sense: t.res.Sense}
 	}
 	return t.res, nil
+}
+
+// lockWindow waits for a connection and room in the command window and
+// returns holding sendMu and mu. closing lets Close's Logout through.
+func (s *Session) lockWindow(ctx context.Context, closing bool) error {
+	stop := context.AfterFunc(ctx, func() { s.mu.Lock(); s.cond.Broadcast(); s.mu.Unlock() })
+	defer stop()
+	ready := func() bool { return len(s.links) > 0 && serial.LessOrEqual(s.cmdSN, s.max) }
+	for {
+		// Wait without holding sendMu (recovery needs it to replay).
+		s.mu.Lock()
+		for (closing || !s.closed) && !ready() && ctx.Err() == nil {
+			s.cond.Wait()
+		}
+		s.mu.Unlock()
+		s.sendMu.Lock()
+		s.mu.Lock()
+		if s.closed && !closing || ctx.Err() != nil {
+			err := ctx.Err()
+			if s.closed && !closing {
+				err = ErrClosed
+				if s.failed != nil {
+					err = s.failed
+				}
+			}
+			s.mu.Unlock()
+			s.sendMu.Unlock()
+			return err
+		}
+		if ready() {
+			return nil
+		}
+		s.mu.Unlock()
+		s.sendMu.Unlock()
+	}
+}
+
+// sendUnexpected sends an immediate PDU (a TMF, a ping, a Logout, a Text
+// Request). When the target's MaxOutstandingUnexpectedPDUs is reached
+// (seed 004 §8.1.1.3: the initiator MUST NOT generate more) it goes as a
+// regulated PDU instead: without the immediate flag, with the next CmdSN,
+// once the command window has room. The target's answer to it retires
+// the outstanding ones.
+func (s *Session) sendUnexpected(ctx context.Context, l *link, p *datamover.PDU, closing bool) error {
+	err := l.dm.SendControl(p, false)
+	if !errors.Is(err, datamover.ErrUnexpectedLimit) {
+		return err
+	}
+	s.log.Debug("the target's MaxOutstandingUnexpectedPDUs is reached; sending without the immediate flag",
+		"op", p.BHS.Opcode())
+	if err := s.lockWindow(ctx, closing); err != nil {
+		return err
+	}
+	p.BHS[0] &^= 0x40
+	binary.BigEndian.PutUint32(p.BHS[24:], s.cmdSN)
+	s.cmdSN++
+	s.mu.Unlock()
+	err = l.dm.SendControl(p, true)
+	s.sendMu.Unlock()
+	return err
 }
 
 // sendCommand transmits a SCSI Command with its immediate data and any
@@ -585,7 +622,9 @@ func (s *Session) abort(t *task) {
 	s.mu.Unlock()
 	var p datamover.PDU
 	tmf.Encode(&p.BHS)
-	if l.dm.SendControl(&p, false) == nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if s.sendUnexpected(ctx, l, &p, false) == nil {
 		select {
 		case <-ch:
 		case <-t.done:
@@ -626,7 +665,9 @@ func (s *Session) pinger() {
 		s.mu.Unlock()
 		var p datamover.PDU
 		nop.Encode(&p.BHS)
-		l.dm.SendControl(&p, false)
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.NopInterval)
+		s.sendUnexpected(ctx, l, &p, false)
+		cancel()
 	}
 }
 
@@ -658,8 +699,10 @@ func (s *Session) Close() error {
 	}
 	var p datamover.PDU
 	lo.Encode(&p.BHS)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	var err error
-	if err = l.dm.SendControl(&p, false); err == nil {
+	if err = s.sendUnexpected(ctx, l, &p, true); err == nil {
 		select {
 		case <-ch:
 		case <-l.done:

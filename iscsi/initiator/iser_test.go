@@ -5,6 +5,8 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -190,5 +192,73 @@ func TestServeISER(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("ServeISER did not return after Shutdown")
+	}
+}
+
+// syncBuffer is a log sink tests read while sessions write.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// TestISERUnexpectedPDULimit: the target declares MaxOutstandingUnexpectedPDUs
+// = 2 (seed 004 §6.7). An idle session's immediate NOP-Out pings are
+// unexpected PDUs that only a regulated PDU can retire (§8.1.1.3), so once
+// two are outstanding the initiator must not send a third: it sends the
+// ping without the immediate flag instead, whose answer retires them all.
+// The target, counting what it receives, would drop a connection that
+// went past 2; the session stays up and keeps its data path, in both
+// profiles.
+func TestISERUnexpectedPDULimit(t *testing.T) {
+	addr := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{ISER: &iscsitarget.ISERPortal{
+		IWARP:   siw.New(siw.Options{}),
+		PD:      rdma.NewDevice("target").AllocPD(),
+		Options: iser.Options{Unexpected: 2},
+	}})
+	for _, prof := range []iser.Profile{iser.ProfileLinux, iser.ProfileRFC5046} {
+		t.Run(prof.String(), func(t *testing.T) {
+			var logs syncBuffer
+			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN),
+				Options{ISERProfile: prof, NopInterval: 20 * time.Millisecond, Logger: log})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer d.Close()
+			first := d.s.links[0]
+			const note = "MaxOutstandingUnexpectedPDUs is reached"
+			for deadline := time.Now().Add(10 * time.Second); strings.Count(logs.String(), note) < 3; time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no regulated ping after 2 outstanding unexpected ones; log:\n%s", logs.String())
+				}
+			}
+			data := make([]byte, 64<<10)
+			rand.Read(data)
+			if _, err := d.WriteAt(data, 0); err != nil {
+				t.Fatal(err)
+			}
+			back := make([]byte, len(data))
+			if _, err := d.ReadAt(back, 0); err != nil || !bytes.Equal(back, data) {
+				t.Fatalf("read back differs (%v)", err)
+			}
+			d.s.mu.Lock()
+			same := len(d.s.links) == 1 && d.s.links[0] == first
+			d.s.mu.Unlock()
+			if !same || strings.Contains(logs.String(), "reconnect") {
+				t.Fatalf("the connection was replaced; log:\n%s", logs.String())
+			}
+		})
 	}
 }

@@ -276,6 +276,11 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 		}
 		ops = append(ops, text.KV{Key: "InitiatorRecvDataSegmentLength", Value: "8192"},
 			text.KV{Key: "TargetRecvDataSegmentLength", Value: "8192"})
+		if rb, ok := l.dm.(datamover.ReceiveBudget); ok {
+			// Seed 004 §6.7, §8.1.2: how many unexpected PDUs (Async
+			// Messages, Rejects, pings) our receive buffers take.
+			ops = append(ops, text.KV{Key: "MaxOutstandingUnexpectedPDUs", Value: strconv.Itoa(rb.MaxOutstandingUnexpectedPDUs())})
+		}
 	}
 	l.offers = map[string]string{}
 	for _, kv := range ops {

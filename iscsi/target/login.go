@@ -146,6 +146,9 @@ func (c *conn) handleLogin(p *datamover.PDU) error {
 		trdsl, irdsl := c.iserRecvLengths()
 		resp = append(resp, text.KV{Key: "TargetRecvDataSegmentLength", Value: strconv.Itoa(trdsl)},
 			text.KV{Key: "InitiatorRecvDataSegmentLength", Value: strconv.Itoa(irdsl)})
+		if n := c.unexpectedBudget(); n > 0 {
+			resp = append(resp, text.KV{Key: "MaxOutstandingUnexpectedPDUs", Value: strconv.Itoa(n)})
+		}
 	}
 	transit := req.Transit
 	if transit && req.CSG == pdu.StageSecurity && !c.authSatisfied() {
@@ -487,6 +490,12 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		// replace MaxRecvDataSegmentLength for control-type PDUs.
 		dp.RDMAExtensions, dp.HeaderDigest, dp.DataDigest = true, false, false
 		dp.TargetRecvDataSegmentLength, dp.InitiatorRecvDataSegmentLength = c.iserRecvLengths()
+		dp.MaxOutstandingUnexpectedPDUs = c.unexpectedBudget()
+		if v, ok := neg.Peer("MaxOutstandingUnexpectedPDUs"); ok {
+			if n, err := text.ParseNumber(v); err == nil {
+				dp.PeerMaxOutstandingUnexpectedPDUs = int(n)
+			}
+		}
 	}
 	c.dm.NoticeKeyValues(dp)
 	r := pdu.LoginResp{
@@ -532,6 +541,21 @@ func redact(kvs []text.KV) string {
 	return b.String()
 }
 
+// unexpectedBudget is the MaxOutstandingUnexpectedPDUs the target
+// declares (seed 004 §6.7, §8.1.1.3): what its receive buffers hold beyond
+// the command window, and only to an initiator that declared the key
+// itself — one that does not know it (Linux, LIO) counts nothing, and the
+// key's default, 0, is no limit.
+func (c *conn) unexpectedBudget() int {
+	if _, ok := c.login.neg.Peer("MaxOutstandingUnexpectedPDUs"); !ok {
+		return 0
+	}
+	if rb, ok := c.dm.(datamover.ReceiveBudget); ok {
+		return rb.MaxOutstandingUnexpectedPDUs()
+	}
+	return 0
+}
+
 // iserRecvLengths are the TargetRecvDataSegmentLength and
 // InitiatorRecvDataSegmentLength in force: the minimum of the
 // initiator's declaration (default 8192) and what the iSER datamover's
@@ -547,7 +571,7 @@ func (c *conn) iserRecvLengths() (trdsl, irdsl int) {
 		return 8192
 	}
 	own := c.dm.MaxSendDataSegmentLength()
-	if r, ok := c.dm.(interface{ RecvDataSize() int }); ok {
+	if r, ok := c.dm.(datamover.ReceiveBudget); ok {
 		return min(peer("TargetRecvDataSegmentLength"), r.RecvDataSize()), min(peer("InitiatorRecvDataSegmentLength"), own)
 	}
 	return min(peer("TargetRecvDataSegmentLength"), 8192), min(peer("InitiatorRecvDataSegmentLength"), own)

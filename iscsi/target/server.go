@@ -314,7 +314,7 @@ func (s *Server) classify(nc net.Conn) {
 		if opt.Logger == nil {
 			opt.Logger = s.log
 		}
-		opt.Recvs = max(opt.Recvs, int(s.opts.CmdWindow)+64)
+		opt.Recvs, opt.Unexpected = iserBudget(opt, s.opts.CmdWindow)
 		mk := func(st datamover.Stamper) datamover.Conn { return iser.NewUpgrade(pc, p.IWARP, p.PD, opt, st) }
 		s.start(newConnRDMA(s, nc.RemoteAddr().String(), mk, true, false), func() { nc.Close() })
 		return
@@ -393,9 +393,7 @@ func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options)
 		// in full feature phase (facts §2.3).
 		opt.CtrlDataLimit = 128
 	}
-	// Seed 004 §8: the receive buffers cover the CmdSN window plus the
-	// unexpected PDUs (NOP-Out, TMF, Text, Logout) an initiator may send.
-	opt.Recvs = max(opt.Recvs, int(s.opts.CmdWindow)+64)
+	opt.Recvs, opt.Unexpected = iserBudget(opt, s.opts.CmdWindow)
 	res := iser.Prepare(pd, opt)
 	reply := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: peer.SendInvNotSupported}.Append(nil)
 	qp, err := req.Accept(res.ConnParams(reply))
@@ -405,6 +403,19 @@ func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options)
 	}
 	mk := func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) }
 	s.start(newConnRDMA(s, "iser:"+req.RemoteAddr().String(), mk, true, true), func() { qp.Close() })
+}
+
+// iserBudget sizes an iSER connection's receive buffers (seed 004 §8):
+// the CmdSN window, then 64 more, of which up to 32 may hold unexpected
+// PDUs (immediate NOP-Out, TMF, Text, Logout: what the target declares as
+// MaxOutstandingUnexpectedPDUs) and the rest unsolicited Data-Out.
+func iserBudget(opt iser.Options, window uint32) (recvs, unexpected int) {
+	recvs = max(opt.Recvs, int(window)+64)
+	unexpected = opt.Unexpected
+	if unexpected == 0 {
+		unexpected = 32
+	}
+	return recvs, min(unexpected, recvs-int(window))
 }
 
 // ServeConn serves one already-accepted connection and returns when it
