@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync"
@@ -384,10 +385,22 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("time", 10*time.Second, "run time")
 	region := fs.String("size", "256MiB", "size of the region used, from offset 0 (capped at the LUN size)")
 	verify := fs.Bool("verify", false, "check data: reads see a known pattern, writes are read back and compared")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (go tool pprof) to this file")
 	pos, err := parse(fs, args)
 	if err != nil || len(pos) != 1 {
 		fmt.Fprintln(stderr, "usage: blockwire bench [flags] URL")
 		return exitUsage
+	}
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "blockwire: %v\n", err)
+			return 1
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	random := strings.HasPrefix(*rw, "rand")
 	write := strings.HasSuffix(*rw, "write")

@@ -143,8 +143,10 @@ func (c *Config) Validate() error {
 			if s.sec.User == "" {
 				add("%s.%s.user: empty", where, s.name)
 			}
-			if _, err := s.sec.Value(); err != nil {
+			if v, err := s.sec.Value(); err != nil {
 				add("%s.%s: %v", where, s.name, err)
+			} else if len(v) < 12 {
+				add("%s.%s: a %d-byte secret is too short: at least 12 bytes (96 bits) without IPsec (RFC 7143 §12.1.3)", where, s.name, len(v))
 			}
 		}
 		if t.MutualCHAP != nil && t.CHAP == nil {

@@ -54,6 +54,9 @@ name = "iqn.2026-11.org.blockwire:a"
 unknown_key = true
 [[target.acl]]
 initiator = "not-a-name"
+[target.acl.chap]
+user = "n"
+secret = "too-short"
 `), 0o600)
 	_, err := Load(p)
 	if err == nil {
@@ -61,7 +64,7 @@ initiator = "not-a-name"
 	}
 	for _, want := range []string{"listen[1]", "target[0].chap: exactly one of", "target[0].lun[0]: an in-memory LUN needs a size",
 		"target[0].lun[1].id: duplicate LUN 0", "target[0].lun[1].block_size", "target[1].name: duplicate", "unknown_key",
-		"target[1].acl[0].initiator", "target[1]: no lun"} {
+		"target[1].acl[0].initiator", "target[1]: no lun", "target[1].acl[0].chap: a 9-byte secret is too short"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

@@ -39,6 +39,21 @@ type Credentials struct {
 	Secret string
 }
 
+// MinSecretLen is the shortest CHAP secret accepted: 96 bits. RFC 7143
+// §12.1.3 allows shorter secrets only under IPsec encryption, which
+// blockwire does not provide, since a CHAP exchange seen on the wire
+// exposes the secret to an off-line dictionary attack.
+const MinSecretLen = 12
+
+// CheckSecret refuses a secret too short to use without IPsec.
+func CheckSecret(secret string) error {
+	if len(secret) < MinSecretLen {
+		return fmt.Errorf("chap: a %d-byte secret is too short: at least %d bytes (96 bits) without IPsec (RFC 7143 §12.1.3)",
+			len(secret), MinSecretLen)
+	}
+	return nil
+}
+
 // Response computes the CHAP response H(id || secret || challenge)
 // (RFC 1994 §4.1).
 func Response(alg int, id byte, secret string, challenge []byte) []byte {

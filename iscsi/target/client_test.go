@@ -31,11 +31,17 @@ type testServer struct {
 
 func startServer(t testing.TB, opts Options, mod func(*Target)) *testServer {
 	t.Helper()
+	return startServerLog(t, opts, mod, os.Stderr)
+}
+
+// startServerLog starts a server whose log goes to w.
+func startServerLog(t testing.TB, opts Options, mod func(*Target), w io.Writer) *testServer {
+	t.Helper()
 	lvl := slog.LevelWarn
 	if os.Getenv("BLOCKWIRE_TEST_DEBUG") != "" {
 		lvl = slog.LevelDebug
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: lvl}))
+	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 	dev := scsitarget.NewDevice(testIQN, log)
 	be, _ := mem.New(16 << 20)
 	lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: be})
@@ -77,7 +83,8 @@ type tclient struct {
 	cid       uint16
 	keys      map[string]string
 	hd, dd    bool
-	badDD     bool // corrupt the next data digest
+	badDD     bool     // corrupt the next data digest
+	pending   *pdu.BHS // a PDU read ahead by a test action
 }
 
 func dial(t testing.TB, addr string) *tclient {

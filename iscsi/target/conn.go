@@ -28,6 +28,7 @@ type conn struct {
 	// is answered; iserOnly: it is iSER from the start (connection
 	// first), so solicited data moves by RDMA Read (InitialR2T=Yes).
 	rdma, iserOnly bool
+	rejects        atomic.Int64 // Rejects sent (noteRejected)
 	log            *slog.Logger
 
 	login    loginState
@@ -106,7 +107,10 @@ func (c *conn) run() {
 	// RFC 7143 §6: a login that does not complete in time is dropped.
 	timer := time.AfterFunc(c.srv.opts.LoginTimeout, func() {
 		if !c.ffp.Load() {
-			c.log.Warn("dropping connection: login not complete", "timeout", c.srv.opts.LoginTimeout)
+			c.mu.Lock() // the login may be naming the logger (firstLogin)
+			log := c.log
+			c.mu.Unlock()
+			log.Warn("dropping connection: login not complete", "timeout", c.srv.opts.LoginTimeout)
 			c.terminate()
 		}
 	})
@@ -217,6 +221,14 @@ func asReject(err error) error {
 // DataBuffer implements datamover.Upcalls: immediate data and Data-Out
 // land directly in their task's I/O buffer.
 func (c *conn) DataBuffer(h *pdu.BHS) ([]byte, error) {
+	b, err := c.dataBuffer(h)
+	if err != nil {
+		c.noteRejected(h, err)
+	}
+	return b, err
+}
+
+func (c *conn) dataBuffer(h *pdu.BHS) ([]byte, error) {
 	if !c.ffp.Load() {
 		return nil, nil
 	}
@@ -245,6 +257,31 @@ func (c *conn) DataBuffer(h *pdu.BHS) ([]byte, error) {
 
 // ControlNotify implements datamover.Upcalls (seed 002 §10.1).
 func (c *conn) ControlNotify(p *datamover.PDU) error {
+	err := c.controlNotify(p)
+	if err != nil {
+		c.noteRejected(&p.BHS, err)
+	}
+	return err
+}
+
+// noteRejected logs why a PDU is answered with a Reject (RFC 7143
+// §11.17): the first few of a connection at Warn, then one in 1024, so a
+// hostile initiator cannot flood the log. Errors that drop the connection
+// are logged when it ends.
+func (c *conn) noteRejected(h *pdu.BHS, err error) {
+	var pe *datamover.ProtocolError
+	if !errors.As(err, &pe) || !pe.Reject {
+		return
+	}
+	n := c.rejects.Add(1)
+	if n > 16 && n%1024 != 0 {
+		return
+	}
+	c.log.Warn("rejecting PDU", "op", h.Opcode(), "itt", fmt.Sprintf("%#x", h.ITT()),
+		"reason", fmt.Sprintf("%#02x", byte(pe.Reason)), "err", pe.Err, "rejects", n)
+}
+
+func (c *conn) controlNotify(p *datamover.PDU) error {
 	c.lastRecv.Store(time.Now().UnixNano())
 	if !c.ffp.Load() {
 		if err := c.handleLogin(p); err != nil {

@@ -228,7 +228,9 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		}
 	}
 	ls.neg = text.NewNegotiator(local, ls.tsih == 0)
+	c.mu.Lock()
 	c.log = c.log.With("initiator", name, "target", ls.targetName)
+	c.mu.Unlock()
 	return nil
 }
 

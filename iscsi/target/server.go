@@ -220,6 +220,9 @@ func (s *Server) AddTarget(t *Target) error {
 	if t.TPGT == 0 {
 		t.TPGT = 1
 	}
+	if err := t.checkSecrets(); err != nil {
+		return fmt.Errorf("iscsi: target %s: %w", t.Name, err)
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, dup := s.targets[t.Name]; dup {
@@ -227,6 +230,34 @@ func (s *Server) AddTarget(t *Target) error {
 	}
 	s.targets[t.Name] = t
 	return nil
+}
+
+// checkSecrets holds the target's CHAP secrets to RFC 7143 §12.1.3: at
+// least 96 bits each, and the target's own (mutual CHAP) secret never one
+// an initiator authenticates with.
+func (t *Target) checkSecrets() error {
+	var errs []error
+	ini := map[string]bool{}
+	check := func(what string, c *auth.Credentials) {
+		if err := auth.CheckSecret(c.Secret); err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", what, err))
+		}
+	}
+	if t.CHAP != nil {
+		check("CHAP", t.CHAP)
+		ini[t.CHAP.Secret] = true
+	}
+	for name, c := range t.InitiatorCHAP {
+		check("CHAP of "+name, &c)
+		ini[c.Secret] = true
+	}
+	if t.MutualCHAP != nil {
+		check("mutual CHAP", t.MutualCHAP)
+		if ini[t.MutualCHAP.Secret] {
+			errs = append(errs, errors.New("the mutual CHAP secret is also an initiator's secret (RFC 7143 §12.1.3 forbids it)"))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func (s *Server) target(name string) *Target {

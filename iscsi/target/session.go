@@ -49,6 +49,7 @@ type session struct {
 	mu      sync.Mutex
 	window  uint32
 	pending map[uint32]deliverer
+	outside int // commands ignored for a CmdSN outside the window
 	conns   map[uint16]*conn
 	closed  bool
 }
@@ -90,7 +91,11 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 		return true
 	}
 	exp := ss.expCmdSN.Load()
-	if !serial.InWindow(cmdSN, exp, ss.maxCmdSN.Load()) {
+	if mx := ss.maxCmdSN.Load(); !serial.InWindow(cmdSN, exp, mx) {
+		if ss.outside++; ss.outside <= 16 || ss.outside%1024 == 0 {
+			ss.srv.log.Warn("ignoring a command outside the CmdSN window (RFC 7143 §4.2.2.1)",
+				"tsih", ss.tsih, "initiator", ss.initiator, "cmdsn", cmdSN, "exp_cmdsn", exp, "max_cmdsn", mx, "ignored", ss.outside)
+		}
 		d.drop()
 		return false
 	}

@@ -17,9 +17,13 @@ import (
 )
 
 // minFPDU is the smallest FPDU on the wire: a zero-length tagged segment
-// (2 + 14 + 4 CRC) — so reading 20 bytes ahead never crosses into the
-// payload of the FPDU after next.
+// (2 + 14 + 4 CRC), the least the receiver reads for a header.
 const minFPDU = 20
+
+// lookAhead is how far past the bytes it needs the receiver may read: one
+// read then takes a whole small message (an iSER or SRP response Send,
+// about 100 bytes as an FPDU) along with the end of the payload before it.
+const lookAhead = 256
 
 // maxTermBody bounds a Terminate body: control word, length slot, an
 // untagged DDP header and a Read Request header.
@@ -600,11 +604,16 @@ func (q *qp) sendTerminate(t *rdmap.Term) {
 
 // ---- receiving ----
 
-// reader reads FPDUs with at most a few bytes of look-ahead, so payload
-// goes from the socket straight into its destination.
+// reader reads FPDUs with a short look-ahead (lookAhead bytes), so bulk
+// payload goes from the socket straight into its destination: only the
+// first bytes of a payload read along with its header pass through buf.
+// Reading that far ahead halves the reads per I/O — the small Send that
+// follows a data transfer arrives in the read that finishes the data
+// (measured: 4 readv and 1.2 epoll waits per 128 KiB iSER read before, 2
+// and 0.6 after).
 type reader struct {
 	c    net.Conn
-	buf  [96]byte
+	buf  [lookAhead + 64]byte
 	r, w int
 	// ahead is the pad and CRC after the payload being placed: on Linux
 	// TCP, the system call that reads the payload into its destination
@@ -688,7 +697,7 @@ func (q *qp) receiver() {
 func (q *qp) receive() error {
 	x := &q.rx
 	for {
-		if err := x.need(minFPDU, minFPDU); err != nil {
+		if err := x.need(minFPDU, lookAhead); err != nil {
 			return err
 		}
 		b := x.buf[x.r:]
@@ -727,10 +736,9 @@ func (q *qp) receive() error {
 		if err != nil {
 			return err
 		}
-		// Trailer: pad and CRC, plus a look-ahead of at most one minimal
-		// FPDU.
+		// Trailer: pad and CRC, plus the look-ahead.
 		t := mpa.PadLen(ulpdu) + mpa.CRCLen
-		if err := x.need(t, t+minFPDU); err != nil {
+		if err := x.need(t, t+lookAhead); err != nil {
 			return err
 		}
 		tr := x.buf[x.r : x.r+t]

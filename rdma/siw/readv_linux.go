@@ -53,7 +53,7 @@ func (v *vectored) readv(fd uintptr) bool {
 // fill reads rem completely, and as much of x.ahead plus one minimal FPDU
 // into x.buf (empty) as arrives with it.
 func (v *vectored) fill(x *reader, rem []byte) error {
-	limit := min(x.ahead+minFPDU, len(x.buf))
+	limit := min(x.ahead+lookAhead, len(x.buf))
 	defer func() { v.iov = [2]syscall.Iovec{} }() // keep no pointer into user memory
 	for len(rem) > 0 {
 		v.iov[0].Base = &rem[0]
