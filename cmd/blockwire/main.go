@@ -116,7 +116,12 @@ func serve(args []string, stderr io.Writer) int {
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
+	nopTimeout := fs.Duration("nop-timeout", 15*time.Second, "drop a connection whose ping goes unanswered this long")
+	loginTimeout := fs.Duration("login-timeout", 15*time.Second, "drop a connection whose login has not finished after this long")
 	maxSessions := fs.Int("max-sessions", 1024, "sessions allowed at once (logins beyond it fail with out of resources)")
+	maxConns := fs.Int("max-connections", 8, "connections per session")
+	cmdWindow := fs.Int("cmd-window", 128, "commands a session may have outstanding (the CmdSN window)")
+	mrdsl := fs.Int("max-recv-data-segment-length", 262144, "largest data segment accepted (512 to 16777215)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
@@ -166,6 +171,36 @@ func serve(args []string, stderr io.Writer) int {
 	if len(cfg.Listen) == 0 {
 		cfg.Listen = []string{"127.0.0.1:3260"}
 	}
+	// Limits: the configuration file's, then flags given on the command
+	// line, then the defaults.
+	lim := &cfg.Limits
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	for _, o := range []struct {
+		flag string
+		dst  any
+		v    any
+	}{
+		{"nop-interval", &lim.NopInterval, *nop}, {"nop-timeout", &lim.NopTimeout, *nopTimeout},
+		{"login-timeout", &lim.LoginTimeout, *loginTimeout}, {"max-sessions", &lim.MaxSessions, *maxSessions},
+		{"max-connections", &lim.MaxConnections, *maxConns}, {"cmd-window", &lim.CmdWindow, *cmdWindow},
+		{"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *mrdsl},
+	} {
+		switch d := o.dst.(type) {
+		case *time.Duration:
+			if set[o.flag] || *d == 0 {
+				*d = o.v.(time.Duration)
+			}
+		case *int:
+			if set[o.flag] || *d == 0 {
+				*d = o.v.(int)
+			}
+		}
+	}
+	if err := lim.Validate("--"); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
 
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -180,10 +215,15 @@ func serve(args []string, stderr io.Writer) int {
 		defer func() { pprof.StopCPUProfile(); f.Close() }()
 	}
 	opts := iscsitarget.Options{
-		NopInterval:         *nop,
-		MaxSessions:         *maxSessions,
-		RequireHeaderDigest: *hdigest == "required",
-		RequireDataDigest:   *ddigest == "required",
+		LoginTimeout:             lim.LoginTimeout,
+		NopInterval:              lim.NopInterval,
+		NopTimeout:               lim.NopTimeout,
+		MaxSessions:              lim.MaxSessions,
+		MaxConnections:           lim.MaxConnections,
+		CmdWindow:                uint32(lim.CmdWindow),
+		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength,
+		RequireHeaderDigest:      *hdigest == "required",
+		RequireDataDigest:        *ddigest == "required",
 	}
 	if *iserOn {
 		// One port for iSCSI/TCP and iSER: the first byte tells them

@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/BurntSushi/toml"
 )
@@ -18,7 +19,55 @@ import (
 type Config struct {
 	// Listen lists the iSCSI/TCP portals, "host:port".
 	Listen  []string `toml:"listen"`
+	Limits  Limits   `toml:"limits"`
 	Targets []Target `toml:"target"`
+}
+
+// Limits bound what initiators may use; zero keeps the default (in
+// parentheses). Durations are strings such as "15s".
+type Limits struct {
+	// LoginTimeout drops a connection whose login has not finished (15s).
+	LoginTimeout time.Duration `toml:"login_timeout"`
+	// NopInterval pings a connection idle this long (10s; negative:
+	// never); NopTimeout drops it when the ping goes unanswered (15s).
+	NopInterval time.Duration `toml:"nop_interval"`
+	NopTimeout  time.Duration `toml:"nop_timeout"`
+	// MaxSessions counts all targets' sessions, discovery ones included
+	// (1024).
+	MaxSessions int `toml:"max_sessions"`
+	// MaxConnections per session (8).
+	MaxConnections int `toml:"max_connections"`
+	// CmdWindow is how many commands a session may have outstanding
+	// (128).
+	CmdWindow int `toml:"cmd_window"`
+	// MaxRecvDataSegmentLength is the largest data segment the target
+	// accepts (262144; 512 to 16777215).
+	MaxRecvDataSegmentLength int `toml:"max_recv_data_segment_length"`
+}
+
+// Validate checks the ranges; where prefixes the error locations.
+func (l *Limits) Validate(where string) error {
+	var errs []error
+	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(where+format, args...)) }
+	if l.LoginTimeout < 0 {
+		add("login_timeout: %v is negative", l.LoginTimeout)
+	}
+	if l.NopTimeout < 0 {
+		add("nop_timeout: %v is negative", l.NopTimeout)
+	}
+	if l.MaxSessions < 0 {
+		add("max_sessions: %d is negative", l.MaxSessions)
+	}
+	if l.MaxConnections < 0 || l.MaxConnections > 65535 {
+		add("max_connections: %d (1 to 65535, RFC 7143 §13.2)", l.MaxConnections)
+	}
+	if l.CmdWindow < 0 || l.CmdWindow > 1<<20 {
+		add("cmd_window: %d (1 to 1048576)", l.CmdWindow)
+	}
+	if m := l.MaxRecvDataSegmentLength; m != 0 && (m < 512 || m > 1<<24-1) {
+		add("max_recv_data_segment_length: %d (512 to 16777215, RFC 7143 §13.12)", m)
+	}
+	return errors.Join(errs...)
 }
 
 // Target is one iSCSI target.
@@ -102,6 +151,9 @@ func (c *Config) Validate() error {
 		if !strings.Contains(l, ":") {
 			add("listen[%d]: %q is not host:port", i, l)
 		}
+	}
+	if err := c.Limits.Validate("limits."); err != nil {
+		errs = append(errs, err)
 	}
 	names := map[string]bool{}
 	for i, t := range c.Targets {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/md5"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"strings"
@@ -464,4 +465,81 @@ func TestCHAPSecretRules(t *testing.T) {
 	if err := srv.AddTarget(ok); err != nil {
 		t.Fatalf("12-byte secrets: %v", err)
 	}
+}
+
+// TestLimitsAtTheirEdges: each configurable limit admits exactly its
+// value and refuses one more, with the answer RFC 7143 gives.
+func TestLimitsAtTheirEdges(t *testing.T) {
+	t.Run("MaxConnections", func(t *testing.T) {
+		ts := startServer(t, Options{MaxConnections: 2}, nil)
+		a := dial(t, ts.addr)
+		_, keys := a.login(normalKeys(ini, kv("MaxConnections", "8"))...)
+		if keys["MaxConnections"] != "2" {
+			t.Fatalf("MaxConnections answered %q, want 2", keys["MaxConnections"])
+		}
+		b := dial(t, ts.addr)
+		b.tsih, b.cid = a.tsih, 1
+		b.mustLogin(normalKeys(ini, kv("MaxConnections", "8"))...)
+		c := dial(t, ts.addr)
+		c.tsih, c.cid = a.tsih, 2
+		if st, _ := c.login(normalKeys(ini, kv("MaxConnections", "8"))...); st != pdu.LoginStatusTooManyConnections {
+			t.Fatalf("third connection: status %04x, want 0206", st)
+		}
+	})
+	t.Run("MaxRecvDataSegmentLength", func(t *testing.T) {
+		ts := startServer(t, Options{MaxRecvDataSegmentLength: 8192}, nil)
+		c := dial(t, ts.addr)
+		if _, keys := c.login(normalKeys(ini)...); keys["MaxRecvDataSegmentLength"] != "8192" {
+			t.Fatalf("declared %q", keys["MaxRecvDataSegmentLength"])
+		}
+		ping := func(n int) {
+			nop := pdu.NopOut{Immediate: true, ITT: uint32(n), TTT: pdu.ReservedTTT, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+			var h pdu.BHS
+			nop.Encode(&h)
+			c.sendRaw(&h, nil, make([]byte, n))
+		}
+		ping(8192)
+		if rh, _ := c.must(5 * time.Second); rh.Opcode() != pdu.OpNopIn || rh.ITT() != 8192 || rh.DataSegmentLength() != 8192 {
+			t.Fatalf("8192-byte ping: %s with %d bytes", rh.Opcode(), rh.DataSegmentLength())
+		}
+		ping(8193)
+		if _, _, ok := c.recv(3 * time.Second); ok {
+			t.Fatal("an 8193-byte data segment did not drop the connection")
+		}
+	})
+	t.Run("CmdWindow", func(t *testing.T) {
+		ts := startServer(t, Options{CmdWindow: 4}, nil)
+		c := dial(t, ts.addr)
+		c.mustLogin(normalKeys(ini)...)
+		cmd := func(sn uint32) {
+			x := pdu.SCSICommand{Final: true, Attr: pdu.AttrSimple, ITT: 0x100 + sn, CmdSN: sn, ExpStatSN: c.expStatSN}
+			copy(x.CDB[:], tur())
+			var h pdu.BHS
+			x.Encode(&h)
+			c.sendRaw(&h, nil, nil)
+		}
+		cmd(c.cmdSN)
+		rh := c.nextNonNop(t)
+		exp, mx := binary.BigEndian.Uint32(rh[28:]), binary.BigEndian.Uint32(rh[32:])
+		if mx-exp+1 != 4 {
+			t.Fatalf("window [%d, %d], want 4 commands", exp, mx)
+		}
+		// One past MaxCmdSN is ignored; the window's whole range, sent
+		// without waiting, is answered.
+		cmd(mx + 1)
+		for sn := exp; sn != mx+1; sn++ {
+			cmd(sn)
+		}
+		answered := map[uint32]bool{}
+		for len(answered) < 4 {
+			rh := c.nextNonNop(t)
+			answered[rh.ITT()-0x100] = true
+		}
+		if answered[mx+1] {
+			t.Fatal("the command one past MaxCmdSN was executed")
+		}
+		if rh, _, ok := c.recv(300 * time.Millisecond); ok && rh.Opcode() != pdu.OpNopIn {
+			t.Fatalf("then %s (ITT %#x)", rh.Opcode(), rh.ITT())
+		}
+	})
 }
