@@ -4,7 +4,10 @@
 // interface assertion, so a backend implements only what it can do well.
 package backend
 
-import "io"
+import (
+	"errors"
+	"io"
+)
 
 // Backend is the storage of one logical unit.
 type Backend interface {
@@ -13,6 +16,12 @@ type Backend interface {
 	// Size is the capacity in bytes.
 	Size() int64
 }
+
+// ErrUnavailable marks an error of storage that is out of reach for now
+// but may come back — a remote target being reconnected (backend/remote).
+// The SCSI core answers it with a sense that initiators retry, never with
+// a medium error.
+var ErrUnavailable = errors.New("backend: storage unavailable")
 
 // Flusher makes every completed write durable (SYNCHRONIZE CACHE, FUA).
 type Flusher interface {

@@ -9,6 +9,8 @@
 // anything on a shared machine.
 //
 //	go run ./bench [-rounds 3] [-quick]
+//	go run ./bench -iser-only   # iSER and SRP versus iSCSI/TCP
+//	go run ./bench -gateway     # tgt directly versus through the gateway
 package main
 
 import (
@@ -54,6 +56,7 @@ var (
 	quick    = flag.Bool("quick", false, "shorter runs (for a smoke test)")
 	bwBin    = flag.String("blockwire", "", "blockwire binary (default: build it)")
 	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
+	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
 )
 
 func main() {
@@ -62,6 +65,9 @@ func main() {
 	tools := []string{"tgtd", "tgtadm", "qemu-img", "iscsi-perf", "iperf3"}
 	if *iserOnly {
 		tools = nil
+	}
+	if *gwOnly {
+		tools = []string{"tgtd", "tgtadm"}
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -76,6 +82,10 @@ func main() {
 		if out, err := exec.Command("go", "build", "-o", bin, "./cmd/blockwire").CombinedOutput(); err != nil {
 			log.Fatalf("bench: building blockwire: %v\n%s", err, out)
 		}
+	}
+	if *gwOnly {
+		gateway(bin, dir)
+		return
 	}
 	bw, stopBw := startBlockwire(bin)
 	defer stopBw()
@@ -181,6 +191,53 @@ func transports(bin string, bw target, dur time.Duration) {
 		fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-8s | %-8s |\n", w.name, w.unit, stat(a), stat(b), stat(c), ratio(a, b), ratio(a, c))
 	}
 	fmt.Printf("\nratios: the RDMA transport over iSCSI/TCP (above 1 = faster than TCP)\n")
+}
+
+// gateway measures what the gateway hop costs (issue 13): blockwire bench
+// against tgt directly, and against blockwire serving tgt's LUN through
+// its initiator, over iSCSI/TCP and iSER, rotating as above.
+func gateway(bin, dir string) {
+	dur := 5 * time.Second
+	if *quick {
+		dur = time.Second
+	}
+	tgt, stopTgt := startTgt(dir)
+	defer stopTgt()
+	addr := freePort()
+	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--remote", tgt.url)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
+	waitPort(addr)
+	url := "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0"
+	gwTCP := target{name: "gw-tcp", url: url}
+	gwISER := target{name: "gw-iser", url: strings.Replace(url, "iscsi://", "iser://", 1)}
+	ws := []workload{
+		{"4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
+		{"4k randread QD32", "IOPS", true, bwBench(bin, dur, "randread", "4k", "32", "IOPS")},
+		{"4k randwrite QD32", "IOPS", true, bwBench(bin, dur, "randwrite", "4k", "32", "IOPS")},
+		{"128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
+		{"128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
+	}
+	results := roundsN(ws, tgt, gwTCP, gwISER)
+	host, _ := os.Hostname()
+	fmt.Printf("\nblockwire bench, tgt directly vs through the blockwire gateway, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
+		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
+	fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-9s | %-9s |\n", "workload", "unit", "tgt", "gateway iSCSI/TCP", "gateway iSER", "gw-tcp/tgt", "gw-iser/tgt")
+	fmt.Printf("|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 22), strings.Repeat("-", 7), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 11), strings.Repeat("-", 11))
+	ratio := func(a, b []float64) string {
+		if len(a) > 0 && len(b) > 0 && median(a) > 0 {
+			return fmt.Sprintf("%.2fx", median(b)/median(a))
+		}
+		return "n/a"
+	}
+	for _, w := range ws {
+		a, b, c := results[w.name]["tgt"], results[w.name]["gw-tcp"], results[w.name]["gw-iser"]
+		fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-9s | %-9s |\n", w.name, w.unit, stat(a), stat(b), stat(c), ratio(a, b), ratio(a, c))
+	}
+	fmt.Printf("\nratios: through the gateway over tgt directly (the hop's cost; 1 = free)\n")
 }
 
 func median(v []float64) float64 {

@@ -53,6 +53,7 @@ type Device struct {
 	blockSize int
 	blocks    uint64
 	maxXfer   int
+	thin      bool // LBPME in READ CAPACITY(16): the LUN is thin provisioned
 }
 
 // Open probes lun on t (TEST UNIT READY, READ CAPACITY) and returns it as
@@ -87,6 +88,7 @@ func (d *Device) probe(ctx context.Context) error {
 	if _, err := d.do(ctx, cdb, nil, buf); err == nil {
 		d.blocks = binary.BigEndian.Uint64(buf) + 1
 		d.blockSize = int(binary.BigEndian.Uint32(buf[8:]))
+		d.thin = buf[14]&0x80 != 0
 	} else {
 		b10 := make([]byte, 8)
 		if _, err := d.do(ctx, []byte{scsi.OpReadCapacity10, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, b10); err != nil {
@@ -103,6 +105,10 @@ func (d *Device) probe(ctx context.Context) error {
 
 // Size returns the capacity in bytes.
 func (d *Device) Size() int64 { return int64(d.blocks) * int64(d.blockSize) }
+
+// Thin reports whether the LUN is thin provisioned (LBPME, SBC-4
+// §5.20.2): whether Unmap can work.
+func (d *Device) Thin() bool { return d.thin }
 
 // BlockSize returns the logical block size.
 func (d *Device) BlockSize() int { return d.blockSize }

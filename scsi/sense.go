@@ -252,6 +252,8 @@ func ascText(asc, ascq byte) string {
 		return "no additional sense information"
 	case 0x0402:
 		return "logical unit not ready, initializing command required"
+	case 0x0800:
+		return "logical unit communication failure"
 	case 0x0c00:
 		return "write error"
 	case 0x1100:

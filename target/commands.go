@@ -410,7 +410,7 @@ func cmdRead(lu *LU, c *Command) error {
 	}
 	if _, err := lu.be.ReadAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits); err != nil {
 		lu.dev.log.Error("backend read failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
-		return scsi.MediumError(false, rw.LBA)
+		return ioFailed(err, false, rw.LBA)
 	}
 	return nil
 }
@@ -442,14 +442,14 @@ func (lu *LU) write(c *Command, rw scsi.RW) error {
 	lu.atomicMu.RUnlock()
 	if err != nil {
 		lu.dev.log.Error("backend write failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
-		return scsi.MediumError(true, rw.LBA)
+		return ioFailed(err, true, rw.LBA)
 	}
 	// SBC-4 §4.15: FUA, or a disabled write cache, makes the write durable
 	// before status is returned.
 	if rw.FUA || !lu.writeCache() {
 		if err := lu.Flush(); err != nil {
 			lu.dev.log.Error("backend flush failed", "lun", lu.lun, "err", err)
-			return scsi.MediumError(true, rw.LBA)
+			return ioFailed(err, true, rw.LBA)
 		}
 	}
 	return nil
@@ -497,7 +497,7 @@ func cmdVerify(lu *LU, c *Command) error {
 	for i := uint32(0); i < rw.Blocks; i++ {
 		lba := rw.LBA + uint64(i)
 		if _, err := lu.be.ReadAt(buf, int64(lba)<<lu.blockBits); err != nil {
-			return scsi.MediumError(false, lba)
+			return ioFailed(err, false, lba)
 		}
 		ref := c.Data[:lu.blockSize]
 		if rw.BytChk == 1 {
@@ -527,7 +527,7 @@ func cmdSyncCache(lu *LU, c *Command) error {
 	}
 	if err := lu.Flush(); err != nil {
 		lu.dev.log.Error("backend flush failed", "lun", lu.lun, "err", err)
-		return scsi.MediumError(true, rw.LBA)
+		return ioFailed(err, true, rw.LBA)
 	}
 	return nil
 }
@@ -573,7 +573,7 @@ func cmdUnmap(lu *LU, c *Command) error {
 		}
 		if err := lu.unmapper.Unmap(int64(e.lba)<<lu.blockBits, int64(e.n)<<lu.blockBits); err != nil {
 			lu.dev.log.Error("backend unmap failed", "lun", lu.lun, "lba", e.lba, "err", err)
-			return scsi.MediumError(true, e.lba)
+			return ioFailed(err, true, e.lba)
 		}
 	}
 	return nil
@@ -601,7 +601,7 @@ func cmdGetLBAStatus(lu *LU, c *Command) error {
 		if m, ok := lu.be.(backend.Mapper); ok {
 			mp, end, err := m.Mapped(int64(lba) << lu.blockBits)
 			if err != nil {
-				return scsi.MediumError(false, lba)
+				return ioFailed(err, false, lba)
 			}
 			mapped = mp
 			endBlk = min(uint64(end+int64(lu.blockSize)-1)>>lu.blockBits, n)
@@ -641,7 +641,7 @@ func cmdStartStop(lu *LU, c *Command) error {
 	}
 	if !start && c.CDB[4]&0x04 == 0 {
 		if err := lu.Flush(); err != nil {
-			return scsi.MediumError(true, 0)
+			return ioFailed(err, true, 0)
 		}
 	}
 	lu.stateMu.Lock()
@@ -682,4 +682,15 @@ func cmdPreventAllow(lu *LU, c *Command) error {
 		delete(lu.prevent, c.Nexus)
 	}
 	return nil
+}
+
+// ioFailed is the sense for a failed backend operation: a medium error,
+// or — when the storage is only out of reach for now (a gateway's remote
+// target reconnecting, backend.ErrUnavailable) — ABORTED COMMAND, LOGICAL
+// UNIT COMMUNICATION FAILURE (0B/08/00), which initiators retry.
+func ioFailed(err error, write bool, lba uint64) *scsi.Sense {
+	if errors.Is(err, backend.ErrUnavailable) {
+		return &scsi.Sense{Key: scsi.SenseAbortedCommand, ASC: 0x08, ASCQ: 0x00, Bit: -1}
+	}
+	return scsi.MediumError(write, lba)
 }

@@ -42,7 +42,7 @@ func cmdWriteAtomic(lu *LU, c *Command) error {
 		return nil
 	}
 	if _, err := lu.be.WriteAt(c.Data[:n], int64(lba)<<lu.blockBits); err != nil {
-		return scsi.MediumError(true, lba)
+		return ioFailed(err, true, lba)
 	}
 	return lu.flushIf(rw.FUA, lba)
 }
@@ -118,7 +118,7 @@ func cmdWriteSame(lu *LU, c *Command) error {
 	defer lu.atomicMu.RUnlock()
 	if unmap {
 		if err := lu.unmapper.Unmap(off, n); err != nil {
-			return scsi.MediumError(true, rw.LBA)
+			return ioFailed(err, true, rw.LBA)
 		}
 		return lu.flushIf(rw.FUA, rw.LBA)
 	}
@@ -130,7 +130,7 @@ func cmdWriteSame(lu *LU, c *Command) error {
 	for done := int64(0); done < n; {
 		k := min(n-done, int64(len(chunk)))
 		if _, err := lu.be.WriteAt(chunk[:k], off+done); err != nil {
-			return scsi.MediumError(true, rw.LBA+uint64(done>>lu.blockBits))
+			return ioFailed(err, true, rw.LBA+uint64(done>>lu.blockBits))
 		}
 		done += k
 	}
@@ -153,7 +153,7 @@ func (c *Command) lenField() int {
 func (lu *LU) flushIf(fua bool, lba uint64) error {
 	if fua || !lu.writeCache() {
 		if err := lu.Flush(); err != nil {
-			return scsi.MediumError(true, lba)
+			return ioFailed(err, true, lba)
 		}
 	}
 	return nil
@@ -192,7 +192,7 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 	lu.atomicMu.Lock()
 	defer lu.atomicMu.Unlock()
 	if _, err := lu.be.ReadAt(cur, int64(lba)<<lu.blockBits); err != nil {
-		return scsi.MediumError(false, lba)
+		return ioFailed(err, false, lba)
 	}
 	for i := range cur {
 		if cur[i] != verify[i] {
@@ -200,7 +200,7 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 		}
 	}
 	if _, err := lu.be.WriteAt(data, int64(lba)<<lu.blockBits); err != nil {
-		return scsi.MediumError(true, lba)
+		return ioFailed(err, true, lba)
 	}
 	return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
 }
@@ -216,13 +216,13 @@ func cmdOrWrite(lu *LU, c *Command) error {
 	lu.atomicMu.Lock()
 	defer lu.atomicMu.Unlock()
 	if _, err := lu.be.ReadAt(cur, int64(rw.LBA)<<lu.blockBits); err != nil {
-		return scsi.MediumError(false, rw.LBA)
+		return ioFailed(err, false, rw.LBA)
 	}
 	for i := range cur {
 		cur[i] |= c.Data[i]
 	}
 	if _, err := lu.be.WriteAt(cur, int64(rw.LBA)<<lu.blockBits); err != nil {
-		return scsi.MediumError(true, rw.LBA)
+		return ioFailed(err, true, rw.LBA)
 	}
 	return lu.flushIf(rw.FUA, rw.LBA)
 }
@@ -328,7 +328,7 @@ func cmdSanitize(lu *LU, c *Command) error {
 		defer lu.atomicMu.Unlock()
 		if err := run(); err != nil {
 			lu.dev.log.Error("sanitize failed", "lun", lu.lun, "err", err)
-			return scsi.MediumError(true, 0)
+			return ioFailed(err, true, 0)
 		}
 		return lu.flushIf(true, 0)
 	}

@@ -28,8 +28,10 @@ import (
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/file"
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/backend/remote"
 	"github.com/blockwire/blockwire/internal/config"
 	"github.com/blockwire/blockwire/iscsi/auth"
+	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/target"
 )
@@ -110,6 +112,7 @@ func serve(args []string, stderr io.Writer) int {
 	iqn := fs.String("iqn", "iqn.2026-11.org.blockwire:default", "target name")
 	size := fs.String("size", "1GiB", "LUN 0 size")
 	path := fs.String("file", "", "back LUN 0 with this file (created sparse when missing)")
+	remoteURL := fs.String("remote", "", "back LUN 0 with another target's LUN (iscsi://, iser:// or srp:// URL): serve as a gateway")
 	blockSize := fs.Int("block-size", 512, "logical block size (512 or 4096)")
 	readOnly := fs.Bool("read-only", false, "write-protect LUN 0 (writes fail with DATA PROTECT)")
 	removable := fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
@@ -156,11 +159,14 @@ func serve(args []string, stderr io.Writer) int {
 			cfg.Listen = listen
 		}
 	} else {
+		if *remoteURL != "" {
+			*size = "" // the remote LUN has its own
+		}
 		cfg = &config.Config{
 			Listen: listen,
 			Targets: []config.Target{{
 				Name: *iqn,
-				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable}},
+				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, Remote: *remoteURL, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable}},
 			}},
 		}
 		if err := cfg.Validate(); err != nil {
@@ -224,6 +230,13 @@ func serve(args []string, stderr io.Writer) int {
 		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength,
 		RequireHeaderDigest:      *hdigest == "required",
 		RequireDataDigest:        *ddigest == "required",
+	}
+	for _, t := range cfg.Targets {
+		for _, l := range t.LUNs {
+			// What this node is to seed 001's iSER connection preference.
+			opts.Gateway = opts.Gateway || l.Remote != ""
+			opts.EndNode = opts.EndNode || l.Remote == ""
+		}
 	}
 	if *iserOn {
 		// One port for iSCSI/TCP and iSER: the first byte tells them
@@ -386,9 +399,25 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 		}
 		var be backend.Backend
 		var err error
-		if lc.File != "" {
+		blockSize := lc.BlockSize
+		switch {
+		case lc.Remote != "":
+			// A gateway LUN (issue 13): another target's LUN through our
+			// initiator, which reconnects for up to 30 s before commands
+			// fail with a retryable sense.
+			var d device
+			if d, err = openDevice(context.Background(), lc.Remote, initiator.Options{Logger: log.With("remote", config.RedactURL(lc.Remote))}); err == nil {
+				if blockSize != 0 && blockSize != d.BlockSize() {
+					d.Close()
+					err = fmt.Errorf("%s: block_size %d, but the remote LUN's is %d", config.RedactURL(lc.Remote), blockSize, d.BlockSize())
+				} else {
+					blockSize = d.BlockSize()
+					be = remote.New(d.(remote.Device), config.RedactURL(lc.Remote))
+				}
+			}
+		case lc.File != "":
 			be, err = file.Open(lc.File, size, lc.ReadOnly)
-		} else {
+		default:
 			be, err = mem.New(size)
 		}
 		if err != nil {
@@ -399,7 +428,7 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 		if lc.File != "" {
 			prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
 		}
-		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: lc.BlockSize, ReadOnly: lc.ReadOnly,
+		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
 			Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile})
 		if err != nil {
 			if c, ok := be.(backend.Closer); ok {

@@ -3,6 +3,7 @@ package iser
 import (
 	"encoding/binary"
 	"fmt"
+	"net/netip"
 )
 
 // iSER message opcodes: the high nibble of byte 0 of every iSER header
@@ -221,10 +222,84 @@ const (
 	CMHeaderLen           = 4
 )
 
-// CMHeader is the iSER CM header.
+// Preference is the connection flag (Flg) of seed 001's CM private data
+// (Appendix, "Format of the CM REQ/REP/REJ Messages"): which kind of node
+// the initiator will connect to. Negative logic: 00b, the default, takes
+// either.
+type Preference uint8
+
+const (
+	PreferEither  Preference = 0 // 00b: an end target node or a gateway
+	PreferEndNode Preference = 1 // 01b: only an end target node
+	PreferGateway Preference = 2 // 10b: only a gateway
+	PreferInvalid Preference = 3 // 11b: reserved and invalid: neither
+)
+
+func (p Preference) String() string {
+	return [...]string{"either", "end node only", "gateway only", "invalid (11b)"}[p&3]
+}
+
+// Refusal is why a node of the given kind refuses a connection with this
+// preference (seed 001 part III: reject with "consumer reject" and a
+// readable reason, at most the 72 bytes of an InfiniBand ARI), or "" when
+// it accepts. A node with neither role counts as an end node.
+func (p Preference) Refusal(endNode, gateway bool) string {
+	if !endNode && !gateway {
+		endNode = true
+	}
+	switch p & 3 {
+	case PreferEndNode:
+		if !endNode {
+			return "iSER: this node is a gateway; an end node only was asked (seed 001)"
+		}
+	case PreferGateway:
+		if !gateway {
+			return "iSER: this node is an end node; a gateway only was asked (seed 001)"
+		}
+	case PreferInvalid:
+		return "iSER: connection flags 11b are invalid (seed 001)"
+	}
+	return ""
+}
+
+// CMSeed001Len is the length of the seed 001 form: the 4-byte iSER CM
+// header, then versions, IP version, flags, the local port and the source
+// and destination addresses (16 bytes each).
+const CMSeed001Len = 44
+
+// CMHeader is the iSER CM header. With Seed001 set it is the longer form
+// of seed 001's appendix, which adds the node preference and addresses;
+// Linux sends and expects only the 4-byte form, and a 4-byte header is read
+// as PreferEither.
 type CMHeader struct {
 	ZBVANotSupported    bool
 	SendInvNotSupported bool
+
+	Seed001        bool
+	MajVer, MinVer uint8      // 4 bits each; seed 001 leaves them TBD: we send 1.0
+	IPVer          uint8      // 0 IPv4, 1 IPv6
+	Pref           Preference // Flg
+	LocalPort      uint16
+	Src, Dst       [16]byte // IPv4 in the last 4 bytes
+}
+
+// SetAddrs fills IPVer, Src and Dst from two addresses of one family.
+func (c *CMHeader) SetAddrs(src, dst netip.Addr) {
+	put := func(b *[16]byte, a netip.Addr) {
+		if a.Is4() {
+			v := a.As4()
+			*b = [16]byte{}
+			copy(b[12:], v[:])
+			return
+		}
+		*b = a.As16()
+	}
+	c.IPVer = 0
+	if !src.Unmap().Is4() {
+		c.IPVer = 1
+	}
+	put(&c.Src, src.Unmap())
+	put(&c.Dst, dst.Unmap())
 }
 
 // Append encodes the 4 bytes.
@@ -236,14 +311,36 @@ func (c CMHeader) Append(b []byte) []byte {
 	if c.SendInvNotSupported {
 		f |= CMSendInvNotSupported
 	}
-	return append(b, f, 0, 0, 0)
+	b = append(b, f, 0, 0, 0)
+	if !c.Seed001 {
+		return b
+	}
+	var x [CMSeed001Len - CMHeaderLen]byte
+	x[0] = c.MajVer<<4 | c.MinVer&0x0f
+	x[1] = c.IPVer<<4 | byte(c.Pref)&3
+	binary.BigEndian.PutUint16(x[4:], c.LocalPort)
+	copy(x[8:24], c.Src[:])
+	copy(x[24:40], c.Dst[:])
+	return append(b, x[:]...)
 }
 
 // DecodeCMHeader reads the flags from private data; short private data
 // counts as no flags (RFC 7145 peers that send none).
+// Private data of at least CMSeed001Len bytes is read as the seed 001 form.
 func DecodeCMHeader(pd []byte) CMHeader {
 	if len(pd) < 1 {
 		return CMHeader{}
 	}
-	return CMHeader{ZBVANotSupported: pd[0]&CMZBVANotSupported != 0, SendInvNotSupported: pd[0]&CMSendInvNotSupported != 0}
+	c := CMHeader{ZBVANotSupported: pd[0]&CMZBVANotSupported != 0, SendInvNotSupported: pd[0]&CMSendInvNotSupported != 0}
+	if len(pd) < CMSeed001Len {
+		return c
+	}
+	x := pd[CMHeaderLen:]
+	c.Seed001 = true
+	c.MajVer, c.MinVer = x[0]>>4, x[0]&0x0f
+	c.IPVer, c.Pref = x[1]>>4, Preference(x[1]&3)
+	c.LocalPort = binary.BigEndian.Uint16(x[4:])
+	copy(c.Src[:], x[8:24])
+	copy(c.Dst[:], x[24:40])
+	return c
 }

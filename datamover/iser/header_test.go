@@ -2,6 +2,7 @@ package iser
 
 import (
 	"bytes"
+	"net/netip"
 	"testing"
 )
 
@@ -131,6 +132,44 @@ func FuzzDecodeHello(f *testing.F) {
 			if g, err := DecodeHelloReply(r.Append(nil)); err != nil || g != r {
 				t.Fatalf("HelloReply round trip %+v -> %+v", r, g)
 			}
+		}
+	})
+}
+
+// TestCMHeaderSeed001: the seed 001 form carries the preference flags and
+// the addresses after the 4-byte header Linux uses; 4 bytes alone read as
+// "either".
+func TestCMHeaderSeed001(t *testing.T) {
+	c := CMHeader{ZBVANotSupported: true, Seed001: true, MajVer: 1, Pref: PreferGateway, LocalPort: 40000}
+	c.SetAddrs(netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"))
+	b := c.Append(nil)
+	if len(b) != CMSeed001Len || b[0] != CMZBVANotSupported || b[4] != 0x10 || b[5] != 0x02 || b[8] != 0x9c || b[27] != 1 || b[43] != 2 {
+		t.Fatalf("encoded % x", b)
+	}
+	if g := DecodeCMHeader(b); g != c {
+		t.Fatalf("round trip %+v -> %+v", c, g)
+	}
+	c.SetAddrs(netip.MustParseAddr("2001:db8::1"), netip.MustParseAddr("2001:db8::2"))
+	if g := DecodeCMHeader(c.Append(nil)); g != c || g.IPVer != 1 {
+		t.Fatalf("IPv6 round trip %+v -> %+v", c, g)
+	}
+	if g := DecodeCMHeader([]byte{CMSendInvNotSupported, 0, 0, 0}); g.Seed001 || g.Pref != PreferEither || !g.SendInvNotSupported {
+		t.Fatalf("4-byte form: %+v", g)
+	}
+}
+
+func FuzzDecodeCMHeader(f *testing.F) {
+	f.Add([]byte{0x80, 0, 0, 0})
+	long := CMHeader{Seed001: true, MajVer: 1, Pref: PreferEndNode}
+	f.Add(long.Append(nil))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		c := DecodeCMHeader(b)
+		if len(b) < CMSeed001Len {
+			return
+		}
+		// What the long form holds survives re-encoding.
+		if g := DecodeCMHeader(c.Append(nil)); g != c {
+			t.Fatalf("round trip %+v -> %+v", c, g)
 		}
 	})
 }

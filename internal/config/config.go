@@ -114,9 +114,13 @@ type Secret struct {
 
 // LUN is one logical unit.
 type LUN struct {
-	ID        uint64 `toml:"id"`
-	Size      string `toml:"size"` // e.g. "1GiB", "512MiB", bytes
-	File      string `toml:"file"` // empty: in memory
+	ID   uint64 `toml:"id"`
+	Size string `toml:"size"` // e.g. "1GiB", "512MiB", bytes
+	File string `toml:"file"` // empty: in memory
+	// Remote backs the LUN with a LUN of another target, reached through
+	// blockwire's initiator: iscsi://, iser:// or srp:// (this node is
+	// then a gateway for it). Size and block size are the remote's.
+	Remote    string `toml:"remote"`
 	BlockSize int    `toml:"block_size"`
 	ReadOnly  bool   `toml:"read_only"`
 	Removable bool   `toml:"removable"`
@@ -224,7 +228,14 @@ func (c *Config) Validate() error {
 			if l.ID > 16383 {
 				add("%s.id: %d above 16383", lw, l.ID)
 			}
-			if l.Size != "" {
+			if l.Remote != "" {
+				if !strings.HasPrefix(l.Remote, "iscsi://") && !strings.HasPrefix(l.Remote, "iser://") && !strings.HasPrefix(l.Remote, "srp://") {
+					add("%s.remote: %q is not an iscsi://, iser:// or srp:// URL", lw, RedactURL(l.Remote))
+				}
+				if l.File != "" || l.Size != "" {
+					add("%s: remote excludes file and size (the remote LUN has its own)", lw)
+				}
+			} else if l.Size != "" {
 				if _, err := ParseSize(l.Size); err != nil {
 					add("%s.size: %v", lw, err)
 				}
@@ -320,4 +331,17 @@ func ParseSize(s string) (int64, error) {
 		return 0, fmt.Errorf("size %q too large", s)
 	}
 	return n * mult, nil
+}
+
+// RedactURL hides the password of a user%password@ URL.
+func RedactURL(u string) string {
+	i := strings.Index(u, "://")
+	j := strings.LastIndexByte(u, '@')
+	if i < 0 || j < i {
+		return u
+	}
+	if k := strings.IndexByte(u[i+3:j], '%'); k >= 0 {
+		return u[:i+3+k] + "%(secret)" + u[j:]
+	}
+	return u
 }

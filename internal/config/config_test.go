@@ -85,3 +85,36 @@ func TestSecretSources(t *testing.T) {
 		t.Error("unset environment variable accepted")
 	}
 }
+
+func TestRemoteLUN(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte(`
+[[target]]
+name = "iqn.2026-11.org.blockwire:gw"
+[[target.lun]]
+id = 0
+remote = "iscsi://u%hunter2hunter2@192.0.2.1/iqn.2026-11.org.example:a/0"
+[[target.lun]]
+id = 1
+remote = "nfs://192.0.2.1/x"
+[[target.lun]]
+id = 2
+remote = "iser://192.0.2.1/iqn.2026-11.org.example:a/1"
+size = "1GiB"
+`), 0o600)
+	_, err := Load(p)
+	if err == nil {
+		t.Fatal("invalid remote LUNs accepted")
+	}
+	for _, want := range []string{"lun[1].remote: \"nfs://", "lun[2]: remote excludes file and size"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "hunter2") {
+		t.Errorf("a password in an error:\n%v", err)
+	}
+	if got := RedactURL("iscsi://u%hunter2@h/t/0"); got != "iscsi://u%(secret)@h/t/0" {
+		t.Errorf("RedactURL: %s", got)
+	}
+}

@@ -51,6 +51,8 @@ func TestImportsPointOneWay(t *testing.T) {
 		// The SCSI core knows no fabric.
 		{"target", []string{mod + "iscsi", mod + "datamover", "net"}},
 		{"backend", []string{mod + "iscsi", mod + "target", mod + "datamover"}},
+		// A remote backend sees a block device, never the fabric behind it.
+		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "target", "net"}},
 		// The datamover interface knows no concrete datamover and no session.
 		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "target"}},
 		{"datamover/tcp", []string{mod + "iscsi/target", mod + "target"}},

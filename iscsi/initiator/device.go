@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -175,7 +178,12 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Device, error) {
 	if u.ISER {
 		opts.ISER = true
 	}
-	s, err := Login(ctx, u.Portal, u.Target, opts)
+	var s *Session
+	if opts.Prefer != "" {
+		s, err = loginPreferred(ctx, u, &opts)
+	} else {
+		s, err = Login(ctx, u.Portal, u.Target, opts)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -197,3 +205,71 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Device, error) {
 
 // Session returns the underlying session.
 func (d *Device) Session() *Session { return d.s }
+
+// loginPreferred logs in as Options.Prefer says (seed 001 part III): iSER
+// to the preferred kind of node, then the other kind, then iSCSI/TCP, on
+// every portal of the target. opts.ISER reports what it got.
+func loginPreferred(ctx context.Context, u *URL, opts *Options) (*Session, error) {
+	type step struct {
+		iser bool
+		pref iser.Preference
+	}
+	var plan []step
+	switch opts.Prefer {
+	case "direct":
+		plan = []step{{true, iser.PreferEndNode}, {true, iser.PreferGateway}, {false, 0}}
+	case "gateway":
+		plan = []step{{true, iser.PreferGateway}, {true, iser.PreferEndNode}, {false, 0}}
+	case "any":
+		plan = []step{{true, iser.PreferEither}, {false, 0}}
+	default:
+		return nil, fmt.Errorf("iscsi: Prefer %q: want direct, gateway or any", opts.Prefer)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	portals := []string{withPort(u.Portal)}
+	dopts := *opts
+	dopts.ISER, dopts.Prefer = false, ""
+	if found, err := Discover(ctx, u.Portal, dopts); err == nil {
+		for _, t := range found {
+			if t.Name != u.Target {
+				continue
+			}
+			for _, a := range t.Addresses {
+				if i := strings.LastIndexByte(a, ','); i >= 0 {
+					a = a[:i]
+				}
+				if a = withPort(a); !slices.Contains(portals, a) {
+					portals = append(portals, a)
+				}
+			}
+		}
+	}
+	var errs []error
+	for _, st := range plan {
+		for _, p := range portals {
+			o := *opts
+			o.ISER, o.pref, o.prefSet = st.iser, st.pref, st.iser
+			if !st.iser {
+				o.ISERProfile = iser.ProfileLinux
+			}
+			s, err := Login(ctx, p, u.Target, o)
+			if err == nil {
+				o.Logger.Info("connected", "portal", p, "iser", st.iser, "preference", st.pref.String())
+				*opts = o
+				return s, nil
+			}
+			if isLoginError(err) {
+				return nil, err // the target answered: another path will not help
+			}
+			what := "iSCSI/TCP"
+			if st.iser {
+				what = "iSER (" + st.pref.String() + ")"
+			}
+			o.Logger.Info("no connection", "portal", p, "via", what, "err", err)
+			errs = append(errs, fmt.Errorf("%s via %s: %w", p, what, err))
+		}
+	}
+	return nil, fmt.Errorf("iscsi: no path to %s as %q prefers: %w", u.Target, opts.Prefer, errors.Join(errs...))
+}

@@ -63,7 +63,18 @@ type Options struct {
 	// connection turns into an RDMA stream, Hello; RDMA must then also
 	// implement iser.IWARP, as rdma/siw does).
 	ISERProfile iser.Profile
-	Logger      *slog.Logger
+	// Prefer makes Open choose the connection as seed 001 lays out,
+	// instead of using the URL's transport alone: "direct" tries iSER to
+	// end nodes first (the connection-first CM header with flag 01b), then
+	// iSER to gateways (10b), then iSCSI/TCP; "gateway" tries gateways
+	// first, then end nodes, then TCP; "any" iSER to either (00b), then
+	// TCP. Each round tries every portal the target's SendTargets
+	// discovery lists (the URL's portal when discovery fails).
+	Prefer string
+	// pref is the connection flag dialISER sends (set by Open).
+	pref    iser.Preference
+	prefSet bool
+	Logger  *slog.Logger
 }
 
 func (o *Options) defaults() {

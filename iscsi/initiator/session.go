@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
@@ -468,8 +469,24 @@ func newCond(s *Session) *sync.Cond { return sync.NewCond(&s.mu) }
 func (s *Session) dialISER(ctx context.Context) (*iser.Conn, error) {
 	f, pd := s.rdma()
 	res := iser.Prepare(pd, iser.Options{Initiator: true, Logger: s.opts.Logger})
-	qp, reply, err := f.Dial(ctx, s.portal, res.ConnParams(iser.CMHeader{ZBVANotSupported: true}.Append(nil)))
+	hdr := iser.CMHeader{ZBVANotSupported: true}
+	if s.opts.prefSet {
+		// Seed 001: the longer header with the node preference and the
+		// addresses (the destination is what a gateway forwards to).
+		hdr.Seed001, hdr.MajVer, hdr.Pref = true, 1, s.opts.pref
+		if ap, err := netip.ParseAddrPort(s.portal); err == nil {
+			hdr.SetAddrs(netip.IPv4Unspecified(), ap.Addr())
+			if !ap.Addr().Unmap().Is4() {
+				hdr.SetAddrs(netip.IPv6Unspecified(), ap.Addr())
+			}
+		}
+	}
+	qp, reply, err := f.Dial(ctx, s.portal, res.ConnParams(hdr.Append(nil)))
 	if err != nil {
+		var rj *rdma.RejectError
+		if errors.As(err, &rj) && len(rj.PrivateData) > 0 && printable(rj.PrivateData) {
+			return nil, fmt.Errorf("iscsi: iSER connect to %s: rejected: %s: %w", s.portal, rj.PrivateData, err)
+		}
 		return nil, fmt.Errorf("iscsi: iSER connect to %s: %w", s.portal, err)
 	}
 	return res.Attach(qp, iser.DecodeCMHeader(reply), s.stamp), nil
@@ -504,4 +521,14 @@ func (s *Session) dialUpgrade(ctx context.Context) (*iser.Upgrade, error) {
 		return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
 	}
 	return iser.NewUpgrade(nc, iw, pd, iser.Options{Initiator: true, Logger: s.opts.Logger}, s.stamp), nil
+}
+
+// printable reports whether b is text worth showing (a reject's reason).
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return true
 }

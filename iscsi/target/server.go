@@ -98,6 +98,11 @@ type Options struct {
 	// both and follows the initiator's order of preference.
 	RequireHeaderDigest bool
 	RequireDataDigest   bool
+	// Gateway says this node reaches LUNs through other targets (remote
+	// backends), EndNode that it has LUNs of its own. They answer the
+	// node preference an iSER initiator may put in its connection
+	// request (seed 001 part III); neither means an end node.
+	Gateway, EndNode bool
 	// ISER, when set, makes every TCP portal serve iSER too: a connection
 	// that opens with an MPA Request (connection-first iSER over iWARP)
 	// is handed to this device; one that opens with a Login PDU is
@@ -418,6 +423,14 @@ func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options)
 	peer := iser.DecodeCMHeader(req.PrivateData())
 	if opt.Logger == nil {
 		opt.Logger = s.log
+	}
+	if why := peer.Pref.Refusal(s.opts.EndNode, s.opts.Gateway); why != "" {
+		// Seed 001: the node cannot meet the initiator's preference;
+		// reject (InfiniBand: consumer reject, reason 28) with the reason
+		// in the private data.
+		s.log.Info("iSER connection refused", "remote", req.RemoteAddr(), "preference", peer.Pref.String(), "reason", why)
+		req.Reject([]byte(why))
+		return
 	}
 	if opt.Profile == iser.ProfileLinux && opt.CtrlDataLimit == 0 {
 		// Linux ib_iser receives at most 128 data bytes per control PDU

@@ -180,8 +180,9 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 	c.mu.Lock()
 	if _, dup := c.tasks[t.itt]; dup {
 		c.mu.Unlock()
+		itt := t.itt // t goes back to the pool: not to be read after
 		c.freeTask(t)
-		return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", t.itt)
+		return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", itt)
 	}
 	if c.closed || c.draining {
 		c.mu.Unlock()

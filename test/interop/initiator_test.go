@@ -16,6 +16,13 @@ import (
 // loopback port and returns the portal.
 func startTgt(t *testing.T, iqn string, size int64) string {
 	t.Helper()
+	addr, _ := startTgtStop(t, iqn, size)
+	return addr
+}
+
+// startTgtStop is startTgt that also returns a function stopping tgtd.
+func startTgtStop(t *testing.T, iqn string, size int64) (string, func()) {
+	t.Helper()
 	need(t, "tgtd", "tgtadm")
 	if os.Geteuid() != 0 {
 		t.Skip("tgtd needs root")
@@ -58,7 +65,7 @@ func startTgt(t *testing.T, iqn string, size int64) string {
 	adm("--op", "new", "--mode", "target", "--tid", "1", "-T", iqn)
 	adm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", backing)
 	adm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
-	return addr
+	return addr, func() { cancel(); cmd.Wait() }
 }
 
 func blockwire(t *testing.T, args ...string) (string, int) {
