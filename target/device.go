@@ -145,6 +145,7 @@ type Nexus struct {
 	// must not block.
 	OnUnitAttention func(lun uint64, s scsi.Sense)
 
+	stats   Stats
 	mu      sync.Mutex
 	pending atomic.Int32
 	ua      map[uint64][]scsi.Sense
@@ -248,3 +249,6 @@ func (d *Device) ReleaseNexus(n *Nexus) {
 		lu.stateMu.Unlock()
 	}
 }
+
+// Stats returns the nexus's counters (its session's commands).
+func (n *Nexus) Stats() *Stats { return &n.stats }

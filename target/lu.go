@@ -33,6 +33,7 @@ type LUConfig struct {
 
 // LU is one logical unit: a block device on a backend.
 type LU struct {
+	stats     Stats
 	dev       *Device
 	lun       uint64
 	be        backend.Backend

@@ -3,6 +3,7 @@ package target
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/blockwire/blockwire/scsi"
 )
@@ -39,6 +40,7 @@ type Command struct {
 	state      atomic.Int32 // taskActive, taskAborted or taskCommitted
 	abortWG    *sync.WaitGroup
 	begun      bool
+	start      time.Time // Begin, for the latency in Stats
 }
 
 const (
@@ -74,6 +76,7 @@ func (d *Device) Begin(c *Command) {
 	}
 	c.lu = lu
 	c.begun = true
+	c.start = time.Now()
 	lu.taskMu.Lock()
 	c.next = lu.tasks
 	c.prev = nil
@@ -105,6 +108,13 @@ func (d *Device) End(c *Command) {
 	c.abortWG = nil
 	c.begun = false
 	lu.taskMu.Unlock()
+	if !c.Aborted() {
+		d := time.Since(c.start)
+		lu.stats.record(c, d)
+		if c.Nexus != nil {
+			c.Nexus.stats.record(c, d)
+		}
+	}
 	if wg != nil {
 		wg.Done()
 	}

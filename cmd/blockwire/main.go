@@ -12,8 +12,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -25,6 +27,7 @@ import (
 	"github.com/blockwire/blockwire/rdma/siw"
 	srptarget "github.com/blockwire/blockwire/srp/target"
 
+	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/file"
 	"github.com/blockwire/blockwire/backend/mem"
@@ -33,6 +36,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/metrics"
 	"github.com/blockwire/blockwire/target"
 )
 
@@ -47,6 +51,8 @@ Usage:
   blockwire write URL --in FILE [--offset N]
   blockwire copy SRC DST              file to LUN, LUN to file, LUN to LUN
   blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
+  blockwire admin [--socket PATH] VERB  runtime administration of a running serve (see "blockwire admin")
+  blockwire version                   the version and build
 
 URL is iscsi://[user[%password]@]host[:port]/target-iqn/lun, as libiscsi writes it,
 iser://… (the same over software iWARP), or srp://host[:port]/ID_EXT[:IOC_GUID]/lun.
@@ -90,6 +96,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return bench(args[1:], stdout, stderr)
 	case "copy":
 		return copyVerb(args[1:], stdout, stderr)
+	case "admin":
+		return adminVerb(args[1:], stdout, stderr)
+	case "version":
+		return version(stdout)
 	case "-h", "--help", "help":
 		io.WriteString(stdout, usage)
 		return 0
@@ -118,6 +128,7 @@ func serve(args []string, stderr io.Writer) int {
 	removable := fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
 	cfgPath := fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	logLevel := fs.String("log-level", "info", "debug, info, warn or error")
+	logFormat := fs.String("log-format", "text", "text or json (log/slog, on stderr)")
 	nop := fs.Duration("nop-interval", 10*time.Second, "ping idle connections after this long (negative: never)")
 	nopTimeout := fs.Duration("nop-timeout", 15*time.Second, "drop a connection whose ping goes unanswered this long")
 	loginTimeout := fs.Duration("login-timeout", 15*time.Second, "drop a connection whose login has not finished after this long")
@@ -126,6 +137,8 @@ func serve(args []string, stderr io.Writer) int {
 	cmdWindow := fs.Int("cmd-window", 128, "commands a session may have outstanding (the CmdSN window)")
 	mrdsl := fs.Int("max-recv-data-segment-length", 262144, "largest data segment accepted (512 to 16777215)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
+	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
+	adminSocket := fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
@@ -146,7 +159,17 @@ func serve(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "blockwire: --log-level: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl}))
+	var handler slog.Handler
+	switch *logFormat {
+	case "text":
+		handler = slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: lvl})
+	case "json":
+		handler = slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: lvl})
+	default:
+		fmt.Fprintf(stderr, "blockwire: --log-format must be text or json, not %q\n", *logFormat)
+		return 2
+	}
+	log := slog.New(handler)
 
 	var cfg *config.Config
 	if *cfgPath != "" {
@@ -322,6 +345,59 @@ func serve(args []string, stderr io.Writer) int {
 	if loopback {
 		log.Info("serving on loopback only; use --listen ADDR:PORT to reach other hosts")
 	}
+	if *adminSocket != "" {
+		cfg.AdminSocket = *adminSocket
+	}
+	if cfg.AdminSocket != "" {
+		os.Remove(cfg.AdminSocket) // a stale socket of an earlier run
+		al, err := net.Listen("unix", cfg.AdminSocket)
+		if err == nil {
+			err = os.Chmod(cfg.AdminSocket, 0o600)
+		}
+		if err != nil {
+			for _, o := range listeners {
+				o.Close()
+			}
+			closeDevices()
+			fmt.Fprintf(stderr, "blockwire: --admin-socket: %v\n", err)
+			return 1
+		}
+		var devMu sync.Mutex
+		h := admin.Handler(admin.Options{ISCSI: srv,
+			Devices: func() []*target.Device { devMu.Lock(); defer devMu.Unlock(); return devices },
+			Build: func(n admin.NewLU) (*target.LU, error) {
+				lc := config.LUN{ID: n.LUN, Size: n.Size, File: n.File, Remote: n.Remote, BlockSize: n.BlockSize, ReadOnly: n.ReadOnly}
+				if err := (&config.Config{Targets: []config.Target{{Name: n.Target, LUNs: []config.LUN{lc}}}}).Validate(); err != nil {
+					return nil, err
+				}
+				log.Info("adding a LUN", "target", n.Target, "lun", n.LUN)
+				return buildLU(n.Target, lc, log)
+			}})
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(al)
+		defer func() { hs.Close(); os.Remove(cfg.AdminSocket) }()
+		log.Info("administration API", "socket", cfg.AdminSocket)
+	}
+	if *metricsAddr != "" {
+		cfg.Metrics = *metricsAddr
+	}
+	if cfg.Metrics != "" {
+		ml, err := net.Listen("tcp", cfg.Metrics)
+		if err != nil {
+			for _, o := range listeners {
+				o.Close()
+			}
+			closeDevices()
+			fmt.Fprintf(stderr, "blockwire: --metrics: %v\n", err)
+			return 1
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", metrics.Handler(metrics.New(func() []*target.Device { return devices }, srv)))
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(ml)
+		defer hs.Close()
+		log.Info("serving metrics", "url", "http://"+ml.Addr().String()+"/metrics")
+	}
 	var wg sync.WaitGroup
 	errc := make(chan error, len(listeners)+len(srpListeners))
 	for _, l := range listeners {
@@ -387,57 +463,66 @@ func srpPortID(v, name string) (uint64, uint64, error) {
 	return hi, lo, nil
 }
 
+// buildLU makes the logical unit a configuration's LUN describes.
+func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, error) {
+	var size int64
+	if lc.Size != "" {
+		var err error
+		if size, err = config.ParseSize(lc.Size); err != nil {
+			return nil, err
+		}
+	}
+	var be backend.Backend
+	var err error
+	blockSize := lc.BlockSize
+	switch {
+	case lc.Remote != "":
+		// A gateway LUN (issue 13): another target's LUN through our
+		// initiator, which reconnects for up to 30 s before commands fail
+		// with a retryable sense.
+		var d device
+		if d, err = openDevice(context.Background(), lc.Remote, initiator.Options{Logger: log.With("remote", config.RedactURL(lc.Remote))}); err == nil {
+			if blockSize != 0 && blockSize != d.BlockSize() {
+				d.Close()
+				err = fmt.Errorf("%s: block_size %d, but the remote LUN's is %d", config.RedactURL(lc.Remote), blockSize, d.BlockSize())
+			} else {
+				blockSize = d.BlockSize()
+				be = remote.New(d.(remote.Device), config.RedactURL(lc.Remote))
+			}
+		}
+	case lc.File != "":
+		be, err = file.Open(lc.File, size, lc.ReadOnly)
+	default:
+		be, err = mem.New(size)
+	}
+	if err != nil {
+		return nil, err
+	}
+	prFile := ""
+	if lc.File != "" {
+		prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
+	}
+	lu, err := target.NewLU(targetName, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
+		Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile})
+	if err != nil {
+		if c, ok := be.(backend.Closer); ok {
+			c.Close()
+		}
+		return nil, err
+	}
+	return lu, nil
+}
+
 func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarget.Target, error) {
 	dev := target.NewDevice(tc.Name, log.With("target", tc.Name))
 	for _, lc := range tc.LUNs {
-		var size int64
-		if lc.Size != "" {
-			var err error
-			if size, err = config.ParseSize(lc.Size); err != nil {
-				return nil, nil, err
+		lu, err := buildLU(tc.Name, lc, log)
+		if err == nil {
+			if err = dev.AddLU(lu); err != nil {
+				lu.Close()
 			}
-		}
-		var be backend.Backend
-		var err error
-		blockSize := lc.BlockSize
-		switch {
-		case lc.Remote != "":
-			// A gateway LUN (issue 13): another target's LUN through our
-			// initiator, which reconnects for up to 30 s before commands
-			// fail with a retryable sense.
-			var d device
-			if d, err = openDevice(context.Background(), lc.Remote, initiator.Options{Logger: log.With("remote", config.RedactURL(lc.Remote))}); err == nil {
-				if blockSize != 0 && blockSize != d.BlockSize() {
-					d.Close()
-					err = fmt.Errorf("%s: block_size %d, but the remote LUN's is %d", config.RedactURL(lc.Remote), blockSize, d.BlockSize())
-				} else {
-					blockSize = d.BlockSize()
-					be = remote.New(d.(remote.Device), config.RedactURL(lc.Remote))
-				}
-			}
-		case lc.File != "":
-			be, err = file.Open(lc.File, size, lc.ReadOnly)
-		default:
-			be, err = mem.New(size)
 		}
 		if err != nil {
-			dev.Close()
-			return nil, nil, err
-		}
-		prFile := ""
-		if lc.File != "" {
-			prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
-		}
-		lu, err := target.NewLU(tc.Name, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
-			Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile})
-		if err != nil {
-			if c, ok := be.(backend.Closer); ok {
-				c.Close()
-			}
-			dev.Close()
-			return nil, nil, err
-		}
-		if err := dev.AddLU(lu); err != nil {
 			dev.Close()
 			return nil, nil, err
 		}
@@ -471,4 +556,32 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 		t.MutualCHAP = &auth.Credentials{User: tc.MutualCHAP.User, Secret: v}
 	}
 	return dev, t, nil
+}
+
+// version prints the module version and the VCS revision it was built from.
+func version(stdout io.Writer) int {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		fmt.Fprintln(stdout, "blockwire (no build information)")
+		return 0
+	}
+	rev, dirty, when := "", "", ""
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			if s.Value == "true" {
+				dirty = "+modified"
+			}
+		case "vcs.time":
+			when = s.Value
+		}
+	}
+	parts := []string{"blockwire", bi.Main.Version}
+	if rev != "" {
+		parts = append(parts, rev+dirty, when)
+	}
+	fmt.Fprintln(stdout, strings.Join(append(parts, bi.GoVersion), " "))
+	return 0
 }

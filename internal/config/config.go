@@ -18,9 +18,15 @@ import (
 // Config is the whole file.
 type Config struct {
 	// Listen lists the iSCSI/TCP portals, "host:port".
-	Listen  []string `toml:"listen"`
-	Limits  Limits   `toml:"limits"`
-	Targets []Target `toml:"target"`
+	Listen []string `toml:"listen"`
+	// Metrics is the host:port of the Prometheus endpoint (GET /metrics);
+	// empty: none.
+	Metrics string `toml:"metrics"`
+	// AdminSocket is the Unix socket of the administration API (blockwire
+	// admin); empty: none.
+	AdminSocket string   `toml:"admin_socket"`
+	Limits      Limits   `toml:"limits"`
+	Targets     []Target `toml:"target"`
 }
 
 // Limits bound what initiators may use; zero keeps the default (in
@@ -155,6 +161,9 @@ func (c *Config) Validate() error {
 		if !strings.Contains(l, ":") {
 			add("listen[%d]: %q is not host:port", i, l)
 		}
+	}
+	if c.Metrics != "" && !strings.Contains(c.Metrics, ":") {
+		add("metrics: %q is not host:port", c.Metrics)
 	}
 	if err := c.Limits.Validate("limits."); err != nil {
 		errs = append(errs, err)

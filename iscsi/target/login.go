@@ -355,6 +355,7 @@ func (c *conn) failLogin(err error) error {
 		le = &loginError{pdu.LoginStatusTargetError, err}
 	}
 	c.log.Warn("login failed", "status", fmt.Sprintf("%04x", le.status), "err", le.err)
+	c.srv.loginFailures[min(le.status>>8, 3)].Add(1)
 	resp := pdu.LoginResp{
 		CSG: c.login.stage, ISID: c.login.isid, TSIH: c.login.tsih, ITT: c.loginITT,
 		StatusClass: byte(le.status >> 8), StatusDetail: byte(le.status),

@@ -16,6 +16,7 @@ import (
 	"net"
 	"sort"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
@@ -171,6 +172,7 @@ type Server struct {
 	nextTSIH      uint16
 	closing       bool
 	connWG        sync.WaitGroup
+	loginFailures [4]atomic.Uint64 // by status class (LoginFailures)
 }
 
 // NewServer returns a server with no targets.
@@ -546,12 +548,40 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 	return nil
 }
 
+// LoginFailures counts failed logins by status class (RFC 7143 §11.13.5):
+// index 1 redirection, 2 initiator error, 3 target error.
+func (s *Server) LoginFailures() [4]uint64 {
+	var out [4]uint64
+	for i := range out {
+		out[i] = s.loginFailures[i].Load()
+	}
+	return out
+}
+
+// DropSession closes every connection of the session with this TSIH (an
+// administrator's decision; the initiator may log in again). It reports
+// whether the session existed.
+func (s *Server) DropSession(tsih uint16) bool {
+	s.mu.Lock()
+	found := s.sessions[tsih]
+	s.mu.Unlock()
+	if found == nil {
+		return false
+	}
+	found.close("dropped by the administrator")
+	return true
+}
+
 // Sessions returns a snapshot of the active sessions, for administration.
 func (s *Server) Sessions() []SessionInfo {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]SessionInfo, 0, len(s.sessions))
+	list := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {
+		list = append(list, ss)
+	}
+	s.mu.Unlock()
+	out := make([]SessionInfo, 0, len(list))
+	for _, ss := range list {
 		out = append(out, ss.info())
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].TSIH < out[j].TSIH })

@@ -1,6 +1,8 @@
 package target
 
 import (
+	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 
@@ -62,13 +64,59 @@ type SessionInfo struct {
 	Target      string
 	Discovery   bool
 	Connections int
+	// Stats are the session's command counters (nil for discovery).
+	Stats *scsitarget.Stats
+	// Params are the negotiated session-wide keys; Conns the connections.
+	Params map[string]string
+	Conns  []ConnInfo
+}
+
+// ConnInfo describes one connection of a session.
+type ConnInfo struct {
+	CID       uint16
+	Remote    string
+	Transport string // "tcp" or "iser"
+	InFlight  int    // commands received and not yet answered
 }
 
 func (ss *session) info() SessionInfo {
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
-	return SessionInfo{TSIH: ss.tsih, Initiator: ss.initiator, ISID: ss.isid, Target: ss.targetName,
+	si := SessionInfo{TSIH: ss.tsih, Initiator: ss.initiator, ISID: ss.isid, Target: ss.targetName,
 		Discovery: ss.discovery, Connections: len(ss.conns)}
+	if ss.nexus != nil {
+		si.Stats = ss.nexus.Stats()
+	}
+	p := ss.params
+	conns := make([]*conn, 0, len(ss.conns))
+	for _, c := range ss.conns {
+		conns = append(conns, c)
+	}
+	ss.mu.Unlock() // connection locks are not taken under the session's
+	yn := func(b bool) string {
+		if b {
+			return "Yes"
+		}
+		return "No"
+	}
+	si.Params = map[string]string{
+		"InitialR2T": yn(p.InitialR2T), "ImmediateData": yn(p.ImmediateData),
+		"FirstBurstLength": strconv.Itoa(int(p.FirstBurstLength)), "MaxBurstLength": strconv.Itoa(int(p.MaxBurstLength)),
+		"MaxOutstandingR2T": strconv.Itoa(p.MaxOutstandingR2T), "ErrorRecoveryLevel": strconv.Itoa(p.ErrorRecoveryLevel),
+		"MaxConnections": strconv.Itoa(p.MaxConnections), "DataPDUInOrder": yn(p.DataPDUInOrder),
+		"DataSequenceInOrder": yn(p.DataSequenceInOrder),
+	}
+	for _, c := range conns {
+		c.mu.Lock()
+		n := len(c.tasks)
+		c.mu.Unlock()
+		tr := "tcp"
+		if u, ok := c.dm.(interface{ ISER() bool }); c.iserOnly || ok && u.ISER() {
+			tr = "iser"
+		}
+		si.Conns = append(si.Conns, ConnInfo{CID: c.cid, Remote: c.dm.RemoteAddr(), Transport: tr, InFlight: n})
+	}
+	sort.Slice(si.Conns, func(i, j int) bool { return si.Conns[i].CID < si.Conns[j].CID })
+	return si
 }
 
 func (ss *session) setExpCmdSN(exp uint32) {

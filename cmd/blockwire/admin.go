@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"text/tabwriter"
+	"time"
+
+	"github.com/blockwire/blockwire/admin"
+	"github.com/blockwire/blockwire/internal/config"
+)
+
+const adminUsage = `usage: blockwire admin [--socket PATH] VERB
+  sessions                          sessions, connections, negotiated values, commands in flight
+  drop TSIH                         close a session's connections
+  luns                              every target's LUNs
+  add-lun TARGET LUN (--size S | --file F | --remote URL) [--block-size N] [--read-only]
+  remove-lun TARGET LUN
+  resize TARGET LUN SIZE            connected initiators get CAPACITY DATA HAS CHANGED
+The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET).
+`
+
+// adminVerb is the client of the administration API (package admin).
+func adminVerb(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	sock := fs.String("socket", os.Getenv("BLOCKWIRE_ADMIN_SOCKET"), "the administration socket")
+	size := fs.String("size", "", "add-lun: an in-memory LUN of this size")
+	file := fs.String("file", "", "add-lun: a file-backed LUN")
+	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
+	blockSize := fs.Int("block-size", 0, "add-lun: logical block size")
+	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
+	pos, err := parse(fs, args)
+	if err != nil || len(pos) == 0 || *sock == "" {
+		io.WriteString(stderr, adminUsage)
+		return exitUsage
+	}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", *sock)
+		}}}
+	call := func(method, path string, body, out any) error {
+		var rd io.Reader
+		if body != nil {
+			b, _ := json.Marshal(body)
+			rd = bytes.NewReader(b)
+		}
+		req, _ := http.NewRequest(method, "http://blockwire"+path, rd)
+		resp, err := client.Do(req)
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			var e admin.Error
+			json.NewDecoder(resp.Body).Decode(&e)
+			return fmt.Errorf("%s", e.Error)
+		}
+		return json.NewDecoder(resp.Body).Decode(out)
+	}
+	need := func(n int) bool {
+		if len(pos) != n {
+			io.WriteString(stderr, adminUsage)
+			return false
+		}
+		return true
+	}
+	var res any
+	switch pos[0] {
+	case "sessions":
+		var ss []admin.Session
+		if err = call("GET", "/sessions", nil, &ss); err == nil {
+			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TSIH\tTARGET\tINITIATOR\tISID\tCONNECTIONS\tIN FLIGHT\tREADS\tWRITES")
+			for _, s := range ss {
+				inflight := 0
+				conns := ""
+				for i, c := range s.Connections {
+					inflight += c.InFlight
+					if i > 0 {
+						conns += ","
+					}
+					conns += fmt.Sprintf("%d:%s:%s", c.CID, c.Transport, c.Remote)
+				}
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", s.TSIH, s.Target, s.Initiator, s.ISID, conns, inflight, s.Commands["read"], s.Commands["write"])
+			}
+			tw.Flush()
+			return exitOK
+		}
+	case "drop":
+		if !need(2) {
+			return exitUsage
+		}
+		err = call("DELETE", "/sessions/"+url.PathEscape(pos[1]), nil, &res)
+	case "luns":
+		var ls []admin.LUN
+		if err = call("GET", "/luns", nil, &ls); err == nil {
+			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "TARGET\tLUN\tSIZE\tBLOCK SIZE")
+			for _, l := range ls {
+				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", l.Target, l.LUN, l.Size, l.BlockSize)
+			}
+			tw.Flush()
+			return exitOK
+		}
+	case "add-lun":
+		if !need(3) {
+			return exitUsage
+		}
+		n, perr := strconv.ParseUint(pos[2], 10, 64)
+		if perr != nil {
+			fmt.Fprintln(stderr, "blockwire: LUN:", perr)
+			return exitUsage
+		}
+		err = call("POST", "/luns", admin.NewLU{Target: pos[1], LUN: n, Size: *size, File: *file, Remote: *remoteURL,
+			BlockSize: *blockSize, ReadOnly: *readOnly}, &res)
+	case "remove-lun":
+		if !need(3) {
+			return exitUsage
+		}
+		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2]), nil, &res)
+	case "resize":
+		if !need(4) {
+			return exitUsage
+		}
+		sz, perr := config.ParseSize(pos[3])
+		if perr != nil {
+			fmt.Fprintln(stderr, "blockwire: SIZE:", perr)
+			return exitUsage
+		}
+		err = call("POST", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+"/resize?size="+strconv.FormatInt(sz, 10), nil, &res)
+	default:
+		io.WriteString(stderr, adminUsage)
+		return exitUsage
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire admin:", err)
+		return 1
+	}
+	b, _ := json.Marshal(res)
+	fmt.Fprintln(stdout, string(b))
+	return exitOK
+}

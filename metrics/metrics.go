@@ -1,0 +1,146 @@
+// Package metrics exports a running blockwire's counters to Prometheus:
+// commands, bytes, latency and errors per LUN and per session, the
+// sessions themselves and failed logins. It keeps no counters of its own:
+// at each scrape it reads those the SCSI core (target.Stats) and the iSCSI
+// server keep, so the I/O path pays only their atomic adds.
+package metrics
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/target"
+)
+
+// Collector is a prometheus.Collector over the devices (targets) and the
+// iSCSI server of one blockwire process.
+type Collector struct {
+	devices func() []*target.Device
+	iscsi   *iscsitarget.Server
+
+	lunCmds, lunBytes, lunErrs, lunLat *prometheus.Desc
+	sesCmds, sesBytes, sesLat          *prometheus.Desc
+	sessions, loginFail                *prometheus.Desc
+}
+
+// New returns a collector reading devices' LUNs and srv's sessions.
+func New(devices func() []*target.Device, srv *iscsitarget.Server) *Collector {
+	lun := []string{"target", "lun"}
+	ses := []string{"target", "initiator", "isid", "tsih"}
+	return &Collector{devices: devices, iscsi: srv,
+		lunCmds:   prometheus.NewDesc("blockwire_lun_commands_total", "SCSI commands completed, by class (read, write, other).", append(lun, "class"), nil),
+		lunBytes:  prometheus.NewDesc("blockwire_lun_bytes_total", "Bytes moved by reads and writes.", append(lun, "direction"), nil),
+		lunErrs:   prometheus.NewDesc("blockwire_lun_errors_total", "Commands that did not end GOOD, by kind (a sense key's name, reservation_conflict, busy).", append(lun, "kind"), nil),
+		lunLat:    prometheus.NewDesc("blockwire_lun_command_duration_seconds", "Command latency from arrival to completion, by class.", append(lun, "class"), nil),
+		sesCmds:   prometheus.NewDesc("blockwire_session_commands_total", "SCSI commands completed in a session, by class.", append(ses, "class"), nil),
+		sesBytes:  prometheus.NewDesc("blockwire_session_bytes_total", "Bytes moved by a session's reads and writes.", append(ses, "direction"), nil),
+		sesLat:    prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
+		sessions:  prometheus.NewDesc("blockwire_iscsi_sessions", "iSCSI sessions logged in, by type.", []string{"type"}, nil),
+		loginFail: prometheus.NewDesc("blockwire_iscsi_login_failures_total", "Failed logins, by status class.", []string{"class"}, nil),
+	}
+}
+
+// Handler serves the collector (and the Go runtime's metrics) in the
+// Prometheus text format, for GET /metrics.
+func Handler(c *Collector) http.Handler {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+// Describe implements prometheus.Collector.
+func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{c.lunCmds, c.lunBytes, c.lunErrs, c.lunLat, c.sesCmds, c.sesBytes, c.sesLat, c.sessions, c.loginFail} {
+		ch <- d
+	}
+}
+
+func className(cl int) string {
+	switch cl {
+	case target.ClassRead:
+		return "read"
+	case target.ClassWrite:
+		return "write"
+	}
+	return "other"
+}
+
+// senseKeys names the sense keys (SPC-4 Table 52) for the errors metric.
+func senseKey(k int) string {
+	names := [16]string{"no_sense", "recovered_error", "not_ready", "medium_error", "hardware_error",
+		"illegal_request", "unit_attention", "data_protect", "blank_check", "vendor_specific",
+		"copy_aborted", "aborted_command", "reserved_0c", "volume_overflow", "miscompare", "completed"}
+	return names[k&15]
+}
+
+// Collect implements prometheus.Collector.
+func (c *Collector) Collect(ch chan<- prometheus.Metric) {
+	bounds := target.LatencyBounds()
+	hist := func(d *prometheus.Desc, s *target.Stats, cl int, labels ...string) {
+		buckets := make(map[float64]uint64, len(bounds))
+		var cum uint64
+		for i, b := range bounds {
+			cum += s.Latency[cl][i].Load()
+			buckets[b.Seconds()] = cum
+		}
+		count := cum + s.Latency[cl][len(bounds)].Load()
+		sum := float64(s.LatencySum[cl].Load()) / 1e9
+		ch <- prometheus.MustNewConstHistogram(d, count, sum, buckets, append(labels, className(cl))...)
+	}
+	counters := func(cmds, bytes, lat *prometheus.Desc, s *target.Stats, labels ...string) {
+		for cl := range target.NumClasses {
+			ch <- prometheus.MustNewConstMetric(cmds, prometheus.CounterValue, float64(s.Commands[cl].Load()), append(labels, className(cl))...)
+			hist(lat, s, cl, labels...)
+		}
+		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[target.ClassRead].Load()), append(labels, "read")...)
+		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[target.ClassWrite].Load()), append(labels, "write")...)
+	}
+	if c.devices != nil {
+		for _, d := range c.devices() {
+			for _, n := range d.LUNs() {
+				lu := d.LU(n)
+				if lu == nil {
+					continue
+				}
+				s := lu.Stats()
+				labels := []string{d.Name(), strconv.FormatUint(n, 10)}
+				counters(c.lunCmds, c.lunBytes, c.lunLat, s, labels...)
+				for k := range s.CheckConditions {
+					if v := s.CheckConditions[k].Load(); v > 0 {
+						ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(v), append(labels, senseKey(k))...)
+					}
+				}
+				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Conflicts.Load()), append(labels, "reservation_conflict")...)
+				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Busy.Load()), append(labels, "busy")...)
+			}
+		}
+	}
+	if c.iscsi == nil {
+		return
+	}
+	var normal, discovery int
+	for _, si := range c.iscsi.Sessions() {
+		if si.Discovery {
+			discovery++
+			continue
+		}
+		normal++
+		if si.Stats != nil {
+			counters(c.sesCmds, c.sesBytes, c.sesLat, si.Stats, si.Target, si.Initiator, fmt.Sprintf("%x", si.ISID), strconv.Itoa(int(si.TSIH)))
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(normal), "normal")
+	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(discovery), "discovery")
+	lf := c.iscsi.LoginFailures()
+	for i, name := range []string{"", "redirection", "initiator_error", "target_error"} {
+		if name != "" {
+			ch <- prometheus.MustNewConstMetric(c.loginFail, prometheus.CounterValue, float64(lf[i]), name)
+		}
+	}
+}

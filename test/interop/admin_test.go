@@ -1,0 +1,87 @@
+package interop
+
+import (
+	"context"
+	be "encoding/binary"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/blockwire/blockwire/iscsi/initiator"
+)
+
+// TestAdminAtRuntime: issue 11. A LUN added and a LUN resized through the
+// administration socket are seen by an initiator that stays connected —
+// first as the unit attentions SPC-4 requires (REPORTED LUNS DATA HAS
+// CHANGED, CAPACITY DATA HAS CHANGED), then in REPORT LUNS and READ
+// CAPACITY; the session is listed with its connection and dropped on
+// request, after which the initiator reconnects by itself.
+func TestAdminAtRuntime(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "admin.sock")
+	d := serve(t, "--size", "64MiB", "--admin-socket", sock)
+	adm := func(args ...string) string {
+		t.Helper()
+		out, code := blockwire(t, append([]string{"admin", "--socket", sock}, args...)...)
+		if code != 0 {
+			t.Fatalf("admin %v (exit %d):\n%s", args, code, out)
+		}
+		return out
+	}
+	ctx := context.Background()
+	dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	s := dev.Session()
+	do := func(lun uint64, cdb []byte, in []byte) error {
+		_, err := s.Do(ctx, lun, cdb, nil, in)
+		return err
+	}
+	senseIs := func(err error, asc, ascq byte) bool {
+		var se *initiator.SCSIError
+		return errors.As(err, &se) && se.Sense != nil && se.Sense.ASC == asc && se.Sense.ASCQ == ascq
+	}
+	reportLUNs := []byte{0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}
+	buf := make([]byte, 256)
+	do(0, reportLUNs, buf) // clears the power-on unit attention
+	if err := do(0, reportLUNs, buf); err != nil || be.BigEndian.Uint32(buf) != 8 {
+		t.Fatalf("REPORT LUNS before: %v, list length %d", err, be.BigEndian.Uint32(buf))
+	}
+
+	adm("add-lun", defaultIQN, "1", "--size", "16MiB")
+	if err := do(0, []byte{0, 0, 0, 0, 0, 0}, nil); !senseIs(err, 0x3f, 0x0e) {
+		t.Fatalf("after add-lun: %v, want REPORTED LUNS DATA HAS CHANGED", err)
+	}
+	if err := do(0, reportLUNs, buf); err != nil || be.BigEndian.Uint32(buf) != 16 || buf[8+8+1] != 1 {
+		t.Fatalf("REPORT LUNS after add-lun: %v % x", err, buf[:24])
+	}
+
+	adm("resize", defaultIQN, "0", "128MiB")
+	readCap16 := []byte{0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0}
+	if err := do(0, readCap16, buf[:32]); !senseIs(err, 0x2a, 0x09) {
+		t.Fatalf("after resize: %v, want CAPACITY DATA HAS CHANGED", err)
+	}
+	if err := do(0, readCap16, buf[:32]); err != nil || be.BigEndian.Uint64(buf)+1 != 128<<20/512 {
+		t.Fatalf("READ CAPACITY(16) after resize: %v, %d blocks", err, be.BigEndian.Uint64(buf)+1)
+	}
+
+	out := adm("sessions")
+	if !strings.Contains(out, initiator.DefaultInitiatorName) || !strings.Contains(out, ":tcp:127.0.0.1:") {
+		t.Fatalf("sessions:\n%s", out)
+	}
+	tsih := strings.Fields(strings.Split(out, "\n")[1])[0]
+	adm("drop", tsih)
+	// The initiator logs in again (session reinstatement) and goes on.
+	if err := do(1, []byte{0, 0, 0, 0, 0, 0}, nil); err != nil && !senseIs(err, 0x29, 0x00) {
+		t.Fatalf("after drop: %v", err)
+	}
+	if !strings.Contains(d.log.String(), "dropped by the administrator") {
+		t.Fatalf("the drop is not logged:\n%s", d.log)
+	}
+	adm("remove-lun", defaultIQN, "1")
+	if out := adm("luns"); strings.Contains(out, defaultIQN+"  1") {
+		t.Fatalf("luns after remove-lun:\n%s", out)
+	}
+}

@@ -1,0 +1,76 @@
+package interop
+
+import (
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMetricsReflectQemuBench: issue 11. The Prometheus endpoint counts
+// what QEMU's iSCSI driver did — its reads, writes and bytes, and their
+// latency histogram — and a refused login.
+func TestMetricsReflectQemuBench(t *testing.T) {
+	need(t, "qemu-img", "iscsi-inq")
+	maddr := freePort(t)
+	d := serve(t, "--metrics", maddr)
+	url := d.url(defaultIQN, 0)
+	mustRun(t, 3*time.Minute, "qemu-img", "bench", "-f", "raw", "-d", "8", "-s", "4096", "-c", "3000", url)
+	mustRun(t, 3*time.Minute, "qemu-img", "bench", "-f", "raw", "-d", "8", "-s", "65536", "-c", "500", "-w", url)
+	// A login to a target that does not exist fails (0203).
+	run(t, 30*time.Second, "iscsi-inq", "iscsi://"+d.addr+"/iqn.2026-11.org.blockwire:nothing/0")
+
+	resp, err := http.Get("http://" + maddr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	text := string(body)
+	value := func(name string, labels ...string) float64 {
+		t.Helper()
+		for _, line := range strings.Split(text, "\n") {
+			if !strings.HasPrefix(line, name+"{") {
+				continue
+			}
+			ok := true
+			for _, l := range labels {
+				ok = ok && strings.Contains(line, l)
+			}
+			if ok {
+				v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return v
+			}
+		}
+		t.Fatalf("no %s %v in:\n%s", name, labels, text)
+		return 0
+	}
+	lun := `lun="0"`
+	if v := value("blockwire_lun_commands_total", lun, `class="read"`); v < 3000 {
+		t.Errorf("reads counted %v, qemu-img bench made 3000", v)
+	}
+	if v := value("blockwire_lun_commands_total", lun, `class="write"`); v < 500 {
+		t.Errorf("writes counted %v, qemu-img bench made 500", v)
+	}
+	if v := value("blockwire_lun_bytes_total", lun, `direction="write"`); v < 500*65536 {
+		t.Errorf("bytes written %v, want at least %d", v, 500*65536)
+	}
+	if v := value("blockwire_lun_command_duration_seconds_count", lun, `class="read"`); v < 3000 {
+		t.Errorf("read latency observations %v", v)
+	}
+	if v := value("blockwire_lun_command_duration_seconds_bucket", lun, `class="read"`, `le="+Inf"`); v < 3000 {
+		t.Errorf("read latency +Inf bucket %v", v)
+	}
+	if v := value("blockwire_iscsi_login_failures_total", `class="initiator_error"`); v < 1 {
+		t.Errorf("failed logins %v", v)
+	}
+	if !regexp.MustCompile(`(?m)^go_goroutines `).MatchString(text) {
+		t.Error("no Go runtime metrics")
+	}
+}
