@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -36,6 +37,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
 	"github.com/blockwire/blockwire/target"
 )
@@ -139,6 +141,7 @@ func serve(args []string, stderr io.Writer) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
 	adminSocket := fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
+	isnsServer := fs.String("isns", "", "register the targets and portals with this iSNS server (host[:port], RFC 4171)")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
@@ -278,6 +281,7 @@ func serve(args []string, stderr io.Writer) int {
 			}
 		}
 	}
+	var isnsNodes []isns.Node
 	for _, tc := range cfg.Targets {
 		dev, t, err := buildTarget(tc, log)
 		if err != nil {
@@ -291,6 +295,7 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
+		isnsNodes = append(isnsNodes, isns.Node{Name: t.Name, Alias: t.Alias, TPGT: t.TPGT})
 		for _, l := range dev.LUNs() {
 			lu := dev.LU(l)
 			log.Info("lun ready", "target", t.Name, "lun", l, "blocks", lu.Blocks(), "block_size", lu.BlockSize(), "read_only", lu.ReadOnly())
@@ -418,6 +423,18 @@ func serve(args []string, stderr io.Writer) int {
 			}
 		}()
 	}
+	if *isnsServer != "" {
+		cfg.ISNS = *isnsServer
+	}
+	isnsDone := make(chan struct{})
+	isnsCtx, isnsStop := context.WithCancel(context.Background())
+	if cfg.ISNS != "" {
+		host, _ := os.Hostname()
+		c := &isns.Client{Server: cfg.ISNS, EntityID: "blockwire:" + host, Nodes: isnsNodes, Portals: portalAddrs(listeners, log), Log: log}
+		go func() { defer close(isnsDone); c.Run(isnsCtx) }()
+	} else {
+		close(isnsDone)
+	}
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	code := 0
@@ -428,6 +445,8 @@ func serve(args []string, stderr io.Writer) int {
 		log.Error("portal failed", "err", err)
 		code = 1
 	}
+	isnsStop() // deregister first: no new initiators
+	<-isnsDone
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if srpSrv != nil {
@@ -584,4 +603,30 @@ func version(stdout io.Writer) int {
 	}
 	fmt.Fprintln(stdout, strings.Join(append(parts, bi.GoVersion), " "))
 	return 0
+}
+
+// portalAddrs are the addresses to register with iSNS: each listener's,
+// with a wildcard one expanded to the host's addresses.
+func portalAddrs(ls []net.Listener, log *slog.Logger) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, l := range ls {
+		ap, err := netip.ParseAddrPort(l.Addr().String())
+		if err != nil {
+			continue
+		}
+		if !ap.Addr().IsUnspecified() {
+			out = append(out, netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()))
+			continue
+		}
+		addrs, _ := net.InterfaceAddrs()
+		for _, a := range addrs {
+			if pfx, err := netip.ParsePrefix(a.String()); err == nil && !pfx.Addr().IsLoopback() && !pfx.Addr().IsLinkLocalUnicast() {
+				out = append(out, netip.AddrPortFrom(pfx.Addr().Unmap(), ap.Port()))
+			}
+		}
+	}
+	if len(out) == 0 {
+		log.Warn("iSNS: no portal address to register")
+	}
+	return out
 }

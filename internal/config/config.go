@@ -24,9 +24,12 @@ type Config struct {
 	Metrics string `toml:"metrics"`
 	// AdminSocket is the Unix socket of the administration API (blockwire
 	// admin); empty: none.
-	AdminSocket string   `toml:"admin_socket"`
-	Limits      Limits   `toml:"limits"`
-	Targets     []Target `toml:"target"`
+	AdminSocket string `toml:"admin_socket"`
+	// ISNS is the iSNS server (host[:port]) the targets and portals are
+	// registered with (RFC 4171); empty: none.
+	ISNS    string   `toml:"isns"`
+	Limits  Limits   `toml:"limits"`
+	Targets []Target `toml:"target"`
 }
 
 // Limits bound what initiators may use; zero keeps the default (in
