@@ -167,30 +167,10 @@ func transports(bin string, bw target, dur time.Duration) {
 	tcp := target{name: "tcp", url: bw.url}
 	iser := target{name: "iser", url: strings.Replace(bw.url, "iscsi://", "iser://", 1)}
 	srp := target{name: "srp", url: bw.srp}
-	ws := []workload{
-		{"4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
-		{"4k randread QD32", "IOPS", true, bwBench(bin, dur, "randread", "4k", "32", "IOPS")},
-		{"4k randwrite QD32", "IOPS", true, bwBench(bin, dur, "randwrite", "4k", "32", "IOPS")},
-		{"128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
-		{"128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
-	}
-	results := roundsN(ws, tcp, iser, srp)
-	host, _ := os.Hostname()
-	fmt.Printf("\nblockwire bench, iSER and SRP (software iWARP) vs iSCSI/TCP, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
-	fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-8s | %-8s |\n", "workload", "unit", "iSCSI/TCP", "iSER", "SRP", "iSER/TCP", "SRP/TCP")
-	fmt.Printf("|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 22), strings.Repeat("-", 7), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 10), strings.Repeat("-", 10))
-	ratio := func(a, b []float64) string {
-		if len(a) > 0 && len(b) > 0 && median(a) > 0 {
-			return fmt.Sprintf("%.2fx", median(b)/median(a))
-		}
-		return "n/a"
-	}
-	for _, w := range ws {
-		a, b, c := results[w.name]["tcp"], results[w.name]["iser"], results[w.name]["srp"]
-		fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-8s | %-8s |\n", w.name, w.unit, stat(a), stat(b), stat(c), ratio(a, b), ratio(a, c))
-	}
-	fmt.Printf("\nratios: the RDMA transport over iSCSI/TCP (above 1 = faster than TCP)\n")
+	ws := ourWorkloads(bin, dur)
+	threeWay("iSER and SRP (software iWARP) vs iSCSI/TCP", ws, roundsN(ws, tcp, iser, srp),
+		[3]string{"tcp", "iser", "srp"}, [5]string{"iSCSI/TCP", "iSER", "SRP", "iSER/TCP", "SRP/TCP"},
+		"the RDMA transport over iSCSI/TCP (above 1 = faster than TCP)")
 }
 
 // gateway measures what the gateway hop costs (issue 13): blockwire bench
@@ -214,19 +194,33 @@ func gateway(bin, dir string) {
 	url := "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0"
 	gwTCP := target{name: "gw-tcp", url: url}
 	gwISER := target{name: "gw-iser", url: strings.Replace(url, "iscsi://", "iser://", 1)}
-	ws := []workload{
+	ws := ourWorkloads(bin, dur)
+	threeWay("tgt directly vs through the blockwire gateway", ws, roundsN(ws, tgt, gwTCP, gwISER),
+		[3]string{"tgt", "gw-tcp", "gw-iser"}, [5]string{"tgt", "gateway iSCSI/TCP", "gateway iSER", "gw-tcp/tgt", "gw-iser/tgt"},
+		"through the gateway over tgt directly (the hop's cost; 1 = free)")
+}
+
+// ourWorkloads are the blockwire bench runs of the three-way comparisons.
+func ourWorkloads(bin string, dur time.Duration) []workload {
+	return []workload{
 		{"4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
 		{"4k randread QD32", "IOPS", true, bwBench(bin, dur, "randread", "4k", "32", "IOPS")},
 		{"4k randwrite QD32", "IOPS", true, bwBench(bin, dur, "randwrite", "4k", "32", "IOPS")},
 		{"128k read QD8", "MB/s", true, bwBench(bin, dur, "read", "128k", "8", "MB/s")},
 		{"128k write QD8", "MB/s", true, bwBench(bin, dur, "write", "128k", "8", "MB/s")},
 	}
-	results := roundsN(ws, tgt, gwTCP, gwISER)
+}
+
+// threeWay prints one table: the three targets' medians and spreads and
+// the second's and third's ratios to the first.
+func threeWay(title string, ws []workload, results map[string]map[string][]float64, names [3]string, heads [5]string, note string) {
 	host, _ := os.Hostname()
-	fmt.Printf("\nblockwire bench, tgt directly vs through the blockwire gateway, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
-		time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
-	fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-9s | %-9s |\n", "workload", "unit", "tgt", "gateway iSCSI/TCP", "gateway iSER", "gw-tcp/tgt", "gw-iser/tgt")
-	fmt.Printf("|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 22), strings.Repeat("-", 7), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 11), strings.Repeat("-", 11))
+	fmt.Printf("\nblockwire bench, %s, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
+		title, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
+	row := "| %-20s | %-5s | %-22s | %-22s | %-22s | %-11s | %-11s |\n"
+	fmt.Printf(row, "workload", "unit", heads[0], heads[1], heads[2], heads[3], heads[4])
+	fmt.Printf("|%s|%s|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 22), strings.Repeat("-", 7), strings.Repeat("-", 24),
+		strings.Repeat("-", 24), strings.Repeat("-", 24), strings.Repeat("-", 13), strings.Repeat("-", 13))
 	ratio := func(a, b []float64) string {
 		if len(a) > 0 && len(b) > 0 && median(a) > 0 {
 			return fmt.Sprintf("%.2fx", median(b)/median(a))
@@ -234,10 +228,10 @@ func gateway(bin, dir string) {
 		return "n/a"
 	}
 	for _, w := range ws {
-		a, b, c := results[w.name]["tgt"], results[w.name]["gw-tcp"], results[w.name]["gw-iser"]
-		fmt.Printf("| %-20s | %-5s | %-22s | %-22s | %-22s | %-9s | %-9s |\n", w.name, w.unit, stat(a), stat(b), stat(c), ratio(a, b), ratio(a, c))
+		a, b, c := results[w.name][names[0]], results[w.name][names[1]], results[w.name][names[2]]
+		fmt.Printf(row, w.name, w.unit, stat(a), stat(b), stat(c), ratio(a, b), ratio(a, c))
 	}
-	fmt.Printf("\nratios: through the gateway over tgt directly (the hop's cost; 1 = free)\n")
+	fmt.Printf("\nratios: %s\n", note)
 }
 
 func median(v []float64) float64 {

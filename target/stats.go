@@ -76,10 +76,7 @@ func classOf(op byte) int {
 
 // record counts a finished command.
 func (s *Stats) record(c *Command, d time.Duration) {
-	cl := ClassOther
-	if len(c.CDB) > 0 {
-		cl = classOf(c.CDB[0])
-	}
+	cl := c.class
 	s.Commands[cl].Add(1)
 	switch c.Status {
 	case scsi.StatusGood:

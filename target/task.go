@@ -41,6 +41,7 @@ type Command struct {
 	abortWG    *sync.WaitGroup
 	begun      bool
 	start      time.Time // Begin, for the latency in Stats
+	class      int       // ClassRead, ClassWrite or ClassOther, at Begin
 }
 
 const (
@@ -77,6 +78,12 @@ func (d *Device) Begin(c *Command) {
 	c.lu = lu
 	c.begun = true
 	c.start = time.Now()
+	// The class now: a fabric may reuse the CDB's memory before End (SRP
+	// reposts the receive buffer once the response is out).
+	c.class = ClassOther
+	if len(c.CDB) > 0 {
+		c.class = classOf(c.CDB[0])
+	}
 	lu.taskMu.Lock()
 	c.next = lu.tasks
 	c.prev = nil

@@ -273,9 +273,9 @@ func serve(args []string, stderr io.Writer) int {
 		}
 	}
 	srv := iscsitarget.NewServer(log, opts)
-	var devices []*target.Device
+	lv := &live{cfg: cfg, path: *cfgPath, srv: srv, log: log}
 	closeDevices := func() {
-		for _, d := range devices {
+		for _, d := range lv.Devices() {
 			if err := d.Close(); err != nil {
 				log.Error("closing backends", "target", d.Name(), "err", err)
 			}
@@ -289,7 +289,7 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		devices = append(devices, dev)
+		lv.devices = append(lv.devices, dev)
 		if err := srv.AddTarget(t); err != nil {
 			closeDevices()
 			fmt.Fprintln(stderr, err)
@@ -311,7 +311,7 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "blockwire: --srp-id-ext:", err)
 			return 2
 		}
-		srpSrv = srptarget.New(srptarget.Options{PD: rdma.NewDevice("blockwire-srp").AllocPD(), Device: devices[0],
+		srpSrv = srptarget.New(srptarget.Options{PD: rdma.NewDevice("blockwire-srp").AllocPD(), Device: lv.devices[0],
 			IDExt: hi, IOCGUID: lo, Logger: log.With("target", cfg.Targets[0].Name)})
 		fab := siw.New(siw.Options{Logger: log})
 		for _, a := range srpListen {
@@ -367,9 +367,8 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "blockwire: --admin-socket: %v\n", err)
 			return 1
 		}
-		var devMu sync.Mutex
 		h := admin.Handler(admin.Options{ISCSI: srv,
-			Devices: func() []*target.Device { devMu.Lock(); defer devMu.Unlock(); return devices },
+			Devices: lv.Devices,
 			Build: func(n admin.NewLU) (*target.LU, error) {
 				lc := config.LUN{ID: n.LUN, Size: n.Size, File: n.File, Remote: n.Remote, BlockSize: n.BlockSize, ReadOnly: n.ReadOnly}
 				if err := (&config.Config{Targets: []config.Target{{Name: n.Target, LUNs: []config.LUN{lc}}}}).Validate(); err != nil {
@@ -397,7 +396,7 @@ func serve(args []string, stderr io.Writer) int {
 			return 1
 		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", metrics.Handler(metrics.New(func() []*target.Device { return devices }, srv)))
+		mux.Handle("GET /metrics", metrics.Handler(metrics.New(lv.Devices, srv)))
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(ml)
 		defer hs.Close()
@@ -434,6 +433,22 @@ func serve(args []string, stderr io.Writer) int {
 		go func() { defer close(isnsDone); c.Run(isnsCtx) }()
 	} else {
 		close(isnsDone)
+	}
+	if *cfgPath != "" {
+		// SIGHUP: apply the configuration file's changes.
+		hup := make(chan os.Signal, 1)
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+		go func() {
+			for range hup {
+				log.Info("reloading the configuration", "file", *cfgPath)
+				if err := lv.reload(); err != nil {
+					log.Error("reload incomplete", "err", err)
+				} else {
+					log.Info("configuration reloaded")
+				}
+			}
+		}()
 	}
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
@@ -533,6 +548,10 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, er
 }
 
 func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarget.Target, error) {
+	t, err := targetAccess(tc)
+	if err != nil {
+		return nil, nil, err
+	}
 	dev := target.NewDevice(tc.Name, log.With("target", tc.Name))
 	for _, lc := range tc.LUNs {
 		lu, err := buildLU(tc.Name, lc, log)
@@ -546,14 +565,21 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 			return nil, nil, err
 		}
 	}
-	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Device: dev, Initiators: tc.AllowedInitiators()}
+	t.Device = dev
+	return dev, t, nil
+}
+
+// targetAccess is a target's name, alias, ACL and CHAP credentials, without
+// its device.
+func targetAccess(tc config.Target) (*iscsitarget.Target, error) {
+	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: tc.AllowedInitiators()}
 	for _, a := range tc.ACL {
 		if a.CHAP == nil {
 			continue
 		}
 		v, err := a.CHAP.Value()
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if t.InitiatorCHAP == nil {
 			t.InitiatorCHAP = map[string]auth.Credentials{}
@@ -563,18 +589,18 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 	if tc.CHAP != nil {
 		v, err := tc.CHAP.Value()
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		t.CHAP = &auth.Credentials{User: tc.CHAP.User, Secret: v}
 	}
 	if tc.MutualCHAP != nil {
 		v, err := tc.MutualCHAP.Value()
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		t.MutualCHAP = &auth.Credentials{User: tc.MutualCHAP.User, Secret: v}
 	}
-	return dev, t, nil
+	return t, nil
 }
 
 // version prints the module version and the VCS revision it was built from.

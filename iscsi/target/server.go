@@ -267,6 +267,47 @@ func (t *Target) checkSecrets() error {
 	return errors.Join(errs...)
 }
 
+// UpdateTarget replaces the access rules of a target — Alias,
+// Initiators, InitiatorCHAP, CHAP and MutualCHAP of t — for logins from
+// now on; sessions already logged in keep going. The Device stays.
+func (s *Server) UpdateTarget(t *Target) error {
+	if err := t.checkSecrets(); err != nil {
+		return fmt.Errorf("iscsi: target %s: %w", t.Name, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.targets[t.Name]
+	if old == nil {
+		return fmt.Errorf("iscsi: no target %s", t.Name)
+	}
+	nt := *old
+	nt.Alias, nt.Initiators, nt.InitiatorCHAP, nt.CHAP, nt.MutualCHAP = t.Alias, t.Initiators, t.InitiatorCHAP, t.CHAP, t.MutualCHAP
+	s.targets[t.Name] = &nt
+	return nil
+}
+
+// RemoveTarget stops offering a target and closes its sessions. The
+// caller closes its Device.
+func (s *Server) RemoveTarget(name string) error {
+	s.mu.Lock()
+	if s.targets[name] == nil {
+		s.mu.Unlock()
+		return fmt.Errorf("iscsi: no target %s", name)
+	}
+	delete(s.targets, name)
+	var drop []*session
+	for _, ss := range s.sessions {
+		if ss.targetName == name {
+			drop = append(drop, ss)
+		}
+	}
+	s.mu.Unlock()
+	for _, ss := range drop {
+		ss.close("the target was removed")
+	}
+	return nil
+}
+
 func (s *Server) target(name string) *Target {
 	s.mu.Lock()
 	defer s.mu.Unlock()

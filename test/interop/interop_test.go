@@ -354,8 +354,37 @@ secret = "guarded-secret-1"
 [[target.lun]]
 id = 0
 size = "16MiB"
+
+[[target]]
+name = "iqn.2026-11.org.blockwire:acl2"
+initiators = ["iqn.2026-11.org.example:other"]
+[[target.lun]]
+id = 0
+size = "8MiB"
+[[target.lun]]
+id = 1
+file = "`+filepath.Join(t.TempDir(), "lun1.img")+`"
+size = "8MiB"
 `), 0o600)
 	d := serve(t, "--config", cfg)
+	// Discovery shows each initiator exactly the targets its ACLs admit
+	// it to, with their LUNs (issue 11: two targets, three LUNs, memory
+	// and file, CHAP and ACLs).
+	for ini, want := range map[string][2]bool{
+		"iqn.2026-11.org.example:open":     {true, false},
+		"iqn.2026-11.org.example:other":    {false, true},
+		"iqn.2026-11.org.example:stranger": {false, false},
+	} {
+		out, _ := run(t, 30*time.Second, "iscsi-ls", "-s", "-i", ini, "iscsi://"+d.addr)
+		for i, name := range []string{"iqn.2026-11.org.blockwire:acl\n", "iqn.2026-11.org.blockwire:acl2\n"} {
+			if got := strings.Contains(out, "Target:"+strings.TrimSuffix(name, "\n")+" ") || strings.Contains(out, "Target:"+name); got != want[i] {
+				t.Errorf("iscsi-ls as %s: %s listed %v, want %v:\n%s", ini, strings.TrimSpace(name), got, want[i], out)
+			}
+		}
+		if want[1] && (!strings.Contains(out, "Lun:0") || !strings.Contains(out, "Lun:1")) {
+			t.Errorf("iscsi-ls -s as %s does not show LUNs 0 and 1:\n%s", ini, out)
+		}
+	}
 	url := func(creds string) string {
 		return fmt.Sprintf("iscsi://%s%s/iqn.2026-11.org.blockwire:acl/0", creds, d.addr)
 	}

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sync"
+
+	"github.com/blockwire/blockwire/internal/config"
+	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/target"
+)
+
+// live is the running configuration: the targets' devices as built from
+// cfg. SIGHUP re-reads the file and applies only the difference.
+type live struct {
+	mu      sync.Mutex
+	cfg     *config.Config
+	devices []*target.Device
+	path    string
+	srv     *iscsitarget.Server
+	log     *slog.Logger
+}
+
+// Devices returns the devices (for the metrics and admin APIs).
+func (l *live) Devices() []*target.Device {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.devices)
+}
+
+func (l *live) device(name string) *target.Device {
+	for _, d := range l.devices {
+		if d.Name() == name {
+			return d
+		}
+	}
+	return nil
+}
+
+// reload applies the configuration file's changes: targets added and
+// removed, LUNs added, removed, resized or replaced, ACL and CHAP changes
+// (for logins from now on). A file with errors changes nothing. Portals
+// and limits need a restart. Initiators see LUN changes through the unit
+// attentions the SCSI core queues.
+func (l *live) reload() error {
+	ncfg, err := config.Load(l.path)
+	if err != nil {
+		return fmt.Errorf("%w (nothing changed)", err)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var errs []error
+	old := map[string]config.Target{}
+	for _, t := range l.cfg.Targets {
+		old[t.Name] = t
+	}
+	applied := &config.Config{Listen: l.cfg.Listen, Limits: l.cfg.Limits, Metrics: l.cfg.Metrics, AdminSocket: l.cfg.AdminSocket, ISNS: l.cfg.ISNS}
+	for _, nt := range ncfg.Targets {
+		ot, exists := old[nt.Name]
+		delete(old, nt.Name)
+		if !exists {
+			dev, t, err := buildTarget(nt, l.log)
+			if err == nil {
+				if err = l.srv.AddTarget(t); err != nil {
+					dev.Close()
+				}
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("adding target %s: %w", nt.Name, err))
+				continue
+			}
+			l.devices = append(l.devices, dev)
+			l.log.Info("reload: target added", "target", nt.Name, "luns", len(nt.LUNs))
+			applied.Targets = append(applied.Targets, nt)
+			continue
+		}
+		kept := ot
+		var err error
+		if kept.LUNs, err = l.updateLUNs(ot, nt); err != nil {
+			errs = append(errs, err)
+		}
+		if !reflect.DeepEqual(accessOf(ot), accessOf(nt)) {
+			t, err := targetAccess(nt)
+			if err == nil {
+				err = l.srv.UpdateTarget(t)
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("target %s: %w", nt.Name, err))
+			} else {
+				kept.Alias, kept.Initiators, kept.ACL, kept.CHAP, kept.MutualCHAP = nt.Alias, nt.Initiators, nt.ACL, nt.CHAP, nt.MutualCHAP
+				l.log.Info("reload: access rules changed", "target", nt.Name)
+			}
+		}
+		applied.Targets = append(applied.Targets, kept)
+	}
+	for name := range old {
+		if err := l.srv.RemoveTarget(name); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		if d := l.device(name); d != nil {
+			d.Close()
+			l.devices = slices.DeleteFunc(l.devices, func(x *target.Device) bool { return x == d })
+		}
+		l.log.Info("reload: target removed", "target", name)
+	}
+	if !slices.Equal(ncfg.Listen, l.cfg.Listen) || ncfg.Limits != l.cfg.Limits || ncfg.Metrics != l.cfg.Metrics ||
+		ncfg.AdminSocket != l.cfg.AdminSocket || ncfg.ISNS != l.cfg.ISNS {
+		l.log.Warn("reload: portals, limits, metrics, admin socket and iSNS changes take effect at the next start")
+	}
+	l.cfg = applied
+	return errors.Join(errs...)
+}
+
+// accessOf is what UpdateTarget changes.
+func accessOf(t config.Target) any {
+	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP}
+}
+
+// updateLUNs brings a target's LUNs from ot to nt: a LUN whose only
+// change is a larger or smaller size is resized in place (CAPACITY DATA HAS
+// CHANGED); any other change replaces it. It returns the LUNs now in
+// place, which differ from nt's where a change failed.
+func (l *live) updateLUNs(ot, nt config.Target) ([]config.LUN, error) {
+	d := l.device(nt.Name)
+	if d == nil {
+		return ot.LUNs, fmt.Errorf("target %s: no device", nt.Name)
+	}
+	was := map[uint64]config.LUN{}
+	now := map[uint64]config.LUN{}
+	for _, lc := range ot.LUNs {
+		was[lc.ID], now[lc.ID] = lc, lc
+	}
+	var errs []error
+	for _, lc := range nt.LUNs {
+		prev, ok := was[lc.ID]
+		delete(was, lc.ID)
+		if ok && prev == lc {
+			continue
+		}
+		if ok {
+			sized := prev
+			sized.Size = lc.Size
+			if sized == lc && lc.Remote == "" {
+				n, err := config.ParseSize(lc.Size)
+				if err == nil {
+					err = d.LU(lc.ID).Resize(n)
+				}
+				if err != nil {
+					errs = append(errs, fmt.Errorf("target %s LUN %d: resize: %w", nt.Name, lc.ID, err))
+				} else {
+					now[lc.ID] = lc
+					l.log.Info("reload: LUN resized", "target", nt.Name, "lun", lc.ID, "size", lc.Size)
+				}
+				continue
+			}
+			if err := d.RemoveLU(lc.ID); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			delete(now, lc.ID)
+		}
+		lu, err := buildLU(nt.Name, lc, l.log)
+		if err == nil {
+			if err = d.AddLU(lu); err != nil {
+				lu.Close()
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("target %s LUN %d: %w", nt.Name, lc.ID, err))
+			continue
+		}
+		now[lc.ID] = lc
+		l.log.Info("reload: LUN added", "target", nt.Name, "lun", lc.ID, "replaced", ok)
+	}
+	for id := range was {
+		if err := d.RemoveLU(id); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		delete(now, id)
+		l.log.Info("reload: LUN removed", "target", nt.Name, "lun", id)
+	}
+	out := make([]config.LUN, 0, len(now))
+	for _, lc := range now {
+		out = append(out, lc)
+	}
+	slices.SortFunc(out, func(a, b config.LUN) int { return int(a.ID) - int(b.ID) })
+	return out, errors.Join(errs...)
+}

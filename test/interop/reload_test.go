@@ -1,0 +1,138 @@
+package interop
+
+import (
+	"context"
+	be "encoding/binary"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/iscsi/initiator"
+)
+
+// TestReloadOnSIGHUP: issue 11. A changed configuration file is applied
+// on SIGHUP without a restart, only the difference: a LUN added and a LUN
+// resized are seen by an initiator that stays connected (unit attentions,
+// then REPORT LUNS and READ CAPACITY), a new target is offered, an ACL
+// change admits another initiator, a removed target is gone; a file with
+// errors changes nothing.
+func TestReloadOnSIGHUP(t *testing.T) {
+	const (
+		one = "iqn.2026-11.org.example:one"
+		two = "iqn.2026-11.org.example:two"
+		a   = "iqn.2026-11.org.blockwire:reload-a"
+		b   = "iqn.2026-11.org.blockwire:reload-b"
+	)
+	cfg := filepath.Join(t.TempDir(), "blockwire.toml")
+	write := func(s string) {
+		t.Helper()
+		if err := os.WriteFile(cfg, []byte(s), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(`[[target]]
+name = "` + a + `"
+initiators = ["` + one + `"]
+[[target.lun]]
+id = 0
+size = "64MiB"
+`)
+	d := serve(t, "--config", cfg)
+	hup := func(want string) {
+		t.Helper()
+		before := len(d.log.String())
+		d.cmd.Process.Signal(syscall.SIGHUP)
+		deadline := time.Now().Add(10 * time.Second)
+		for !strings.Contains(d.log.String()[before:], want) {
+			if time.Now().After(deadline) {
+				t.Fatalf("after SIGHUP the log does not say %q:\n%s", want, d.log.String()[before:])
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	ctx := context.Background()
+	dev, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{InitiatorName: one})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	s := dev.Session()
+	do := func(lun uint64, cdb, in []byte) error { _, err := s.Do(ctx, lun, cdb, nil, in); return err }
+	ua := func(err error, asc, ascq byte) bool {
+		var se *initiator.SCSIError
+		return errors.As(err, &se) && se.Sense != nil && se.Sense.ASC == asc && se.Sense.ASCQ == ascq
+	}
+	do(0, []byte{0, 0, 0, 0, 0, 0}, nil) // the power-on unit attention
+	if _, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{InitiatorName: two}); err == nil {
+		t.Fatal("an initiator outside the ACL logged in")
+	}
+
+	// A file with an error changes nothing.
+	write(`[[target]]
+name = "` + a + `"
+[[target.lun]]
+id = 0
+`)
+	hup("nothing changed")
+
+	write(`[[target]]
+name = "` + a + `"
+initiators = ["` + one + `", "` + two + `"]
+[[target.lun]]
+id = 0
+size = "128MiB"
+[[target.lun]]
+id = 1
+size = "16MiB"
+[[target]]
+name = "` + b + `"
+[[target.lun]]
+id = 0
+size = "8MiB"
+`)
+	hup("configuration reloaded")
+	err = do(0, []byte{0, 0, 0, 0, 0, 0}, nil)
+	for ua(err, 0x3f, 0x0e) || ua(err, 0x2a, 0x09) {
+		err = do(0, []byte{0, 0, 0, 0, 0, 0}, nil)
+	}
+	if err != nil {
+		t.Fatalf("after the reload: %v", err)
+	}
+	buf := make([]byte, 32)
+	if err := do(0, []byte{0x9e, 0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 32, 0, 0}, buf); err != nil || be.BigEndian.Uint64(buf)+1 != 128<<20/512 {
+		t.Fatalf("LUN 0 after the reload: %v, %d blocks", err, be.BigEndian.Uint64(buf)+1)
+	}
+	if err := do(1, []byte{0, 0, 0, 0, 0, 0}, nil); err != nil && !ua(err, 0x29, 0x00) {
+		t.Fatalf("LUN 1 after the reload: %v", err)
+	}
+	d2, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{InitiatorName: two})
+	if err != nil {
+		t.Fatalf("the initiator the ACL now admits: %v", err)
+	}
+	d2.Close()
+	if out, code := blockwire(t, "discover", d.addr); code != 0 || !strings.Contains(out, b) {
+		t.Fatalf("discover after adding %s (exit %d):\n%s", b, code, out)
+	}
+
+	write(`[[target]]
+name = "` + a + `"
+initiators = ["` + one + `", "` + two + `"]
+[[target.lun]]
+id = 0
+size = "128MiB"
+[[target.lun]]
+id = 1
+size = "16MiB"
+`)
+	hup("target removed")
+	if out, _ := blockwire(t, "discover", d.addr); strings.Contains(out, b) {
+		t.Fatalf("discover after removing %s:\n%s", b, out)
+	}
+	if err := do(0, []byte{0, 0, 0, 0, 0, 0}, nil); err != nil {
+		t.Fatalf("the connected session after the second reload: %v", err)
+	}
+}
