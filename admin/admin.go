@@ -50,24 +50,52 @@ type NewLU struct {
 	ReadOnly  bool   `json:"read_only,omitempty"`
 }
 
+// NewTarget is a target to add, with its ACL and at least one LUN.
+type NewTarget struct {
+	Name       string   `json:"name"`
+	Alias      string   `json:"alias,omitempty"`
+	Initiators []string `json:"initiators,omitempty"`
+	LUNs       []NewLU  `json:"luns"`
+}
+
+// Control changes the running configuration; every change is also kept in
+// the configuration Save writes back.
+type Control interface {
+	Devices() []*target.Device
+	AddLU(NewLU) error
+	RemoveLU(target string, lun uint64) error
+	ResizeLU(target string, lun uint64, size int64) error
+	AddTarget(NewTarget) error
+	RemoveTarget(name string) error
+	SetInitiators(target string, initiators []string) error
+	// Reload applies the configuration file's changes (as SIGHUP does).
+	Reload() error
+	// Save writes the running configuration to its file (or to path)
+	// and returns where.
+	Save(path string) (string, error)
+}
+
 // Options connect the API to the running process.
 type Options struct {
 	ISCSI   *iscsitarget.Server
-	Devices func() []*target.Device
-	// Build makes the logical unit for an add request (the same code that
-	// builds the configuration's LUNs).
-	Build func(NewLU) (*target.LU, error)
+	Control Control
 }
 
 // Handler serves the API:
 //
-//	GET    /sessions                       the sessions
-//	DELETE /sessions/{tsih}                drop a session
-//	GET    /luns                           every target's LUNs
-//	POST   /luns                           add a LUN (NewLU)
-//	DELETE /targets/{target}/luns/{lun}    remove a LUN
+//	GET    /sessions                            the sessions
+//	DELETE /sessions/{tsih}                     drop a session
+//	GET    /luns                                every target's LUNs
+//	POST   /luns                                add a LUN (NewLU)
+//	DELETE /targets/{target}/luns/{lun}         remove a LUN
 //	POST   /targets/{target}/luns/{lun}/resize?size=BYTES
+//	POST   /targets                             add a target (NewTarget)
+//	DELETE /targets/{target}                    remove a target
+//	PUT    /targets/{target}/initiators         set the ACL (a JSON list; empty: everyone)
+//	POST   /reload                              apply the configuration file's changes
+//	POST   /save?path=FILE                      write the running configuration
 func Handler(o Options) http.Handler {
+	c := o.Control
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /sessions", func(w http.ResponseWriter, r *http.Request) {
 		var out []Session
@@ -96,10 +124,10 @@ func Handler(o Options) http.Handler {
 	})
 	mux.HandleFunc("GET /luns", func(w http.ResponseWriter, r *http.Request) {
 		out := []LUN{}
-		for _, d := range o.Devices() {
+		for _, d := range c.Devices() {
 			for _, n := range d.LUNs() {
 				if lu := d.LU(n); lu != nil {
-					out = append(out, LUN{Target: d.Name(), LUN: n, Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()})
+					out = append(out, lunOf(d.Name(), lu))
 				}
 			}
 		}
@@ -110,44 +138,19 @@ func Handler(o Options) http.Handler {
 	})
 	mux.HandleFunc("POST /luns", func(w http.ResponseWriter, r *http.Request) {
 		var req NewLU
-		if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
-			fail(w, http.StatusBadRequest, err)
+		if !decode(w, r, &req) {
 			return
 		}
-		d := device(o, req.Target)
-		if d == nil {
-			fail(w, http.StatusNotFound, fmt.Errorf("no target %q", req.Target))
-			return
-		}
-		if d.LU(req.LUN) != nil {
-			fail(w, http.StatusConflict, fmt.Errorf("%s already has LUN %d", req.Target, req.LUN))
-			return
-		}
-		lu, err := o.Build(req)
-		if err == nil {
-			if err = d.AddLU(lu); err != nil {
-				lu.Close()
-			}
-		}
-		if err != nil {
-			fail(w, http.StatusBadRequest, err)
-			return
-		}
-		reply(w, LUN{Target: req.Target, LUN: req.LUN, Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()})
+		done(w, c.AddLU(req), map[string]any{"added": req})
 	})
 	mux.HandleFunc("DELETE /targets/{target}/luns/{lun}", func(w http.ResponseWriter, r *http.Request) {
-		d, n, ok := lunOf(w, r, o)
-		if !ok {
-			return
+		n, ok := lunNumber(w, r)
+		if ok {
+			done(w, c.RemoveLU(r.PathValue("target"), n), map[string]any{"removed": n})
 		}
-		if err := d.RemoveLU(n); err != nil {
-			fail(w, http.StatusBadRequest, err)
-			return
-		}
-		reply(w, map[string]string{"removed": strconv.FormatUint(n, 10)})
 	})
 	mux.HandleFunc("POST /targets/{target}/luns/{lun}/resize", func(w http.ResponseWriter, r *http.Request) {
-		d, n, ok := lunOf(w, r, o)
+		n, ok := lunNumber(w, r)
 		if !ok {
 			return
 		}
@@ -156,37 +159,61 @@ func Handler(o Options) http.Handler {
 			fail(w, http.StatusBadRequest, errors.New("size: a positive number of bytes"))
 			return
 		}
-		lu := d.LU(n)
-		if err := lu.Resize(size); err != nil {
-			fail(w, http.StatusBadRequest, err)
-			return
+		done(w, c.ResizeLU(r.PathValue("target"), n, size), map[string]any{"resized": n, "size": size})
+	})
+	mux.HandleFunc("POST /targets", func(w http.ResponseWriter, r *http.Request) {
+		var req NewTarget
+		if decode(w, r, &req) {
+			done(w, c.AddTarget(req), map[string]any{"added": req.Name})
 		}
-		reply(w, LUN{Target: d.Name(), LUN: n, Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()})
+	})
+	mux.HandleFunc("DELETE /targets/{target}", func(w http.ResponseWriter, r *http.Request) {
+		done(w, c.RemoveTarget(r.PathValue("target")), map[string]any{"removed": r.PathValue("target")})
+	})
+	mux.HandleFunc("PUT /targets/{target}/initiators", func(w http.ResponseWriter, r *http.Request) {
+		var list []string
+		if decode(w, r, &list) {
+			done(w, c.SetInitiators(r.PathValue("target"), list), map[string]any{"initiators": list})
+		}
+	})
+	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {
+		done(w, c.Reload(), map[string]any{"reloaded": true})
+	})
+	mux.HandleFunc("POST /save", func(w http.ResponseWriter, r *http.Request) {
+		path, err := c.Save(r.URL.Query().Get("path"))
+		done(w, err, map[string]any{"saved": path})
 	})
 	return mux
 }
 
-func device(o Options, name string) *target.Device {
-	for _, d := range o.Devices() {
-		if d.Name() == name {
-			return d
-		}
-	}
-	return nil
+func lunOf(name string, lu *target.LU) LUN {
+	return LUN{Target: name, LUN: lu.LUN(), Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()}
 }
 
-func lunOf(w http.ResponseWriter, r *http.Request, o Options) (*target.Device, uint64, bool) {
-	d := device(o, r.PathValue("target"))
-	if d == nil {
-		fail(w, http.StatusNotFound, fmt.Errorf("no target %q", r.PathValue("target")))
-		return nil, 0, false
+func decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(v); err != nil {
+		fail(w, http.StatusBadRequest, err)
+		return false
 	}
+	return true
+}
+
+func lunNumber(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 	n, err := strconv.ParseUint(r.PathValue("lun"), 10, 64)
-	if err != nil || d.LU(n) == nil {
-		fail(w, http.StatusNotFound, fmt.Errorf("%s has no LUN %q", d.Name(), r.PathValue("lun")))
-		return nil, 0, false
+	if err != nil {
+		fail(w, http.StatusBadRequest, fmt.Errorf("LUN %q: %w", r.PathValue("lun"), err))
+		return 0, false
 	}
-	return d, n, true
+	return n, true
+}
+
+// done answers with v, or with err (400).
+func done(w http.ResponseWriter, err error, v any) {
+	if err != nil {
+		fail(w, http.StatusBadRequest, err)
+		return
+	}
+	reply(w, v)
 }
 
 func reply(w http.ResponseWriter, v any) {

@@ -11,7 +11,9 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"path/filepath"
 	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,6 +28,11 @@ const adminUsage = `usage: blockwire admin [--socket PATH] VERB
   add-lun TARGET LUN (--size S | --file F | --remote URL) [--block-size N] [--read-only]
   remove-lun TARGET LUN
   resize TARGET LUN SIZE            connected initiators get CAPACITY DATA HAS CHANGED
+  add-target NAME (--size S | --file F | --remote URL) [--initiators A,B]   with LUN 0
+  remove-target NAME                closes its sessions
+  set-initiators TARGET [A,B,...]   the ACL for logins from now on (none: everyone)
+  reload                            apply the configuration file's changes (as SIGHUP)
+  save [FILE]                       write the running configuration (default: its file)
 The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET).
 `
 
@@ -39,6 +46,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
 	blockSize := fs.Int("block-size", 0, "add-lun: logical block size")
 	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
+	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
 	pos, err := parse(fs, args)
 	if err != nil || len(pos) == 0 || *sock == "" {
 		io.WriteString(stderr, adminUsage)
@@ -139,6 +147,38 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		err = call("POST", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+"/resize?size="+strconv.FormatInt(sz, 10), nil, &res)
+	case "add-target":
+		if !need(2) {
+			return exitUsage
+		}
+		nt := admin.NewTarget{Name: pos[1], Initiators: splitList(*initiators),
+			LUNs: []admin.NewLU{{LUN: 0, Size: *size, File: *file, Remote: *remoteURL, BlockSize: *blockSize, ReadOnly: *readOnly}}}
+		err = call("POST", "/targets", nt, &res)
+	case "remove-target":
+		if !need(2) {
+			return exitUsage
+		}
+		err = call("DELETE", "/targets/"+url.PathEscape(pos[1]), nil, &res)
+	case "set-initiators":
+		if len(pos) != 2 && len(pos) != 3 {
+			io.WriteString(stderr, adminUsage)
+			return exitUsage
+		}
+		list := []string{}
+		if len(pos) == 3 {
+			list = splitList(pos[2])
+		}
+		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/initiators", list, &res)
+	case "reload":
+		err = call("POST", "/reload", nil, &res)
+	case "save":
+		path := ""
+		if len(pos) > 1 {
+			if path, err = filepath.Abs(pos[1]); err != nil {
+				break
+			}
+		}
+		err = call("POST", "/save?path="+url.QueryEscape(path), nil, &res)
 	default:
 		io.WriteString(stderr, adminUsage)
 		return exitUsage
@@ -150,4 +190,14 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	b, _ := json.Marshal(res)
 	fmt.Fprintln(stdout, string(b))
 	return exitOK
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, x := range strings.Split(s, ",") {
+		if x = strings.TrimSpace(x); x != "" {
+			out = append(out, x)
+		}
+	}
+	return out
 }

@@ -55,6 +55,7 @@ Usage:
   blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
   blockwire admin [--socket PATH] VERB  runtime administration of a running serve (see "blockwire admin")
   blockwire version                   the version and build
+  blockwire completion bash           bash completion (source <(blockwire completion bash))
 
 URL is iscsi://[user[%password]@]host[:port]/target-iqn/lun, as libiscsi writes it,
 iser://… (the same over software iWARP), or srp://host[:port]/ID_EXT[:IOC_GUID]/lun.
@@ -102,6 +103,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return adminVerb(args[1:], stdout, stderr)
 	case "version":
 		return version(stdout)
+	case "completion":
+		if len(args) != 2 || args[1] != "bash" {
+			io.WriteString(stderr, "usage: blockwire completion bash   (then: source <(blockwire completion bash))\n")
+			return 2
+		}
+		io.WriteString(stdout, bashCompletion)
+		return 0
 	case "-h", "--help", "help":
 		io.WriteString(stdout, usage)
 		return 0
@@ -141,6 +149,7 @@ func serve(args []string, stderr io.Writer) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
 	adminSocket := fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
+	adminHTTP := fs.String("admin-http", "", "also serve the administration API over HTTP on this loopback host:port")
 	isnsServer := fs.String("isns", "", "register the targets and portals with this iSNS server (host[:port], RFC 4171)")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
@@ -367,20 +376,33 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "blockwire: --admin-socket: %v\n", err)
 			return 1
 		}
-		h := admin.Handler(admin.Options{ISCSI: srv,
-			Devices: lv.Devices,
-			Build: func(n admin.NewLU) (*target.LU, error) {
-				lc := config.LUN{ID: n.LUN, Size: n.Size, File: n.File, Remote: n.Remote, BlockSize: n.BlockSize, ReadOnly: n.ReadOnly}
-				if err := (&config.Config{Targets: []config.Target{{Name: n.Target, LUNs: []config.LUN{lc}}}}).Validate(); err != nil {
-					return nil, err
-				}
-				log.Info("adding a LUN", "target", n.Target, "lun", n.LUN)
-				return buildLU(n.Target, lc, log)
-			}})
+		h := admin.Handler(admin.Options{ISCSI: srv, Control: lv})
 		hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(al)
 		defer func() { hs.Close(); os.Remove(cfg.AdminSocket) }()
 		log.Info("administration API", "socket", cfg.AdminSocket)
+	}
+	if *adminHTTP != "" {
+		// The API has no authentication of its own: loopback only.
+		hl, err := net.Listen("tcp", *adminHTTP)
+		if err == nil {
+			if ta, ok := hl.Addr().(*net.TCPAddr); !ok || !ta.IP.IsLoopback() {
+				hl.Close()
+				err = errors.New("not a loopback address")
+			}
+		}
+		if err != nil {
+			for _, o := range listeners {
+				o.Close()
+			}
+			closeDevices()
+			fmt.Fprintf(stderr, "blockwire: --admin-http: %v\n", err)
+			return 1
+		}
+		hs := &http.Server{Handler: admin.Handler(admin.Options{ISCSI: srv, Control: lv}), ReadHeaderTimeout: 10 * time.Second}
+		go hs.Serve(hl)
+		defer hs.Close()
+		log.Info("administration API", "url", "http://"+hl.Addr().String())
 	}
 	if *metricsAddr != "" {
 		cfg.Metrics = *metricsAddr
@@ -656,3 +678,27 @@ func portalAddrs(ls []net.Listener, log *slog.Logger) []netip.AddrPort {
 	}
 	return out
 }
+
+// bashCompletion completes verbs, admin sub-verbs and each verb's flags,
+// which it reads from the verb's own -h output (package flag's usage).
+const bashCompletion = `# bash completion for blockwire: source <(blockwire completion bash)
+_blockwire() {
+	local cur=${COMP_WORDS[COMP_CWORD]}
+	if [ "$COMP_CWORD" -eq 1 ]; then
+		COMPREPLY=($(compgen -W "serve config discover inquiry read write copy bench admin version completion" -- "$cur"))
+		return
+	fi
+	local verb=${COMP_WORDS[1]}
+	if [ "$verb" = admin ] && [ "$COMP_CWORD" -eq 2 ] && [[ $cur != -* ]]; then
+		COMPREPLY=($(compgen -W "sessions drop luns add-lun remove-lun resize add-target remove-target set-initiators reload save" -- "$cur"))
+		return
+	fi
+	if [[ $cur == -* ]]; then
+		local flags=$(blockwire "$verb" -h 2>&1 | sed -n 's/^  \(-[a-z0-9-]*\).*/-\1/p')
+		COMPREPLY=($(compgen -W "$flags" -- "$cur"))
+		return
+	fi
+	COMPREPLY=($(compgen -f -- "$cur"))
+}
+complete -F _blockwire blockwire
+`

@@ -1,13 +1,19 @@
 package main
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"reflect"
 	"slices"
+	"strconv"
 	"sync"
 
+	"github.com/BurntSushi/toml"
+
+	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/internal/config"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/target"
@@ -191,3 +197,194 @@ func (l *live) updateLUNs(ot, nt config.Target) ([]config.LUN, error) {
 	slices.SortFunc(out, func(a, b config.LUN) int { return int(a.ID) - int(b.ID) })
 	return out, errors.Join(errs...)
 }
+
+// lunConfig is the configuration of a LUN added through the API.
+func lunConfig(n admin.NewLU) config.LUN {
+	return config.LUN{ID: n.LUN, Size: n.Size, File: n.File, Remote: n.Remote, BlockSize: n.BlockSize, ReadOnly: n.ReadOnly}
+}
+
+func (l *live) targetIndex(name string) int {
+	return slices.IndexFunc(l.cfg.Targets, func(t config.Target) bool { return t.Name == name })
+}
+
+// check validates the configuration with one change made.
+func (l *live) check(change func(c *config.Config)) error {
+	c := *l.cfg
+	c.Targets = slices.Clone(l.cfg.Targets)
+	for i := range c.Targets {
+		c.Targets[i].LUNs = slices.Clone(c.Targets[i].LUNs)
+	}
+	change(&c)
+	return c.Validate()
+}
+
+// AddLU implements admin.Control.
+func (l *live) AddLU(n admin.NewLU) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, d := l.targetIndex(n.Target), l.device(n.Target)
+	if i < 0 || d == nil {
+		return fmt.Errorf("no target %q", n.Target)
+	}
+	if d.LU(n.LUN) != nil {
+		return fmt.Errorf("%s already has LUN %d", n.Target, n.LUN)
+	}
+	lc := lunConfig(n)
+	if err := l.check(func(c *config.Config) { c.Targets[i].LUNs = append(c.Targets[i].LUNs, lc) }); err != nil {
+		return err
+	}
+	lu, err := buildLU(n.Target, lc, l.log)
+	if err == nil {
+		if err = d.AddLU(lu); err != nil {
+			lu.Close()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	l.cfg.Targets[i].LUNs = append(l.cfg.Targets[i].LUNs, lc)
+	l.log.Info("admin: LUN added", "target", n.Target, "lun", n.LUN)
+	return nil
+}
+
+// RemoveLU implements admin.Control.
+func (l *live) RemoveLU(name string, lun uint64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, d := l.targetIndex(name), l.device(name)
+	if i < 0 || d == nil {
+		return fmt.Errorf("no target %q", name)
+	}
+	if err := d.RemoveLU(lun); err != nil {
+		return err
+	}
+	l.cfg.Targets[i].LUNs = slices.DeleteFunc(l.cfg.Targets[i].LUNs, func(c config.LUN) bool { return c.ID == lun })
+	l.log.Info("admin: LUN removed", "target", name, "lun", lun)
+	return nil
+}
+
+// ResizeLU implements admin.Control.
+func (l *live) ResizeLU(name string, lun uint64, size int64) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i, d := l.targetIndex(name), l.device(name)
+	if i < 0 || d == nil || d.LU(lun) == nil {
+		return fmt.Errorf("%s has no LUN %d", name, lun)
+	}
+	if err := d.LU(lun).Resize(size); err != nil {
+		return err
+	}
+	for j := range l.cfg.Targets[i].LUNs {
+		if l.cfg.Targets[i].LUNs[j].ID == lun {
+			l.cfg.Targets[i].LUNs[j].Size = strconv.FormatInt(size, 10)
+		}
+	}
+	l.log.Info("admin: LUN resized", "target", name, "lun", lun, "size", size)
+	return nil
+}
+
+// AddTarget implements admin.Control.
+func (l *live) AddTarget(n admin.NewTarget) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	tc := config.Target{Name: n.Name, Alias: n.Alias, Initiators: n.Initiators}
+	for _, x := range n.LUNs {
+		tc.LUNs = append(tc.LUNs, lunConfig(x))
+	}
+	if err := l.check(func(c *config.Config) { c.Targets = append(c.Targets, tc) }); err != nil {
+		return err
+	}
+	dev, t, err := buildTarget(tc, l.log)
+	if err != nil {
+		return err
+	}
+	if err := l.srv.AddTarget(t); err != nil {
+		dev.Close()
+		return err
+	}
+	l.devices = append(l.devices, dev)
+	l.cfg.Targets = append(l.cfg.Targets, tc)
+	l.log.Info("admin: target added", "target", n.Name, "luns", len(tc.LUNs))
+	return nil
+}
+
+// RemoveTarget implements admin.Control.
+func (l *live) RemoveTarget(name string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := l.srv.RemoveTarget(name); err != nil {
+		return err
+	}
+	if d := l.device(name); d != nil {
+		d.Close()
+		l.devices = slices.DeleteFunc(l.devices, func(x *target.Device) bool { return x == d })
+	}
+	l.cfg.Targets = slices.DeleteFunc(l.cfg.Targets, func(t config.Target) bool { return t.Name == name })
+	l.log.Info("admin: target removed", "target", name)
+	return nil
+}
+
+// SetInitiators implements admin.Control: the ACL for logins from now on.
+func (l *live) SetInitiators(name string, initiators []string) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := l.targetIndex(name)
+	if i < 0 {
+		return fmt.Errorf("no target %q", name)
+	}
+	if err := l.check(func(c *config.Config) { c.Targets[i].Initiators = initiators }); err != nil {
+		return err
+	}
+	tc := l.cfg.Targets[i]
+	tc.Initiators = initiators
+	t, err := targetAccess(tc)
+	if err == nil {
+		err = l.srv.UpdateTarget(t)
+	}
+	if err != nil {
+		return err
+	}
+	l.cfg.Targets[i] = tc
+	l.log.Info("admin: ACL changed", "target", name, "initiators", initiators)
+	return nil
+}
+
+// Reload implements admin.Control.
+func (l *live) Reload() error {
+	if l.path == "" {
+		return errors.New("started without --config: no file to reload")
+	}
+	return l.reload()
+}
+
+// Save implements admin.Control: the running configuration, as TOML, to
+// path or the file it was read from (written to a temporary file and
+// renamed, mode 0600). Secrets stay references: what the file had
+// (secret_file, secret_env, or an inline secret).
+func (l *live) Save(path string) (string, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if path == "" {
+		path = l.path
+	}
+	if path == "" {
+		return "", errors.New("started without --config: give a path")
+	}
+	var b bytes.Buffer
+	b.WriteString("# blockwire configuration, saved by blockwire admin save\n")
+	if err := toml.NewEncoder(&b).Encode(l.cfg); err != nil {
+		return "", err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
+		return "", err
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		os.Remove(tmp)
+		return "", err
+	}
+	l.log.Info("admin: configuration saved", "file", path)
+	return path, nil
+}
+
+var _ admin.Control = (*live)(nil)

@@ -18,17 +18,17 @@ import (
 // Config is the whole file.
 type Config struct {
 	// Listen lists the iSCSI/TCP portals, "host:port".
-	Listen []string `toml:"listen"`
+	Listen []string `toml:"listen,omitempty"`
 	// Metrics is the host:port of the Prometheus endpoint (GET /metrics);
 	// empty: none.
-	Metrics string `toml:"metrics"`
+	Metrics string `toml:"metrics,omitempty"`
 	// AdminSocket is the Unix socket of the administration API (blockwire
 	// admin); empty: none.
-	AdminSocket string `toml:"admin_socket"`
+	AdminSocket string `toml:"admin_socket,omitempty"`
 	// ISNS is the iSNS server (host[:port]) the targets and portals are
 	// registered with (RFC 4171); empty: none.
-	ISNS    string   `toml:"isns"`
-	Limits  Limits   `toml:"limits"`
+	ISNS    string   `toml:"isns,omitempty"`
+	Limits  Limits   `toml:"limits,omitempty"`
 	Targets []Target `toml:"target"`
 }
 
@@ -36,22 +36,22 @@ type Config struct {
 // parentheses). Durations are strings such as "15s".
 type Limits struct {
 	// LoginTimeout drops a connection whose login has not finished (15s).
-	LoginTimeout time.Duration `toml:"login_timeout"`
+	LoginTimeout time.Duration `toml:"login_timeout,omitzero"`
 	// NopInterval pings a connection idle this long (10s; negative:
 	// never); NopTimeout drops it when the ping goes unanswered (15s).
-	NopInterval time.Duration `toml:"nop_interval"`
-	NopTimeout  time.Duration `toml:"nop_timeout"`
+	NopInterval time.Duration `toml:"nop_interval,omitzero"`
+	NopTimeout  time.Duration `toml:"nop_timeout,omitzero"`
 	// MaxSessions counts all targets' sessions, discovery ones included
 	// (1024).
-	MaxSessions int `toml:"max_sessions"`
+	MaxSessions int `toml:"max_sessions,omitzero"`
 	// MaxConnections per session (8).
-	MaxConnections int `toml:"max_connections"`
+	MaxConnections int `toml:"max_connections,omitzero"`
 	// CmdWindow is how many commands a session may have outstanding
 	// (128).
-	CmdWindow int `toml:"cmd_window"`
+	CmdWindow int `toml:"cmd_window,omitzero"`
 	// MaxRecvDataSegmentLength is the largest data segment the target
 	// accepts (262144; 512 to 16777215).
-	MaxRecvDataSegmentLength int `toml:"max_recv_data_segment_length"`
+	MaxRecvDataSegmentLength int `toml:"max_recv_data_segment_length,omitzero"`
 }
 
 // Validate checks the ranges; where prefixes the error locations.
@@ -82,22 +82,22 @@ func (l *Limits) Validate(where string) error {
 // Target is one iSCSI target.
 type Target struct {
 	Name  string `toml:"name"`
-	Alias string `toml:"alias"`
+	Alias string `toml:"alias,omitempty"`
 	// Initiators is the ACL: initiator names allowed to log in (empty and
 	// no acl entries: all).
-	Initiators []string `toml:"initiators"`
+	Initiators []string `toml:"initiators,omitempty"`
 	// ACL entries admit one initiator each, optionally with CHAP
 	// credentials of its own (which replace the target's chap for it).
-	ACL        []ACL   `toml:"acl"`
-	CHAP       *Secret `toml:"chap"`
-	MutualCHAP *Secret `toml:"mutual_chap"`
+	ACL        []ACL   `toml:"acl,omitempty"`
+	CHAP       *Secret `toml:"chap,omitempty"`
+	MutualCHAP *Secret `toml:"mutual_chap,omitempty"`
 	LUNs       []LUN   `toml:"lun"`
 }
 
 // ACL admits one initiator.
 type ACL struct {
-	Initiator string  `toml:"initiator"`
-	CHAP      *Secret `toml:"chap"`
+	Initiator string  `toml:"initiator,omitempty"`
+	CHAP      *Secret `toml:"chap,omitempty"`
 }
 
 // AllowedInitiators returns the initiators of the ACL (nil: everyone).
@@ -116,24 +116,24 @@ func (t *Target) AllowedInitiators() []string {
 // Secret, SecretFile or SecretEnv.
 type Secret struct {
 	User       string `toml:"user"`
-	Secret     string `toml:"secret"`
-	SecretFile string `toml:"secret_file"`
-	SecretEnv  string `toml:"secret_env"`
+	Secret     string `toml:"secret,omitempty"`
+	SecretFile string `toml:"secret_file,omitempty"`
+	SecretEnv  string `toml:"secret_env,omitempty"`
 }
 
 // LUN is one logical unit.
 type LUN struct {
 	ID   uint64 `toml:"id"`
-	Size string `toml:"size"` // e.g. "1GiB", "512MiB", bytes
-	File string `toml:"file"` // empty: in memory
+	Size string `toml:"size,omitempty"` // e.g. "1GiB", "512MiB", bytes
+	File string `toml:"file,omitempty"` // empty: in memory
 	// Remote backs the LUN with a LUN of another target, reached through
 	// blockwire's initiator: iscsi://, iser:// or srp:// (this node is
 	// then a gateway for it). Size and block size are the remote's.
-	Remote    string `toml:"remote"`
-	BlockSize int    `toml:"block_size"`
-	ReadOnly  bool   `toml:"read_only"`
-	Removable bool   `toml:"removable"`
-	Serial    string `toml:"serial"`
+	Remote    string `toml:"remote,omitempty"`
+	BlockSize int    `toml:"block_size,omitzero"`
+	ReadOnly  bool   `toml:"read_only,omitempty,omitzero"`
+	Removable bool   `toml:"removable,omitempty,omitzero"`
+	Serial    string `toml:"serial,omitempty"`
 }
 
 // Load reads and validates a configuration file.

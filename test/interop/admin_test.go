@@ -4,6 +4,8 @@ import (
 	"context"
 	be "encoding/binary"
 	"errors"
+	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -83,5 +85,51 @@ func TestAdminAtRuntime(t *testing.T) {
 	adm("remove-lun", defaultIQN, "1")
 	if out := adm("luns"); strings.Contains(out, defaultIQN+"  1") {
 		t.Fatalf("luns after remove-lun:\n%s", out)
+	}
+
+	// A target added with an ACL; the ACL changed; everything saved.
+	const second = "iqn.2026-11.org.blockwire:second"
+	adm("add-target", second, "--size", "8MiB", "--initiators", "iqn.2026-11.org.example:x")
+	discover := func(ini string) string {
+		out, _ := blockwire(t, "discover", "--initiator-name", ini, d.addr)
+		return out
+	}
+	if strings.Contains(discover(initiator.DefaultInitiatorName), second) || !strings.Contains(discover("iqn.2026-11.org.example:x"), second) {
+		t.Fatalf("discovery does not follow the new target's ACL:\n%s", discover("iqn.2026-11.org.example:x"))
+	}
+	adm("set-initiators", second)
+	if !strings.Contains(discover(initiator.DefaultInitiatorName), second) {
+		t.Fatal("an emptied ACL does not admit everyone")
+	}
+	saved := filepath.Join(t.TempDir(), "saved.toml")
+	adm("save", saved)
+	if out, code := blockwire(t, "config", "check", saved); code != 0 {
+		t.Fatalf("the saved configuration does not check (exit %d):\n%s", code, out)
+	}
+	b, _ := os.ReadFile(saved)
+	if !strings.Contains(string(b), second) || !strings.Contains(string(b), `size = "134217728"`) {
+		t.Fatalf("saved configuration:\n%s", b)
+	}
+	adm("remove-target", second)
+	if strings.Contains(discover(initiator.DefaultInitiatorName), second) {
+		t.Fatal("a removed target is still offered")
+	}
+}
+
+// TestBashCompletion: the completion script completes verbs, admin verbs
+// and each verb's flags (read from its -h).
+func TestBashCompletion(t *testing.T) {
+	need(t, "bash")
+	dir := t.TempDir()
+	os.Symlink(binary, filepath.Join(dir, "blockwire"))
+	script := `source <(blockwire completion bash)
+COMP_WORDS=(blockwire be); COMP_CWORD=1; _blockwire; echo "${COMPREPLY[@]}"
+COMP_WORDS=(blockwire bench --q); COMP_CWORD=2; _blockwire; echo "${COMPREPLY[@]}"
+COMP_WORDS=(blockwire admin add-); COMP_CWORD=2; _blockwire; echo "${COMPREPLY[@]}"`
+	cmd := exec.Command("bash", "-c", script)
+	cmd.Env = append(os.Environ(), "PATH="+dir+":"+os.Getenv("PATH"))
+	out, err := cmd.CombinedOutput()
+	if err != nil || string(out) != "bench\n--qd\nadd-lun add-target\n" {
+		t.Fatalf("completions (%v):\n%q", err, out)
 	}
 }
