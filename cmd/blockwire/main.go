@@ -212,6 +212,17 @@ func serve(args []string, stderr io.Writer) int {
 	if len(cfg.Listen) == 0 {
 		cfg.Listen = []string{"127.0.0.1:3260"}
 	}
+	// Portals per transport: flags given win over the file.
+	if len(srpListen) > 0 {
+		cfg.SRPListen = srpListen
+	}
+	if *srpID != "" {
+		cfg.SRPIDExt = *srpID
+	}
+	iserWanted := *iserOn
+	if cfg.ISER != nil && !isSet(fs, "iser") {
+		iserWanted = *cfg.ISER
+	}
 	// Limits: the configuration file's, then flags given on the command
 	// line, then the defaults.
 	lim := &cfg.Limits
@@ -273,7 +284,7 @@ func serve(args []string, stderr io.Writer) int {
 			opts.EndNode = opts.EndNode || l.Remote == ""
 		}
 	}
-	if *iserOn {
+	if iserWanted {
 		// One port for iSCSI/TCP and iSER: the first byte tells them
 		// apart (an MPA Request or a Login PDU).
 		opts.ISER = &iscsitarget.ISERPortal{
@@ -313,8 +324,8 @@ func serve(args []string, stderr io.Writer) int {
 
 	var srpSrv *srptarget.Server
 	var srpListeners []rdma.Listener
-	if len(srpListen) > 0 {
-		hi, lo, err := srpPortID(*srpID, cfg.Targets[0].Name)
+	if len(cfg.SRPListen) > 0 {
+		hi, lo, err := srpPortID(cfg.SRPIDExt, cfg.Targets[0].Name)
 		if err != nil {
 			closeDevices()
 			fmt.Fprintln(stderr, "blockwire: --srp-id-ext:", err)
@@ -323,7 +334,7 @@ func serve(args []string, stderr io.Writer) int {
 		srpSrv = srptarget.New(srptarget.Options{PD: rdma.NewDevice("blockwire-srp").AllocPD(), Device: lv.devices[0],
 			IDExt: hi, IOCGUID: lo, Logger: log.With("target", cfg.Targets[0].Name)})
 		fab := siw.New(siw.Options{Logger: log})
-		for _, a := range srpListen {
+		for _, a := range cfg.SRPListen {
 			l, err := fab.Listen(a)
 			if err != nil {
 				for _, o := range srpListeners {
@@ -702,3 +713,10 @@ _blockwire() {
 }
 complete -F _blockwire blockwire
 `
+
+// isSet reports whether a flag was given on the command line.
+func isSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}

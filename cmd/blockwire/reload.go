@@ -63,7 +63,8 @@ func (l *live) reload() error {
 	for _, t := range l.cfg.Targets {
 		old[t.Name] = t
 	}
-	applied := &config.Config{Listen: l.cfg.Listen, Limits: l.cfg.Limits, Metrics: l.cfg.Metrics, AdminSocket: l.cfg.AdminSocket, ISNS: l.cfg.ISNS}
+	applied := *l.cfg // what cannot change live stays as it runs
+	applied.Targets = nil
 	for _, nt := range ncfg.Targets {
 		ot, exists := old[nt.Name]
 		delete(old, nt.Name)
@@ -113,11 +114,11 @@ func (l *live) reload() error {
 		}
 		l.log.Info("reload: target removed", "target", name)
 	}
-	if !slices.Equal(ncfg.Listen, l.cfg.Listen) || ncfg.Limits != l.cfg.Limits || ncfg.Metrics != l.cfg.Metrics ||
-		ncfg.AdminSocket != l.cfg.AdminSocket || ncfg.ISNS != l.cfg.ISNS {
+	rest := func(c config.Config) config.Config { c.Targets = nil; return c }
+	if !reflect.DeepEqual(rest(*ncfg), rest(*l.cfg)) {
 		l.log.Warn("reload: portals, limits, metrics, admin socket and iSNS changes take effect at the next start")
 	}
-	l.cfg = applied
+	l.cfg = &applied
 	return errors.Join(errs...)
 }
 

@@ -27,9 +27,17 @@ type Config struct {
 	AdminSocket string `toml:"admin_socket,omitempty"`
 	// ISNS is the iSNS server (host[:port]) the targets and portals are
 	// registered with (RFC 4171); empty: none.
-	ISNS    string   `toml:"isns,omitempty"`
-	Limits  Limits   `toml:"limits,omitempty"`
-	Targets []Target `toml:"target"`
+	ISNS string `toml:"isns,omitempty"`
+	// ISER turns iSER off on the listen portals when false (default on:
+	// connection-first and RFC 5046 iSER share the iSCSI/TCP port).
+	ISER *bool `toml:"iser,omitempty"`
+	// SRPListen serves the first target over SRP on these host:port
+	// addresses (software iWARP, as Linux ib_srp reaches it); SRPIDExt is
+	// its port ID, ID_EXT[:IOC_GUID] in hex (default: from the name).
+	SRPListen []string `toml:"srp_listen,omitempty"`
+	SRPIDExt  string   `toml:"srp_id_ext,omitempty"`
+	Limits    Limits   `toml:"limits,omitempty"`
+	Targets   []Target `toml:"target"`
 }
 
 // Limits bound what initiators may use; zero keeps the default (in
@@ -164,6 +172,14 @@ func (c *Config) Validate() error {
 		if !strings.Contains(l, ":") {
 			add("listen[%d]: %q is not host:port", i, l)
 		}
+	}
+	for i, l := range c.SRPListen {
+		if !strings.Contains(l, ":") {
+			add("srp_listen[%d]: %q is not host:port", i, l)
+		}
+	}
+	if len(c.SRPListen) > 0 && len(c.Targets) == 0 {
+		add("srp_listen: no target to serve")
 	}
 	if c.Metrics != "" && !strings.Contains(c.Metrics, ":") {
 		add("metrics: %q is not host:port", c.Metrics)

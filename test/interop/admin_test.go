@@ -133,3 +133,32 @@ COMP_WORDS=(blockwire admin add-); COMP_CWORD=2; _blockwire; echo "${COMPREPLY[@
 		t.Fatalf("completions (%v):\n%q", err, out)
 	}
 }
+
+// TestPortalsInConfig: the configuration file says which transports
+// serve (issue 11): iSCSI/TCP on listen, iSER there unless iser = false,
+// SRP on srp_listen with its port ID.
+func TestPortalsInConfig(t *testing.T) {
+	srpAddr := freePort(t)
+	cfg := filepath.Join(t.TempDir(), "portals.toml")
+	os.WriteFile(cfg, []byte(`iser = false
+srp_listen = ["`+srpAddr+`"]
+srp_id_ext = "0011223344556677"
+[[target]]
+name = "iqn.2026-11.org.blockwire:portals"
+[[target.lun]]
+id = 0
+size = "16MiB"
+`), 0o600)
+	d := serve(t, "--config", cfg)
+	for _, u := range []string{
+		"iscsi://" + d.addr + "/iqn.2026-11.org.blockwire:portals/0",
+		"srp://" + srpAddr + "/0011223344556677/0",
+	} {
+		if out, code := blockwire(t, "inquiry", u); code != 0 || !strings.Contains(out, "capacity: 16777216 bytes") {
+			t.Fatalf("inquiry %s (exit %d):\n%s", u, code, out)
+		}
+	}
+	if out, code := blockwire(t, "inquiry", "iser://"+d.addr+"/iqn.2026-11.org.blockwire:portals/0"); code == 0 {
+		t.Fatalf("iSER served with iser = false:\n%s", out)
+	}
+}
