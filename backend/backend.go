@@ -48,3 +48,10 @@ type Resizer interface {
 type Mapper interface {
 	Mapped(off int64) (mapped bool, end int64, err error)
 }
+
+// NonBlocking is implemented by backends whose reads and writes complete
+// in memory without waiting (backend/mem): a fabric may then run a lone
+// command on its receive goroutine instead of handing it to a worker.
+type NonBlocking interface {
+	NonBlocking() bool
+}

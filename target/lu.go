@@ -38,6 +38,7 @@ type LU struct {
 	lun       uint64
 	be        backend.Backend
 	flusher   backend.Flusher
+	fast      bool // the backend is backend.NonBlocking
 	unmapper  backend.Unmapper
 	blockSize int
 	blockBits uint
@@ -105,6 +106,9 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		lu.blockBits++
 	}
 	lu.flusher, _ = cfg.Backend.(backend.Flusher)
+	if nb, ok := cfg.Backend.(backend.NonBlocking); ok {
+		lu.fast = nb.NonBlocking()
+	}
 	lu.unmapper, _ = cfg.Backend.(backend.Unmapper)
 	lu.nblocks.Store(uint64(size) >> lu.blockBits)
 	if lu.vendor == "" {
@@ -148,6 +152,10 @@ func (lu *LU) BlockSize() int { return lu.blockSize }
 
 // ReadOnly reports whether the LU is write-protected.
 func (lu *LU) ReadOnly() bool { return lu.readOnly }
+
+// NonBlocking reports whether the LU's I/O never waits (a memory
+// backend), so a fabric may run its commands on the receiving goroutine.
+func (lu *LU) NonBlocking() bool { return lu.fast }
 
 // writeProtected reports the write protection in force now: the LU's own,
 // or software write protect set through the control mode page (SWP).

@@ -64,6 +64,10 @@ func (c *Command) Commit() bool {
 	return c.state.CompareAndSwap(taskActive, taskCommitted) || c.state.Load() == taskCommitted
 }
 
+// LU is the logical unit the command was entered into by Begin (nil for a
+// LUN that does not exist).
+func (c *Command) LU() *LU { return c.lu }
+
 // SenseData returns the sense bytes of a CHECK CONDITION.
 func (c *Command) SenseData() []byte { return c.Sense[:c.SenseLen] }
 

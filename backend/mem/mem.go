@@ -54,6 +54,10 @@ func (d *Disk) setSize(size int64) {
 	d.size = size
 }
 
+// NonBlocking implements backend.NonBlocking: reads and writes are
+// memory copies.
+func (d *Disk) NonBlocking() bool { return true }
+
 // Size returns the capacity in bytes.
 func (d *Disk) Size() int64 {
 	d.mu.RLock()

@@ -2,6 +2,7 @@ package target
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/bufpool"
@@ -51,6 +52,16 @@ type task struct {
 	executing   bool
 	aborted     bool
 	released    bool
+	solo        bool // delivered as the connection's only task
+
+	// inline lets the receiving goroutine run the task itself, without a
+	// hand-off to a worker, when it is the connection's only one and its
+	// LU never blocks (the hand-off is most of the latency at queue depth
+	// 1). handleCommand opens it around sequence; a delivery within that
+	// window may claim it instead of dispatching; the receiver then closes
+	// it and runs a claimed task. Exactly one side wins each
+	// compare-and-swap, so the task runs once.
+	inline atomic.Int32
 
 	dataSN   uint32
 	senseBuf [2 + 64]byte
@@ -156,6 +167,13 @@ func (s *Server) putTask(t *task) {
 
 const maxTransfer = 64 << 20
 
+// States of task.inline.
+const (
+	inlineClosed  = iota // dispatch to a worker (the default)
+	inlineOpen           // the receiver is in sequence: a delivery may claim it
+	inlineClaimed        // claimed: the receiver runs it
+)
+
 // handleCommand is the SCSI Command arrival (seed 002 §11.4.1).
 func (c *conn) handleCommand(p *datamover.PDU) error {
 	t := c.pendingTask
@@ -192,7 +210,12 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 	c.tasks[t.itt] = t
 	c.inflight.Add(1)
 	c.mu.Unlock()
+	t.inline.Store(inlineOpen)
 	c.sess.sequence(t.cmdSN, t.imm, t)
+	if !t.inline.CompareAndSwap(inlineOpen, inlineClosed) {
+		// Claimed by its delivery (act): run it here.
+		t.execute()
+	}
 	return nil
 }
 
@@ -209,6 +232,7 @@ func (t *task) deliver() {
 	// the same lock, never misses the End.
 	c.sess.tgt.Device.Begin(&t.cmd)
 	t.delivered = true
+	t.solo = len(c.tasks) == 1
 	act := t.advanceLocked()
 	c.mu.Unlock()
 	t.act(act)
@@ -290,6 +314,11 @@ func (t *task) act(a action) {
 		}
 	}
 	if a.execute {
+		if t.solo && t.inline.Load() == inlineOpen {
+			if lu := t.cmd.LU(); lu != nil && lu.NonBlocking() && t.inline.CompareAndSwap(inlineOpen, inlineClaimed) {
+				return // handleCommand runs it once sequence returns
+			}
+		}
 		t.c.srv.dispatch(t)
 	}
 }
