@@ -203,6 +203,16 @@ func (c *conn) DataCompletionNotify(itt, ttt uint32) {
 	t.act(act)
 }
 
+// onRDMA reports whether the connection runs iSER now (connection first,
+// or switched after an RFC 5046 login).
+func (c *conn) onRDMA() bool {
+	if c.iserOnly {
+		return true
+	}
+	u, ok := c.dm.(interface{ ISER() bool })
+	return ok && u.ISER()
+}
+
 // DataACKNotify implements datamover.Upcalls; unused at ERL 0.
 func (c *conn) DataACKNotify(itt, dataSN uint32) {}
 

@@ -55,9 +55,9 @@ type task struct {
 	solo        bool // delivered as the connection's only task
 
 	// inline lets the receiving goroutine run the task itself, without a
-	// hand-off to a worker, when it is the connection's only one and its
-	// LU never blocks (the hand-off is most of the latency at queue depth
-	// 1). handleCommand opens it around sequence; a delivery within that
+	// hand-off to a worker, when it is the connection's only one, its LU
+	// never blocks and the transport is TCP (the hand-off is most of the
+	// latency at queue depth 1). handleCommand opens it around sequence; a delivery within that
 	// window may claim it instead of dispatching; the receiver then closes
 	// it and runs a claimed task. Exactly one side wins each
 	// compare-and-swap, so the task runs once.
@@ -314,7 +314,11 @@ func (t *task) act(a action) {
 		}
 	}
 	if a.execute {
-		if t.solo && t.inline.Load() == inlineOpen {
+		// Not on iSER: there the response waits for RDMA completions,
+		// and a receive goroutine waiting for them stalls every other
+		// command of the connection (measured: 128 KiB reads 0.77× TCP
+		// with it, 0.91× without).
+		if t.solo && !t.c.onRDMA() && t.inline.Load() == inlineOpen {
 			if lu := t.cmd.LU(); lu != nil && lu.NonBlocking() && t.inline.CompareAndSwap(inlineOpen, inlineClaimed) {
 				return // handleCommand runs it once sequence returns
 			}
