@@ -29,7 +29,12 @@ type conn struct {
 	// first), so solicited data moves by RDMA Read (InitialR2T=Yes).
 	rdma, iserOnly bool
 	rejects        atomic.Int64 // Rejects sent (noteRejected)
-	log            *slog.Logger
+	// inline is the command the receiver is sequencing, which its
+	// delivery may claim for the receiver to run (handleCommand); a
+	// claim replaces it with &inlineClaimed.
+	inline        atomic.Pointer[task]
+	inlineClaimed task
+	log           *slog.Logger
 
 	login    loginState
 	loginITT uint32
