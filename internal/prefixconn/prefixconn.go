@@ -23,6 +23,11 @@ type tcpConn struct {
 	pre []byte
 }
 
+// Socket returns the TCP connection underneath and whether every
+// prefix byte has been read: from then on a reader may use the socket
+// directly (the software iWARP receiver reads with readv(2)).
+func (c *tcpConn) Socket() (*net.TCPConn, bool) { return c.TCPConn, len(c.pre) == 0 }
+
 func (c *tcpConn) Read(b []byte) (int, error) {
 	if len(c.pre) > 0 {
 		n := copy(b, c.pre)

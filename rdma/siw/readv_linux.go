@@ -12,8 +12,9 @@ import (
 // vectored reads a payload and what follows it with one readv(2): the
 // payload into its destination, the pad, CRC and next header into the
 // reader's look-ahead buffer. It saves a system call per FPDU on a busy
-// stream. Only a plain *net.TCPConn qualifies (a wrapped one may hold
-// bytes of its own).
+// stream. A plain *net.TCPConn qualifies, and a wrapper that holds bytes
+// read before (internal/prefixconn) once those are gone; any other
+// connection is read with Read.
 type vectored struct {
 	raw  syscall.RawConn
 	fn   func(fd uintptr) bool // x.readv, bound once: no allocation per read
@@ -21,13 +22,22 @@ type vectored struct {
 	niov int
 	n    int
 	err  error
+	// wrapped is a connection that puts bytes it already read in front
+	// of a TCP socket (a portal's classifier): usable once they are gone.
+	wrapped interface{ Socket() (*net.TCPConn, bool) }
 }
 
 func (v *vectored) init(c net.Conn) {
-	tc, ok := c.(*net.TCPConn)
-	if !ok {
+	if w, ok := c.(interface{ Socket() (*net.TCPConn, bool) }); ok {
+		v.wrapped = w
 		return
 	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		v.use(tc)
+	}
+}
+
+func (v *vectored) use(tc *net.TCPConn) {
 	raw, err := tc.SyscallConn()
 	if err != nil {
 		return
@@ -35,7 +45,15 @@ func (v *vectored) init(c net.Conn) {
 	v.raw, v.fn = raw, v.readv
 }
 
-func (v *vectored) ok() bool { return v.raw != nil }
+func (v *vectored) ok() bool {
+	if v.raw == nil && v.wrapped != nil {
+		if tc, drained := v.wrapped.Socket(); drained {
+			v.wrapped = nil
+			v.use(tc)
+		}
+	}
+	return v.raw != nil
+}
 
 func (v *vectored) readv(fd uintptr) bool {
 	n, _, e := syscall.Syscall(syscall.SYS_READV, fd, uintptr(unsafe.Pointer(&v.iov[0])), uintptr(v.niov))
