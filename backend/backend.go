@@ -7,6 +7,7 @@ package backend
 import (
 	"errors"
 	"io"
+	"strconv"
 )
 
 // Backend is the storage of one logical unit.
@@ -55,3 +56,63 @@ type Mapper interface {
 type NonBlocking interface {
 	NonBlocking() bool
 }
+
+// CompareWriter compares and writes in one atomic step of the storage
+// itself (COMPARE AND WRITE), so the comparison holds against writers
+// that do not go through this process — other gateways in front of the
+// same shared image (backend/rbd).
+type CompareWriter interface {
+	// CompareAndWrite writes data at off if the bytes there equal cmp
+	// (len(cmp) == len(data)); if they do not, it writes nothing and
+	// returns a *MiscompareError.
+	CompareAndWrite(cmp, data []byte, off int64) error
+	// MaxCompareAndWrite is the longest range CompareAndWrite takes, in
+	// bytes, at an offset aligned to it (librbd: 512).
+	MaxCompareAndWrite() int
+}
+
+// MiscompareError is a CompareAndWrite whose comparison failed.
+type MiscompareError struct {
+	// Offset is the first differing byte, from the start of the range.
+	Offset int64
+}
+
+func (e *MiscompareError) Error() string {
+	return "backend: miscompare at byte " + strconv.FormatInt(e.Offset, 10) + " of the range"
+}
+
+// CapacityWatcher is implemented by storage whose size can change from
+// outside (an RBD image resized by another client). The logical unit
+// gives it, once, a function to call after every change; the LU then
+// reads Size again and tells initiators (CAPACITY DATA HAS CHANGED).
+type CapacityWatcher interface {
+	WatchCapacity(changed func())
+}
+
+// Identifier is implemented by shared storage that several targets may
+// serve at once: Identity names the storage the same way everywhere, and
+// the LU's NAA designator and serial number derive from it, so an
+// initiator sees one LU on several paths (ALUA, multipath).
+type Identifier interface {
+	Identity() string
+}
+
+// SharedState is implemented by shared storage that keeps a small record
+// for all the targets serving it — a LU's persistent reservations — so
+// every gateway in front of one image sees one state (backend/rbd keeps
+// it in the cluster).
+type SharedState interface {
+	// LoadState returns the record and its version.
+	LoadState() (b []byte, version uint64, err error)
+	// StoreState replaces the record if it is still at version, and
+	// returns the new version once every other target watching it has
+	// been told; ErrStale if another target stored first.
+	StoreState(b []byte, version uint64) (uint64, error)
+	// WatchState registers the function called when the record changed
+	// (with its new version, or 0 when changes may have been missed); it
+	// must not block.
+	WatchState(changed func(version uint64)) error
+}
+
+// ErrStale is a SharedState store that lost the race with another target.
+var ErrStale = errors.New("backend: shared state changed meanwhile")

@@ -48,7 +48,9 @@ func (d *Device) AddLU(lu *LU) error {
 	if _, dup := d.lus[lu.lun]; dup {
 		return fmt.Errorf("target %s: LUN %d already exists", d.name, lu.lun)
 	}
-	lu.dev = d
+	lu.stateMu.Lock()
+	lu.dev = d // read by capacityChanged on a backend's goroutine
+	lu.stateMu.Unlock()
 	d.lus[lu.lun] = lu
 	for n := range d.nexuses {
 		n.addUA(lu.lun, scsi.UAPowerOnReset())

@@ -78,7 +78,7 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b = make([]byte, 64)
 		b[1] = 0xb0
 		if !lu.readOnly {
-			b[5] = maxCompareAndWriteBlocks                        // WSNZ 0: WRITE SAME of 0 blocks runs to the end
+			b[5] = byte(lu.cawBlocks())                            // WSNZ 0: WRITE SAME of 0 blocks runs to the end
 			binary.BigEndian.PutUint64(b[36:], maxWriteSameBlocks) // MAXIMUM WRITE SAME LENGTH
 			binary.BigEndian.PutUint32(b[44:], maxAtomicBlocks)    // MAXIMUM ATOMIC TRANSFER LENGTH
 			binary.BigEndian.PutUint32(b[48:], 1)                  // ATOMIC ALIGNMENT

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 
@@ -29,6 +30,9 @@ type LUConfig struct {
 	// initiator asks for them to survive power loss (APTPL, SPC-4
 	// §5.13.4); they are loaded from it here. Empty: APTPL is refused.
 	PRFile string
+	// Logger receives the LU's own events (shared reservation state);
+	// may be nil.
+	Logger *slog.Logger
 }
 
 // LU is one logical unit: a block device on a backend.
@@ -117,8 +121,14 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	if lu.product == "" {
 		lu.product = "blockwire"
 	}
+	// Shared storage names itself: every target serving it reports the
+	// same LU (one disk on several paths).
+	ident := fmt.Sprintf("%s\x00%d", targetName, cfg.LUN)
+	if id, ok := cfg.Backend.(backend.Identifier); ok {
+		ident = id.Identity()
+	}
 	h := fnv.New64a()
-	fmt.Fprintf(h, "%s\x00%d", targetName, cfg.LUN)
+	h.Write([]byte(ident))
 	sum := h.Sum64()
 	if lu.serial == "" {
 		lu.serial = fmt.Sprintf("%016x", sum)
@@ -128,15 +138,25 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	// from a hash of the target name and LUN, so it is stable across
 	// restarts and unique per LU in practice.
 	h2 := fnv.New128a()
-	fmt.Fprintf(h2, "blockwire\x00%s\x00%d", targetName, cfg.LUN)
+	fmt.Fprintf(h2, "blockwire\x00%s", ident)
 	copy(lu.naa[:], h2.Sum(nil))
 	lu.naa[0] = 0x60 | lu.naa[0]&0x0f
 	lu.naa[1], lu.naa[2] = 0, 0
 	lu.naa[3] &= 0x0f
 	lu.defaults.wce = lu.wce
+	if w, ok := cfg.Backend.(backend.CapacityWatcher); ok {
+		w.WatchCapacity(lu.capacityChanged)
+	}
 	lu.pr.file = cfg.PRFile
 	if err := lu.pr.load(); err != nil {
 		return nil, fmt.Errorf("target: LUN %d persistent reservations: %w", cfg.LUN, err)
+	}
+	if sh, ok := cfg.Backend.(backend.SharedState); ok {
+		// Shared storage: the reservations live with it, for every
+		// target in front of it.
+		if err := lu.pr.attachShared(sh, cfg.Logger); err != nil {
+			return nil, fmt.Errorf("target: LUN %d shared persistent reservations: %w", cfg.LUN, err)
+		}
 	}
 	return lu, nil
 }
@@ -203,6 +223,26 @@ func (lu *LU) Resize(size int64) error {
 		lu.dev.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UACapacityChanged()) })
 	}
 	return nil
+}
+
+// capacityChanged takes the backend's new size after a change made
+// elsewhere (backend.CapacityWatcher): every nexus gets CAPACITY DATA HAS
+// CHANGED.
+func (lu *LU) capacityChanged() {
+	n := uint64(lu.be.Size()) >> lu.blockBits
+	if lu.nblocks.Swap(n) == n {
+		return
+	}
+	if d := lu.device(); d != nil {
+		d.forEachNexus(func(x *Nexus) { x.addUA(lu.lun, scsi.UACapacityChanged()) })
+	}
+}
+
+// device is the LU's device, for code that may run before AddLU.
+func (lu *LU) device() *Device {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	return lu.dev
 }
 
 func (lu *LU) reset() {

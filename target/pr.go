@@ -8,10 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 
+	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/scsi"
 )
 
@@ -48,6 +51,15 @@ type prState struct {
 	holder     prKey   // for types other than the all-registrants ones
 	aptpl      bool    // the last registration asked to persist through power loss
 	file       string  // where APTPL state lives; empty: APTPL not offered
+
+	// shared keeps the state in shared storage for every target serving
+	// it (several gateways on one RBD image): each change is stored
+	// there, conditional on version, and the others are told (stale).
+	shared  backend.SharedState
+	version uint64        // the shared record's version this copy holds
+	stale   atomic.Bool   // the shared record changed: reload before use
+	known   atomic.Uint64 // version, for the watch callback
+	log     *slog.Logger
 }
 
 // find returns the registration that covers nexus k: its own, or its
@@ -72,12 +84,147 @@ func (p *prState) find(k prKey) (prKey, uint64, bool) {
 	return k, 0, false
 }
 
-// prFile is the APTPL file's contents.
+// prFile is the APTPL file's contents, and the shared record's.
 type prFile struct {
 	Generation uint32        `json:"generation"`
 	Regs       []prFileEntry `json:"registrations"`
 	Type       uint8         `json:"type,omitempty"`
 	Holder     *prFileEntry  `json:"holder,omitempty"`
+	APTPL      bool          `json:"aptpl,omitempty"` // shared record only
+}
+
+func (p *prState) encode() prFile {
+	f := prFile{Generation: p.generation, Regs: []prFileEntry{}, APTPL: p.aptpl}
+	for _, k := range p.order {
+		f.Regs = append(f.Regs, prFileEntry{k.ip, k.tp, p.regs[k]})
+	}
+	if p.rtype != 0 {
+		f.Type, f.Holder = p.rtype, &prFileEntry{Initiator: p.holder.ip, Target: p.holder.tp}
+	}
+	return f
+}
+
+// decode replaces the state with f's.
+func (p *prState) decode(f *prFile) {
+	p.generation, p.regs, p.order, p.rtype, p.holder = f.Generation, nil, nil, 0, prKey{}
+	for _, r := range f.Regs {
+		p.register(prKey{r.Initiator, r.Target}, r.Key)
+	}
+	if f.Holder != nil {
+		p.rtype, p.holder = f.Type, prKey{f.Holder.Initiator, f.Holder.Target}
+	}
+	p.aptpl = f.APTPL
+}
+
+// canPersist reports PTPL_C: whether APTPL can be honoured.
+func (p *prState) canPersist() bool { return p.file != "" || p.shared != nil }
+
+// attachShared makes the state the shared record of storage s, loaded now
+// and reloaded whenever another target changes it.
+func (p *prState) attachShared(s backend.SharedState, log *slog.Logger) error {
+	p.shared, p.log = s, log
+	if err := s.WatchState(func(v uint64) {
+		if v == 0 || v != p.known.Load() {
+			p.stale.Store(true)
+		}
+	}); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.refresh(true)
+}
+
+// refresh reloads the shared record if it changed (or always, with
+// force). Called with p.mu held.
+func (p *prState) refresh(force bool) error {
+	if p.shared == nil || !force && !p.stale.Load() {
+		return nil
+	}
+	p.stale.Store(false) // a change notified from now on sets it again
+	b, ver, err := p.shared.LoadState()
+	if err != nil {
+		p.stale.Store(true)
+		return err
+	}
+	if ver == p.version && !force {
+		return nil
+	}
+	var f prFile
+	if len(b) > 0 {
+		if err := json.Unmarshal(b, &f); err != nil {
+			p.stale.Store(true)
+			return fmt.Errorf("shared reservation record: %w", err)
+		}
+	}
+	p.decode(&f)
+	p.version = ver
+	p.known.Store(ver)
+	return nil
+}
+
+// fresh brings a shared state up to date before it is used; when the
+// storage cannot be read the last copy is used (commands that need the
+// storage fail on their own). Called with p.mu held.
+func (p *prState) fresh() {
+	if err := p.refresh(false); err != nil && p.log != nil {
+		p.log.Warn("persistent reservations: shared record not reloaded; using the last copy", "err", err)
+	}
+}
+
+// errSharedUnavailable: the shared record could not be read or written;
+// the initiator may retry (LOGICAL UNIT COMMUNICATION FAILURE).
+var errSharedUnavailable = &scsi.Sense{Key: scsi.SenseAbortedCommand, ASC: 0x08, ASCQ: 0x00, Bit: -1}
+
+// change runs f, which changes the state (called with p.mu held), and
+// keeps the result: in the APTPL file, or in the shared record — there
+// on the newest state, running f again when another target stored first.
+func (lu *LU) prChange(f func(p *prState) error) error {
+	p := &lu.pr
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.shared == nil {
+		if err := f(p); err != nil {
+			return err
+		}
+		if err := p.persist(); err != nil {
+			lu.dev.log.Error("persistent reservations not saved", "lun", lu.lun, "file", p.file, "err", err)
+			return scsi.MediumError(true, 0)
+		}
+		return nil
+	}
+	for attempt := 0; ; attempt++ {
+		if err := p.refresh(true); err != nil {
+			lu.dev.log.Error("persistent reservations: reading the shared record", "lun", lu.lun, "err", err)
+			return errSharedUnavailable
+		}
+		before := p.encode()
+		if err := f(p); err != nil {
+			p.decode(&before)
+			return err
+		}
+		after := p.encode()
+		b, err := json.Marshal(&after)
+		if err != nil {
+			p.decode(&before)
+			return err
+		}
+		if old, _ := json.Marshal(&before); bytes.Equal(old, b) {
+			return nil // nothing changed
+		}
+		ver, err := p.shared.StoreState(b, p.version)
+		if err == nil {
+			p.version = ver
+			p.known.Store(ver)
+			return nil
+		}
+		p.decode(&before)
+		if errors.Is(err, backend.ErrStale) && attempt < 16 {
+			continue
+		}
+		lu.dev.log.Error("persistent reservations: storing the shared record", "lun", lu.lun, "err", err)
+		return errSharedUnavailable
+	}
 }
 
 type prFileEntry struct {
@@ -125,13 +272,8 @@ func (p *prState) persist() error {
 		}
 		return nil
 	}
-	f := prFile{Generation: p.generation, Regs: []prFileEntry{}}
-	for _, k := range p.order {
-		f.Regs = append(f.Regs, prFileEntry{k.ip, k.tp, p.regs[k]})
-	}
-	if p.rtype != 0 {
-		f.Type, f.Holder = p.rtype, &prFileEntry{Initiator: p.holder.ip, Target: p.holder.tp}
-	}
+	f := p.encode()
+	f.APTPL = false // implied by the file
 	b, err := json.MarshalIndent(&f, "", "  ")
 	if err != nil {
 		return err
@@ -195,6 +337,7 @@ func (lu *LU) prConflict(n *Nexus, o *opInfo) bool {
 	p := &lu.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.fresh()
 	if p.rtype == 0 || o.prAllowed {
 		return false
 	}
@@ -221,6 +364,7 @@ func (lu *LU) prConflict(n *Nexus, o *opInfo) bool {
 func (lu *LU) prActive() bool {
 	lu.pr.mu.Lock()
 	defer lu.pr.mu.Unlock()
+	lu.pr.fresh()
 	return len(lu.pr.regs) > 0
 }
 
@@ -232,6 +376,7 @@ func cmdPRIn(lu *LU, c *Command) error {
 	p := &lu.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.fresh()
 	var b []byte
 	switch c.CDB[1] & 0x1f {
 	case 0: // READ KEYS
@@ -355,7 +500,7 @@ func cmdPROut(lu *LU, c *Command) error {
 	}
 	allTgPt := flags&0x04 != 0
 	aptpl := flags&0x01 != 0
-	if aptpl && lu.pr.file == "" { // PTPL_C 0: nowhere to keep it
+	if aptpl && !lu.pr.canPersist() { // PTPL_C 0: nowhere to keep it
 		return scsi.InvalidFieldInParameterList(20, 0)
 	}
 	needType := sa == 1 || sa == 2 || sa == 4 || sa == 5
@@ -369,18 +514,10 @@ func cmdPROut(lu *LU, c *Command) error {
 			return scsi.InvalidFieldInCDB(2, 3)
 		}
 	}
-	p := &lu.pr
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	k, cur, registered := p.find(keyOf(c.Nexus))
-	if err := lu.prOut(c, sa, typ, k, cur, registered, resKey, saKey, allTgPt, aptpl); err != nil {
-		return err
-	}
-	if err := p.persist(); err != nil {
-		lu.dev.log.Error("persistent reservations not saved", "lun", lu.lun, "file", p.file, "err", err)
-		return scsi.MediumError(true, 0)
-	}
-	return nil
+	return lu.prChange(func(p *prState) error {
+		k, cur, registered := p.find(keyOf(c.Nexus))
+		return lu.prOut(c, sa, typ, k, cur, registered, resKey, saKey, allTgPt, aptpl)
+	})
 }
 
 // prOut carries out a PERSISTENT RESERVE OUT service action for the
@@ -544,7 +681,7 @@ func (lu *LU) registerAndMove(c *Command, plen int, typ, scope byte) error {
 	if scope != 0 {
 		return scsi.InvalidFieldInCDB(2, 7)
 	}
-	if aptpl && lu.pr.file == "" {
+	if aptpl && !lu.pr.canPersist() {
 		return scsi.InvalidFieldInParameterList(17, 0)
 	}
 	ip, ok := parseTransportID(prm[24 : 24+tidLen])
@@ -562,10 +699,12 @@ func (lu *LU) registerAndMove(c *Command, plen int, typ, scope byte) error {
 		return scsi.InvalidFieldInParameterList(18, -1)
 	}
 	dst := prKey{ip, tp}
-	p := &lu.pr
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	k, cur, registered := p.find(keyOf(c.Nexus))
+	return lu.prChange(func(p *prState) error { return p.move(c.Nexus, dst, resKey, saKey, typ, unreg, aptpl) })
+}
+
+// move is REGISTER AND MOVE's change. Called with p.mu held.
+func (p *prState) move(n *Nexus, dst prKey, resKey, saKey uint64, typ byte, unreg, aptpl bool) error {
+	k, cur, registered := p.find(keyOf(n))
 	if !registered || resKey != cur {
 		return errPRConflict
 	}
@@ -575,7 +714,7 @@ func (lu *LU) registerAndMove(c *Command, plen int, typ, scope byte) error {
 	if saKey == 0 {
 		return scsi.InvalidFieldInParameterList(8, -1)
 	}
-	if dst == k || dst == keyOf(c.Nexus) {
+	if dst == k || dst == keyOf(n) {
 		return scsi.InvalidFieldInParameterList(24, -1) // moving to itself
 	}
 	p.register(dst, saKey)
@@ -588,9 +727,6 @@ func (lu *LU) registerAndMove(c *Command, plen int, typ, scope byte) error {
 	}
 	p.aptpl = aptpl
 	p.generation++
-	if err := p.persist(); err != nil {
-		return scsi.MediumError(true, 0)
-	}
 	return nil
 }
 

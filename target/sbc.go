@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 
+	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/scsi"
 )
 
@@ -175,7 +176,7 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 		}
 		return nil
 	}
-	if blocks > maxCompareAndWriteBlocks {
+	if blocks > uint64(lu.cawBlocks()) {
 		return scsi.InvalidFieldInCDB(13, -1)
 	}
 	if err := lu.rangeCheck(lba, blocks); err != nil {
@@ -188,6 +189,22 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 		return scsi.InvalidFieldInCDB(13, -1)
 	}
 	verify, data := c.Data[:n], c.Data[n:2*n]
+	if cw, ok := lu.be.(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= lu.blockSize {
+		// Shared storage compares and writes in one step of its own, so
+		// the comparison holds against other gateways' writes too.
+		// Writes through this LU still wait: they hold atomicMu shared.
+		lu.atomicMu.Lock()
+		err := cw.CompareAndWrite(verify, data, int64(lba)<<lu.blockBits)
+		lu.atomicMu.Unlock()
+		var mis *backend.MiscompareError
+		if errors.As(err, &mis) {
+			return scsi.Miscompare(uint64(mis.Offset))
+		}
+		if err != nil {
+			return ioFailed(err, true, lba)
+		}
+		return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
+	}
 	cur := make([]byte, n)
 	lu.atomicMu.Lock()
 	defer lu.atomicMu.Unlock()
@@ -203,6 +220,18 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 		return ioFailed(err, true, lba)
 	}
 	return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
+}
+
+// cawBlocks is MAXIMUM COMPARE AND WRITE LENGTH (VPD B0h): what the
+// storage compares and writes atomically when it does so itself (shared
+// storage, backend.CompareWriter), else what fits the one-byte field.
+// Storage whose atomic unit is smaller than a block is compared here,
+// under atomicMu — atomic against this LU's writes only.
+func (lu *LU) cawBlocks() int {
+	if cw, ok := lu.be.(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= lu.blockSize {
+		return min(maxCompareAndWriteBlocks, cw.MaxCompareAndWrite()/lu.blockSize)
+	}
+	return maxCompareAndWriteBlocks
 }
 
 // cmdOrWrite is ORWRITE(16) (SBC-4 §5.8): the data-out is ORed into the
