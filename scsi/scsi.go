@@ -74,6 +74,7 @@ const (
 	SAReadCapacity16         = 0x10 // SERVICE ACTION IN(16)
 	SAGetLBAStatus           = 0x12 // SERVICE ACTION IN(16)
 	SAReportSupportedOpcodes = 0x0c // MAINTENANCE IN
+	SAReportTargetPortGroups = 0x0a // MAINTENANCE IN
 	SASanitizeOverwrite      = 0x01 // SANITIZE
 	SASanitizeBlockErase     = 0x02
 	SASanitizeExitFailure    = 0x1f

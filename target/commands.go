@@ -69,6 +69,7 @@ func commandTable() []opInfo {
 		{op: scsi.OpServiceActionIn16, sa: scsi.SAReadCapacity16, hasSA: true, name: "READ CAPACITY(16)", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x01, 0), fn: cmdReadCapacity16, media: true, prAllowed: true},
 		{op: scsi.OpServiceActionIn16, sa: scsi.SAGetLBAStatus, hasSA: true, name: "GET LBA STATUS", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdGetLBAStatus, media: true},
 		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true, noConflict: true, prAllowed: true},
+		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportTargetPortGroups, hasSA: true, name: "REPORT TARGET PORT GROUPS", usage: u(0xff, 0xff, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportTargetPortGroups, noConflict: true, prAllowed: true},
 		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportSupportedOpcodes, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", usage: u(0xff, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportOpcodes, prAllowed: true},
 		{op: scsi.OpRead12, name: "READ(12)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite12, name: "WRITE(12)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},
@@ -200,6 +201,7 @@ func (d *Device) Execute(c *Command) {
 	if c.Aborted() {
 		return
 	}
+	lu.pr.freshen()
 	o, err := d.ops.lookup(c.CDB)
 	if err == nil {
 		err = checkUsage(o, c.CDB)
@@ -236,6 +238,10 @@ func (d *Device) Execute(c *Command) {
 		// SBC-4 §4.11.2: only INQUIRY, REPORT LUNS and REQUEST SENSE
 		// are served while a sanitize operation runs.
 		d.fail(lu, c, scsi.NotReadySanitizing())
+		return
+	}
+	if s := d.aluaRefuses(c.Nexus, o); s != nil {
+		d.fail(lu, c, s)
 		return
 	}
 	if o.media {

@@ -25,6 +25,8 @@ type Device struct {
 	lus     map[uint64]*LU
 	nexuses map[*Nexus]struct{}
 
+	groups []PortGroup // ALUA target port groups (alua.go); nil: no ALUA
+
 	copyMu sync.Mutex
 	copies []copyStatus // finished EXTENDED COPY operations, for COPY STATUS
 }

@@ -57,6 +57,11 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b[3] = 0x12 // HISUP, response data format 2
 		b[4] = byte(len(b) - 5)
 		b[7] = 0x02 // CMDQUE
+		if d := lu.device(); d != nil {
+			if groups, _, _ := d.portGroup(nil); len(groups) > 0 {
+				b[5] |= 0x10 // TPGS 01b: implicit ALUA (alua.go)
+			}
+		}
 		padASCII(b[8:16], lu.vendor)
 		padASCII(b[16:32], lu.product)
 		padASCII(b[32:36], "0001")
@@ -141,7 +146,15 @@ func (lu *LU) deviceIdentification(n *Nexus) []byte {
 		// Relative target port (type 4) and target port group (type 5),
 		// associated with the target port.
 		b = append(b, 0x51, 0x94, 0, 4, 0, 0, byte(n.RelativePort>>8), byte(n.RelativePort))
-		b = append(b, 0x51, 0x95, 0, 4, 0, 0, 0, 1)
+		// With ALUA each port is a group of its own, named by the port's
+		// identifier; without, all ports are group 1.
+		group := uint16(1)
+		if d := lu.device(); d != nil {
+			if _, g, ok := d.portGroup(n); ok {
+				group = g.ID
+			}
+		}
+		b = append(b, 0x51, 0x95, 0, 4, 0, 0, byte(group>>8), byte(group))
 	}
 	return b
 }

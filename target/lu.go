@@ -154,6 +154,13 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	if sh, ok := cfg.Backend.(backend.SharedState); ok {
 		// Shared storage: the reservations live with it, for every
 		// target in front of it.
+		lu.pr.onReset = func() {
+			// A reset through another target: this one's nexuses get
+			// the unit attention too.
+			if d := lu.device(); d != nil {
+				d.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UALUReset()) })
+			}
+		}
 		if err := lu.pr.attachShared(sh, cfg.Logger); err != nil {
 			return nil, fmt.Errorf("target: LUN %d shared persistent reservations: %w", cfg.LUN, err)
 		}

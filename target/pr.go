@@ -57,6 +57,8 @@ type prState struct {
 	// there, conditional on version, and the others are told (stale).
 	shared  backend.SharedState
 	version uint64        // the shared record's version this copy holds
+	resets  uint64        // logical unit resets recorded in the shared record
+	onReset func()        // called (p.mu held) when another target reset the LU
 	stale   atomic.Bool   // the shared record changed: reload before use
 	known   atomic.Uint64 // version, for the watch callback
 	log     *slog.Logger
@@ -91,10 +93,14 @@ type prFile struct {
 	Type       uint8         `json:"type,omitempty"`
 	Holder     *prFileEntry  `json:"holder,omitempty"`
 	APTPL      bool          `json:"aptpl,omitempty"` // shared record only
+	// Resets counts logical unit resets through any target (shared
+	// record only): the others then report BUS DEVICE RESET FUNCTION
+	// OCCURRED to their nexuses too (SAM-5 §6.3.2, every I_T nexus).
+	Resets uint64 `json:"resets,omitempty"`
 }
 
 func (p *prState) encode() prFile {
-	f := prFile{Generation: p.generation, Regs: []prFileEntry{}, APTPL: p.aptpl}
+	f := prFile{Generation: p.generation, Regs: []prFileEntry{}, APTPL: p.aptpl, Resets: p.resets}
 	for _, k := range p.order {
 		f.Regs = append(f.Regs, prFileEntry{k.ip, k.tp, p.regs[k]})
 	}
@@ -114,6 +120,19 @@ func (p *prState) decode(f *prFile) {
 		p.rtype, p.holder = f.Type, prKey{f.Holder.Initiator, f.Holder.Target}
 	}
 	p.aptpl = f.APTPL
+	p.resets = f.Resets
+}
+
+// freshen reloads a shared state that another target changed: at the
+// start of every command, so that a reset or reservation made elsewhere
+// is in force (and its unit attention pending) before this one runs.
+func (p *prState) freshen() {
+	if p.shared == nil || !p.stale.Load() {
+		return
+	}
+	p.mu.Lock()
+	p.fresh()
+	p.mu.Unlock()
 }
 
 // canPersist reports PTPL_C: whether APTPL can be honoured.
@@ -157,9 +176,13 @@ func (p *prState) refresh(force bool) error {
 			return fmt.Errorf("shared reservation record: %w", err)
 		}
 	}
+	before, loaded := p.resets, p.version != 0
 	p.decode(&f)
 	p.version = ver
 	p.known.Store(ver)
+	if loaded && p.resets != before && p.onReset != nil {
+		p.onReset()
+	}
 	return nil
 }
 

@@ -161,3 +161,25 @@ func TestSharedReservationRace(t *testing.T) {
 		}
 	}
 }
+
+// A logical unit reset through one gateway is a unit attention on the
+// others' nexuses too (libiscsi's MultipathIO.Reset).
+func TestSharedLUResetAcrossGateways(t *testing.T) {
+	gw, _ := gateways(t, 2)
+	a := nexus(gw[0], "iqn.a,i,0x1", "iqn.t,t,0x1")
+	b := nexus(gw[1], "iqn.a,i,0x1", "iqn.t,t,0x2")
+	tur := []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}
+	good(t, run(gw[1], b, tur, nil))
+	if r := gw[0].ResetLU(a, 0); r != TMFComplete {
+		t.Fatalf("reset: %v", r)
+	}
+	for i, x := range []struct {
+		d *Device
+		n *Nexus
+	}{{gw[0], a}, {gw[1], b}} {
+		if s := sense(t, run(x.d, x.n, tur, nil)); s.Key != scsi.SenseUnitAttention || s.ASC != 0x29 || s.ASCQ != 0x03 {
+			t.Fatalf("gateway %d after the reset: sense %x/%02x/%02x", i, s.Key, s.ASC, s.ASCQ)
+		}
+		good(t, run(x.d, x.n, tur, nil))
+	}
+}

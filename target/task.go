@@ -231,6 +231,12 @@ func (d *Device) ResetLU(n *Nexus, lun uint64) TMFResult {
 	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
 	lu.reset()
 	d.forEachNexus(func(o *Nexus) { o.addUA(lun, scsi.UALUReset()) })
+	if lu.pr.shared != nil {
+		// The other targets on the same storage report it too.
+		if err := lu.prChange(func(p *prState) error { p.resets++; return nil }); err != nil {
+			d.log.Warn("logical unit reset not recorded for the other targets", "lun", lun, "err", err)
+		}
+	}
 	return TMFComplete
 }
 

@@ -102,6 +102,10 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		}
 		return fmt.Errorf("want direct, gateway or any, not %q", v)
 	})
+	fs.Func("path", "another portal (host:port) of the same target and LUN — another gateway in front of the same shared image — to fail over to when the connection is lost (repeatable)", func(v string) error {
+		o.Paths = append(o.Paths, v)
+		return nil
+	})
 	return fs, o, targetSecret
 }
 

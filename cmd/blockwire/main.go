@@ -133,6 +133,13 @@ func serve(args []string, stderr io.Writer) int {
 	size := fs.String("size", "1GiB", "LUN 0 size")
 	path := fs.String("file", "", "back LUN 0 with this file (created sparse when missing)")
 	remoteURL := fs.String("remote", "", "back LUN 0 with another target's LUN (iscsi://, iser:// or srp:// URL): serve as a gateway")
+	rbdSpec := fs.String("rbd", "", "back LUN 0 with a Ceph RBD image, pool/image or pool/namespace/image (a build with -tags rbd)")
+	cephConf := fs.String("ceph-conf", "", "with --rbd: the cluster's ceph.conf (default: librados's search)")
+	cephKeyring := fs.String("ceph-keyring", "", "with --rbd: the client's keyring (default: what ceph.conf says)")
+	cephUser := fs.String("ceph-user", "", "with --rbd: the client name without \"client.\" (default admin)")
+	tpgt := fs.Uint("tpgt", 1, "target portal group tag, also the relative target port and, with --port-groups, this gateway's ALUA group")
+	var portGroups listFlag
+	fs.Var(&portGroups, "port-groups", "turn on ALUA: ID=state for every gateway's group (comma-separated or repeated), state active-optimized, active-non-optimized, standby or unavailable")
 	blockSize := fs.Int("block-size", 512, "logical block size (512 or 4096)")
 	readOnly := fs.Bool("read-only", false, "write-protect LUN 0 (writes fail with DATA PROTECT)")
 	removable := fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
@@ -194,14 +201,23 @@ func serve(args []string, stderr io.Writer) int {
 			cfg.Listen = listen
 		}
 	} else {
-		if *remoteURL != "" {
-			*size = "" // the remote LUN has its own
+		if *remoteURL != "" || *rbdSpec != "" {
+			*size = "" // the remote LUN and the image have their own
+		}
+		var groups []string
+		for _, g := range portGroups {
+			groups = append(groups, strings.Split(g, ",")...)
+		}
+		if *tpgt == 0 || *tpgt > 65535 {
+			fmt.Fprintln(stderr, "--tpgt: 1 to 65535")
+			return 2
 		}
 		cfg = &config.Config{
 			Listen: listen,
 			Targets: []config.Target{{
-				Name: *iqn,
-				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, Remote: *remoteURL, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable}},
+				Name: *iqn, TPGT: uint16(*tpgt), PortGroups: groups,
+				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, Remote: *remoteURL, RBD: *rbdSpec, CephConf: *cephConf,
+					CephKeyring: *cephKeyring, CephUser: *cephUser, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable}},
 			}},
 		}
 		if err := cfg.Validate(); err != nil {
@@ -557,6 +573,9 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, er
 				be = remote.New(d.(remote.Device), config.RedactURL(lc.Remote))
 			}
 		}
+	case lc.RBD != "":
+		// Ceph RBD (issue 14): needs a build with the rbd tag (rbd.go).
+		be, err = openRBD(lc, log)
 	case lc.File != "":
 		be, err = file.Open(lc.File, size, lc.ReadOnly)
 	default:
@@ -570,7 +589,7 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, er
 		prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
 	}
 	lu, err := target.NewLU(targetName, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
-		Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile})
+		Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile, Logger: log.With("lun", lc.ID)})
 	if err != nil {
 		if c, ok := be.(backend.Closer); ok {
 			c.Close()
@@ -598,6 +617,21 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 			return nil, nil, err
 		}
 	}
+	if len(tc.PortGroups) > 0 {
+		var groups []target.PortGroup
+		for _, g := range tc.PortGroups {
+			pg, err := target.ParsePortGroup(g)
+			if err != nil {
+				dev.Close()
+				return nil, nil, err
+			}
+			groups = append(groups, pg)
+		}
+		if err := dev.SetPortGroups(groups); err != nil {
+			dev.Close()
+			return nil, nil, err
+		}
+	}
 	t.Device = dev
 	return dev, t, nil
 }
@@ -605,7 +639,7 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 // targetAccess is a target's name, alias, ACL and CHAP credentials, without
 // its device.
 func targetAccess(tc config.Target) (*iscsitarget.Target, error) {
-	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: tc.AllowedInitiators()}
+	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: tc.AllowedInitiators(), TPGT: tc.TPGT}
 	for _, a := range tc.ACL {
 		if a.CHAP == nil {
 			continue

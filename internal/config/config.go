@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/blockwire/blockwire/target"
 )
 
 // Config is the whole file.
@@ -99,7 +101,15 @@ type Target struct {
 	ACL        []ACL   `toml:"acl,omitempty"`
 	CHAP       *Secret `toml:"chap,omitempty"`
 	MutualCHAP *Secret `toml:"mutual_chap,omitempty"`
-	LUNs       []LUN   `toml:"lun"`
+	// TPGT is the target portal group tag, also the relative target port
+	// identifier (default 1). Gateways serving one shared image give
+	// each its own.
+	TPGT uint16 `toml:"tpgt,omitzero"`
+	// PortGroups turns on ALUA: "ID=state" for every gateway's target
+	// port group (ID = that gateway's tpgt), state active-optimized,
+	// active-non-optimized, standby or unavailable.
+	PortGroups []string `toml:"port_groups,omitempty"`
+	LUNs       []LUN    `toml:"lun"`
 }
 
 // ACL admits one initiator.
@@ -137,11 +147,19 @@ type LUN struct {
 	// Remote backs the LUN with a LUN of another target, reached through
 	// blockwire's initiator: iscsi://, iser:// or srp:// (this node is
 	// then a gateway for it). Size and block size are the remote's.
-	Remote    string `toml:"remote,omitempty"`
-	BlockSize int    `toml:"block_size,omitzero"`
-	ReadOnly  bool   `toml:"read_only,omitempty,omitzero"`
-	Removable bool   `toml:"removable,omitempty,omitzero"`
-	Serial    string `toml:"serial,omitempty"`
+	Remote string `toml:"remote,omitempty"`
+	// RBD backs the LUN with a Ceph RBD image, "pool/image" or
+	// "pool/namespace/image" (a build with the rbd tag); CephConf,
+	// CephKeyring and CephUser say how to reach the cluster (defaults:
+	// librados's ceph.conf search, what it names, "admin").
+	RBD         string `toml:"rbd,omitempty"`
+	CephConf    string `toml:"ceph_conf,omitempty"`
+	CephKeyring string `toml:"ceph_keyring,omitempty"`
+	CephUser    string `toml:"ceph_user,omitempty"`
+	BlockSize   int    `toml:"block_size,omitzero"`
+	ReadOnly    bool   `toml:"read_only,omitempty,omitzero"`
+	Removable   bool   `toml:"removable,omitempty,omitzero"`
+	Serial      string `toml:"serial,omitempty"`
 }
 
 // Load reads and validates a configuration file.
@@ -246,6 +264,24 @@ func (c *Config) Validate() error {
 		if len(t.LUNs) == 0 {
 			add("%s: no lun", where)
 		}
+		if len(t.PortGroups) > 0 {
+			own := t.TPGT
+			if own == 0 {
+				own = 1
+			}
+			found := false
+			for _, g := range t.PortGroups {
+				pg, err := target.ParsePortGroup(g)
+				if err != nil {
+					add("%s.port_groups: %v", where, err)
+				} else if pg.ID == own {
+					found = true
+				}
+			}
+			if !found {
+				add("%s.port_groups: none is this target's own group %d (its tpgt)", where, own)
+			}
+		}
 		ids := map[uint64]bool{}
 		for j, l := range t.LUNs {
 			lw := fmt.Sprintf("%s.lun[%d]", where, j)
@@ -256,7 +292,14 @@ func (c *Config) Validate() error {
 			if l.ID > 16383 {
 				add("%s.id: %d above 16383", lw, l.ID)
 			}
-			if l.Remote != "" {
+			if l.RBD != "" {
+				if l.Remote != "" || l.File != "" || l.Size != "" {
+					add("%s: rbd excludes remote, file and size (the image has its own)", lw)
+				}
+				if n := strings.Count(l.RBD, "/"); n < 1 || n > 2 || strings.HasPrefix(l.RBD, "/") || strings.HasSuffix(l.RBD, "/") || strings.Contains(l.RBD, "//") {
+					add("%s.rbd: %q is not pool/image or pool/namespace/image", lw, l.RBD)
+				}
+			} else if l.Remote != "" {
 				if !strings.HasPrefix(l.Remote, "iscsi://") && !strings.HasPrefix(l.Remote, "iser://") && !strings.HasPrefix(l.Remote, "srp://") {
 					add("%s.remote: %q is not an iscsi://, iser:// or srp:// URL", lw, RedactURL(l.Remote))
 				}

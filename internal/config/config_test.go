@@ -118,3 +118,49 @@ size = "1GiB"
 		t.Errorf("RedactURL: %s", got)
 	}
 }
+
+func TestRBDLUNAndPortGroups(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte(`
+[[target]]
+name = "iqn.2026-11.org.example:gw"
+tpgt = 2
+port_groups = ["1=active-optimized", "2=ano"]
+[[target.lun]]
+id = 0
+rbd = "rbd/disk"
+ceph_conf = "/etc/ceph/ceph.conf"
+[[target.lun]]
+id = 1
+rbd = "rbd/ns/disk"
+`), 0o600)
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Targets[0].TPGT != 2 || c.Targets[0].LUNs[0].RBD != "rbd/disk" || c.Targets[0].LUNs[0].CephConf != "/etc/ceph/ceph.conf" {
+		t.Fatalf("%+v", c.Targets[0])
+	}
+	os.WriteFile(p, []byte(`
+[[target]]
+name = "iqn.2026-11.org.example:gw"
+port_groups = ["2=active-optimized", "3=fast", "x"]
+[[target.lun]]
+id = 0
+rbd = "rbd"
+[[target.lun]]
+id = 1
+rbd = "rbd/disk"
+size = "1GiB"
+`), 0o600)
+	_, err = Load(p)
+	if err == nil {
+		t.Fatal("invalid RBD LUNs and port groups accepted")
+	}
+	for _, want := range []string{`lun[0].rbd: "rbd" is not pool/image`, "lun[1]: rbd excludes remote, file and size",
+		`port group "3=fast"`, `port group "x"`, "none is this target's own group 1"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+}

@@ -71,6 +71,13 @@ type Options struct {
 	// TCP. Each round tries every portal the target's SendTargets
 	// discovery lists (the URL's portal when discovery fails).
 	Prefer string
+	// Paths are other portals ("host[:port]") of the same target and
+	// LU — other gateways in front of one shared image, each its own
+	// target port group. When the connection is lost, recovery tries the
+	// lost portal, then each of these in turn, and replays the unfinished
+	// commands on whichever answers (failover; reads and writes are
+	// idempotent, so nothing acknowledged is lost or done twice wrongly).
+	Paths []string
 	// pref is the connection flag dialISER sends (set by Open).
 	pref    iser.Preference
 	prefSet bool

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"time"
 
@@ -376,14 +377,28 @@ func (s *Session) recover() {
 	deadline := time.Now().Add(s.opts.RecoveryTimeout)
 	backoff := 100 * time.Millisecond
 	var lastErr error
-	for s.opts.RecoveryTimeout > 0 && time.Now().Before(deadline) {
+	// The portal that was lost first, then the other paths (multipath
+	// failover: Options.Paths), in turn.
+	paths := []string{s.portal}
+	for _, p := range s.opts.Paths {
+		if p = withPort(p); !slices.Contains(paths, p) {
+			paths = append(paths, p)
+		}
+	}
+	for try := 0; s.opts.RecoveryTimeout > 0 && time.Now().Before(deadline); try++ {
 		s.mu.Lock()
 		closed := s.closed
 		s.mu.Unlock()
 		if closed {
 			return
 		}
+		// Only recover (one goroutine at a time) sets the portal after
+		// Login, and only it dials then.
+		s.portal = paths[try%len(paths)]
 		links, err := s.connectAll(context.Background())
+		if err == nil && s.portal != paths[0] {
+			s.log.Warn("failed over to another path", "portal", s.portal, "lost", paths[0])
+		}
 		if err == nil {
 			s.sendMu.Lock()
 			s.mu.Lock()
@@ -416,11 +431,13 @@ func (s *Session) recover() {
 			return
 		}
 		lastErr = err
-		if isLoginError(err) {
+		if isLoginError(err) && len(paths) == 1 {
 			break
 		}
-		time.Sleep(backoff)
-		backoff = min(2*backoff, 2*time.Second)
+		if (try+1)%len(paths) == 0 {
+			time.Sleep(backoff)
+			backoff = min(2*backoff, 2*time.Second)
+		}
 	}
 	s.fail(fmt.Errorf("iscsi: session lost and not recovered: %v", lastErr))
 }

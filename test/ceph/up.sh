@@ -43,6 +43,9 @@ admin socket = $D/run/\$name.asok
 log file = $D/log/\$name.log
 pid file = $D/run/\$name.pid
 keyring = $D/keyring
+[client]
+# Each client process its own admin socket (several gateways, the tools).
+admin socket = $D/run/\$name.\$pid.asok
 [mon]
 mon data = $D/mon
 mon cluster log file = $D/log/cluster.log
@@ -56,6 +59,9 @@ bluestore cache autotune = false
 bluestore cache size = 134217728
 osd max object name len = 256
 osd max object namespace len = 64
+# A dead client's watch (a killed gateway holding the exclusive lock)
+# expires after this long; the default 30 s is the failover time.
+osd client watch timeout = 5
 CONF
 C=(-c "$D/ceph.conf")
 ceph-authtool --create-keyring "$D/keyring" --gen-key -n mon. --cap mon 'allow *' >/dev/null

@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		panic(err)
 	}
 	binary = filepath.Join(dir, "blockwire")
-	out, err := exec.Command("go", "build", "-race", "-o", binary, "../../cmd/blockwire").CombinedOutput()
+	out, err := exec.Command("go", "build", "-race", "-tags", buildTags, "-o", binary, "../../cmd/blockwire").CombinedOutput()
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "building blockwire: %v\n%s", err, out)
 		os.Exit(1)
