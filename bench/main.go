@@ -11,6 +11,7 @@
 //	go run ./bench [-rounds 3] [-quick]
 //	go run ./bench -iser-only   # iSER and SRP versus iSCSI/TCP
 //	go run ./bench -gateway     # tgt directly versus through the gateway
+//	go run ./bench -rbd         # RBD LUNs: tgt-rbd versus backend/rbd (root, Ceph)
 package main
 
 import (
@@ -57,6 +58,7 @@ var (
 	bwBin    = flag.String("blockwire", "", "blockwire binary (default: build it)")
 	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
+	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
 )
 
 func main() {
@@ -69,6 +71,9 @@ func main() {
 	if *gwOnly {
 		tools = []string{"tgtd", "tgtadm"}
 	}
+	if *rbdOnly {
+		tools = nil // rbdBench checks its own
+	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
 			log.Fatalf("bench: %s not found (apt-get install tgt qemu-utils qemu-block-extra libiscsi-bin iperf3)", tool)
@@ -76,6 +81,10 @@ func main() {
 	}
 	dir, _ := os.MkdirTemp("", "blockwire-bench")
 	defer os.RemoveAll(dir)
+	if *rbdOnly {
+		rbdBench(dir)
+		return
+	}
 	bin := *bwBin
 	if bin == "" {
 		bin = filepath.Join(dir, "blockwire")

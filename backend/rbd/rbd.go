@@ -243,6 +243,13 @@ func (im *Image) open() error {
 		return fmt.Errorf("rbd: image size: %w", errno(int64(r)))
 	}
 	im.size.Store(int64(size))
+	var features C.uint64_t
+	if r := C.rbd_get_features(im.image, &features); r == 0 && features&C.RBD_FEATURE_EXCLUSIVE_LOCK != 0 {
+		// librbd hands the lock to whichever client writes; a dead
+		// holder's lock is broken once the cluster drops its watch
+		// (osd_client_watch_timeout), which bounds a failover.
+		im.log.Info("rbd: image has the exclusive-lock feature: gateways writing at once take the lock in turn")
+	}
 
 	var p [2]int
 	if err := syscall.Pipe2(p[:], syscall.O_CLOEXEC); err != nil {

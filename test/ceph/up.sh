@@ -27,6 +27,9 @@ auth cluster required = none
 auth service required = none
 auth client required = none
 auth allow insecure global id reclaim = false
+# Clients ping their watches every tick; the tick must come well inside
+# the watch timeout below, or busy clients lose their watches.
+objecter tick interval = 1
 osd pool default size = 1
 osd pool default min size = 1
 osd pool default pg autoscale mode = off
