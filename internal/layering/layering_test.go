@@ -63,6 +63,9 @@ func TestImportsPointOneWay(t *testing.T) {
 		{"rdma/iwarp/ddp", []string{mod, "net", "log"}},
 		{"rdma/iwarp/rdmap", []string{mod + "rdma/iwarp/mpa", mod + "rdma/siw", mod + "iscsi", "net", "log"}},
 		{"rdma/siw", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi"}},
+		// The InfiniBand transport codec (RoCEv2): no I/O.
+		{"rdma/ib", []string{mod, "net", "log"}},
+		{"rdma/roce", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi", mod + "rdma/siw"}},
 		// SRP sits beside iSCSI: SCSI ← SRP ← RDMA verbs, never a
 		// concrete RDMA device; its codec does no I/O.
 		{"srp", []string{mod, "net", "log"}},

@@ -1,0 +1,787 @@
+// Package roce is the software RoCEv2 device (issue 12): the InfiniBand
+// Reliable Connected transport (rdma/ib's packets) behind the rdma verbs
+// API. This file is the transport itself — requester and responder of one
+// queue pair over a Link that may drop, duplicate or reorder packets:
+// packet sequence numbers, ACK and NAK with the AETH syndromes, go-back-N
+// retransmission after a timeout or a sequence-error NAK, RNR NAK when no
+// receive is posted, RDMA Read responses, path MTU segmentation. Remote
+// access goes through rdma.Device.Resolve, so no packet can touch memory
+// outside a registered region.
+package roce
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/ib"
+)
+
+// Link sends one transport packet (BTH through pad; the device adds the
+// ICRC) to the peer queue pair; it may lose it. It must not block on the
+// peer, and it must copy pkt, which is reused.
+type Link interface {
+	Send(pkt []byte)
+}
+
+// RCConfig is what the connection manager negotiated for a queue pair.
+type RCConfig struct {
+	rdma.QPConfig
+	PD                    *rdma.PD
+	LocalQPN, RemoteQPN   uint32
+	SendPSN, RecvPSN      uint32        // the starting PSNs: ours, and the peer's
+	MTU                   int           // path MTU payload bytes: 256 … 4096
+	PKey                  uint16        // 0xffff
+	Timeout               time.Duration // local ACK timeout
+	RetryCount            int           // retransmissions before the QP fails
+	RNRRetryCount         int           // 7: retry for ever
+	RNRDelay              time.Duration // the RNR NAK timer we ask for
+	Window                int           // packets in flight, unacknowledged
+	LocalAddr, RemoteAddr net.Addr
+}
+
+func (c *RCConfig) defaults() {
+	c.QPConfig.Defaults()
+	if c.MTU <= 0 {
+		c.MTU = 1024
+	}
+	if c.PKey == 0 {
+		c.PKey = 0xffff
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 50 * time.Millisecond
+	}
+	if c.RetryCount <= 0 {
+		c.RetryCount = 7
+	}
+	if c.RNRRetryCount <= 0 {
+		c.RNRRetryCount = 7
+	}
+	if c.RNRDelay <= 0 {
+		c.RNRDelay = time.Millisecond
+	}
+	if c.Window <= 0 {
+		c.Window = 256
+	}
+}
+
+const psnMask = 1<<24 - 1
+
+// psnDiff is a-b in 24-bit serial arithmetic.
+func psnDiff(a, b uint32) int32 { return int32((a-b)&psnMask<<8) >> 8 }
+
+// wqe is a posted send-queue request.
+type wqe struct {
+	wr       rdma.SendWR
+	sg       [rdma.MaxSGE][]byte
+	total    int
+	firstPSN uint32
+	npkts    int
+	done     bool
+	readNext uint32 // Read: the PSN of the next response expected
+}
+
+func (w *wqe) lastPSN() uint32 { return (w.firstPSN + uint32(w.npkts) - 1) & psnMask }
+
+// gather copies total bytes at off of the request's gather list into dst.
+func (w *wqe) gather(dst []byte, off int) {
+	for _, b := range w.wr.SG {
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		n := copy(dst, b[off:])
+		dst, off = dst[n:], 0
+		if len(dst) == 0 {
+			return
+		}
+	}
+}
+
+// RC is one queue pair of the Reliable Connected transport.
+type RC struct {
+	cfg  RCConfig
+	link Link
+	dev  *rdma.Device
+
+	mu     sync.Mutex
+	failed bool
+	err    error
+	done   chan struct{}
+
+	// Requester.
+	sq        []*wqe // posted, not yet completed, in order
+	nextPSN   uint32 // the next PSN to assign
+	sendPSN   uint32 // the next PSN to transmit (goes back to retransmit)
+	retries   int
+	rnrTries  int
+	timer     *time.Timer
+	armed     bool
+	rnrWait   bool      // the timer runs for an RNR back-off
+	holdUntil time.Time // RNR back-off
+	rereq     uint32    // the PSN a lost Read response was last asked again from
+	rereqSet  bool
+
+	stats Stats
+
+	// Responder.
+	ePSN    uint32
+	msn     uint32
+	nakSent bool
+	recvs   []rdma.RecvWR
+	cur     *rdma.RecvWR // the receive a multi-packet Send is filling
+	curOff  int
+	wdst    []byte // the remainder of the region a multi-packet Write fills
+	scratch []byte
+	pktBuf  []byte
+}
+
+// Stats count the transport's recoveries.
+type Stats struct {
+	Timeouts    int // retransmission timer expiries
+	SeqNAKs     int // PSN sequence error NAKs received
+	RNRNAKs     int // receiver-not-ready NAKs received
+	ReadRetries int // RDMA Reads asked again after a lost response
+	Duplicates  int // duplicate requests answered again (responder)
+	NAKsSent    int
+	RNRNAKsSent int
+}
+
+// Stats returns the counters.
+func (q *RC) Stats() Stats {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.stats
+}
+
+// NewRC returns a connected queue pair that sends through link; packets
+// for it go to Input.
+func NewRC(cfg RCConfig, link Link) *RC {
+	cfg.defaults()
+	q := &RC{cfg: cfg, link: link, dev: cfg.PD.Device(), done: make(chan struct{}),
+		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, ePSN: cfg.RecvPSN & psnMask,
+		scratch: make([]byte, cfg.MTU), pktBuf: make([]byte, 0, cfg.MTU+64)}
+	q.timer = time.AfterFunc(time.Hour, q.timeout)
+	q.timer.Stop()
+	return q
+}
+
+// PD implements rdma.QP.
+func (q *RC) PD() *rdma.PD { return q.cfg.PD }
+
+// Attr implements rdma.QP.
+func (q *RC) Attr() rdma.QPAttr {
+	return rdma.QPAttr{Transport: "roce", IRD: q.cfg.IRD, ORD: q.cfg.ORD, LocalAddr: q.cfg.LocalAddr, RemoteAddr: q.cfg.RemoteAddr,
+		Detail: fmt.Sprintf("RoCEv2 RC, QPN %#x to %#x, MTU %d", q.cfg.LocalQPN, q.cfg.RemoteQPN, q.cfg.MTU)}
+}
+
+// Done implements rdma.QP.
+func (q *RC) Done() <-chan struct{} { return q.done }
+
+// Err implements rdma.QP.
+func (q *RC) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+// Close implements rdma.QP: queued work is flushed.
+func (q *RC) Close() error {
+	q.mu.Lock()
+	q.failLocked(nil)
+	q.mu.Unlock()
+	return nil
+}
+
+// PostRecv implements rdma.QP.
+func (q *RC) PostRecv(wr rdma.RecvWR) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.failed {
+		return rdma.ErrClosed
+	}
+	if len(q.recvs) >= q.cfg.RecvDepth {
+		return rdma.ErrQueueFull
+	}
+	q.recvs = append(q.recvs, wr)
+	return nil
+}
+
+// PostSend implements rdma.QP.
+func (q *RC) PostSend(wr *rdma.SendWR) error {
+	if len(wr.SG) > rdma.MaxSGE {
+		return fmt.Errorf("roce: %d gather entries, at most %d", len(wr.SG), rdma.MaxSGE)
+	}
+	w := &wqe{wr: *wr}
+	copy(w.sg[:], wr.SG)
+	w.wr.SG = w.sg[:len(wr.SG)]
+	switch wr.Op {
+	case rdma.OpSend, rdma.OpWrite:
+		for _, b := range wr.SG {
+			w.total += len(b)
+		}
+	case rdma.OpRead:
+		if wr.Sink == nil || wr.Length < 0 {
+			return errors.New("roce: RDMA Read needs a sink region and a length")
+		}
+		if _, f := q.dev.Resolve(wr.Sink.STag(), q.cfg.PD, rdma.LocalWrite, wr.Sink.VA()+wr.SinkTO, wr.Length); f != rdma.FaultNone {
+			return fmt.Errorf("roce: RDMA Read sink: %v", f)
+		}
+		w.total = wr.Length
+	default:
+		return fmt.Errorf("roce: cannot post %v", wr.Op)
+	}
+	w.npkts = max(1, (w.total+q.cfg.MTU-1)/q.cfg.MTU)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.failed {
+		return rdma.ErrClosed
+	}
+	if len(q.sq) >= q.cfg.SendDepth {
+		return rdma.ErrQueueFull
+	}
+	w.firstPSN = q.nextPSN
+	w.readNext = w.firstPSN
+	q.nextPSN = (q.nextPSN + uint32(w.npkts)) & psnMask
+	q.sq = append(q.sq, w)
+	q.pumpLocked()
+	return nil
+}
+
+// find returns the request that owns psn.
+func (q *RC) find(psn uint32) *wqe {
+	for _, w := range q.sq {
+		if d := psnDiff(psn, w.firstPSN); d >= 0 && int(d) < w.npkts {
+			return w
+		}
+	}
+	return nil
+}
+
+// pumpLocked transmits from sendPSN while the window and the read depth
+// allow.
+func (q *RC) pumpLocked() {
+	if q.failed || time.Now().Before(q.holdUntil) {
+		return
+	}
+	for psnDiff(q.nextPSN, q.sendPSN) > 0 {
+		if len(q.sq) > 0 && int(psnDiff(q.sendPSN, q.sq[0].firstPSN)) >= q.cfg.Window {
+			break
+		}
+		w := q.find(q.sendPSN)
+		if w == nil {
+			q.sendPSN = q.nextPSN // everything before was completed
+			break
+		}
+		i := int(psnDiff(q.sendPSN, w.firstPSN))
+		if w.wr.Op == rdma.OpRead {
+			if i == 0 && q.readsOutLocked() >= q.cfg.ORD {
+				break
+			}
+			q.sendReadRequest(w, i)
+			q.sendPSN = (w.lastPSN() + 1) & psnMask
+			continue
+		}
+		q.sendSegment(w, i)
+		q.sendPSN = (q.sendPSN + 1) & psnMask
+	}
+	q.armLocked()
+}
+
+func (q *RC) bth(op ib.Opcode, psn uint32, ack bool) ib.BTH {
+	return ib.BTH{Opcode: op, PKey: q.cfg.PKey, DestQP: q.cfg.RemoteQPN, PSN: psn, AckReq: ack}
+}
+
+// sendSegment transmits packet i of a Send or Write.
+func (q *RC) sendSegment(w *wqe, i int) {
+	off := i * q.cfg.MTU
+	n := min(q.cfg.MTU, w.total-off)
+	first, last := i == 0, i == w.npkts-1
+	var p ib.Packet
+	p.Payload = q.scratch[:n]
+	w.gather(p.Payload, off)
+	psn := (w.firstPSN + uint32(i)) & psnMask
+	if w.wr.Op == rdma.OpSend {
+		op := ib.RCSendMiddle
+		switch {
+		case first && last:
+			op = ib.RCSendOnly
+			if w.wr.Invalidate {
+				op = ib.RCSendOnlyInvalidate
+			}
+		case first:
+			op = ib.RCSendFirst
+		case last:
+			op = ib.RCSendLast
+			if w.wr.Invalidate {
+				op = ib.RCSendLastInvalidate
+			}
+		}
+		p.BTH = q.bth(op, psn, last)
+		p.BTH.Solicited = last && w.wr.Solicited
+		p.IETH = w.wr.InvalidateSTag
+	} else {
+		op := ib.RCWriteMiddle
+		switch {
+		case first && last:
+			op = ib.RCWriteOnly
+		case first:
+			op = ib.RCWriteFirst
+		case last:
+			op = ib.RCWriteLast
+		}
+		p.BTH = q.bth(op, psn, last)
+		p.RETH = ib.RETH{VA: w.wr.RemoteTO, RKey: w.wr.RemoteSTag, DMALen: uint32(w.total)}
+	}
+	q.emit(&p)
+}
+
+// sendReadRequest asks for the Read's data from response packet i on
+// (i > 0 after a loss: the rest of the range, under that packet's PSN).
+func (q *RC) sendReadRequest(w *wqe, i int) {
+	off := i * q.cfg.MTU
+	p := ib.Packet{BTH: q.bth(ib.RCReadRequest, (w.firstPSN+uint32(i))&psnMask, true),
+		RETH: ib.RETH{VA: w.wr.RemoteTO + uint64(off), RKey: w.wr.RemoteSTag, DMALen: uint32(w.total - off)}}
+	q.emit(&p)
+}
+
+func (q *RC) emit(p *ib.Packet) {
+	b, err := p.Append(q.pktBuf[:0])
+	if err != nil {
+		return
+	}
+	q.link.Send(b)
+}
+
+// readsOutLocked counts the Reads asked for and not yet answered in full.
+func (q *RC) readsOutLocked() int {
+	n := 0
+	for _, w := range q.sq {
+		if w.wr.Op == rdma.OpRead && !w.done && psnDiff(q.sendPSN, w.firstPSN) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// armLocked starts the retransmission timer while packets are
+// unacknowledged and it is not running.
+func (q *RC) armLocked() {
+	if len(q.sq) == 0 || q.failed {
+		q.timer.Stop()
+		q.armed = false
+		return
+	}
+	if !q.armed {
+		q.armed = true
+		q.timer.Reset(q.cfg.Timeout)
+	}
+}
+
+// progressLocked: the peer acknowledged something; the timeout counts
+// from now.
+func (q *RC) progressLocked() {
+	q.retries, q.rnrTries, q.rereqSet = 0, 0, false
+	q.timer.Stop()
+	q.armed = false
+	q.armLocked()
+}
+
+// timeout: no progress for a whole timeout — go back to the oldest
+// unacknowledged packet, or fail after RetryCount tries.
+func (q *RC) timeout() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.armed = false
+	if q.failed || len(q.sq) == 0 {
+		return
+	}
+	if q.rnrWait {
+		// The RNR back-off is over: send again from where the peer had
+		// no receive.
+		q.rnrWait = false
+		q.holdUntil = time.Time{}
+		q.pumpLocked()
+		return
+	}
+	q.retries++
+	q.stats.Timeouts++
+	if q.retries > q.cfg.RetryCount {
+		q.failLocked(fmt.Errorf("roce: no acknowledgement after %d retries (transport retry counter exceeded)", q.cfg.RetryCount))
+		return
+	}
+	q.goBackLocked(q.oldestLocked())
+}
+
+// oldestLocked is the first PSN not yet acknowledged.
+func (q *RC) oldestLocked() uint32 {
+	if len(q.sq) == 0 {
+		return q.nextPSN
+	}
+	w := q.sq[0]
+	if w.wr.Op == rdma.OpRead {
+		return w.readNext
+	}
+	return w.firstPSN
+}
+
+// goBackLocked retransmits from psn.
+func (q *RC) goBackLocked(psn uint32) {
+	q.sendPSN = psn
+	q.pumpLocked()
+}
+
+// Input processes one packet addressed to this queue pair: the UDP
+// payload, BTH through ICRC (the device has checked the ICRC).
+func (q *RC) Input(b []byte) {
+	p, err := ib.Decode(b)
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.failed {
+		return
+	}
+	if err != nil {
+		if errors.Is(err, ib.ErrUnknownOpcode) {
+			q.nak(p.BTH.PSN, ib.NAKInvalidRequest)
+		}
+		return // malformed: silently dropped
+	}
+	switch op := p.BTH.Opcode; {
+	case op == ib.RCAcknowledge:
+		q.gotAck(&p)
+	case op >= ib.RCReadResponseFirst && op <= ib.RCReadResponseOnly:
+		q.gotReadResponse(&p)
+	case op == ib.RCCompareSwap || op == ib.RCFetchAdd:
+		q.nak(p.BTH.PSN, ib.NAKInvalidRequest) // no atomics
+	case op == ib.RCAtomicAcknowledge:
+	default:
+		q.request(&p)
+	}
+}
+
+// ---- requester: acknowledgements and read responses ----
+
+// completeUpTo completes, in order, the Sends and Writes whose packets
+// are all at or before psn (a Read stops the walk: only its responses end
+// it).
+func (q *RC) completeUpTo(psn uint32) bool {
+	moved := false
+	for len(q.sq) > 0 {
+		w := q.sq[0]
+		if w.wr.Op == rdma.OpRead {
+			if !w.done {
+				break
+			}
+		} else if psnDiff(w.lastPSN(), psn) > 0 {
+			break
+		}
+		q.sq = q.sq[1:]
+		moved = true
+		q.deliver(w, rdma.Success, w.total)
+	}
+	if moved {
+		q.progressLocked()
+	}
+	return moved
+}
+
+func (q *RC) deliver(w *wqe, st rdma.Status, n int) {
+	if st == rdma.Success && w.wr.Unsignaled {
+		return
+	}
+	if q.cfg.SendCQ != nil {
+		q.cfg.SendCQ.Push(rdma.Completion{ID: w.wr.ID, Op: w.wr.Op, Status: st, Len: n, QP: q})
+	}
+}
+
+func (q *RC) gotAck(p *ib.Packet) {
+	psn, syn := p.BTH.PSN, p.AETH.Syndrome
+	switch syn & 0x60 {
+	case ib.SyndromeACK:
+		q.completeUpTo(psn)
+		q.pumpLocked()
+	case ib.SyndromeRNR:
+		// Everything before psn arrived; psn waits for a receive.
+		q.completeUpTo((psn - 1) & psnMask)
+		q.stats.RNRNAKs++
+		q.rnrTries++
+		if q.cfg.RNRRetryCount != 7 && q.rnrTries > q.cfg.RNRRetryCount {
+			q.failLocked(errors.New("roce: receiver not ready after the RNR retry count"))
+			return
+		}
+		q.holdUntil = time.Now().Add(rnrDelay(syn & 0x1f))
+		q.sendPSN = psn
+		q.rnrWait, q.armed = true, true
+		q.timer.Reset(time.Until(q.holdUntil))
+	case ib.SyndromeNAK:
+		q.completeUpTo((psn - 1) & psnMask)
+		switch syn & 0x1f {
+		case ib.NAKPSNSequenceError:
+			q.stats.SeqNAKs++
+			q.goBackLocked(psn)
+		default:
+			st := rdma.RemoteOperation
+			if syn&0x1f == ib.NAKRemoteAccessError {
+				st = rdma.RemoteAccess
+			}
+			if w := q.find(psn); w != nil {
+				q.sq = q.sq[1:]
+				q.deliver(w, st, 0)
+			}
+			q.failLocked(&rdma.TerminateError{Remote: true, Layer: "IB transport", EType: syn, Msg: fmt.Sprintf("NAK %d for PSN %#x", syn&0x1f, psn)})
+		}
+	}
+}
+
+// rnrDelay decodes an RNR NAK timer (the IBA table; a few entries).
+func rnrDelay(code uint8) time.Duration {
+	if code == 0 {
+		return 655360 * time.Microsecond
+	}
+	return time.Duration(10*(1<<(code/4))) * time.Microsecond
+}
+
+func (q *RC) gotReadResponse(p *ib.Packet) {
+	psn := p.BTH.PSN
+	w := q.find(psn)
+	if w == nil || w.wr.Op != rdma.OpRead || w.done {
+		return // a duplicate of something finished
+	}
+	if psn != w.readNext {
+		// A response was lost: ask again from the one expected (once,
+		// not for every response behind the gap).
+		if psnDiff(psn, w.readNext) > 0 && (!q.rereqSet || q.rereq != w.readNext) {
+			q.rereq, q.rereqSet = w.readNext, true
+			q.stats.ReadRetries++
+			q.goBackLocked(w.readNext)
+		}
+		return
+	}
+	// A read response acknowledges every request before the Read.
+	q.completeUpTo((w.firstPSN - 1) & psnMask)
+	i := int(psnDiff(psn, w.firstPSN))
+	off := i * q.cfg.MTU
+	want := min(q.cfg.MTU, w.total-off)
+	last := i == w.npkts-1
+	if len(p.Payload) != want || last != (p.BTH.Opcode == ib.RCReadResponseLast || p.BTH.Opcode == ib.RCReadResponseOnly) {
+		q.failLocked(fmt.Errorf("roce: RDMA Read response of %d bytes (%s), expected %d", len(p.Payload), p.BTH.Opcode, want))
+		return
+	}
+	dst, f := q.dev.Resolve(w.wr.Sink.STag(), q.cfg.PD, rdma.LocalWrite, w.wr.Sink.VA()+w.wr.SinkTO+uint64(off), want)
+	if f != rdma.FaultNone {
+		q.failLocked(fmt.Errorf("roce: RDMA Read sink: %v", f))
+		return
+	}
+	copy(dst, p.Payload)
+	w.readNext = (psn + 1) & psnMask
+	if last {
+		w.done = true
+		q.completeUpTo(psn)
+	}
+	q.progressLocked()
+	q.pumpLocked()
+}
+
+// ---- responder ----
+
+func (q *RC) ack(psn uint32) {
+	p := ib.Packet{BTH: q.bth(ib.RCAcknowledge, psn, false), AETH: ib.AETH{Syndrome: ib.SyndromeACK | 0x1f, MSN: q.msn}}
+	q.emit(&p)
+}
+
+func (q *RC) nak(psn uint32, code uint8) {
+	q.stats.NAKsSent++
+	p := ib.Packet{BTH: q.bth(ib.RCAcknowledge, psn, false), AETH: ib.AETH{Syndrome: ib.SyndromeNAK | code, MSN: q.msn}}
+	q.emit(&p)
+}
+
+func (q *RC) request(p *ib.Packet) {
+	psn := p.BTH.PSN
+	switch d := psnDiff(psn, q.ePSN); {
+	case d > 0:
+		// Ahead of what we expect: one NAK until the gap is filled.
+		if !q.nakSent {
+			q.nakSent = true
+			q.nak(q.ePSN, ib.NAKPSNSequenceError)
+		}
+		return
+	case d < 0:
+		// A duplicate: acknowledge again, or answer a Read again (Reads
+		// are idempotent; the data is read anew).
+		q.stats.Duplicates++
+		if p.BTH.Opcode == ib.RCReadRequest {
+			q.readResponse(p, false)
+			return
+		}
+		q.ack((q.ePSN - 1) & psnMask)
+		return
+	}
+	switch op := p.BTH.Opcode; op {
+	case ib.RCSendFirst, ib.RCSendMiddle, ib.RCSendLast, ib.RCSendLastImm, ib.RCSendOnly, ib.RCSendOnlyImm,
+		ib.RCSendLastInvalidate, ib.RCSendOnlyInvalidate:
+		q.send(p)
+	case ib.RCWriteFirst, ib.RCWriteMiddle, ib.RCWriteLast, ib.RCWriteLastImm, ib.RCWriteOnly, ib.RCWriteOnlyImm:
+		q.write(p)
+	case ib.RCReadRequest:
+		q.readResponse(p, true)
+	default:
+		q.nak(psn, ib.NAKInvalidRequest)
+	}
+}
+
+func (q *RC) accept(p *ib.Packet, msgEnd bool) {
+	q.ePSN = (q.ePSN + 1) & psnMask
+	q.nakSent = false
+	if msgEnd {
+		q.msn = (q.msn + 1) & psnMask
+	}
+	if p.BTH.AckReq {
+		q.ack(p.BTH.PSN)
+	}
+}
+
+func (q *RC) send(p *ib.Packet) {
+	op := p.BTH.Opcode
+	first := op == ib.RCSendFirst || op == ib.RCSendOnly || op == ib.RCSendOnlyImm || op == ib.RCSendOnlyInvalidate
+	last := op != ib.RCSendFirst && op != ib.RCSendMiddle
+	if first {
+		if q.cur != nil {
+			q.nak(p.BTH.PSN, ib.NAKInvalidRequest)
+			return
+		}
+		if len(q.recvs) == 0 {
+			// No receive posted: RNR NAK, the requester tries again.
+			q.stats.RNRNAKsSent++
+			np := ib.Packet{BTH: q.bth(ib.RCAcknowledge, p.BTH.PSN, false), AETH: ib.AETH{Syndrome: ib.SyndromeRNR | 1, MSN: q.msn}}
+			q.emit(&np)
+			return
+		}
+		r := q.recvs[0]
+		q.recvs = q.recvs[1:]
+		q.cur, q.curOff = &r, 0
+	} else if q.cur == nil {
+		q.nak(p.BTH.PSN, ib.NAKInvalidRequest)
+		return
+	}
+	if q.curOff+len(p.Payload) > len(q.cur.Buf) {
+		// Longer than the receive buffer: the receive fails, and so does
+		// the requester's Send.
+		q.pushRecv(rdma.Completion{ID: q.cur.ID, Op: rdma.OpRecv, Status: rdma.LocalLength, QP: q})
+		q.cur = nil
+		q.nak(p.BTH.PSN, ib.NAKInvalidRequest)
+		return
+	}
+	q.curOff += copy(q.cur.Buf[q.curOff:], p.Payload)
+	if last {
+		c := rdma.Completion{ID: q.cur.ID, Op: rdma.OpRecv, Status: rdma.Success, Len: q.curOff, Solicited: p.BTH.Solicited, QP: q}
+		if op == ib.RCSendLastInvalidate || op == ib.RCSendOnlyInvalidate {
+			if f := q.dev.InvalidateRemote(p.IETH, q.cfg.PD); f != rdma.FaultNone {
+				q.pushRecv(rdma.Completion{ID: q.cur.ID, Op: rdma.OpRecv, Status: rdma.RemoteAccess, QP: q})
+				q.cur = nil
+				q.nak(p.BTH.PSN, ib.NAKRemoteAccessError)
+				return
+			}
+			c.Invalidated, c.STag = true, p.IETH
+		}
+		q.cur = nil
+		q.pushRecv(c)
+	}
+	q.accept(p, last)
+}
+
+func (q *RC) pushRecv(c rdma.Completion) {
+	if q.cfg.RecvCQ != nil {
+		q.cfg.RecvCQ.Push(c)
+	}
+}
+
+func (q *RC) write(p *ib.Packet) {
+	op := p.BTH.Opcode
+	first := op == ib.RCWriteFirst || op == ib.RCWriteOnly || op == ib.RCWriteOnlyImm
+	last := op != ib.RCWriteFirst && op != ib.RCWriteMiddle
+	if first {
+		dst, f := q.dev.Resolve(p.RETH.RKey, q.cfg.PD, rdma.RemoteWrite, p.RETH.VA, int(p.RETH.DMALen))
+		if f != rdma.FaultNone {
+			q.nak(p.BTH.PSN, ib.NAKRemoteAccessError)
+			return
+		}
+		q.wdst = dst
+	} else if q.wdst == nil {
+		q.nak(p.BTH.PSN, ib.NAKInvalidRequest)
+		return
+	}
+	if len(p.Payload) > len(q.wdst) {
+		q.wdst = nil
+		q.nak(p.BTH.PSN, ib.NAKRemoteAccessError) // beyond what RETH named
+		return
+	}
+	n := copy(q.wdst, p.Payload)
+	q.wdst = q.wdst[n:]
+	if last {
+		if len(q.wdst) != 0 {
+			q.wdst = nil
+			q.nak(p.BTH.PSN, ib.NAKInvalidRequest) // shorter than RETH said
+			return
+		}
+		q.wdst = nil
+	}
+	q.accept(p, last)
+}
+
+// readResponse answers a Read Request with the data, in MTU packets
+// numbered from the request's PSN; fresh moves the expected PSN past them.
+func (q *RC) readResponse(p *ib.Packet, fresh bool) {
+	n := int(p.RETH.DMALen)
+	src, f := q.dev.Resolve(p.RETH.RKey, q.cfg.PD, rdma.RemoteRead, p.RETH.VA, n)
+	if f != rdma.FaultNone {
+		q.nak(p.BTH.PSN, ib.NAKRemoteAccessError)
+		return
+	}
+	npkts := max(1, (n+q.cfg.MTU-1)/q.cfg.MTU)
+	if fresh {
+		q.ePSN = (q.ePSN + uint32(npkts)) & psnMask
+		q.nakSent = false
+		q.msn = (q.msn + 1) & psnMask
+	}
+	for i := range npkts {
+		off := i * q.cfg.MTU
+		op := ib.RCReadResponseMiddle
+		switch {
+		case npkts == 1:
+			op = ib.RCReadResponseOnly
+		case i == 0:
+			op = ib.RCReadResponseFirst
+		case i == npkts-1:
+			op = ib.RCReadResponseLast
+		}
+		rp := ib.Packet{BTH: q.bth(op, (p.BTH.PSN+uint32(i))&psnMask, false),
+			AETH: ib.AETH{Syndrome: ib.SyndromeACK | 0x1f, MSN: q.msn}, Payload: src[off:min(off+q.cfg.MTU, n)]}
+		q.emit(&rp)
+	}
+}
+
+// ---- failure ----
+
+// failLocked moves the QP to the error state: every request still queued
+// completes as flushed, and Done closes.
+func (q *RC) failLocked(err error) {
+	if q.failed {
+		return
+	}
+	q.failed, q.err = true, err
+	q.timer.Stop()
+	for _, w := range q.sq {
+		q.deliver(w, rdma.Flushed, 0)
+	}
+	q.sq = nil
+	for _, r := range q.recvs {
+		q.pushRecv(rdma.Completion{ID: r.ID, Op: rdma.OpRecv, Status: rdma.Flushed, QP: q})
+	}
+	q.recvs = nil
+	close(q.done)
+}
+
+var _ rdma.QP = (*RC)(nil)
