@@ -293,7 +293,12 @@ func addr(a interface{ String() string }) string {
 	return a.String()
 }
 
+// Transport names the RDMA transport under the connection ("iwarp",
+// "roce").
+func (c *Conn) Transport() string { return c.qp.Attr().Transport }
+
 // Profile is the wire form in use.
+
 func (c *Conn) Profile() Profile { return c.r.opt.Profile }
 
 // AllocateConnectionResources implements datamover.Conn: the resources

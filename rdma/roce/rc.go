@@ -116,6 +116,7 @@ type RC struct {
 	sq        []*wqe // posted, not yet completed, in order
 	nextPSN   uint32 // the next PSN to assign
 	sendPSN   uint32 // the next PSN to transmit (goes back to retransmit)
+	acked     uint32 // the last PSN the responder acknowledged
 	retries   int
 	rnrTries  int
 	timer     *time.Timer
@@ -125,7 +126,8 @@ type RC struct {
 	rereq     uint32    // the PSN a lost Read response was last asked again from
 	rereqSet  bool
 
-	stats Stats
+	stats   Stats
+	onClose func() // a local Close: the device tells the peer (DREQ)
 
 	// Responder.
 	ePSN    uint32
@@ -162,7 +164,7 @@ func (q *RC) Stats() Stats {
 func NewRC(cfg RCConfig, link Link) *RC {
 	cfg.defaults()
 	q := &RC{cfg: cfg, link: link, dev: cfg.PD.Device(), done: make(chan struct{}),
-		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, ePSN: cfg.RecvPSN & psnMask,
+		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask, ePSN: cfg.RecvPSN & psnMask,
 		scratch: make([]byte, cfg.MTU), pktBuf: make([]byte, 0, cfg.MTU+64)}
 	q.timer = time.AfterFunc(time.Hour, q.timeout)
 	q.timer.Stop()
@@ -268,8 +270,8 @@ func (q *RC) pumpLocked() {
 		return
 	}
 	for psnDiff(q.nextPSN, q.sendPSN) > 0 {
-		if len(q.sq) > 0 && int(psnDiff(q.sendPSN, q.sq[0].firstPSN)) >= q.cfg.Window {
-			break
+		if int(psnDiff(q.sendPSN, q.acked)) > q.cfg.Window {
+			break // the window counts from the last acknowledged packet
 		}
 		w := q.find(q.sendPSN)
 		if w == nil {
@@ -320,7 +322,7 @@ func (q *RC) sendSegment(w *wqe, i int) {
 				op = ib.RCSendLastInvalidate
 			}
 		}
-		p.BTH = q.bth(op, psn, last)
+		p.BTH = q.bth(op, psn, last || q.wantAck(psn))
 		p.BTH.Solicited = last && w.wr.Solicited
 		p.IETH = w.wr.InvalidateSTag
 	} else {
@@ -333,7 +335,7 @@ func (q *RC) sendSegment(w *wqe, i int) {
 		case last:
 			op = ib.RCWriteLast
 		}
-		p.BTH = q.bth(op, psn, last)
+		p.BTH = q.bth(op, psn, last || q.wantAck(psn))
 		p.RETH = ib.RETH{VA: w.wr.RemoteTO, RKey: w.wr.RemoteSTag, DMALen: uint32(w.total)}
 	}
 	q.emit(&p)
@@ -346,6 +348,20 @@ func (q *RC) sendReadRequest(w *wqe, i int) {
 	p := ib.Packet{BTH: q.bth(ib.RCReadRequest, (w.firstPSN+uint32(i))&psnMask, true),
 		RETH: ib.RETH{VA: w.wr.RemoteTO + uint64(off), RKey: w.wr.RemoteSTag, DMALen: uint32(w.total - off)}}
 	q.emit(&p)
+}
+
+// wantAck asks for an acknowledgement in the middle of a long message,
+// twice per window, so the window moves before the message ends.
+func (q *RC) wantAck(psn uint32) bool {
+	return int(psnDiff(psn, q.acked))%max(1, q.cfg.Window/2) == 0
+}
+
+// ackedTo records that the responder has everything up to psn.
+func (q *RC) ackedTo(psn uint32) {
+	if psnDiff(psn, q.acked) > 0 && psnDiff(psn, q.nextPSN) < 0 {
+		q.acked = psn
+		q.progressLocked()
+	}
 }
 
 func (q *RC) emit(p *ib.Packet) {
@@ -422,8 +438,11 @@ func (q *RC) oldestLocked() uint32 {
 		return q.nextPSN
 	}
 	w := q.sq[0]
-	if w.wr.Op == rdma.OpRead {
+	if w.wr.Op == rdma.OpRead && !w.done {
 		return w.readNext
+	}
+	if next := (q.acked + 1) & psnMask; psnDiff(next, w.firstPSN) > 0 {
+		return next // part of the message was acknowledged
 	}
 	return w.firstPSN
 }
@@ -501,10 +520,12 @@ func (q *RC) gotAck(p *ib.Packet) {
 	psn, syn := p.BTH.PSN, p.AETH.Syndrome
 	switch syn & 0x60 {
 	case ib.SyndromeACK:
+		q.ackedTo(psn)
 		q.completeUpTo(psn)
 		q.pumpLocked()
 	case ib.SyndromeRNR:
 		// Everything before psn arrived; psn waits for a receive.
+		q.ackedTo((psn - 1) & psnMask)
 		q.completeUpTo((psn - 1) & psnMask)
 		q.stats.RNRNAKs++
 		q.rnrTries++
@@ -517,6 +538,7 @@ func (q *RC) gotAck(p *ib.Packet) {
 		q.rnrWait, q.armed = true, true
 		q.timer.Reset(time.Until(q.holdUntil))
 	case ib.SyndromeNAK:
+		q.ackedTo((psn - 1) & psnMask)
 		q.completeUpTo((psn - 1) & psnMask)
 		switch syn & 0x1f {
 		case ib.NAKPSNSequenceError:
@@ -577,6 +599,7 @@ func (q *RC) gotReadResponse(p *ib.Packet) {
 	}
 	copy(dst, p.Payload)
 	w.readNext = (psn + 1) & psnMask
+	q.ackedTo(psn)
 	if last {
 		w.done = true
 		q.completeUpTo(psn)
@@ -773,6 +796,9 @@ func (q *RC) failLocked(err error) {
 	}
 	q.failed, q.err = true, err
 	q.timer.Stop()
+	if err == nil && q.onClose != nil {
+		q.onClose()
+	}
 	for _, w := range q.sq {
 		q.deliver(w, rdma.Flushed, 0)
 	}

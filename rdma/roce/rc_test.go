@@ -133,14 +133,22 @@ func waitN(t *testing.T, cq *rdma.CQ, n int) []rdma.Completion {
 // than the MTU, some empty, receives posted late so RNR NAKs happen — is
 // carried out exactly once, in order, with the right bytes everywhere.
 func TestRCOverLossyLink(t *testing.T) {
-	for _, seed := range []uint64{1, 2, 3} {
-		t.Run(fmt.Sprint(seed), func(t *testing.T) { lossyRun(t, seed) })
+	for _, c := range []struct {
+		seed   uint64
+		window int
+	}{{1, 0}, {2, 0}, {3, 3}, {4, 5}} {
+		// A small window makes most messages longer than it: the
+		// requester then asks for acknowledgements mid-message.
+		t.Run(fmt.Sprintf("seed%d-window%d", c.seed, c.window), func(t *testing.T) { lossyRun(t, c.seed, c.window) })
 	}
 }
 
-func lossyRun(t *testing.T, seed uint64) {
+func lossyRun(t *testing.T, seed uint64, window int) {
 	ab, ba := newLossy(seed, 0.10, 0.05, 0.10), newLossy(seed+100, 0.10, 0.05, 0.10)
 	a, b := pair(t, ab, ba, 1024)
+	if window > 0 {
+		a.qp.cfg.Window, b.qp.cfg.Window = window, window
+	}
 	rng := rand.New(rand.NewPCG(seed, 1))
 
 	// B: a region A writes into and reads from.

@@ -1,0 +1,668 @@
+package roce
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/ib"
+)
+
+// Device is a software RoCEv2 device on one IPv4 address: every queue
+// pair's packets go through one UDP socket on the RoCEv2 port, demultiplexed
+// by destination QP; QP 1 carries the Communication Manager's MADs. It
+// implements rdma.Fabric with the RDMA/CM conventions Linux uses: service ID
+// 0x0000000001060000 + port, and a 36-byte IP header at the start of a
+// REQ's private data.
+//
+// The invariant CRC covers the IPv4 header's identification field. Sent
+// datagrams carry DF on an unconnected socket, for which Linux writes
+// identification 0, so the CRC can be computed before sending; received
+// ones are checked assuming the same of the sender (true of this device;
+// a kernel rxe peer picks other identifications — reading them needs a raw
+// socket, which this device does not use yet).
+type Device struct {
+	log   *slog.Logger
+	rdev  *rdma.Device
+	ip    netip.Addr
+	port  int
+	conn  *net.UDPConn
+	guid  uint64
+	mtu   int
+	close sync.Once
+	done  chan struct{}
+
+	mu        sync.Mutex
+	qps       map[uint32]*RC
+	nextQPN   uint32
+	listeners map[uint16]*listener
+	dials     map[uint32]chan cmReply    // by our communication ID
+	accepts   map[uint32]*connRequest    // REQs answered with a REP, awaiting RTU
+	waitRTU   map[uint32]*connRequest    // the same, by our QPN: a first packet stands for a lost RTU
+	conns     map[uint32]*connection     // established, by our communication ID
+	seen      map[[2]uint32]*connRequest // REQs being handled, by the peer's (comm ID, QPN)
+	sendBuf   []byte
+}
+
+type connection struct {
+	qp        *RC
+	local     uint32
+	remote    uint32
+	remoteQPN uint32
+	peer      netip.Addr
+}
+
+type cmReply struct {
+	rep *ib.REP
+	rej *ib.REJ
+}
+
+// Options configure a Device.
+type Options struct {
+	// Port is the UDP port (default ib.UDPPort, 4791; tests on one host
+	// give each device its own loopback address instead).
+	Port   int
+	MTU    int // path MTU payload, default 1024
+	Logger *slog.Logger
+}
+
+// Open starts a device on ip (an IPv4 address of this host).
+func Open(ip string, opt Options) (*Device, error) {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil || !addr.Is4() {
+		return nil, fmt.Errorf("roce: %q is not an IPv4 address", ip)
+	}
+	if opt.Port == 0 {
+		opt.Port = ib.UDPPort
+	}
+	if opt.MTU == 0 {
+		opt.MTU = 1024
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(opt.Port))))
+	if err != nil {
+		return nil, fmt.Errorf("roce: %w", err)
+	}
+	raw, err := c.SyscallConn()
+	if err == nil {
+		raw.Control(func(fd uintptr) {
+			// DF, so Linux writes IP identification 0 (see Device).
+			err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
+			// A burst of MTU packets must not overflow the socket: ask
+			// for 8 MiB past rmem_max when allowed (root), else what the
+			// system gives.
+			for _, o := range [][2]int{{syscall.SO_RCVBUFFORCE, syscall.SO_RCVBUF}, {syscall.SO_SNDBUFFORCE, syscall.SO_SNDBUF}} {
+				if syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, o[0], 8<<20) != nil {
+					syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, o[1], 8<<20)
+				}
+			}
+		})
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("roce: %w", err)
+	}
+	var g [8]byte
+	rand.Read(g[:])
+	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
+		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
+		listeners: map[uint16]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
+		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}}
+	go d.receive()
+	return d, nil
+}
+
+// RDMA is the device's memory registration namespace: allocate protection
+// domains from it.
+func (d *Device) RDMA() *rdma.Device { return d.rdev }
+
+// Close stops the device; its queue pairs fail.
+func (d *Device) Close() error {
+	d.close.Do(func() {
+		close(d.done)
+		d.conn.Close()
+		d.mu.Lock()
+		qps := make([]*RC, 0, len(d.qps))
+		for _, q := range d.qps {
+			qps = append(qps, q)
+		}
+		d.mu.Unlock()
+		for _, q := range qps {
+			q.Close()
+		}
+	})
+	return nil
+}
+
+// ipHeader is the IPv4 header Linux puts on our datagrams, as far as the
+// ICRC sees it (the fields it masks are left zero).
+func ipHeader(src, dst netip.Addr, udpLen int) [20]byte {
+	var h [20]byte
+	h[0] = 0x45
+	binary.BigEndian.PutUint16(h[2:], uint16(20+udpLen))
+	h[6] = 0x40 // DF, identification 0
+	h[9] = 17
+	s, t := src.As4(), dst.As4()
+	copy(h[12:], s[:])
+	copy(h[16:], t[:])
+	return h
+}
+
+func udpHeader(sport, dport, length int) [8]byte {
+	var u [8]byte
+	binary.BigEndian.PutUint16(u[0:], uint16(sport))
+	binary.BigEndian.PutUint16(u[2:], uint16(dport))
+	binary.BigEndian.PutUint16(u[4:], uint16(length))
+	return u
+}
+
+// send adds the ICRC to pkt and sends it to peer.
+func (d *Device) send(peer netip.Addr, pkt []byte) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := len(pkt) + ib.ICRCLen
+	ip := ipHeader(d.ip, peer, 8+n)
+	udp := udpHeader(d.port, d.port, 8+n)
+	d.sendBuf = ib.AppendICRC(ip[:], udp[:], append(d.sendBuf[:0], pkt...))
+	d.conn.WriteToUDPAddrPort(d.sendBuf, netip.AddrPortFrom(peer, uint16(d.port)))
+}
+
+func (d *Device) receive() {
+	buf := make([]byte, 65536)
+	for {
+		n, from, err := d.conn.ReadFromUDPAddrPort(buf)
+		if err != nil {
+			select {
+			case <-d.done:
+				return
+			default:
+			}
+			continue
+		}
+		pkt := buf[:n]
+		if n < ib.BTHLen+ib.ICRCLen {
+			continue
+		}
+		src := from.Addr().Unmap()
+		ip := ipHeader(src, d.ip, 8+n)
+		udp := udpHeader(int(from.Port()), d.port, 8+n)
+		if ib.ICRC(ip[:], udp[:], pkt[:n-ib.ICRCLen]) != binary.LittleEndian.Uint32(pkt[n-ib.ICRCLen:]) {
+			continue // a bad ICRC: silently dropped, as the transport rules say
+		}
+		qpn := binary.BigEndian.Uint32(pkt[4:]) & 0xffffff
+		if qpn == 1 {
+			d.cm(src, pkt)
+			continue
+		}
+		d.mu.Lock()
+		q := d.qps[qpn]
+		r := d.waitRTU[qpn]
+		delete(d.waitRTU, qpn)
+		d.mu.Unlock()
+		if r != nil {
+			r.established()
+		}
+		if q != nil {
+			q.Input(pkt)
+		}
+	}
+}
+
+// ---- connection management ----
+
+const (
+	cmTimeout = 200 * time.Millisecond
+	cmRetries = 10
+	cmaHdrLen = 36
+)
+
+// link is an RC queue pair's way out.
+type link struct {
+	d    *Device
+	peer netip.Addr
+}
+
+func (l link) Send(pkt []byte) { l.d.send(l.peer, pkt) }
+
+func (d *Device) sendMAD(peer netip.Addr, attr uint16, tid uint64, data *[ib.CMDataLen]byte) {
+	m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: tid, AttrID: attr, Data: *data}
+	p := ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)}
+	b, _ := p.Append(nil)
+	d.send(peer, b)
+}
+
+func randU32() uint32 {
+	var b [4]byte
+	rand.Read(b[:])
+	return binary.BigEndian.Uint32(b[:])
+}
+
+func (d *Device) newQP(cfg RCConfig, peer netip.Addr) *RC {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for d.qps[d.nextQPN] != nil || d.nextQPN < 2 {
+		d.nextQPN = (d.nextQPN + 1) & psnMask
+	}
+	cfg.LocalQPN = d.nextQPN
+	d.nextQPN = (d.nextQPN + 1) & psnMask
+	q := NewRC(cfg, link{d, peer})
+	d.qps[cfg.LocalQPN] = q
+	q.onClose = func() { d.disconnect(q) } // called with q.mu held
+	return q
+}
+
+// disconnect follows a local Close: DREQ to the peer (not waiting for
+// its DREP), and the QP leaves the device.
+func (d *Device) disconnect(q *RC) {
+	d.mu.Lock()
+	delete(d.qps, q.cfg.LocalQPN)
+	var c *connection
+	for id, x := range d.conns {
+		if x.qp == q {
+			c = x
+			delete(d.conns, id)
+		}
+	}
+	d.mu.Unlock()
+	if c == nil {
+		return
+	}
+	dreq := ib.DREQ{CommIDs: ib.CommIDs{Local: c.local, Remote: c.remote}, RemoteQPN: c.remoteQPN}
+	var data [ib.CMDataLen]byte
+	dreq.Put(&data)
+	d.sendMAD(c.peer, ib.AttrDREQ, uint64(c.local), &data)
+}
+
+func (d *Device) dropQP(q *RC) {
+	d.mu.Lock()
+	delete(d.qps, q.cfg.LocalQPN)
+	d.mu.Unlock()
+}
+
+// cmaHeader is the RDMA/CM IP header Linux puts before a REQ's private
+// data (facts: version 0, IP version in the high nibble of byte 1, the
+// source port, then source and destination addresses, IPv4 in the last
+// four bytes of each).
+func cmaHeader(src, dst netip.Addr, sport uint16) [cmaHdrLen]byte {
+	var h [cmaHdrLen]byte
+	h[1] = 0x40
+	binary.BigEndian.PutUint16(h[2:], sport)
+	s, t := src.As4(), dst.As4()
+	copy(h[16:20], s[:])
+	copy(h[32:36], t[:])
+	return h
+}
+
+func gid(a netip.Addr) [16]byte { return netip.AddrFrom16(a.As16()).As16() }
+
+// Dial implements rdma.Fabric: addr is "ip:port" of a listener.
+func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma.QP, []byte, error) {
+	ap, err := netip.ParseAddrPort(addr)
+	if err != nil {
+		return nil, nil, fmt.Errorf("roce: %w", err)
+	}
+	peer := ap.Addr().Unmap()
+	if len(p.PrivateData) > 92-cmaHdrLen {
+		return nil, nil, fmt.Errorf("roce: %d bytes of private data, a REQ holds %d after the RDMA/CM header", len(p.PrivateData), 92-cmaHdrLen)
+	}
+	p.QP.Defaults()
+	local := randU32()
+	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, SendPSN: randU32() & psnMask, MTU: d.mtu,
+		LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(d.ip, uint16(d.port))), RemoteAddr: net.UDPAddrFromAddrPort(ap)}
+	q := d.newQP(cfg, peer)
+	for _, r := range p.Recvs {
+		q.PostRecv(r)
+	}
+	req := ib.REQ{LocalCommID: local, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, ap.Port()), LocalCAGUID: d.guid,
+		LocalQPN: q.cfg.LocalQPN, ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD),
+		RemoteCMResponseTimeout: 20, StartingPSN: q.cfg.SendPSN, LocalCMResponseTimeout: 20, RetryCount: 7,
+		PKey: 0xffff, PathMTU: mtuCode(d.mtu), RNRRetryCount: 7, MaxCMRetries: 15}
+	req.Primary = ib.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: gid(d.ip), RemoteGID: gid(peer), HopLimit: 64, LocalACKTimeout: 14}
+	h := cmaHeader(d.ip, peer, uint16(d.port))
+	copy(req.PrivateData[:], h[:])
+	copy(req.PrivateData[cmaHdrLen:], p.PrivateData)
+	var data [ib.CMDataLen]byte
+	req.Put(&data)
+	reply := make(chan cmReply, 1)
+	d.mu.Lock()
+	d.dials[local] = reply
+	d.mu.Unlock()
+	defer func() {
+		d.mu.Lock()
+		delete(d.dials, local)
+		d.mu.Unlock()
+	}()
+	tid := uint64(local)
+	fail := func(err error) (rdma.QP, []byte, error) {
+		d.dropQP(q)
+		q.Close()
+		return nil, nil, err
+	}
+	for try := 0; ; try++ {
+		if try == cmRetries {
+			return fail(errors.New("roce: no answer to the connection request"))
+		}
+		d.sendMAD(peer, ib.AttrREQ, tid, &data)
+		select {
+		case r := <-reply:
+			if r.rej != nil {
+				return fail(&rdma.RejectError{Reason: int(r.rej.Reason), PrivateData: append([]byte(nil), r.rej.PrivateData[:]...)})
+			}
+			rep := r.rep
+			q.mu.Lock()
+			q.cfg.RemoteQPN = rep.LocalQPN
+			q.ePSN = rep.StartingPSN & psnMask
+			q.cfg.ORD = min(q.cfg.ORD, int(rep.ResponderResources))
+			q.cfg.IRD = min(q.cfg.IRD, int(rep.InitiatorDepth))
+			q.mu.Unlock()
+			var rtu [ib.CMDataLen]byte
+			ib.PutCommIDs(&rtu, ib.CommIDs{Local: local, Remote: rep.LocalCommID}, nil)
+			d.sendMAD(peer, ib.AttrRTU, tid, &rtu)
+			d.mu.Lock()
+			d.conns[local] = &connection{qp: q, local: local, remote: rep.LocalCommID, remoteQPN: rep.LocalQPN, peer: peer}
+			d.mu.Unlock()
+			return q, append([]byte(nil), rep.PrivateData[:]...), nil
+		case <-time.After(cmTimeout):
+		case <-ctx.Done():
+			return fail(ctx.Err())
+		case <-d.done:
+			return fail(rdma.ErrClosed)
+		}
+	}
+}
+
+func mtuCode(mtu int) uint8 {
+	for c, m := uint8(1), 256; m <= 4096; c, m = c+1, m*2 {
+		if m >= mtu {
+			return c
+		}
+	}
+	return 5
+}
+
+// cm handles a MAD to QP 1.
+func (d *Device) cm(peer netip.Addr, pkt []byte) {
+	p, err := ib.Decode(pkt)
+	if err != nil || p.BTH.Opcode != ib.UDSendOnly || p.DETH.QKey != ib.GSIQKey {
+		return
+	}
+	m, err := ib.DecodeMAD(p.Payload)
+	if err != nil || m.MgmtClass != ib.MgmtClassCM {
+		return
+	}
+	switch m.AttrID {
+	case ib.AttrREQ:
+		d.gotREQ(peer, &m)
+	case ib.AttrREP:
+		rep := ib.DecodeREP(&m.Data)
+		d.mu.Lock()
+		ch := d.dials[rep.RemoteCommID]
+		c := d.conns[rep.RemoteCommID]
+		d.mu.Unlock()
+		switch {
+		case ch != nil:
+			select {
+			case ch <- cmReply{rep: &rep}:
+			default:
+			}
+		case c != nil:
+			// Our RTU was lost: send it again.
+			var rtu [ib.CMDataLen]byte
+			ib.PutCommIDs(&rtu, ib.CommIDs{Local: c.local, Remote: c.remote}, nil)
+			d.sendMAD(peer, ib.AttrRTU, m.TID, &rtu)
+		}
+	case ib.AttrREJ:
+		rej := ib.DecodeREJ(&m.Data)
+		d.mu.Lock()
+		ch := d.dials[rej.RemoteCommID]
+		d.mu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- cmReply{rej: &rej}:
+			default:
+			}
+		}
+	case ib.AttrRTU:
+		ids := ib.DecodeCommIDs(&m.Data)
+		d.mu.Lock()
+		r := d.accepts[ids.Remote]
+		delete(d.accepts, ids.Remote)
+		if r != nil && r.q != nil {
+			delete(d.waitRTU, r.q.cfg.LocalQPN)
+		}
+		d.mu.Unlock()
+		if r != nil {
+			r.established()
+		}
+	case ib.AttrDREQ:
+		dreq := ib.DecodeDREQ(&m.Data)
+		d.mu.Lock()
+		c := d.conns[dreq.Remote]
+		delete(d.conns, dreq.Remote)
+		d.mu.Unlock()
+		var drep [ib.CMDataLen]byte
+		ib.PutCommIDs(&drep, ib.CommIDs{Local: dreq.Remote, Remote: dreq.Local}, nil)
+		d.sendMAD(peer, ib.AttrDREP, m.TID, &drep)
+		if c != nil {
+			c.qp.mu.Lock()
+			c.qp.onClose = nil // the peer already knows
+			c.qp.failLocked(rdma.ErrDisconnected)
+			c.qp.mu.Unlock()
+			d.dropQP(c.qp)
+		}
+	}
+}
+
+func (d *Device) reject(peer netip.Addr, req *ib.REQ, tid uint64, reason uint16, ari string, pd []byte) {
+	rej := ib.REJ{LocalCommID: randU32(), RemoteCommID: req.LocalCommID, MessageRejected: ib.MsgREQ, Reason: reason}
+	rej.ARILength = uint8(copy(rej.ARI[:], ari))
+	copy(rej.PrivateData[:], pd)
+	var data [ib.CMDataLen]byte
+	rej.Put(&data)
+	d.sendMAD(peer, ib.AttrREJ, tid, &data)
+}
+
+func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
+	req := ib.DecodeREQ(&m.Data)
+	key := [2]uint32{req.LocalCommID, req.LocalQPN}
+	d.mu.Lock()
+	if r := d.seen[key]; r != nil {
+		// A repeated REQ: answer again what we answered.
+		d.mu.Unlock()
+		r.resend()
+		return
+	}
+	_, port, ok := ib.ServicePort(req.ServiceID)
+	l := d.listeners[port]
+	d.mu.Unlock()
+	if !ok || l == nil {
+		// Seed 001 §II: no iSER service on this port — reason 8.
+		d.reject(peer, &req, m.TID, ib.RejInvalidServiceID, "", nil)
+		return
+	}
+	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, ready: make(chan struct{})}
+	d.mu.Lock()
+	d.seen[key] = r
+	d.mu.Unlock()
+	select {
+	case l.reqs <- r:
+	default:
+		d.reject(peer, &req, m.TID, ib.RejNoQP, "backlog full", nil)
+	}
+}
+
+// ---- listening ----
+
+type listener struct {
+	d    *Device
+	port uint16
+	reqs chan *connRequest
+	once sync.Once
+	gone chan struct{}
+}
+
+// Listen implements rdma.Fabric: addr is "ip:port" with this device's
+// address (or none) and the port the service ID carries.
+func (d *Device) Listen(addr string) (rdma.Listener, error) {
+	_, ps, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, fmt.Errorf("roce: %w", err)
+	}
+	port, err := strconv.Atoi(ps)
+	if err != nil || port <= 0 || port > 65535 {
+		return nil, fmt.Errorf("roce: port %q", ps)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.listeners[uint16(port)] != nil {
+		return nil, fmt.Errorf("roce: port %d already has a listener", port)
+	}
+	l := &listener{d: d, port: uint16(port), reqs: make(chan *connRequest, 64), gone: make(chan struct{})}
+	d.listeners[uint16(port)] = l
+	return l, nil
+}
+
+func (l *listener) Accept(ctx context.Context) (rdma.ConnRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.gone:
+		return nil, rdma.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *listener) Addr() net.Addr {
+	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(l.d.ip, l.port))
+}
+
+func (l *listener) Close() error {
+	l.once.Do(func() {
+		l.d.mu.Lock()
+		delete(l.d.listeners, l.port)
+		l.d.mu.Unlock()
+		close(l.gone)
+	})
+	return nil
+}
+
+// connRequest is a REQ handed to the consumer.
+type connRequest struct {
+	d     *Device
+	peer  netip.Addr
+	req   ib.REQ
+	tid   uint64
+	mu    sync.Mutex
+	last  *[ib.CMDataLen]byte // the REP or REJ sent, for a repeated REQ
+	attr  uint16
+	q     *RC
+	local uint32
+	ready chan struct{}
+	once  sync.Once
+}
+
+// PrivateData implements rdma.ConnRequest: the consumer's part, after the
+// RDMA/CM header.
+func (r *connRequest) PrivateData() []byte {
+	return append([]byte(nil), r.req.PrivateData[cmaHdrLen:]...)
+}
+func (r *connRequest) PeerIRD() int { return int(r.req.ResponderResources) }
+func (r *connRequest) PeerORD() int { return int(r.req.InitiatorDepth) }
+func (r *connRequest) LocalAddr() net.Addr {
+	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(r.d.ip, uint16(r.d.port)))
+}
+func (r *connRequest) RemoteAddr() net.Addr {
+	return net.UDPAddrFromAddrPort(netip.AddrPortFrom(r.peer, uint16(r.d.port)))
+}
+
+func (r *connRequest) resend() {
+	r.mu.Lock()
+	last, attr := r.last, r.attr
+	r.mu.Unlock()
+	if last != nil {
+		r.d.sendMAD(r.peer, attr, r.tid, last)
+	}
+}
+
+func (r *connRequest) established() { r.once.Do(func() { close(r.ready) }) }
+
+// Accept implements rdma.ConnRequest: REP, then the QP is ready once the
+// RTU (or the first packet on the QP) arrives.
+func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
+	d := r.d
+	if len(p.PrivateData) > 196 {
+		return nil, fmt.Errorf("roce: %d bytes of private data, a REP holds 196", len(p.PrivateData))
+	}
+	p.QP.Defaults()
+	p.QP.IRD = min(p.QP.IRD, int(r.req.InitiatorDepth))
+	p.QP.ORD = min(p.QP.ORD, int(r.req.ResponderResources))
+	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, SendPSN: randU32() & psnMask, RecvPSN: r.req.StartingPSN,
+		RemoteQPN: r.req.LocalQPN, MTU: min(d.mtu, 128<<r.req.PathMTU),
+		LocalAddr: r.LocalAddr(), RemoteAddr: r.RemoteAddr()}
+	q := d.newQP(cfg, r.peer)
+	for _, w := range p.Recvs {
+		q.PostRecv(w)
+	}
+	r.local = randU32()
+	rep := ib.REP{LocalCommID: r.local, RemoteCommID: r.req.LocalCommID, LocalQPN: q.cfg.LocalQPN, StartingPSN: q.cfg.SendPSN,
+		ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD), TargetACKDelay: 15, RNRRetryCount: 7, LocalCAGUID: d.guid}
+	copy(rep.PrivateData[:], p.PrivateData)
+	data := new([ib.CMDataLen]byte)
+	rep.Put(data)
+	r.mu.Lock()
+	r.last, r.attr, r.q = data, ib.AttrREP, q
+	r.mu.Unlock()
+	d.mu.Lock()
+	d.accepts[r.local] = r
+	d.waitRTU[q.cfg.LocalQPN] = r
+	d.conns[r.local] = &connection{qp: q, local: r.local, remote: r.req.LocalCommID, remoteQPN: r.req.LocalQPN, peer: r.peer}
+	d.mu.Unlock()
+	d.sendMAD(r.peer, ib.AttrREP, r.tid, data)
+	for try := 0; ; try++ {
+		select {
+		case <-r.ready:
+			return q, nil
+		case <-time.After(cmTimeout):
+			if try == cmRetries {
+				d.dropQP(q)
+				q.Close()
+				return nil, errors.New("roce: no RTU after the REP")
+			}
+			d.sendMAD(r.peer, ib.AttrREP, r.tid, data)
+		case <-d.done:
+			return nil, rdma.ErrClosed
+		}
+	}
+}
+
+// Reject implements rdma.ConnRequest: REJ with reason 28 (consumer
+// reject) and the private data.
+func (r *connRequest) Reject(privateData []byte) error {
+	rej := ib.REJ{LocalCommID: randU32(), RemoteCommID: r.req.LocalCommID, MessageRejected: ib.MsgREQ, Reason: ib.RejConsumerReject}
+	copy(rej.PrivateData[:], privateData)
+	data := new([ib.CMDataLen]byte)
+	rej.Put(data)
+	r.mu.Lock()
+	r.last, r.attr = data, ib.AttrREJ
+	r.mu.Unlock()
+	r.d.sendMAD(r.peer, ib.AttrREJ, r.tid, data)
+	return nil
+}
+
+var (
+	_ rdma.Fabric      = (*Device)(nil)
+	_ rdma.ConnRequest = (*connRequest)(nil)
+)

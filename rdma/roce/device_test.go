@@ -1,0 +1,161 @@
+package roce
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/ib"
+)
+
+func devices(t *testing.T) (a, b *Device) {
+	t.Helper()
+	// Two devices on two loopback addresses, on a port of their own so a
+	// kernel rxe (which owns 4791) cannot interfere.
+	const port = 14791
+	var err error
+	if a, err = Open("127.0.0.1", Options{Port: port}); err != nil {
+		t.Fatal(err)
+	}
+	if b, err = Open("127.0.0.2", Options{Port: port}); err != nil {
+		a.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close(); b.Close() })
+	return a, b
+}
+
+type end struct {
+	pd       *rdma.PD
+	scq, rcq *rdma.CQ
+}
+
+func newEnd(d *Device) *end {
+	return &end{pd: d.RDMA().AllocPD(), scq: rdma.NewCQ(64), rcq: rdma.NewCQ(64)}
+}
+
+func (e *end) params(pd []byte, recvs ...rdma.RecvWR) rdma.ConnParams {
+	return rdma.ConnParams{PD: e.pd, QP: rdma.QPConfig{SendCQ: e.scq, RecvCQ: e.rcq, IRD: 4, ORD: 4}, PrivateData: pd, Recvs: recvs}
+}
+
+// Two devices over UDP: the CM exchange (REQ with the RDMA/CM header and
+// our private data, REP with the listener's, RTU), then Sends both ways,
+// an RDMA Write and an RDMA Read, then a disconnect the peer sees.
+func TestDeviceConnectAndTransfer(t *testing.T) {
+	a, b := devices(t)
+	ea, eb := newEnd(a), newEnd(b)
+	ln, err := b.Listen("127.0.0.2:3260")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	region := make([]byte, 64<<10)
+	for i := range region {
+		region[i] = byte(i)
+	}
+	mr, _ := eb.pd.Register(region, 0x7000, rdma.RemoteRead|rdma.RemoteWrite)
+	bufB := make([]byte, 4096)
+	accepted := make(chan rdma.QP, 1)
+	go func() {
+		r, err := ln.Accept(ctx)
+		if err != nil {
+			t.Error(err)
+			close(accepted)
+			return
+		}
+		if string(r.PrivateData()[:5]) != "hello" || r.PeerIRD() != 4 || r.PeerORD() != 4 {
+			t.Errorf("REQ private data %q, IRD %d ORD %d", r.PrivateData()[:8], r.PeerIRD(), r.PeerORD())
+		}
+		q, err := r.Accept(eb.params([]byte("welcome"), rdma.RecvWR{ID: 7, Buf: bufB}))
+		if err != nil {
+			t.Error(err)
+			close(accepted)
+			return
+		}
+		accepted <- q
+	}()
+	qa, reply, err := a.Dial(ctx, "127.0.0.2:3260", ea.params([]byte("hello")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(reply[:7]) != "welcome" {
+		t.Fatalf("REP private data %q", reply[:8])
+	}
+	qb := <-accepted
+	if qb == nil {
+		t.FailNow()
+	}
+	msg := bytes.Repeat([]byte("abc"), 1000) // three MTUs
+	if err := qa.PostSend(&rdma.SendWR{ID: 1, Op: rdma.OpSend, SG: [][]byte{msg}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitN(t, eb.rcq, 1)[0]; c.ID != 7 || !bytes.Equal(bufB[:c.Len], msg) {
+		t.Fatalf("received %+v", c)
+	}
+	data := bytes.Repeat([]byte{0x5a}, 5000)
+	qa.PostSend(&rdma.SendWR{ID: 2, Op: rdma.OpWrite, SG: [][]byte{data}, RemoteSTag: mr.STag(), RemoteTO: 0x7000 + 100})
+	sinkBuf := make([]byte, 20000)
+	sink, _ := ea.pd.Register(sinkBuf, 0, rdma.LocalWrite)
+	qa.PostSend(&rdma.SendWR{ID: 3, Op: rdma.OpRead, Sink: sink, Length: 20000, RemoteSTag: mr.STag(), RemoteTO: 0x7000})
+	for i, c := range waitN(t, ea.scq, 3) {
+		if c.Status != rdma.Success || c.ID != uint64(i+1) {
+			t.Fatalf("completion %d: %+v", i, c)
+		}
+	}
+	// B looks at its memory after a Send that followed the Write: its
+	// receive completion is ordered after the placement.
+	bufB2 := make([]byte, 16)
+	qb.PostRecv(rdma.RecvWR{ID: 8, Buf: bufB2})
+	qa.PostSend(&rdma.SendWR{ID: 4, Op: rdma.OpSend, SG: [][]byte{[]byte("done")}})
+	waitN(t, eb.rcq, 1)
+	waitN(t, ea.scq, 1)
+	if !bytes.Equal(region[100:5100], data) {
+		t.Fatal("the Write did not land")
+	}
+	if !bytes.Equal(sinkBuf, region[:20000]) {
+		t.Fatal("the Read brought the wrong bytes (the Write before it must be seen)")
+	}
+	qa.Close()
+	select {
+	case <-qb.Done():
+		if !errors.Is(qb.Err(), rdma.ErrDisconnected) {
+			t.Fatalf("peer's QP ended with %v", qb.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the peer did not see the disconnect")
+	}
+}
+
+// A REQ for a port nobody listens on is rejected with reason 8 (seed 001
+// §II: invalid service ID); a listener's Reject is reason 28 with its
+// private data.
+func TestDeviceRejects(t *testing.T) {
+	a, b := devices(t)
+	ea, eb := newEnd(a), newEnd(b)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, _, err := a.Dial(ctx, "127.0.0.2:3261", ea.params(nil))
+	var rj *rdma.RejectError
+	if !errors.As(err, &rj) || rj.Reason != ib.RejInvalidServiceID {
+		t.Fatalf("no listener: %v", err)
+	}
+	ln, _ := b.Listen("127.0.0.2:3262")
+	defer ln.Close()
+	go func() {
+		r, err := ln.Accept(ctx)
+		if err == nil {
+			r.Reject([]byte("not a gateway"))
+		}
+	}()
+	_ = eb
+	_, _, err = a.Dial(ctx, "127.0.0.2:3262", ea.params(nil))
+	if !errors.As(err, &rj) || rj.Reason != ib.RejConsumerReject || string(rj.PrivateData[:13]) != "not a gateway" {
+		t.Fatalf("rejected by the consumer: %v", err)
+	}
+}
