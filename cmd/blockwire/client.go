@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"runtime/pprof"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +25,7 @@ import (
 
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/srp"
 
@@ -101,6 +103,21 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 			return nil
 		}
 		return fmt.Errorf("want direct, gateway or any, not %q", v)
+	})
+	fs.Func("roce", "for iser:// URLs: connect over the software RoCEv2 device (InfiniBand RC in UDP) from this local IPv4 address, IP[:UDPPORT] (default UDP port 4791)", func(v string) error {
+		ip, port := v, 0
+		if h, p, err := net.SplitHostPort(v); err == nil {
+			ip = h
+			if port, err = strconv.Atoi(p); err != nil {
+				return fmt.Errorf("UDP port %q", p)
+			}
+		}
+		d, err := roce.Open(ip, roce.Options{Port: port})
+		if err != nil {
+			return err
+		}
+		o.RDMA = d // lives as long as the command
+		return nil
 	})
 	fs.Func("path", "another portal (host:port) of the same target and LUN — another gateway in front of the same shared image — to fail over to when the connection is lost (repeatable)", func(v string) error {
 		o.Paths = append(o.Paths, v)

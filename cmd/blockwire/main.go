@@ -24,7 +24,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
 	srptarget "github.com/blockwire/blockwire/srp/target"
 
@@ -161,6 +163,9 @@ func serve(args []string, stderr io.Writer) int {
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
+	var roceListen listFlag
+	fs.Var(&roceListen, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on IPv4 address:port, the port being the one the service ID names (repeatable)")
+	roceUDP := fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
 	var srpListen listFlag
 	fs.Var(&srpListen, "srp-listen", "also serve the first target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
 	srpID := fs.String("srp-id-ext", "", "SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
@@ -450,6 +455,32 @@ func serve(args []string, stderr io.Writer) int {
 		go hs.Serve(ml)
 		defer hs.Close()
 		log.Info("serving metrics", "url", "http://"+ml.Addr().String()+"/metrics")
+	}
+	for _, a := range roceListen {
+		host, _, err := net.SplitHostPort(a)
+		var d *roce.Device
+		if err == nil {
+			d, err = roce.Open(host, roce.Options{Port: *roceUDP, Logger: log})
+		}
+		var l rdma.Listener
+		if err == nil {
+			defer d.Close()
+			l, err = d.Listen(a)
+		}
+		if err != nil {
+			for _, o := range listeners {
+				o.Close()
+			}
+			closeDevices()
+			fmt.Fprintf(stderr, "blockwire: --roce-listen: %v\n", err)
+			return 1
+		}
+		go func() { // the server closes l at shutdown
+			if err := srv.ServeISER(l, d.RDMA().AllocPD(), iser.Options{Logger: log}); err != nil {
+				log.Error("iSER over RoCEv2", "portal", a, "err", err)
+			}
+		}()
+		log.Info("serving iSER over RoCEv2", "portal", a, "udp_port", *roceUDP)
 	}
 	var wg sync.WaitGroup
 	errc := make(chan error, len(listeners)+len(srpListeners))

@@ -393,7 +393,9 @@ func (q *RC) armLocked() {
 	}
 	if !q.armed {
 		q.armed = true
-		q.timer.Reset(q.cfg.Timeout)
+		// Each retry waits twice as long: a slow peer is not flooded
+		// with whole windows again and again.
+		q.timer.Reset(q.cfg.Timeout << min(q.retries, 6))
 	}
 }
 
@@ -639,7 +641,11 @@ func (q *RC) request(p *ib.Packet) {
 			q.readResponse(p, false)
 			return
 		}
-		q.ack((q.ePSN - 1) & psnMask)
+		// One acknowledgement per retransmitted message (its packet
+		// that asks for one), not one per duplicate packet.
+		if p.BTH.AckReq {
+			q.ack((q.ePSN - 1) & psnMask)
+		}
 		return
 	}
 	switch op := p.BTH.Opcode; op {

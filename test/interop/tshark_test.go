@@ -90,8 +90,14 @@ func stdout(t *testing.T, name string, args ...string) string {
 // called.
 func capture(t *testing.T, port string) (pcap string, stop func()) {
 	t.Helper()
+	return captureFilter(t, "tcp port "+port)
+}
+
+// captureFilter records loopback traffic matching a capture filter.
+func captureFilter(t *testing.T, filter string) (pcap string, stop func()) {
+	t.Helper()
 	pcap = filepath.Join(t.TempDir(), "capture.pcap")
-	cap := exec.Command("tshark", "-i", "lo", "-B", "64", "-f", "tcp port "+port, "-w", pcap)
+	cap := exec.Command("tshark", "-i", "lo", "-B", "64", "-f", filter, "-w", pcap)
 	stderr, _ := cap.StderrPipe()
 	if err := cap.Start(); err != nil {
 		t.Fatal(err)

@@ -1,0 +1,47 @@
+package interop
+
+import (
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestISEROverRoCEDecodedByTshark: our initiator and target over the
+// software RoCEv2 device (issue 12) — bench --verify through iSER whose
+// connection is made with the InfiniBand CM over UDP — and Wireshark's
+// infiniband dissector decodes every packet: the CM handshake, RC packets
+// with iSER and iSCSI inside, no malformed frame.
+func TestISEROverRoCEDecodedByTshark(t *testing.T) {
+	need(t, "tshark")
+	udp := freePort(t)
+	_, udpPort, _ := strings.Cut(udp, ":")
+	pcap, stop := captureFilter(t, "udp port "+udpPort)
+	d := serve(t, "--roce-listen", "127.0.0.2:3260", "--roce-udp-port", udpPort)
+	if !strings.Contains(d.log.String(), "serving iSER over RoCEv2") {
+		t.Fatalf("no RoCEv2 portal:\n%s", d.log)
+	}
+	url := "iser://127.0.0.2:3260/" + defaultIQN + "/0"
+	for _, rw := range []string{"write", "randread"} {
+		out, code := blockwire(t, "bench", "--rw", rw, "--bs", "16k", "--qd", "4", "--time", "1s", "--size", "4MiB", "--verify", "--roce", "127.0.0.1:"+udpPort, url)
+		if code != 0 || !strings.Contains(out, "verify: 0 mismatches") {
+			t.Fatalf("bench --verify %s over RoCEv2 (exit %d):\n%s", rw, code, out)
+		}
+	}
+	stop()
+	dec := "udp.port==" + udpPort + ",infiniband"
+	all := stdout(t, "tshark", "-r", pcap, "-d", dec)
+	n := strings.Count(all, "\n")
+	for _, want := range []string{"CM: ConnectRequest", "CM: ConnectReply", "CM: ReadyToUse", "RC Acknowledge", "Login Command", "SCSI: Write", "SCSI: Read"} {
+		if !strings.Contains(all, want) {
+			t.Errorf("tshark shows no %q in %d packets", want, n)
+		}
+	}
+	if bad := stdout(t, "tshark", "-r", pcap, "-d", dec, "-Y", "_ws.malformed || _ws.expert.severity >= error"); strings.TrimSpace(bad) != "" {
+		t.Errorf("malformed or erroneous frames:\n%s", bad)
+	}
+	iserFrames := strings.Count(stdout(t, "tshark", "-r", pcap, "-d", dec, "-Y", "iser"), "\n")
+	if iserFrames < 10 {
+		t.Errorf("only %d packets recognised as iSER", iserFrames)
+	}
+	t.Logf("%d RoCEv2 packets decoded, %d of them iSER (%s)", n, iserFrames, strconv.Quote(dec))
+}
