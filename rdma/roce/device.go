@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strconv"
 	"sync"
 	"syscall"
@@ -27,10 +28,10 @@ import (
 //
 // The invariant CRC covers the IPv4 header's identification field. Sent
 // datagrams carry DF on an unconnected socket, for which Linux writes
-// identification 0, so the CRC can be computed before sending; received
-// ones are checked assuming the same of the sender (true of this device;
-// a kernel rxe peer picks other identifications — reading them needs a raw
-// socket, which this device does not use yet).
+// identification 0, so the CRC can be computed before sending. Received
+// ones are read with their IP header from a raw socket when the process
+// may open one (a kernel rxe numbers its datagrams); otherwise they are
+// checked assuming the sender did as this device does.
 type Device struct {
 	log   *slog.Logger
 	rdev  *rdma.Device
@@ -120,7 +121,12 @@ func Open(ip string, opt Options) (*Device, error) {
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}}
-	go d.receive()
+	// Opened before Open returns, so no datagram sent after it is missed.
+	rawSock, err := openRaw()
+	if err != nil {
+		rawSock = nil
+	}
+	go d.receive(rawSock)
 	return d, nil
 }
 
@@ -179,7 +185,14 @@ func (d *Device) send(peer netip.Addr, pkt []byte) {
 	d.conn.WriteToUDPAddrPort(d.sendBuf, netip.AddrPortFrom(peer, uint16(d.port)))
 }
 
-func (d *Device) receive() {
+func (d *Device) receive(raw *os.File) {
+	if raw != nil {
+		d.receiveRaw(raw)
+		return
+	}
+	// Without a raw socket (not root) the IP header is rebuilt on the
+	// assumption that the sender set DF and Linux wrote identification 0
+	// — true of this device, not of a kernel rxe.
 	buf := make([]byte, 65536)
 	for {
 		n, from, err := d.conn.ReadFromUDPAddrPort(buf)
@@ -191,32 +204,86 @@ func (d *Device) receive() {
 			}
 			continue
 		}
-		pkt := buf[:n]
-		if n < ib.BTHLen+ib.ICRCLen {
-			continue
-		}
 		src := from.Addr().Unmap()
 		ip := ipHeader(src, d.ip, 8+n)
 		udp := udpHeader(int(from.Port()), d.port, 8+n)
-		if ib.ICRC(ip[:], udp[:], pkt[:n-ib.ICRCLen]) != binary.LittleEndian.Uint32(pkt[n-ib.ICRCLen:]) {
-			continue // a bad ICRC: silently dropped, as the transport rules say
-		}
-		qpn := binary.BigEndian.Uint32(pkt[4:]) & 0xffffff
-		if qpn == 1 {
-			d.cm(src, pkt)
+		d.input(src, ip[:], udp[:], buf[:n])
+	}
+}
+
+// openRaw opens a raw IPv4 socket that receives every UDP datagram with
+// its IP header, so the ICRC is checked over the header the sender really
+// sent (a kernel rxe numbers its datagrams). Needs CAP_NET_RAW.
+func openRaw() (*os.File, error) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
+	if err != nil {
+		return nil, err
+	}
+	syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, 8<<20)
+	return os.NewFile(uintptr(fd), "roce-raw"), nil
+}
+
+// receiveRaw reads whole IPv4 datagrams and keeps those for this device.
+// The UDP socket stays bound (no port-unreachable answers) but unread.
+func (d *Device) receiveRaw(f *os.File) {
+	go func() {
+		<-d.done
+		f.Close()
+	}()
+	me := d.ip.As4()
+	buf := make([]byte, 65536)
+	for {
+		n, err := f.Read(buf)
+		if err != nil {
+			select {
+			case <-d.done:
+				return
+			default:
+			}
 			continue
 		}
-		d.mu.Lock()
-		q := d.qps[qpn]
-		r := d.waitRTU[qpn]
-		delete(d.waitRTU, qpn)
-		d.mu.Unlock()
-		if r != nil {
-			r.established()
+		b := buf[:n]
+		if n < 28 || b[0]>>4 != 4 || b[9] != 17 {
+			continue
 		}
-		if q != nil {
-			q.Input(pkt)
+		ihl := int(b[0]&0x0f) * 4
+		if ihl < 20 || n < ihl+8 || [4]byte(b[16:20]) != me || int(binary.BigEndian.Uint16(b[ihl+2:])) != d.port {
+			continue
 		}
+		ulen := int(binary.BigEndian.Uint16(b[ihl+4:]))
+		if ulen < 8 || ihl+ulen > n {
+			continue
+		}
+		src := netip.AddrFrom4([4]byte(b[12:16]))
+		d.input(src, b[:ihl], b[ihl:ihl+8], b[ihl+8:ihl+ulen])
+	}
+}
+
+// input checks a datagram's ICRC and hands it to QP 1 (the CM) or to the
+// queue pair it names.
+func (d *Device) input(src netip.Addr, ip, udp, pkt []byte) {
+	n := len(pkt)
+	if n < ib.BTHLen+ib.ICRCLen {
+		return
+	}
+	if ib.ICRC(ip, udp, pkt[:n-ib.ICRCLen]) != binary.LittleEndian.Uint32(pkt[n-ib.ICRCLen:]) {
+		return // a bad ICRC: silently dropped, as the transport rules say
+	}
+	qpn := binary.BigEndian.Uint32(pkt[4:]) & 0xffffff
+	if qpn == 1 {
+		d.cm(src, pkt)
+		return
+	}
+	d.mu.Lock()
+	q := d.qps[qpn]
+	r := d.waitRTU[qpn]
+	delete(d.waitRTU, qpn)
+	d.mu.Unlock()
+	if r != nil {
+		r.established()
+	}
+	if q != nil {
+		q.Input(pkt)
 	}
 }
 

@@ -3,7 +3,11 @@ package roce
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"errors"
+	"net/netip"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -157,5 +161,62 @@ func TestDeviceRejects(t *testing.T) {
 	_, _, err = a.Dial(ctx, "127.0.0.2:3262", ea.params(nil))
 	if !errors.As(err, &rj) || rj.Reason != ib.RejConsumerReject || string(rj.PrivateData[:13]) != "not a gateway" {
 		t.Fatalf("rejected by the consumer: %v", err)
+	}
+}
+
+// A datagram whose IPv4 identification is not 0 — as a kernel rxe sends
+// them — passes the ICRC check when its real header is what the CRC was
+// computed over (the raw-socket receive path; root only), and fails it
+// when one byte of the covered header differs.
+func TestDeviceICRCOverRealIPHeader(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs a raw socket (root) to send a datagram with a chosen IP identification")
+	}
+	_, b := devices(t)
+	ln, err := b.Listen("127.0.0.2:3270")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW, syscall.IPPROTO_RAW)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	send := func(id uint16, corrupt bool, localComm uint32) {
+		req := ib.REQ{LocalCommID: localComm, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3270), LocalQPN: 0x99, StartingPSN: 5,
+			ResponderResources: 1, InitiatorDepth: 1, PathMTU: 3, PKey: 0xffff}
+		var data [ib.CMDataLen]byte
+		req.Put(&data)
+		m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: 1, AttrID: ib.AttrREQ, Data: data}
+		p := ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)}
+		pkt, _ := p.Append(nil)
+		ulen := 8 + len(pkt) + ib.ICRCLen
+		ip := ipHeader(netip.MustParseAddr("127.0.0.9"), netip.MustParseAddr("127.0.0.2"), ulen)
+		binary.BigEndian.PutUint16(ip[4:], id)
+		ip[8] = 64
+		udp := udpHeader(50000, 14791, ulen)
+		pkt = ib.AppendICRC(ip[:], udp[:], pkt)
+		if corrupt {
+			// Sent with another identification than the CRC covered.
+			binary.BigEndian.PutUint16(ip[4:], id+1)
+		}
+		dgram := append(append(ip[:], udp[:]...), pkt...)
+		var to syscall.SockaddrInet4
+		to.Addr = [4]byte{127, 0, 0, 2}
+		if err := syscall.Sendto(fd, dgram, 0, &to); err != nil {
+			t.Fatal(err)
+		}
+	}
+	send(0x4242, true, 1) // identification changed after the CRC: dropped
+	send(0x4242, false, 2)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	r, err := ln.Accept(ctx)
+	if err != nil {
+		t.Fatalf("a REQ with IP identification 0x4242 and its right ICRC was not accepted: %v", err)
+	}
+	if cr := r.(*connRequest); cr.req.LocalCommID != 2 {
+		t.Fatalf("the REQ whose header no longer matched its ICRC got through (comm ID %d)", cr.req.LocalCommID)
 	}
 }
