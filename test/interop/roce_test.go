@@ -4,6 +4,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestISEROverRoCEDecodedByTshark: our initiator and target over the
@@ -17,8 +18,12 @@ func TestISEROverRoCEDecodedByTshark(t *testing.T) {
 	_, udpPort, _ := strings.Cut(udp, ":")
 	pcap, stop := captureFilter(t, "udp port "+udpPort)
 	d := serve(t, "--roce-listen", "127.0.0.2:3260", "--roce-udp-port", udpPort)
-	if !strings.Contains(d.log.String(), "serving iSER over RoCEv2") {
-		t.Fatalf("no RoCEv2 portal:\n%s", d.log)
+	// The TCP portal answers first; the RoCEv2 one follows.
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(d.log.String(), "serving iSER over RoCEv2"); {
+		if time.Now().After(deadline) {
+			t.Fatalf("no RoCEv2 portal:\n%s", d.log)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	url := "iser://127.0.0.2:3260/" + defaultIQN + "/0"
 	for _, rw := range []string{"write", "randread"} {
