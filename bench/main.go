@@ -285,15 +285,26 @@ func waitPort(addr string) {
 }
 
 func startTgt(dir string) (target, func()) {
-	addr := freePort()
-	ctl := strconv.Itoa(2000 + os.Getpid()%1000)
-	cmd := exec.Command("tgtd", "-f", "-C", ctl, "--iscsi", "portal="+addr)
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
 	backing := filepath.Join("/dev/shm", fmt.Sprintf("blockwire-bench-%d.img", os.Getpid()))
 	os.WriteFile(backing, nil, 0o600)
 	os.Truncate(backing, 1<<30)
+	t, stop := startTgtLUN("iqn.2026-11.org.blockwire:bench-tgt", nil, "-b", backing)
+	return t, func() {
+		stop()
+		os.Remove(backing)
+	}
+}
+
+// startTgtLUN starts tgtd on a free loopback port with one target whose
+// LUN 1 tgtadm makes from lunArgs, with env added to tgtd's environment.
+func startTgtLUN(iqn string, env []string, lunArgs ...string) (target, func()) {
+	addr := freePort()
+	ctl := strconv.Itoa(2000 + os.Getpid()%1000)
+	cmd := exec.Command("tgtd", "-f", "-C", ctl, "--iscsi", "portal="+addr)
+	cmd.Env = append(os.Environ(), env...)
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
 	adm := func(args ...string) {
 		var err error
 		var out []byte
@@ -305,15 +316,13 @@ func startTgt(dir string) (target, func()) {
 		}
 		log.Fatalf("tgtadm %v: %v %s", args, err, out)
 	}
-	const iqn = "iqn.2026-11.org.blockwire:bench-tgt"
 	adm("--op", "new", "--mode", "target", "--tid", "1", "-T", iqn)
-	adm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "-b", backing)
+	adm(append([]string{"--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1"}, lunArgs...)...)
 	adm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
 	waitPort(addr)
 	return target{name: "tgt", url: "iscsi://" + addr + "/" + iqn + "/1", pid: cmd.Process.Pid}, func() {
 		cmd.Process.Kill()
 		cmd.Wait()
-		os.Remove(backing)
 	}
 }
 

@@ -146,32 +146,6 @@ func rbdBench(dir string) {
 
 // startTgtRBD starts tgtd with one LUN on an RBD image (bs_rbd).
 func startTgtRBD(image, conf string) (target, func()) {
-	addr := freePort()
-	ctl := strconv.Itoa(2000 + os.Getpid()%1000)
-	cmd := exec.Command("tgtd", "-f", "-C", ctl, "--iscsi", "portal="+addr)
-	cmd.Env = append(os.Environ(), "CEPH_CONF="+conf)
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	adm := func(args ...string) {
-		var err error
-		var out []byte
-		for try := 0; try < 100; try++ {
-			if out, err = exec.Command("tgtadm", append([]string{"-C", ctl, "--lld", "iscsi"}, args...)...).CombinedOutput(); err == nil {
-				return
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		log.Fatalf("tgtadm %v: %v %s", args, err, out)
-	}
-	const iqn = "iqn.2026-11.org.blockwire:bench-tgt-rbd"
-	adm("--op", "new", "--mode", "target", "--tid", "1", "-T", iqn)
-	adm("--op", "new", "--mode", "logicalunit", "--tid", "1", "--lun", "1", "--bstype", "rbd", "--backing-store", image,
-		"--bsopts", "conf="+conf)
-	adm("--op", "bind", "--mode", "target", "--tid", "1", "-I", "ALL")
-	waitPort(addr)
-	return target{name: "tgt", url: "iscsi://" + addr + "/" + iqn + "/1", pid: cmd.Process.Pid}, func() {
-		cmd.Process.Kill()
-		cmd.Wait()
-	}
+	return startTgtLUN("iqn.2026-11.org.blockwire:bench-tgt-rbd", []string{"CEPH_CONF=" + conf},
+		"--bstype", "rbd", "--backing-store", image, "--bsopts", "conf="+conf)
 }

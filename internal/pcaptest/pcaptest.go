@@ -50,68 +50,14 @@ type Segment struct {
 
 // Segments returns every TCP segment with a payload, in capture order.
 func Segments(path string) ([]Segment, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, err
-	}
-	if len(b) < 24 {
-		return nil, errors.New("pcaptest: short file")
-	}
-	var bo binary.ByteOrder
-	switch binary.LittleEndian.Uint32(b) {
-	case 0xa1b2c3d4, 0xa1b23c4d:
-		bo = binary.LittleEndian
-	default:
-		bo = binary.BigEndian
-	}
-	if lt := bo.Uint32(b[20:]); lt != 1 {
-		return nil, fmt.Errorf("pcaptest: link type %d, want Ethernet", lt)
-	}
 	var out []Segment
-	off := 24
-	for frame := 1; off+16 <= len(b); frame++ {
-		incl := int(bo.Uint32(b[off+8:]))
-		off += 16
-		if off+incl > len(b) {
-			return nil, fmt.Errorf("pcaptest: frame %d truncated", frame)
-		}
-		pkt := b[off : off+incl]
-		off += incl
-		if len(pkt) < 14 {
-			continue
-		}
-		eth := binary.BigEndian.Uint16(pkt[12:])
-		ip := pkt[14:]
-		var l4 []byte
-		switch eth {
-		case 0x0800:
-			if len(ip) < 20 || ip[9] != 6 {
-				continue
-			}
-			ihl := int(ip[0]&0x0f) * 4
-			total := int(binary.BigEndian.Uint16(ip[2:]))
-			if total > len(ip) || ihl > total {
-				continue
-			}
-			l4 = ip[ihl:total]
-		case 0x86dd:
-			if len(ip) < 40 || ip[6] != 6 {
-				continue
-			}
-			plen := int(binary.BigEndian.Uint16(ip[4:]))
-			if 40+plen > len(ip) {
-				continue
-			}
-			l4 = ip[40 : 40+plen]
-		default:
-			continue
-		}
+	err := ipFrames(path, 6, func(frame int, _, l4 []byte) {
 		if len(l4) < 20 {
-			continue
+			return
 		}
 		doff := int(l4[12]>>4) * 4
 		if doff > len(l4) || doff == len(l4) {
-			continue
+			return
 		}
 		out = append(out, Segment{
 			Frame:   frame,
@@ -120,8 +66,64 @@ func Segments(path string) ([]Segment, error) {
 			Seq:     binary.BigEndian.Uint32(l4[4:]),
 			Payload: l4[doff:],
 		})
+	})
+	return out, err
+}
+
+// ipFrames calls fn for every Ethernet frame of a classic pcap file that
+// carries IPv4 or IPv6 with transport protocol proto, with the IP header
+// and the transport bytes (up to the IP length).
+func ipFrames(path string, proto byte, fn func(frame int, ipHdr, l4 []byte)) error {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err
 	}
-	return out, nil
+	if len(b) < 24 {
+		return errors.New("pcaptest: short file")
+	}
+	var bo binary.ByteOrder = binary.BigEndian
+	if m := binary.LittleEndian.Uint32(b); m == 0xa1b2c3d4 || m == 0xa1b23c4d {
+		bo = binary.LittleEndian
+	}
+	if lt := bo.Uint32(b[20:]); lt != 1 {
+		return fmt.Errorf("pcaptest: link type %d, want Ethernet", lt)
+	}
+	off := 24
+	for frame := 1; off+16 <= len(b); frame++ {
+		incl := int(bo.Uint32(b[off+8:]))
+		off += 16
+		if off+incl > len(b) {
+			return fmt.Errorf("pcaptest: frame %d truncated", frame)
+		}
+		pkt := b[off : off+incl]
+		off += incl
+		if len(pkt) < 14 {
+			continue
+		}
+		ip := pkt[14:]
+		switch binary.BigEndian.Uint16(pkt[12:]) {
+		case 0x0800:
+			if len(ip) < 20 || ip[9] != proto {
+				continue
+			}
+			ihl := int(ip[0]&0x0f) * 4
+			total := int(binary.BigEndian.Uint16(ip[2:]))
+			if total > len(ip) || ihl > total {
+				continue
+			}
+			fn(frame, ip[:ihl], ip[ihl:total])
+		case 0x86dd:
+			if len(ip) < 40 || ip[6] != proto {
+				continue
+			}
+			plen := int(binary.BigEndian.Uint16(ip[4:]))
+			if 40+plen > len(ip) {
+				continue
+			}
+			fn(frame, ip[:40], ip[40:40+plen])
+		}
+	}
+	return nil
 }
 
 // Stream is one direction of one TCP connection.
