@@ -163,11 +163,13 @@ func serve(args []string, stderr io.Writer) int {
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
-	var roceListen listFlag
-	fs.Var(&roceListen, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on IPv4 address:port, the port being the one the service ID names (repeatable)")
+	var iserRoceListen listFlag
+	fs.Var(&iserRoceListen, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on IPv4 address:port, the port being the one the service ID names (repeatable)")
 	roceUDP := fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
 	var srpListen listFlag
 	fs.Var(&srpListen, "srp-listen", "also serve the first target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
+	var srpRoceListen listFlag
+	fs.Var(&srpRoceListen, "srp-roce-listen", "also serve the first target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe) on IPv4 address:port (repeatable)")
 	srpID := fs.String("srp-id-ext", "", "SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
 	if err := fs.Parse(args); err != nil {
 		return 2
@@ -343,9 +345,35 @@ func serve(args []string, stderr io.Writer) int {
 		}
 	}
 
+	// One software RoCEv2 device per local address, shared by the iSER
+	// and SRP listeners on it (they would fight over its UDP port).
+	roceDevs := map[string]*roce.Device{}
+	closeDevices = func(close func()) func() {
+		return func() {
+			for _, d := range roceDevs {
+				d.Close()
+			}
+			close()
+		}
+	}(closeDevices)
+	roceListen := func(a string) (*roce.Device, rdma.Listener, error) {
+		host, _, err := net.SplitHostPort(a)
+		if err != nil {
+			return nil, nil, err
+		}
+		d := roceDevs[host]
+		if d == nil {
+			if d, err = roce.Open(host, roce.Options{Port: *roceUDP, Logger: log}); err != nil {
+				return nil, nil, err
+			}
+			roceDevs[host] = d
+		}
+		l, err := d.Listen(a)
+		return d, l, err
+	}
 	var srpSrv *srptarget.Server
 	var srpListeners []rdma.Listener
-	if len(cfg.SRPListen) > 0 {
+	if len(cfg.SRPListen) > 0 || len(srpRoceListen) > 0 {
 		hi, lo, err := srpPortID(cfg.SRPIDExt, cfg.Targets[0].Name)
 		if err != nil {
 			closeDevices()
@@ -367,6 +395,19 @@ func serve(args []string, stderr io.Writer) int {
 			}
 			srpListeners = append(srpListeners, l)
 			log.Info("serving SRP", "target", cfg.Targets[0].Name, "url", fmt.Sprintf("srp://%s/%016x:%016x/0", l.Addr(), hi, lo))
+		}
+		for _, a := range srpRoceListen {
+			_, l, err := roceListen(a)
+			if err != nil {
+				for _, o := range srpListeners {
+					o.Close()
+				}
+				closeDevices()
+				fmt.Fprintf(stderr, "blockwire: --srp-roce-listen: %v\n", err)
+				return 1
+			}
+			srpListeners = append(srpListeners, l)
+			log.Info("serving SRP over RoCEv2", "target", cfg.Targets[0].Name, "portal", a, "udp_port", *roceUDP, "id_ext", fmt.Sprintf("%016x", hi), "ioc_guid", fmt.Sprintf("%016x", lo))
 		}
 	}
 	var listeners []net.Listener
@@ -456,17 +497,8 @@ func serve(args []string, stderr io.Writer) int {
 		defer hs.Close()
 		log.Info("serving metrics", "url", "http://"+ml.Addr().String()+"/metrics")
 	}
-	for _, a := range roceListen {
-		host, _, err := net.SplitHostPort(a)
-		var d *roce.Device
-		if err == nil {
-			d, err = roce.Open(host, roce.Options{Port: *roceUDP, Logger: log})
-		}
-		var l rdma.Listener
-		if err == nil {
-			defer d.Close()
-			l, err = d.Listen(a)
-		}
+	for _, a := range iserRoceListen {
+		d, l, err := roceListen(a)
 		if err != nil {
 			for _, o := range listeners {
 				o.Close()

@@ -386,7 +386,13 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 	}
 	p.QP.Defaults()
 	local := randU32()
-	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, SendPSN: randU32() & psnMask, MTU: d.mtu,
+	// A CM message's Starting PSN is the PSN its sender will receive
+	// first: Linux's ib_cm sets the active side's receive PSN and the
+	// passive side's send PSN from the REQ's, and the reverse from the
+	// REP's (shared/captures/iser-rxe.pcap: the target's first Send
+	// carries the REQ's PSN, the initiator's the REP's). Our send PSN is
+	// known once the REP arrives.
+	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, RecvPSN: randU32() & psnMask, MTU: d.mtu,
 		LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(d.ip, uint16(d.port))), RemoteAddr: net.UDPAddrFromAddrPort(ap)}
 	q := d.newQP(cfg, peer)
 	for _, r := range p.Recvs {
@@ -394,7 +400,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 	}
 	req := ib.REQ{LocalCommID: local, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, ap.Port()), LocalCAGUID: d.guid,
 		LocalQPN: q.cfg.LocalQPN, ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD),
-		RemoteCMResponseTimeout: 20, StartingPSN: q.cfg.SendPSN, LocalCMResponseTimeout: 20, RetryCount: 7,
+		RemoteCMResponseTimeout: 20, StartingPSN: q.cfg.RecvPSN, LocalCMResponseTimeout: 20, RetryCount: 7,
 		PKey: 0xffff, PathMTU: mtuCode(d.mtu), RNRRetryCount: 7, MaxCMRetries: 15}
 	req.Primary = ib.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: gid(d.ip), RemoteGID: gid(peer), HopLimit: 64, LocalACKTimeout: 14}
 	h := cmaHeader(d.ip, peer, uint16(d.port))
@@ -430,7 +436,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 			rep := r.rep
 			q.mu.Lock()
 			q.cfg.RemoteQPN = rep.LocalQPN
-			q.ePSN = rep.StartingPSN & psnMask
+			q.startSendLocked(rep.StartingPSN)
 			q.cfg.ORD = min(q.cfg.ORD, int(rep.ResponderResources))
 			q.cfg.IRD = min(q.cfg.IRD, int(rep.InitiatorDepth))
 			q.mu.Unlock()
@@ -676,7 +682,9 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 	p.QP.Defaults()
 	p.QP.IRD = min(p.QP.IRD, int(r.req.InitiatorDepth))
 	p.QP.ORD = min(p.QP.ORD, int(r.req.ResponderResources))
-	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, SendPSN: randU32() & psnMask, RecvPSN: r.req.StartingPSN,
+	// Starting PSNs as in Dial: we send from the REQ's, and advertise
+	// in the REP the PSN we expect.
+	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, SendPSN: r.req.StartingPSN, RecvPSN: randU32() & psnMask,
 		RemoteQPN: r.req.LocalQPN, MTU: min(d.mtu, 128<<r.req.PathMTU),
 		LocalAddr: r.LocalAddr(), RemoteAddr: r.RemoteAddr()}
 	q := d.newQP(cfg, r.peer)
@@ -684,7 +692,7 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 		q.PostRecv(w)
 	}
 	r.local = randU32()
-	rep := ib.REP{LocalCommID: r.local, RemoteCommID: r.req.LocalCommID, LocalQPN: q.cfg.LocalQPN, StartingPSN: q.cfg.SendPSN,
+	rep := ib.REP{LocalCommID: r.local, RemoteCommID: r.req.LocalCommID, LocalQPN: q.cfg.LocalQPN, StartingPSN: q.cfg.RecvPSN,
 		ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD), TargetACKDelay: 15, RNRRetryCount: 7, LocalCAGUID: d.guid}
 	copy(rep.PrivateData[:], p.PrivateData)
 	data := new([ib.CMDataLen]byte)

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"net"
 	"net/netip"
 	"os"
 	"syscall"
@@ -218,5 +219,182 @@ func TestDeviceICRCOverRealIPHeader(t *testing.T) {
 	}
 	if cr := r.(*connRequest); cr.req.LocalCommID != 2 {
 		t.Fatalf("the REQ whose header no longer matched its ICRC got through (comm ID %d)", cr.req.LocalCommID)
+	}
+}
+
+// fakePeer speaks raw RoCEv2 from a UDP socket on 127.0.0.3, to check our
+// device against what Linux's CM and rxe do rather than against itself.
+type fakePeer struct {
+	t  *testing.T
+	c  *net.UDPConn
+	to netip.Addr // the device it talks to
+}
+
+func newFakePeer(t *testing.T) *fakePeer {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 3), Port: 14791})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	raw, _ := c.SyscallConn()
+	raw.Control(func(fd uintptr) { // DF: identification 0, as ipHeader assumes
+		syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
+	})
+	return &fakePeer{t: t, c: c}
+}
+
+func (f *fakePeer) send(p ib.Packet) {
+	f.t.Helper()
+	pkt, err := p.Append(nil)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	ulen := 8 + len(pkt) + ib.ICRCLen
+	ip := ipHeader(netip.MustParseAddr("127.0.0.3"), f.to, ulen)
+	udp := udpHeader(14791, 14791, ulen)
+	f.c.WriteToUDPAddrPort(ib.AppendICRC(ip[:], udp[:], pkt), netip.AddrPortFrom(f.to, 14791))
+}
+
+func (f *fakePeer) sendMAD(attr uint16, tid uint64, data [ib.CMDataLen]byte) {
+	m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: tid, AttrID: attr, Data: data}
+	f.send(ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)})
+}
+
+// recv returns the next packet the device sent, skipping what skip
+// matches.
+func (f *fakePeer) recv(skip func(ib.Packet) bool) ib.Packet {
+	f.t.Helper()
+	buf := make([]byte, 4096)
+	for {
+		f.c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		n, err := f.c.Read(buf)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		p, err := ib.Decode(buf[:n])
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if skip == nil || !skip(p) {
+			return p
+		}
+	}
+}
+
+func (f *fakePeer) recvMAD(attr uint16) ib.MAD {
+	f.t.Helper()
+	for {
+		p := f.recv(nil)
+		if p.BTH.DestQP != 1 {
+			continue
+		}
+		m, err := ib.DecodeMAD(p.Payload)
+		if err != nil {
+			f.t.Fatal(err)
+		}
+		if m.AttrID == attr {
+			return m
+		}
+	}
+}
+
+// isMAD skips CM traffic while waiting for RC packets.
+func isMAD(p ib.Packet) bool { return p.BTH.DestQP == 1 }
+
+// Each CM message's Starting PSN is the PSN its sender expects to receive,
+// as Linux's ib_cm uses it (the active side's receive PSN and the passive
+// side's send PSN come from the REQ; shared/captures/iser-rxe.pcap frames
+// 1, 2, 4 and 6: the target's first Send carries the REQ's PSN). Our
+// device in both roles against a peer written from that rule.
+func TestDeviceStartingPSNsAsLinux(t *testing.T) {
+	a, b := devices(t)
+	f := newFakePeer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ackOf := func(psn uint32) func(ib.Packet) {
+		return func(p ib.Packet) {
+			if p.BTH.Opcode != ib.RCAcknowledge || p.AETH.Syndrome&0x60 != ib.SyndromeACK || p.BTH.PSN != psn {
+				t.Fatalf("want an ACK of PSN %#x, got %v PSN %#x syndrome %#x", psn, p.BTH.Opcode, p.BTH.PSN, p.AETH.Syndrome)
+			}
+		}
+	}
+
+	// Passive: the fake peer's REQ says it expects 0x123456.
+	f.to = netip.MustParseAddr("127.0.0.2")
+	eb := newEnd(b)
+	ln, err := b.Listen("127.0.0.2:3280")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	accepted := make(chan rdma.QP, 1)
+	go func() {
+		r, err := ln.Accept(ctx)
+		if err == nil {
+			var q rdma.QP
+			if q, err = r.Accept(eb.params([]byte("rep"), rdma.RecvWR{ID: 1, Buf: make([]byte, 64)})); err == nil {
+				accepted <- q
+				return
+			}
+		}
+		t.Error(err)
+		close(accepted)
+	}()
+	req := ib.REQ{LocalCommID: 9, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3280), LocalQPN: 0x55, StartingPSN: 0x123456,
+		ResponderResources: 1, InitiatorDepth: 1, PathMTU: 3, PKey: 0xffff, RetryCount: 7, RNRRetryCount: 7}
+	var data [ib.CMDataLen]byte
+	req.Put(&data)
+	f.sendMAD(ib.AttrREQ, 1, data)
+	m := f.recvMAD(ib.AttrREP)
+	rep := ib.DecodeREP(&m.Data)
+	var rtu [ib.CMDataLen]byte
+	ib.PutCommIDs(&rtu, ib.CommIDs{Local: 9, Remote: rep.LocalCommID}, nil)
+	f.sendMAD(ib.AttrRTU, 1, rtu)
+	qb := <-accepted
+	if qb == nil {
+		t.FailNow()
+	}
+	qb.PostSend(&rdma.SendWR{ID: 2, Op: rdma.OpSend, SG: [][]byte{[]byte("from the passive side")}})
+	if p := f.recv(isMAD); p.BTH.Opcode != ib.RCSendOnly || p.BTH.PSN != 0x123456 || p.BTH.DestQP != 0x55 {
+		t.Fatalf("passive side's first Send: %v PSN %#x to QP %#x; want PSN 0x123456 (the REQ's) to QP 0x55", p.BTH.Opcode, p.BTH.PSN, p.BTH.DestQP)
+	}
+	f.send(ib.Packet{BTH: ib.BTH{Opcode: ib.RCSendOnly, PKey: 0xffff, DestQP: rep.LocalQPN, AckReq: true, PSN: rep.StartingPSN}, Payload: []byte("to the passive side")})
+	ackOf(rep.StartingPSN)(f.recv(isMAD))
+	if c := waitN(t, eb.rcq, 1)[0]; c.Status != rdma.Success || c.Len != len("to the passive side") {
+		t.Fatalf("passive side's receive: %+v", c)
+	}
+
+	// Active: our REQ's PSN is what we expect; the fake peer's REP says
+	// it expects 0x654321.
+	f.to = netip.MustParseAddr("127.0.0.1")
+	ea := newEnd(a)
+	dialed := make(chan rdma.QP, 1)
+	go func() {
+		q, _, err := a.Dial(ctx, "127.0.0.3:3281", ea.params(nil, rdma.RecvWR{ID: 1, Buf: make([]byte, 64)}))
+		if err != nil {
+			t.Error(err)
+			close(dialed)
+			return
+		}
+		dialed <- q
+	}()
+	m = f.recvMAD(ib.AttrREQ)
+	req = ib.DecodeREQ(&m.Data)
+	rep = ib.REP{LocalCommID: 77, RemoteCommID: req.LocalCommID, LocalQPN: 0x66, StartingPSN: 0x654321, ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
+	rep.Put(&data)
+	f.sendMAD(ib.AttrREP, m.TID, data)
+	f.recvMAD(ib.AttrRTU)
+	qa := <-dialed
+	if qa == nil {
+		t.FailNow()
+	}
+	qa.PostSend(&rdma.SendWR{ID: 3, Op: rdma.OpSend, SG: [][]byte{[]byte("from the active side")}})
+	if p := f.recv(isMAD); p.BTH.Opcode != ib.RCSendOnly || p.BTH.PSN != 0x654321 || p.BTH.DestQP != 0x66 {
+		t.Fatalf("active side's first Send: %v PSN %#x to QP %#x; want PSN 0x654321 (the REP's) to QP 0x66", p.BTH.Opcode, p.BTH.PSN, p.BTH.DestQP)
+	}
+	f.send(ib.Packet{BTH: ib.BTH{Opcode: ib.RCSendOnly, PKey: 0xffff, DestQP: req.LocalQPN, AckReq: true, PSN: req.StartingPSN}, Payload: []byte("to the active side")})
+	ackOf(req.StartingPSN)(f.recv(isMAD))
+	if c := waitN(t, ea.rcq, 1)[0]; c.Status != rdma.Success || c.Len != len("to the active side") {
+		t.Fatalf("active side's receive: %+v", c)
 	}
 }

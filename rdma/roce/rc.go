@@ -159,6 +159,13 @@ func (q *RC) Stats() Stats {
 	return q.stats
 }
 
+// startSendLocked sets the PSN of the first packet the requester sends:
+// an active side learns it from the REP, after its QP exists. q.mu held.
+func (q *RC) startSendLocked(psn uint32) {
+	psn &= psnMask
+	q.cfg.SendPSN, q.nextPSN, q.sendPSN, q.acked = psn, psn, psn, (psn-1)&psnMask
+}
+
 // NewRC returns a connected queue pair that sends through link; packets
 // for it go to Input.
 func NewRC(cfg RCConfig, link Link) *RC {

@@ -16,6 +16,7 @@ import (
 	"bufio"
 	"bytes"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"os"
@@ -31,11 +32,13 @@ import (
 var boots = [][]string{
 	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
 	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "our-srp-initiator"},
+	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 }
 
 // extraDebs are Debian packages unpacked into the appended archive: tgt,
-// the Linux-side iSER target for our initiator.
-var extraDebs = []string{"tgt", "libaio1"}
+// the Linux-side iSER target for our initiator, and tcpdump, so a failing
+// RoCE scenario can hand its traffic to tshark on the host.
+var extraDebs = []string{"tgt", "libaio1", "tcpdump", "libpcap0.8", "libdbus-1-3"}
 
 func TestGuestLab(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -70,6 +73,7 @@ func TestGuestLab(t *testing.T) {
 		}
 		start := time.Now()
 		out, err := exec.Command("sh", "boot.sh", dir, strings.Join(tests, ","), extra).CombinedOutput()
+		out = savePCAPs(t, out, filepath.Join(dir, "pcap"))
 		t.Logf("boot with %v: %s", scenarios, time.Since(start).Round(time.Second))
 		results := map[string]string{}
 		for _, m := range resultRE.FindAllSubmatch(out, -1) {
@@ -217,6 +221,40 @@ func extraCPIO(t *testing.T, debs []string) string {
 		t.Fatalf("cpio: %v\n%s", err, b)
 	}
 	return out
+}
+
+// savePCAPs writes the captures a failing scenario printed on the console
+// (gzip + base64 between "=====PCAP-BEGIN name" and "=====PCAP-END") to
+// dir/name.pcap.gz, and returns the console without them.
+func savePCAPs(t *testing.T, console []byte, dir string) []byte {
+	var rest, b64 bytes.Buffer
+	name := ""
+	for _, line := range strings.SplitAfter(string(console), "\n") {
+		l := strings.TrimSpace(line)
+		switch {
+		case strings.HasPrefix(l, "=====PCAP-BEGIN "):
+			name, _ = strings.CutPrefix(l, "=====PCAP-BEGIN ")
+			b64.Reset()
+		case name != "" && l == "=====PCAP-END":
+			gz, err := base64.StdEncoding.DecodeString(b64.String())
+			if err == nil {
+				os.MkdirAll(dir, 0o755)
+				f := filepath.Join(dir, filepath.Base(name)+".pcap.gz")
+				if err = os.WriteFile(f, gz, 0o644); err == nil {
+					t.Logf("%s: capture in %s", name, f)
+				}
+			}
+			if err != nil {
+				t.Logf("%s: capture unreadable: %v", name, err)
+			}
+			name = ""
+		case name != "":
+			b64.WriteString(l)
+		default:
+			rest.WriteString(line)
+		}
+	}
+	return rest.Bytes()
 }
 
 func tail(b []byte, n int) string {

@@ -1,7 +1,9 @@
 // Command rping speaks the protocol of rdma-core's rping example over
-// blockwire's software iWARP device, in either role, so the guest lab can
-// pit our MPA/DDP/RDMAP against the Linux kernel's siw with a program
-// nobody here wrote on the other side:
+// blockwire's software iWARP device (or, with -roce, its software RoCEv2
+// device), in either role, so the guest lab can pit our MPA/DDP/RDMAP
+// against the Linux kernel's siw — or our InfiniBand RC transport and CM
+// against its rdma_rxe — with a program nobody here wrote on the other
+// side:
 //
 //	client: Send(start buffer's address, STag, size); the server RDMA-Reads
 //	        it, Sends a go-ahead; Send(sink buffer's address, STag, size);
@@ -25,6 +27,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
 )
 
@@ -33,14 +36,25 @@ func main() {
 	addr := flag.String("a", "127.0.0.1:7471", "address:port")
 	count := flag.Int("C", 10, "iterations")
 	size := flag.Int("S", 64, "buffer size")
+	roceIP := flag.String("roce", "", "use the software RoCEv2 device on this local IPv4 address (default: software iWARP)")
 	flag.Parse()
+	var fab rdma.Fabric = siw.New(siw.Options{})
+	if *roceIP != "" {
+		d, err := roce.Open(*roceIP, roce.Options{})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "rping:", err)
+			os.Exit(1)
+		}
+		defer d.Close()
+		fab = d
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	var err error
 	if *server {
-		err = serve(ctx, *addr, *count, *size)
+		err = serve(ctx, fab, *addr, *count, *size)
 	} else {
-		err = client(ctx, *addr, *count, *size)
+		err = client(ctx, fab, *addr, *count, *size)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "rping:", err)
@@ -102,7 +116,7 @@ func (e *ep) send(ctx context.Context, msg []byte) error {
 	return err
 }
 
-func client(ctx context.Context, addr string, count, size int) error {
+func client(ctx context.Context, fab rdma.Fabric, addr string, count, size int) error {
 	e := newEP()
 	start, sink := make([]byte, size), make([]byte, size)
 	const startVA, sinkVA = 0x7f1000000000, 0x7f2000000000
@@ -114,7 +128,7 @@ func client(ctx context.Context, addr string, count, size int) error {
 	if err != nil {
 		return err
 	}
-	if e.qp, _, err = siw.New(siw.Options{}).Dial(ctx, addr, e.params()); err != nil {
+	if e.qp, _, err = fab.Dial(ctx, addr, e.params()); err != nil {
 		return err
 	}
 	defer e.qp.Close()
@@ -152,14 +166,14 @@ func client(ctx context.Context, addr string, count, size int) error {
 	return nil
 }
 
-func serve(ctx context.Context, addr string, count, size int) error {
+func serve(ctx context.Context, fab rdma.Fabric, addr string, count, size int) error {
 	e := newEP()
 	buf := make([]byte, size)
 	mr, err := e.pd.Register(buf, 0, rdma.LocalWrite)
 	if err != nil {
 		return err
 	}
-	ln, err := siw.New(siw.Options{}).Listen(addr)
+	ln, err := fab.Listen(addr)
 	if err != nil {
 		return err
 	}
