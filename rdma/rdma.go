@@ -556,6 +556,14 @@ type ConnParams struct {
 	// peer that sends at once (an iSER Login Request, an SRP IU) always
 	// finds a buffer.
 	Recvs []RecvWR
+	// ServiceIDBase is, for a Dial over an InfiniBand CM fabric, the base
+	// the port is added to for the REQ's service ID: 0 for the RDMA/CM
+	// port space Linux uses (0x0000000001060000, its 36-byte header
+	// before PrivateData), or another base whose REQ carries PrivateData
+	// alone — seed 001's iSER base 0x0000000000020000, or an SRP I/O
+	// controller's whole service ID less its low 16 bits (which the
+	// address's port then gives). iWARP ignores it.
+	ServiceIDBase uint64
 }
 
 // Fabric is a transport's connection manager.
@@ -593,6 +601,24 @@ type RejectError struct {
 	// iWARP, which has none).
 	Reason      int
 	PrivateData []byte
+	// ARI is the InfiniBand REJ's additional rejection information
+	// (seed 001: a readable reason with consumer reject, 28).
+	ARI []byte
+}
+
+// InfiniBand CM reject reasons a consumer may give (IBA 12.6.7).
+const (
+	RejectNoQP           = 1  // no QP available: seed 003 §A.4, more hosts than channels
+	RejectConsumerReject = 28 // the consumer refused the private data
+)
+
+// ReasonRejecter is a ConnRequest whose fabric's rejects carry a reason
+// (the InfiniBand CM's REJ); iWARP's MPA reject has none, so consumers
+// fall back to Reject.
+type ReasonRejecter interface {
+	// RejectReason refuses with the reason, a readable explanation (the
+	// ARI, up to 72 bytes) and private data.
+	RejectReason(reason int, ari string, privateData []byte) error
 }
 
 func (e *RejectError) Error() string {

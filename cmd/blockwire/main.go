@@ -397,7 +397,18 @@ func serve(args []string, stderr io.Writer) int {
 			log.Info("serving SRP", "target", cfg.Targets[0].Name, "url", fmt.Sprintf("srp://%s/%016x:%016x/0", l.Addr(), hi, lo))
 		}
 		for _, a := range srpRoceListen {
-			_, l, err := roceListen(a)
+			d, l, err := roceListen(a)
+			if err == nil {
+				// Also as an InfiniBand I/O controller: REQs to the
+				// IOC GUID as service ID, the whole SRP_LOGIN_REQ
+				// inside (seed 003 §A.2), as Linux ib_srpt does.
+				var sl rdma.Listener
+				if sl, err = d.ListenService(lo); err == nil {
+					srpListeners = append(srpListeners, sl)
+				} else if strings.Contains(err.Error(), "already has a listener") {
+					err = nil // another address of the same device
+				}
+			}
 			if err != nil {
 				for _, o := range srpListeners {
 					o.Close()
@@ -407,7 +418,8 @@ func serve(args []string, stderr io.Writer) int {
 				return 1
 			}
 			srpListeners = append(srpListeners, l)
-			log.Info("serving SRP over RoCEv2", "target", cfg.Targets[0].Name, "portal", a, "udp_port", *roceUDP, "id_ext", fmt.Sprintf("%016x", hi), "ioc_guid", fmt.Sprintf("%016x", lo))
+			log.Info("serving SRP over RoCEv2", "target", cfg.Targets[0].Name, "portal", a, "udp_port", *roceUDP, "id_ext", fmt.Sprintf("%016x", hi), "ioc_guid", fmt.Sprintf("%016x", lo),
+				"service_id", fmt.Sprintf("%016x", lo))
 		}
 	}
 	var listeners []net.Listener

@@ -262,6 +262,12 @@ func (p Preference) Refusal(endNode, gateway bool) string {
 	return ""
 }
 
+// ServiceIDBaseSeed001 is seed 001 §II's iSER base service ID on
+// InfiniBand ("until IBTA allocates one"): the REQ's service ID is the base
+// plus the iSCSI TCP port. Linux uses RDMA/CM's TCP port space instead
+// (0x0000000001060000 + port); an InfiniBand fabric listens on both.
+const ServiceIDBaseSeed001 = 0x0000000000020000
+
 // CMSeed001Len is the length of the seed 001 form: the 4-byte iSER CM
 // header, then versions, IP version, flags, the local port and the source
 // and destination addresses (16 bytes each).

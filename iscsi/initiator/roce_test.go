@@ -5,8 +5,12 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
+	"log/slog"
+	"net"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
@@ -74,5 +78,86 @@ func TestISEROverRoCE(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		t.Fatal(err)
+	}
+}
+
+// Seed 001 part III on InfiniBand: with a preference set, the REQ goes to
+// seed 001's iSER service ID (base 0x20000 + port) with the seed's private
+// data; a node of the wrong kind refuses with REJ 28 and its reason in the
+// ARI; a node with no iSER service answers REJ 8, and the initiator falls
+// back to iSCSI/TCP on the same address.
+func TestPreferFallbackOverRoCE(t *testing.T) {
+	const port = 24792
+	idev, err := roce.Open("127.0.0.9", roce.Options{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idev.Close()
+	node := func(ip string, opts iscsitarget.Options, iserOn bool) string {
+		srv := newTargetServer(t, scsitarget.LUConfig{}, nil, opts)
+		l, err := net.Listen("tcp", ip+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(l)
+		d, err := roce.Open(ip, roce.Options{Port: port})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		if iserOn {
+			rl, err := d.Listen(l.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			go srv.ServeISER(rl, d.RDMA().AllocPD(), iser.Options{})
+		}
+		return l.Addr().String()
+	}
+	endNode := node("127.0.0.6", iscsitarget.Options{EndNode: true}, true)
+	gateway := node("127.0.0.7", iscsitarget.Options{Gateway: true}, true)
+	tcpOnly := node("127.0.0.8", iscsitarget.Options{}, false)
+	for _, tc := range []struct {
+		name, addr, prefer string
+		iser               bool
+		pref               iser.Preference
+		refused            string
+	}{
+		{"direct to an end node", endNode, "direct", true, iser.PreferEndNode, ""},
+		{"direct to a gateway", gateway, "direct", true, iser.PreferGateway, "rejected: iSER: this node is a gateway; an end node only was asked"},
+		{"gateway to an end node", endNode, "gateway", true, iser.PreferEndNode, "rejected: iSER: this node is an end node; a gateway only was asked"},
+		{"direct without iSER", tcpOnly, "direct", false, 0, "reason 8"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs syncBuffer
+			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+			d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", tc.addr, tIQN),
+				Options{Prefer: tc.prefer, RDMA: idev, Logger: log, DialTimeout: 3 * time.Second})
+			if err != nil {
+				t.Fatalf("%v\n%s", err, logs.String())
+			}
+			defer d.Close()
+			o := d.s.opts
+			if o.ISER != tc.iser || tc.iser && o.pref != tc.pref {
+				t.Fatalf("connected with iSER %v preference %v, want %v %v\n%s", o.ISER, o.pref, tc.iser, tc.pref, logs.String())
+			}
+			if tc.iser {
+				if tr := d.s.links[0].dm.(*iser.Conn).Transport(); tr != "roce" {
+					t.Fatalf("transport %q", tr)
+				}
+			}
+			if tc.refused != "" && !strings.Contains(logs.String(), tc.refused) {
+				t.Fatalf("the refusal (%q) is not in the log:\n%s", tc.refused, logs.String())
+			}
+			buf := make([]byte, 4096)
+			rand.Read(buf)
+			back := make([]byte, len(buf))
+			if _, err := d.WriteAt(buf, 0); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := d.ReadAt(back, 0); err != nil || !bytes.Equal(back, buf) {
+				t.Fatalf("read back differs (%v)", err)
+			}
+		})
 	}
 }

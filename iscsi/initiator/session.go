@@ -1,6 +1,7 @@
 package initiator
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -481,11 +482,22 @@ func (s *Session) dialISER(ctx context.Context) (*iser.Conn, error) {
 			}
 		}
 	}
-	qp, reply, err := f.Dial(ctx, s.portal, res.ConnParams(hdr.Append(nil)))
+	cp := res.ConnParams(hdr.Append(nil))
+	if hdr.Seed001 {
+		// On an InfiniBand CM fabric, seed 001's rules as a whole: its
+		// iSER service ID base, its private data alone in the REQ.
+		cp.ServiceIDBase = iser.ServiceIDBaseSeed001
+	}
+	qp, reply, err := f.Dial(ctx, s.portal, cp)
 	if err != nil {
 		var rj *rdma.RejectError
-		if errors.As(err, &rj) && len(rj.PrivateData) > 0 && printable(rj.PrivateData) {
-			return nil, fmt.Errorf("iscsi: iSER connect to %s: rejected: %s: %w", s.portal, rj.PrivateData, err)
+		if errors.As(err, &rj) {
+			for _, why := range [][]byte{rj.ARI, rj.PrivateData} {
+				// InfiniBand pads the REJ's private data with zeros.
+				if why = bytes.TrimRight(why, "\x00"); len(why) > 0 && printable(why) {
+					return nil, fmt.Errorf("iscsi: iSER connect to %s: rejected: %s: %w", s.portal, why, err)
+				}
+			}
 		}
 		return nil, fmt.Errorf("iscsi: iSER connect to %s: %w", s.portal, err)
 	}

@@ -146,7 +146,7 @@ type REQ struct {
 	SRQ                     bool
 	ExtTransportType        uint8 // 3 bits
 	Primary, Alternate      Path
-	PrivateData             [92]byte
+	PrivateData             [REQPrivateDataLength]byte
 }
 
 // DecodeREQ reads a REQ from a CM MAD's data.
@@ -269,6 +269,7 @@ const (
 	RejConsumerReject    = 28 // seed 001 §II: the private data is not acceptable; ARI says why
 	RejPrivateDataLength = 148
 	RejARILength         = 72
+	REQPrivateDataLength = 92
 )
 
 // Which message a REJ or MRA answers.

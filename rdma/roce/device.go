@@ -46,7 +46,8 @@ type Device struct {
 	mu        sync.Mutex
 	qps       map[uint32]*RC
 	nextQPN   uint32
-	listeners map[uint16]*listener
+	listeners map[uint16]*listener // by port, in both port spaces
+	services  map[uint64]*listener // by whole service ID
 	dials     map[uint32]chan cmReply    // by our communication ID
 	accepts   map[uint32]*connRequest    // REQs answered with a REP, awaiting RTU
 	waitRTU   map[uint32]*connRequest    // the same, by our QPN: a first packet stands for a lost RTU
@@ -119,7 +120,7 @@ func Open(ip string, opt Options) (*Device, error) {
 	rand.Read(g[:])
 	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
-		listeners: map[uint16]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
+		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}}
 	// Opened before Open returns, so no datagram sent after it is missed.
 	rawSock, err := openRaw()
@@ -381,8 +382,19 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		return nil, nil, fmt.Errorf("roce: %w", err)
 	}
 	peer := ap.Addr().Unmap()
-	if len(p.PrivateData) > 92-cmaHdrLen {
-		return nil, nil, fmt.Errorf("roce: %d bytes of private data, a REQ holds %d after the RDMA/CM header", len(p.PrivateData), 92-cmaHdrLen)
+	base := p.ServiceIDBase
+	if base == 0 {
+		base = ib.ServiceIDBaseRDMCM
+	}
+	if base&0xffff != 0 {
+		return nil, nil, fmt.Errorf("roce: service ID base %#016x has low bits for the port set", base)
+	}
+	room := ib.REQPrivateDataLength
+	if base == ib.ServiceIDBaseRDMCM {
+		room -= cmaHdrLen
+	}
+	if len(p.PrivateData) > room {
+		return nil, nil, fmt.Errorf("roce: %d bytes of private data, a REQ holds %d here", len(p.PrivateData), room)
 	}
 	p.QP.Defaults()
 	local := randU32()
@@ -398,14 +410,18 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 	for _, r := range p.Recvs {
 		q.PostRecv(r)
 	}
-	req := ib.REQ{LocalCommID: local, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, ap.Port()), LocalCAGUID: d.guid,
+	req := ib.REQ{LocalCommID: local, ServiceID: ib.ServiceID(base, ap.Port()), LocalCAGUID: d.guid,
 		LocalQPN: q.cfg.LocalQPN, ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD),
 		RemoteCMResponseTimeout: 20, StartingPSN: q.cfg.RecvPSN, LocalCMResponseTimeout: 20, RetryCount: 7,
 		PKey: 0xffff, PathMTU: mtuCode(d.mtu), RNRRetryCount: 7, MaxCMRetries: 15}
 	req.Primary = ib.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: gid(d.ip), RemoteGID: gid(peer), HopLimit: 64, LocalACKTimeout: 14}
-	h := cmaHeader(d.ip, peer, uint16(d.port))
-	copy(req.PrivateData[:], h[:])
-	copy(req.PrivateData[cmaHdrLen:], p.PrivateData)
+	if base == ib.ServiceIDBaseRDMCM {
+		h := cmaHeader(d.ip, peer, uint16(d.port))
+		copy(req.PrivateData[:], h[:])
+		copy(req.PrivateData[cmaHdrLen:], p.PrivateData)
+	} else {
+		copy(req.PrivateData[:], p.PrivateData)
+	}
 	var data [ib.CMDataLen]byte
 	req.Put(&data)
 	reply := make(chan cmReply, 1)
@@ -431,7 +447,8 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		select {
 		case r := <-reply:
 			if r.rej != nil {
-				return fail(&rdma.RejectError{Reason: int(r.rej.Reason), PrivateData: append([]byte(nil), r.rej.PrivateData[:]...)})
+				return fail(&rdma.RejectError{Reason: int(r.rej.Reason), PrivateData: append([]byte(nil), r.rej.PrivateData[:]...),
+					ARI: append([]byte(nil), r.rej.ARI[:min(int(r.rej.ARILength), len(r.rej.ARI))]...)})
 			}
 			rep := r.rep
 			q.mu.Lock()
@@ -557,10 +574,14 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		r.resend()
 		return
 	}
-	_, port, ok := ib.ServicePort(req.ServiceID)
-	l := d.listeners[port]
+	l := d.services[req.ServiceID]
+	if l == nil {
+		if _, port, ok := ib.ServicePort(req.ServiceID); ok {
+			l = d.listeners[port]
+		}
+	}
 	d.mu.Unlock()
-	if !ok || l == nil {
+	if l == nil {
 		// Seed 001 §II: no iSER service on this port — reason 8.
 		d.reject(peer, &req, m.TID, ib.RejInvalidServiceID, "", nil)
 		return
@@ -581,6 +602,7 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 type listener struct {
 	d    *Device
 	port uint16
+	sid  uint64 // ListenService's; 0 for a port
 	reqs chan *connRequest
 	once sync.Once
 	gone chan struct{}
@@ -607,6 +629,24 @@ func (d *Device) Listen(addr string) (rdma.Listener, error) {
 	return l, nil
 }
 
+// ListenService listens for REQs carrying exactly service ID sid, outside
+// the port spaces Listen serves — as an InfiniBand I/O controller does for
+// SRP (seed 003 §A.2: the host connects to the service ID the IOC
+// registered). Their private data is the consumer's alone.
+func (d *Device) ListenService(sid uint64) (rdma.Listener, error) {
+	if _, _, ok := ib.ServicePort(sid); ok {
+		return nil, fmt.Errorf("roce: service ID %#016x is in a port space; use Listen", sid)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.services[sid] != nil {
+		return nil, fmt.Errorf("roce: service ID %#016x already has a listener", sid)
+	}
+	l := &listener{d: d, sid: sid, reqs: make(chan *connRequest, 64), gone: make(chan struct{})}
+	d.services[sid] = l
+	return l, nil
+}
+
 func (l *listener) Accept(ctx context.Context) (rdma.ConnRequest, error) {
 	select {
 	case r := <-l.reqs:
@@ -625,7 +665,11 @@ func (l *listener) Addr() net.Addr {
 func (l *listener) Close() error {
 	l.once.Do(func() {
 		l.d.mu.Lock()
-		delete(l.d.listeners, l.port)
+		if l.sid != 0 {
+			delete(l.d.services, l.sid)
+		} else {
+			delete(l.d.listeners, l.port)
+		}
 		l.d.mu.Unlock()
 		close(l.gone)
 	})
@@ -647,10 +691,22 @@ type connRequest struct {
 	once  sync.Once
 }
 
-// PrivateData implements rdma.ConnRequest: the consumer's part, after the
-// RDMA/CM header.
+// PrivateData implements rdma.ConnRequest: the consumer's part — after
+// the RDMA/CM header in the RDMA/CM port space, all of it under another
+// base (seed 001's iSER base).
 func (r *connRequest) PrivateData() []byte {
+	if !r.RDMACM() {
+		return append([]byte(nil), r.req.PrivateData[:]...)
+	}
 	return append([]byte(nil), r.req.PrivateData[cmaHdrLen:]...)
+}
+
+// RDMACM reports whether the REQ came through RDMA/CM's port space (its
+// private data began with the RDMA/CM header) — Linux's ib_srp then sends
+// the shorter SRP login form.
+func (r *connRequest) RDMACM() bool {
+	base, _, ok := ib.ServicePort(r.req.ServiceID)
+	return ok && base == ib.ServiceIDBaseRDMCM
 }
 func (r *connRequest) PeerIRD() int { return int(r.req.ResponderResources) }
 func (r *connRequest) PeerORD() int { return int(r.req.InitiatorDepth) }
@@ -724,9 +780,34 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 }
 
 // Reject implements rdma.ConnRequest: REJ with reason 28 (consumer
-// reject) and the private data.
+// reject) and the private data; printable private data (a reason in
+// words) goes into the ARI as well, as seed 001 asks of a reject 28.
 func (r *connRequest) Reject(privateData []byte) error {
-	rej := ib.REJ{LocalCommID: randU32(), RemoteCommID: r.req.LocalCommID, MessageRejected: ib.MsgREQ, Reason: ib.RejConsumerReject}
+	ari := ""
+	if printable(privateData) {
+		ari = string(privateData)
+	}
+	return r.RejectReason(ib.RejConsumerReject, ari, privateData)
+}
+
+// printable reports whether b is non-empty text.
+func printable(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c > 0x7e {
+			return false
+		}
+	}
+	return len(b) > 0
+}
+
+// RejectReason implements rdma.ReasonRejecter: a REJ with any reason, the
+// ARI (72 bytes at most) and private data (148).
+func (r *connRequest) RejectReason(reason int, ari string, privateData []byte) error {
+	if len(privateData) > ib.RejPrivateDataLength {
+		return fmt.Errorf("roce: %d bytes of private data, a REJ holds %d", len(privateData), ib.RejPrivateDataLength)
+	}
+	rej := ib.REJ{LocalCommID: randU32(), RemoteCommID: r.req.LocalCommID, MessageRejected: ib.MsgREQ, Reason: uint16(reason)}
+	rej.ARILength = uint8(copy(rej.ARI[:], ari))
 	copy(rej.PrivateData[:], privateData)
 	data := new([ib.CMDataLen]byte)
 	rej.Put(data)
@@ -738,6 +819,7 @@ func (r *connRequest) Reject(privateData []byte) error {
 }
 
 var (
-	_ rdma.Fabric      = (*Device)(nil)
-	_ rdma.ConnRequest = (*connRequest)(nil)
+	_ rdma.Fabric         = (*Device)(nil)
+	_ rdma.ConnRequest    = (*connRequest)(nil)
+	_ rdma.ReasonRejecter = (*connRequest)(nil)
 )

@@ -398,3 +398,65 @@ func TestDeviceStartingPSNsAsLinux(t *testing.T) {
 		t.Fatalf("active side's receive: %+v", c)
 	}
 }
+
+// A Dial under seed 001's iSER base puts base + port in the REQ and the
+// consumer's private data alone (no RDMA/CM header); a listener takes REQs
+// in both port spaces and hands over the private data accordingly; a
+// REJ's reason, ARI and private data reach the dialer.
+func TestDeviceSeedServiceIDAndREJ(t *testing.T) {
+	a, b := devices(t)
+	f := newFakePeer(t)
+	f.to = netip.MustParseAddr("127.0.0.1")
+	ea := newEnd(a)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		p := ea.params([]byte("seed form"))
+		p.ServiceIDBase = ib.ServiceIDBaseSeed
+		_, _, err := a.Dial(ctx, "127.0.0.3:3260", p)
+		errc <- err
+	}()
+	m := f.recvMAD(ib.AttrREQ)
+	req := ib.DecodeREQ(&m.Data)
+	if req.ServiceID != 0x20000+3260 || string(req.PrivateData[:9]) != "seed form" {
+		t.Fatalf("REQ service ID %#x, private data %q", req.ServiceID, req.PrivateData[:12])
+	}
+	rej := ib.REJ{LocalCommID: 5, RemoteCommID: req.LocalCommID, Reason: ib.RejConsumerReject, ARILength: 6}
+	copy(rej.ARI[:], "no way")
+	copy(rej.PrivateData[:], "pd")
+	var data [ib.CMDataLen]byte
+	rej.Put(&data)
+	f.sendMAD(ib.AttrREJ, m.TID, data)
+	var rj *rdma.RejectError
+	if err := <-errc; !errors.As(err, &rj) || rj.Reason != 28 || string(rj.ARI) != "no way" || string(rj.PrivateData[:2]) != "pd" {
+		t.Fatalf("dial: %v", err)
+	}
+
+	// Our listener: a seed-base REQ's private data is all the consumer's.
+	f.to = netip.MustParseAddr("127.0.0.2")
+	ln, _ := b.Listen("127.0.0.2:3262")
+	defer ln.Close()
+	for i, base := range []uint64{ib.ServiceIDBaseSeed, ib.ServiceIDBaseRDMCM} {
+		req := ib.REQ{LocalCommID: uint32(20 + i), ServiceID: ib.ServiceID(base, 3262), LocalQPN: 0x77, PathMTU: 3, PKey: 0xffff}
+		copy(req.PrivateData[:], "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGH")
+		req.Put(&data)
+		f.sendMAD(ib.AttrREQ, uint64(20+i), data)
+		r, err := ln.Accept(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "0123456789"
+		if base == ib.ServiceIDBaseRDMCM {
+			want = "ABCDEFGH\x00\x00" // after the 36-byte RDMA/CM header
+		}
+		if got := string(r.PrivateData()[:10]); got != want {
+			t.Fatalf("base %#x: private data starts %q, want %q", base, got, want)
+		}
+		r.Reject([]byte("busy"))
+		m := f.recvMAD(ib.AttrREJ)
+		if rej := ib.DecodeREJ(&m.Data); rej.Reason != 28 || string(rej.ARI[:rej.ARILength]) != "busy" {
+			t.Fatalf("REJ reason %d ARI %q", rej.Reason, rej.ARI[:rej.ARILength])
+		}
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -48,6 +49,11 @@ type Options struct {
 	// MaxOutstanding bounds the commands in flight (default 128, and
 	// never more than the target's credits allow).
 	MaxOutstanding int
+	// ServiceID, on an InfiniBand CM fabric, connects to this I/O
+	// controller service ID (seed 003 §A.2) with the 64-byte
+	// SRP_LOGIN_REQ as the REQ's private data, instead of through RDMA/CM's
+	// port space with its 56-byte form. The address's port is ignored.
+	ServiceID uint64
 	// OnEvent, if set, is told of each asynchronous event the target
 	// reports (SRP_AER_REQ: a unit attention and its sense data).
 	OnEvent func(lun uint64, s *scsi.Sense)
@@ -140,9 +146,20 @@ func Dial(ctx context.Context, addr string, tgt srp.PortID, opts Options) (*Chan
 	if opts.NoImmediate {
 		lr.ImmDataOffset = 0
 	}
-	qp, pd, err := opts.Fabric.Dial(ctx, addr, rdma.ConnParams{PD: c.pd,
+	cp := rdma.ConnParams{PD: c.pd,
 		QP:          rdma.QPConfig{SendCQ: c.cq, RecvCQ: c.cq, SendDepth: 2 * n, RecvDepth: n},
-		PrivateData: lr.AppendCM(nil), Recvs: append([]rdma.RecvWR(nil), c.slots...)})
+		PrivateData: lr.AppendCM(nil), Recvs: append([]rdma.RecvWR(nil), c.slots...)}
+	if opts.ServiceID != 0 {
+		// The whole service ID: its high 48 bits as the base, its low 16
+		// as the port.
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("srp: %w", err)
+		}
+		addr = net.JoinHostPort(host, strconv.Itoa(int(opts.ServiceID&0xffff)))
+		cp.ServiceIDBase, cp.PrivateData = opts.ServiceID&^0xffff, lr.Append(nil)
+	}
+	qp, pd, err := opts.Fabric.Dial(ctx, addr, cp)
 	if err != nil {
 		var re *rdma.RejectError
 		if errors.As(err, &re) {

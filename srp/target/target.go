@@ -209,13 +209,26 @@ func (s *Server) reject(req rdma.ConnRequest, lr *srp.LoginReq, reason srp.Rejec
 	s.log.Warn("srp: login rejected", "remote", req.RemoteAddr(), "initiator", lr.Initiator, "reason", reason.String(),
 		"detail", fmt.Sprintf(format, a...))
 	rej := srp.LoginRej{Reason: reason, Tag: lr.Tag, BufFormats: s.formats}
+	if rr, ok := req.(rdma.ReasonRejecter); ok && reason == srp.RejectChannelLimit {
+		// Seed 003 §A.4: more hosts than the controller has QPs — the
+		// InfiniBand CM's REJ reason 1, no QP available (with the
+		// SRP_LOGIN_REJ still in the private data).
+		_ = rr.RejectReason(rdma.RejectNoQP, "SRP channel limit reached", rej.Append(nil))
+		return
+	}
 	_ = req.Reject(rej.Append(nil))
 }
 
 // login validates an SRP_LOGIN_REQ and sets up its channel.
 func (s *Server) login(req rdma.ConnRequest) {
 	var lr srp.LoginReq
-	if err := lr.DecodeCM(req.PrivateData()); err != nil {
+	decode := lr.DecodeCM
+	if c, ok := req.(interface{ RDMACM() bool }); ok && !c.RDMACM() {
+		// An InfiniBand CM REQ to the I/O controller's own service ID
+		// carries the whole 64-byte SRP_LOGIN_REQ (seed 003 §A.2).
+		decode = lr.Decode
+	}
+	if err := decode(req.PrivateData()); err != nil {
 		s.reject(req, &lr, srp.RejectUnable, "%v", err)
 		return
 	}
