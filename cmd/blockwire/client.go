@@ -104,7 +104,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		}
 		return fmt.Errorf("want direct, gateway or any, not %q", v)
 	})
-	fs.Func("roce", "for iser:// URLs: connect over the software RoCEv2 device (InfiniBand RC in UDP) from this local IPv4 address, IP[:UDPPORT] (default UDP port 4791)", func(v string) error {
+	fs.Func("roce", "for iser:// URLs: connect over the software RoCEv2 device (InfiniBand RC in UDP) from this local IPv4 or IPv6 address (its RoCEv2 GID), IP or [IP]:UDPPORT (default UDP port 4791)", func(v string) error {
 		ip, port := v, 0
 		if h, p, err := net.SplitHostPort(v); err == nil {
 			ip = h

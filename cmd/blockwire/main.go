@@ -164,12 +164,12 @@ func serve(args []string, stderr io.Writer) int {
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	iserOn := fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
 	var iserRoceListen listFlag
-	fs.Var(&iserRoceListen, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on IPv4 address:port, the port being the one the service ID names (repeatable)")
+	fs.Var(&iserRoceListen, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on address:port (IPv4 or [IPv6]), the port being the one the service ID names (repeatable)")
 	roceUDP := fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
 	var srpListen listFlag
 	fs.Var(&srpListen, "srp-listen", "also serve the first target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
 	var srpRoceListen listFlag
-	fs.Var(&srpRoceListen, "srp-roce-listen", "also serve the first target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe) on IPv4 address:port (repeatable)")
+	fs.Var(&srpRoceListen, "srp-roce-listen", "also serve the first target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe, and to the IOC GUID as service ID with the whole login) on address:port (IPv4 or [IPv6]) (repeatable)")
 	srpID := fs.String("srp-id-ext", "", "SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
 	if err := fs.Parse(args); err != nil {
 		return 2

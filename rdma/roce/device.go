@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -19,7 +20,8 @@ import (
 	"github.com/blockwire/blockwire/rdma/ib"
 )
 
-// Device is a software RoCEv2 device on one IPv4 address: every queue
+// Device is a software RoCEv2 device on one IPv4 or IPv6 address (its GID
+// the IPv4-mapped address or the IPv6 address itself): every queue
 // pair's packets go through one UDP socket on the RoCEv2 port, demultiplexed
 // by destination QP; QP 1 carries the Communication Manager's MADs. It
 // implements rdma.Fabric with the RDMA/CM conventions Linux uses: service ID
@@ -78,11 +80,17 @@ type Options struct {
 	Logger *slog.Logger
 }
 
-// Open starts a device on ip (an IPv4 address of this host).
+// Open starts a device on ip (an IPv4 or IPv6 address of this host).
 func Open(ip string, opt Options) (*Device, error) {
-	addr, err := netip.ParseAddr(ip)
-	if err != nil || !addr.Is4() {
-		return nil, fmt.Errorf("roce: %q is not an IPv4 address", ip)
+	addr, err := netip.ParseAddr(strings.Trim(ip, "[]"))
+	if err != nil || addr.Zone() != "" {
+		return nil, fmt.Errorf("roce: %q is not an IP address", ip)
+	}
+	addr = addr.Unmap()
+	network := "udp4"
+	if addr.Is6() {
+		// RoCEv2 GID = the IPv6 address itself (IPv4's is ::ffff:a.b.c.d).
+		network = "udp6"
 	}
 	if opt.Port == 0 {
 		opt.Port = ib.UDPPort
@@ -93,15 +101,23 @@ func Open(ip string, opt Options) (*Device, error) {
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
-	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(opt.Port))))
+	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(opt.Port))))
 	if err != nil {
 		return nil, fmt.Errorf("roce: %w", err)
 	}
 	raw, err := c.SyscallConn()
 	if err == nil {
 		raw.Control(func(fd uintptr) {
-			// DF, so Linux writes IP identification 0 (see Device).
-			err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
+			// DF, so Linux writes IP identification 0 (see Device);
+			// IPv6 routers never fragment.
+			if addr.Is4() {
+				err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
+			} else {
+				// A kernel rxe sends UDP checksum 0 over IPv6 too (the
+				// ICRC protects the packet), which IPv6 sockets drop
+				// unless told to take it (RFC 6936).
+				err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_UDP, udpNoCheck6RX, 1)
+			}
 			// A burst of MTU packets must not overflow the socket: ask
 			// for 8 MiB past rmem_max when allowed (root), else what the
 			// system gives.
@@ -123,9 +139,11 @@ func Open(ip string, opt Options) (*Device, error) {
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}}
 	// Opened before Open returns, so no datagram sent after it is missed.
-	rawSock, err := openRaw()
-	if err != nil {
-		rawSock = nil
+	var rawSock *os.File
+	if addr.Is4() {
+		if rawSock, err = openRaw(); err != nil {
+			rawSock = nil
+		}
 	}
 	go d.receive(rawSock)
 	return d, nil
@@ -155,17 +173,43 @@ func (d *Device) Close() error {
 
 // ipHeader is the IPv4 header Linux puts on our datagrams, as far as the
 // ICRC sees it (the fields it masks are left zero).
-func ipHeader(src, dst netip.Addr, udpLen int) [20]byte {
-	var h [20]byte
-	h[0] = 0x45
-	binary.BigEndian.PutUint16(h[2:], uint16(20+udpLen))
-	h[6] = 0x40 // DF, identification 0
-	h[9] = 17
+//
+// An IPv6 header has nothing the sender varies but what the ICRC masks
+// (traffic class, flow label, hop limit), so it is rebuilt exactly from
+// the addresses and the length.
+func ipHeader(src, dst netip.Addr, udpLen int) ipHdr {
+	var h ipHdr
+	if !src.Is4() {
+		h.n = 40
+		h.b[0] = 0x60
+		binary.BigEndian.PutUint16(h.b[4:], uint16(udpLen))
+		h.b[6] = 17
+		s, t := src.As16(), dst.As16()
+		copy(h.b[8:], s[:])
+		copy(h.b[24:], t[:])
+		return h
+	}
+	h.n = 20
+	h.b[0] = 0x45
+	binary.BigEndian.PutUint16(h.b[2:], uint16(20+udpLen))
+	h.b[6] = 0x40 // DF, identification 0
+	h.b[9] = 17
 	s, t := src.As4(), dst.As4()
-	copy(h[12:], s[:])
-	copy(h[16:], t[:])
+	copy(h.b[12:], s[:])
+	copy(h.b[16:], t[:])
 	return h
 }
+
+// udpNoCheck6RX is Linux's UDP_NO_CHECK6_RX socket option.
+const udpNoCheck6RX = 102
+
+// ipHdr is an IPv4 (20-byte) or IPv6 (40-byte) header.
+type ipHdr struct {
+	b [40]byte
+	n int
+}
+
+func (h *ipHdr) bytes() []byte { return h.b[:h.n] }
 
 func udpHeader(sport, dport, length int) [8]byte {
 	var u [8]byte
@@ -182,7 +226,7 @@ func (d *Device) send(peer netip.Addr, pkt []byte) {
 	n := len(pkt) + ib.ICRCLen
 	ip := ipHeader(d.ip, peer, 8+n)
 	udp := udpHeader(d.port, d.port, 8+n)
-	d.sendBuf = ib.AppendICRC(ip[:], udp[:], append(d.sendBuf[:0], pkt...))
+	d.sendBuf = ib.AppendICRC(ip.bytes(), udp[:], append(d.sendBuf[:0], pkt...))
 	d.conn.WriteToUDPAddrPort(d.sendBuf, netip.AddrPortFrom(peer, uint16(d.port)))
 }
 
@@ -208,7 +252,7 @@ func (d *Device) receive(raw *os.File) {
 		src := from.Addr().Unmap()
 		ip := ipHeader(src, d.ip, 8+n)
 		udp := udpHeader(int(from.Port()), d.port, 8+n)
-		d.input(src, ip[:], udp[:], buf[:n])
+		d.input(src, ip.bytes(), udp[:], buf[:n])
 	}
 }
 
@@ -365,11 +409,18 @@ func (d *Device) dropQP(q *RC) {
 // four bytes of each).
 func cmaHeader(src, dst netip.Addr, sport uint16) [cmaHdrLen]byte {
 	var h [cmaHdrLen]byte
-	h[1] = 0x40
 	binary.BigEndian.PutUint16(h[2:], sport)
-	s, t := src.As4(), dst.As4()
-	copy(h[16:20], s[:])
-	copy(h[32:36], t[:])
+	if src.Is4() {
+		h[1] = 0x40
+		s, t := src.As4(), dst.As4()
+		copy(h[16:20], s[:])
+		copy(h[32:36], t[:])
+		return h
+	}
+	h[1] = 0x60
+	s, t := src.As16(), dst.As16()
+	copy(h[4:20], s[:])
+	copy(h[20:36], t[:])
 	return h
 }
 
@@ -382,6 +433,9 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		return nil, nil, fmt.Errorf("roce: %w", err)
 	}
 	peer := ap.Addr().Unmap()
+	if peer.Is4() != d.ip.Is4() {
+		return nil, nil, fmt.Errorf("roce: %s and this device's %s are of different IP versions", peer, d.ip)
+	}
 	base := p.ServiceIDBase
 	if base == 0 {
 		base = ib.ServiceIDBaseRDMCM

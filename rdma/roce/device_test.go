@@ -194,15 +194,15 @@ func TestDeviceICRCOverRealIPHeader(t *testing.T) {
 		pkt, _ := p.Append(nil)
 		ulen := 8 + len(pkt) + ib.ICRCLen
 		ip := ipHeader(netip.MustParseAddr("127.0.0.9"), netip.MustParseAddr("127.0.0.2"), ulen)
-		binary.BigEndian.PutUint16(ip[4:], id)
-		ip[8] = 64
+		binary.BigEndian.PutUint16(ip.b[4:], id)
+		ip.b[8] = 64
 		udp := udpHeader(50000, 14791, ulen)
-		pkt = ib.AppendICRC(ip[:], udp[:], pkt)
+		pkt = ib.AppendICRC(ip.bytes(), udp[:], pkt)
 		if corrupt {
 			// Sent with another identification than the CRC covered.
-			binary.BigEndian.PutUint16(ip[4:], id+1)
+			binary.BigEndian.PutUint16(ip.b[4:], id+1)
 		}
-		dgram := append(append(ip[:], udp[:]...), pkt...)
+		dgram := append(append(ip.bytes(), udp[:]...), pkt...)
 		var to syscall.SockaddrInet4
 		to.Addr = [4]byte{127, 0, 0, 2}
 		if err := syscall.Sendto(fd, dgram, 0, &to); err != nil {
@@ -252,7 +252,7 @@ func (f *fakePeer) send(p ib.Packet) {
 	ulen := 8 + len(pkt) + ib.ICRCLen
 	ip := ipHeader(netip.MustParseAddr("127.0.0.3"), f.to, ulen)
 	udp := udpHeader(14791, 14791, ulen)
-	f.c.WriteToUDPAddrPort(ib.AppendICRC(ip[:], udp[:], pkt), netip.AddrPortFrom(f.to, 14791))
+	f.c.WriteToUDPAddrPort(ib.AppendICRC(ip.bytes(), udp[:], pkt), netip.AddrPortFrom(f.to, 14791))
 }
 
 func (f *fakePeer) sendMAD(attr uint16, tid uint64, data [ib.CMDataLen]byte) {

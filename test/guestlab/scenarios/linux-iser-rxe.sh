@@ -7,7 +7,7 @@
 # ib_iser to our iSER target.
 . /lab/lib-roce.sh
 roce_lab || exit 1
-cap_start
+cap_start linux-iser-rxe
 modprobe ib_iser
 rm -f /tmp/pat /tmp/rb
 $BW /lab/bin/blockwire serve --listen $BADDR:3260 --iser=false --roce-listen $BADDR:3260 --iqn $IQN --size 64MiB > /tmp/bwr.log 2>&1 &

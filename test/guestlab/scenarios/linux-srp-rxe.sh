@@ -5,7 +5,7 @@
 # checks of linux-initiator-tcp run on it.
 . /lab/lib-roce.sh
 roce_lab || exit 1
-cap_start
+cap_start linux-srp-rxe
 modprobe ib_srp; modprobe sd_mod
 rm -f /tmp/pat /tmp/rb
 ID=0011223344556677

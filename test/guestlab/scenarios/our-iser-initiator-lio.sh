@@ -5,7 +5,7 @@
 # 8) and a 4 MiB copy in and out.
 . /lab/lib-roce.sh
 roce_lab || exit 1
-cap_start
+cap_start our-iser-initiator-lio
 modprobe ib_isert
 rm -f /tmp/pat /tmp/rb /tmp/src /tmp/back /tmp/ini.log
 lio_target 3260 $LADDR || exit 1
