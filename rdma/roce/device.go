@@ -69,6 +69,7 @@ type connection struct {
 type cmReply struct {
 	rep *ib.REP
 	rej *ib.REJ
+	mra *ib.MRA
 }
 
 // Options configure a Device.
@@ -493,13 +494,23 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		q.Close()
 		return nil, nil, err
 	}
+	wait, mraed := cmTimeout, false
 	for try := 0; ; try++ {
 		if try == cmRetries {
 			return fail(errors.New("roce: no answer to the connection request"))
 		}
-		d.sendMAD(peer, ib.AttrREQ, tid, &data)
+		if !mraed {
+			d.sendMAD(peer, ib.AttrREQ, tid, &data)
+		}
+		mraed = false
 		select {
 		case r := <-reply:
+			if r.mra != nil {
+				// An MRA: the REQ arrived; wait the service timeout
+				// it announces before asking again (IBA 12.6.6).
+				wait, mraed, try = cmTimeout+serviceTime(r.mra.ServiceTimeout), true, try-1
+				continue
+			}
 			if r.rej != nil {
 				return fail(&rdma.RejectError{Reason: int(r.rej.Reason), PrivateData: append([]byte(nil), r.rej.PrivateData[:]...),
 					ARI: append([]byte(nil), r.rej.ARI[:min(int(r.rej.ARILength), len(r.rej.ARI))]...)})
@@ -518,7 +529,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 			d.conns[local] = &connection{qp: q, local: local, remote: rep.LocalCommID, remoteQPN: rep.LocalQPN, peer: peer}
 			d.mu.Unlock()
 			return q, append([]byte(nil), rep.PrivateData[:]...), nil
-		case <-time.After(cmTimeout):
+		case <-time.After(wait):
 		case <-ctx.Done():
 			return fail(ctx.Err())
 		case <-d.done:
@@ -566,6 +577,18 @@ func (d *Device) cm(peer netip.Addr, pkt []byte) {
 			var rtu [ib.CMDataLen]byte
 			ib.PutCommIDs(&rtu, ib.CommIDs{Local: c.local, Remote: c.remote}, nil)
 			d.sendMAD(peer, ib.AttrRTU, m.TID, &rtu)
+		}
+	case ib.AttrMRA:
+		// The passive side needs time to answer our REQ.
+		mra := ib.DecodeMRA(&m.Data)
+		d.mu.Lock()
+		ch := d.dials[mra.Remote]
+		d.mu.Unlock()
+		if ch != nil && mra.MessageMRAed == ib.MsgREQ {
+			select {
+			case ch <- cmReply{mra: &mra}:
+			default:
+			}
 		}
 	case ib.AttrREJ:
 		rej := ib.DecodeREJ(&m.Data)
@@ -640,7 +663,7 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		d.reject(peer, &req, m.TID, ib.RejInvalidServiceID, "", nil)
 		return
 	}
-	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, ready: make(chan struct{})}
+	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, local: randU32(), ready: make(chan struct{})}
 	d.mu.Lock()
 	d.seen[key] = r
 	d.mu.Unlock()
@@ -777,7 +800,23 @@ func (r *connRequest) resend() {
 	r.mu.Unlock()
 	if last != nil {
 		r.d.sendMAD(r.peer, attr, r.tid, last)
+		return
 	}
+	// The consumer has not answered yet: acknowledge the REQ with an MRA
+	// so the active side stops repeating it and waits (IBA 12.6.6).
+	mra := ib.MRA{CommIDs: ib.CommIDs{Local: r.local, Remote: r.req.LocalCommID}, MessageMRAed: ib.MsgREQ, ServiceTimeout: mraServiceTimeout}
+	var data [ib.CMDataLen]byte
+	mra.Put(&data)
+	r.d.sendMAD(r.peer, ib.AttrMRA, r.tid, &data)
+}
+
+// mraServiceTimeout is the service timeout an MRA of ours announces:
+// 4.096 µs × 2^21 ≈ 8.6 s for the consumer to accept or reject.
+const mraServiceTimeout = 21
+
+// serviceTime is a CM timeout field's duration: 4.096 µs × 2^t.
+func serviceTime(t uint8) time.Duration {
+	return time.Duration(4096<<min(t, 31)) * time.Nanosecond
 }
 
 func (r *connRequest) established() { r.once.Do(func() { close(r.ready) }) }
@@ -801,7 +840,6 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 	for _, w := range p.Recvs {
 		q.PostRecv(w)
 	}
-	r.local = randU32()
 	rep := ib.REP{LocalCommID: r.local, RemoteCommID: r.req.LocalCommID, LocalQPN: q.cfg.LocalQPN, StartingPSN: q.cfg.RecvPSN,
 		ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD), TargetACKDelay: 15, RNRRetryCount: 7, LocalCAGUID: d.guid}
 	copy(rep.PrivateData[:], p.PrivateData)
@@ -860,7 +898,7 @@ func (r *connRequest) RejectReason(reason int, ari string, privateData []byte) e
 	if len(privateData) > ib.RejPrivateDataLength {
 		return fmt.Errorf("roce: %d bytes of private data, a REJ holds %d", len(privateData), ib.RejPrivateDataLength)
 	}
-	rej := ib.REJ{LocalCommID: randU32(), RemoteCommID: r.req.LocalCommID, MessageRejected: ib.MsgREQ, Reason: uint16(reason)}
+	rej := ib.REJ{LocalCommID: r.local, RemoteCommID: r.req.LocalCommID, MessageRejected: ib.MsgREQ, Reason: uint16(reason)}
 	rej.ARILength = uint8(copy(rej.ARI[:], ari))
 	copy(rej.PrivateData[:], privateData)
 	data := new([ib.CMDataLen]byte)

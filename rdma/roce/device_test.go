@@ -460,3 +460,59 @@ func TestDeviceSeedServiceIDAndREJ(t *testing.T) {
 		}
 	}
 }
+
+// MRA both ways: a REQ repeated while our consumer has not yet answered
+// gets an MRA (so the active side waits instead of giving up), and our
+// Dial, told by an MRA that the passive side needs time, waits past its
+// usual two seconds of retries for the REP.
+func TestDeviceMRA(t *testing.T) {
+	a, b := devices(t)
+	f := newFakePeer(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	f.to = netip.MustParseAddr("127.0.0.2")
+	ln, _ := b.Listen("127.0.0.2:3290")
+	defer ln.Close()
+	req := ib.REQ{LocalCommID: 31, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3290), LocalQPN: 0x88, PathMTU: 3, PKey: 0xffff}
+	var data [ib.CMDataLen]byte
+	req.Put(&data)
+	f.sendMAD(ib.AttrREQ, 31, data)
+	r, err := ln.Accept(ctx) // taken, not yet answered
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.sendMAD(ib.AttrREQ, 31, data) // the active side's retry
+	m := f.recvMAD(ib.AttrMRA)
+	if mra := ib.DecodeMRA(&m.Data); mra.Remote != 31 || mra.MessageMRAed != ib.MsgREQ || serviceTime(mra.ServiceTimeout) < time.Second {
+		t.Fatalf("MRA %+v", mra)
+	}
+	r.Reject(nil)
+	m = f.recvMAD(ib.AttrREJ)
+	if rej := ib.DecodeREJ(&m.Data); rej.RemoteCommID != 31 {
+		t.Fatalf("REJ for comm ID %d", rej.RemoteCommID)
+	}
+
+	f.to = netip.MustParseAddr("127.0.0.1")
+	ea := newEnd(a)
+	errc := make(chan error, 1)
+	go func() {
+		q, _, err := a.Dial(ctx, "127.0.0.3:3291", ea.params(nil))
+		if err == nil {
+			q.Close()
+		}
+		errc <- err
+	}()
+	m = f.recvMAD(ib.AttrREQ)
+	req = ib.DecodeREQ(&m.Data)
+	mra := ib.MRA{CommIDs: ib.CommIDs{Local: 41, Remote: req.LocalCommID}, MessageMRAed: ib.MsgREQ, ServiceTimeout: 20} // ~4.3 s
+	mra.Put(&data)
+	f.sendMAD(ib.AttrMRA, m.TID, data)
+	time.Sleep(2500 * time.Millisecond) // past 10 retries of 200 ms
+	rep := ib.REP{LocalCommID: 41, RemoteCommID: req.LocalCommID, LocalQPN: 0x99, StartingPSN: 1, ResponderResources: 1, InitiatorDepth: 1}
+	rep.Put(&data)
+	f.sendMAD(ib.AttrREP, m.TID, data)
+	if err := <-errc; err != nil {
+		t.Fatalf("dial after an MRA: %v", err)
+	}
+}
