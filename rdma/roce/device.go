@@ -460,6 +460,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 	// carries the REQ's PSN, the initiator's the REP's). Our send PSN is
 	// known once the REP arrives.
 	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, RecvPSN: randU32() & psnMask, MTU: d.mtu,
+		Timeout: serviceTime(localACKTimeout), RetryCount: 7, RNRRetryCount: 7,
 		LocalAddr: net.UDPAddrFromAddrPort(netip.AddrPortFrom(d.ip, uint16(d.port))), RemoteAddr: net.UDPAddrFromAddrPort(ap)}
 	q := d.newQP(cfg, peer)
 	for _, r := range p.Recvs {
@@ -469,7 +470,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		LocalQPN: q.cfg.LocalQPN, ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD),
 		RemoteCMResponseTimeout: 20, StartingPSN: q.cfg.RecvPSN, LocalCMResponseTimeout: 20, RetryCount: 7,
 		PKey: 0xffff, PathMTU: mtuCode(d.mtu), RNRRetryCount: 7, MaxCMRetries: 15}
-	req.Primary = ib.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: gid(d.ip), RemoteGID: gid(peer), HopLimit: 64, LocalACKTimeout: 14}
+	req.Primary = ib.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: gid(d.ip), RemoteGID: gid(peer), HopLimit: 64, LocalACKTimeout: localACKTimeout}
 	if base == ib.ServiceIDBaseRDMCM {
 		h := cmaHeader(d.ip, peer, uint16(d.port))
 		copy(req.PrivateData[:], h[:])
@@ -521,6 +522,9 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 			q.startSendLocked(rep.StartingPSN)
 			q.cfg.ORD = min(q.cfg.ORD, int(rep.ResponderResources))
 			q.cfg.IRD = min(q.cfg.IRD, int(rep.InitiatorDepth))
+			if rep.RNRRetryCount > 0 { // the passive side's wish for our RNR retries
+				q.cfg.RNRRetryCount = int(rep.RNRRetryCount)
+			}
 			q.mu.Unlock()
 			var rtu [ib.CMDataLen]byte
 			ib.PutCommIDs(&rtu, ib.CommIDs{Local: local, Remote: rep.LocalCommID}, nil)
@@ -810,9 +814,22 @@ func (r *connRequest) resend() {
 	r.d.sendMAD(r.peer, ib.AttrMRA, r.tid, &data)
 }
 
+// localACKTimeout is the local ACK timeout our REQs ask for:
+// 4.096 µs × 2^14 ≈ 67 ms.
+const localACKTimeout = 14
+
 // mraServiceTimeout is the service timeout an MRA of ours announces:
 // 4.096 µs × 2^21 ≈ 8.6 s for the consumer to accept or reject.
 const mraServiceTimeout = 21
+
+// ackTimeout is a local ACK timeout field's duration; 0 (the field's
+// "infinite") and anything under a millisecond get the RC default.
+func ackTimeout(t uint8) time.Duration {
+	if d := serviceTime(t); t != 0 && d >= time.Millisecond {
+		return d
+	}
+	return 0
+}
 
 // serviceTime is a CM timeout field's duration: 4.096 µs × 2^t.
 func serviceTime(t uint8) time.Duration {
@@ -833,7 +850,10 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 	p.QP.ORD = min(p.QP.ORD, int(r.req.ResponderResources))
 	// Starting PSNs as in Dial: we send from the REQ's, and advertise
 	// in the REP the PSN we expect.
+	// Retransmission as the REQ negotiated it: its retry counts, and the
+	// local ACK timeout of its primary path (4.096 µs × 2^n).
 	cfg := RCConfig{QPConfig: p.QP, PD: p.PD, SendPSN: r.req.StartingPSN, RecvPSN: randU32() & psnMask,
+		Timeout: ackTimeout(r.req.Primary.LocalACKTimeout), RetryCount: int(r.req.RetryCount), RNRRetryCount: int(r.req.RNRRetryCount),
 		RemoteQPN: r.req.LocalQPN, MTU: min(d.mtu, 128<<r.req.PathMTU),
 		LocalAddr: r.LocalAddr(), RemoteAddr: r.RemoteAddr()}
 	q := d.newQP(cfg, r.peer)
