@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/ib"
 )
 
 // lossy is an in-memory link that drops, duplicates and reorders.
@@ -371,3 +372,91 @@ func FuzzRCInput(f *testing.F) {
 type discard struct{}
 
 func (discard) Send([]byte) {}
+
+// recorder is a link that keeps what the queue pair sends.
+type recorder struct {
+	mu   sync.Mutex
+	pkts []ib.Packet
+}
+
+func (r *recorder) Send(b []byte) {
+	p, err := ib.Decode(append(append([]byte(nil), b...), 0, 0, 0, 0))
+	if err != nil {
+		panic(err)
+	}
+	r.mu.Lock()
+	r.pkts = append(r.pkts, p)
+	r.mu.Unlock()
+}
+
+func (r *recorder) take() []ib.Packet {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pkts
+	r.pkts = nil
+	return p
+}
+
+// The responder's answers to bad requests, as the InfiniBand transport
+// rules give them: a PSN ahead of the expected one gets one NAK sequence
+// error naming the expected PSN; a duplicate is acknowledged again and not
+// delivered twice; an unknown opcode and an atomic (which we refuse) get
+// NAK invalid request; a packet with a bad header is dropped unanswered.
+func TestRCResponderAnswers(t *testing.T) {
+	d := rdma.NewDevice("r")
+	rcq := rdma.NewCQ(16)
+	rec := &recorder{}
+	q := NewRC(RCConfig{QPConfig: rdma.QPConfig{SendCQ: rdma.NewCQ(16), RecvCQ: rcq}, PD: d.AllocPD(),
+		LocalQPN: 0x21, RemoteQPN: 0x31, SendPSN: 500, RecvPSN: 100}, rec)
+	defer q.Close()
+	buf := make([]byte, 64)
+	q.PostRecv(rdma.RecvWR{ID: 1, Buf: buf})
+	q.PostRecv(rdma.RecvWR{ID: 2, Buf: make([]byte, 64)})
+	in := func(op ib.Opcode, psn uint32, payload string) {
+		known := op
+		if !op.Known() {
+			known = ib.RCSendOnly // encoded as one, then relabelled
+		}
+		p := ib.Packet{BTH: ib.BTH{Opcode: known, PKey: 0xffff, DestQP: 0x21, AckReq: true, PSN: psn}, Payload: []byte(payload)}
+		b, err := p.Append(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b[0] = byte(op)
+		q.Input(append(b, 0, 0, 0, 0))
+	}
+	expect := func(what string, syndrome uint8, psn uint32) {
+		t.Helper()
+		got := rec.take()
+		ok := len(got) == 1 && got[0].BTH.Opcode == ib.RCAcknowledge && got[0].BTH.PSN == psn
+		if ok && syndrome == ib.SyndromeACK {
+			ok = got[0].AETH.Syndrome&0xe0 == ib.SyndromeACK // the low bits are credits
+		} else if ok {
+			ok = got[0].AETH.Syndrome == syndrome
+		}
+		if !ok {
+			t.Fatalf("%s: sent %+v; want one acknowledge, syndrome %#x, PSN %d", what, got, syndrome, psn)
+		}
+	}
+	in(ib.RCSendOnly, 105, "early")
+	expect("a PSN ahead", ib.SyndromeNAK|ib.NAKPSNSequenceError, 100)
+	in(ib.RCSendOnly, 100, "first")
+	expect("the expected PSN", ib.SyndromeACK, 100)
+	in(ib.RCSendOnly, 100, "first")
+	expect("a duplicate", ib.SyndromeACK, 100)
+	if c := waitN(t, rcq, 1)[0]; string(buf[:c.Len]) != "first" {
+		t.Fatalf("delivered %q", buf[:c.Len])
+	}
+	var c [1]rdma.Completion
+	if n := rcq.Poll(c[:]); n != 0 {
+		t.Fatalf("the duplicate was delivered again: %+v", c[0])
+	}
+	q.Input([]byte{0x04, 0, 0xff}) // shorter than a BTH
+	if got := rec.take(); len(got) != 0 {
+		t.Fatalf("a malformed packet was answered: %+v", got)
+	}
+	in(ib.RCCompareSwap, 101, "")
+	expect("an atomic", ib.SyndromeNAK|ib.NAKInvalidRequest, 101)
+	in(ib.Opcode(0x1f), 101, "")
+	expect("an unknown opcode", ib.SyndromeNAK|ib.NAKInvalidRequest, 101)
+}
