@@ -396,17 +396,18 @@ func serve(args []string, stderr io.Writer) int {
 			srpListeners = append(srpListeners, l)
 			log.Info("serving SRP", "target", cfg.Targets[0].Name, "url", fmt.Sprintf("srp://%s/%016x:%016x/0", l.Addr(), hi, lo))
 		}
+		iocListening := map[*roce.Device]bool{}
 		for _, a := range srpRoceListen {
 			d, l, err := roceListen(a)
-			if err == nil {
+			if err == nil && !iocListening[d] {
 				// Also as an InfiniBand I/O controller: REQs to the
 				// IOC GUID as service ID, the whole SRP_LOGIN_REQ
-				// inside (seed 003 §A.2), as Linux ib_srpt does.
+				// inside (seed 003 §A.2), as Linux ib_srpt does —
+				// once per device.
 				var sl rdma.Listener
 				if sl, err = d.ListenService(lo); err == nil {
 					srpListeners = append(srpListeners, sl)
-				} else if strings.Contains(err.Error(), "already has a listener") {
-					err = nil // another address of the same device
+					iocListening[d] = true
 				}
 			}
 			if err != nil {
