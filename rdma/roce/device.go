@@ -18,6 +18,7 @@ import (
 
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/ib"
+	"golang.org/x/sys/unix"
 )
 
 // Device is a software RoCEv2 device on one IPv4 or IPv6 address (its GID
@@ -77,7 +78,7 @@ type Options struct {
 	// Port is the UDP port (default ib.UDPPort, 4791; tests on one host
 	// give each device its own loopback address instead).
 	Port   int
-	MTU    int // path MTU payload, default 1024
+	MTU    int // path MTU payload: 256 … 4096; default from the interface's MTU, as rxe does
 	Logger *slog.Logger
 }
 
@@ -97,7 +98,7 @@ func Open(ip string, opt Options) (*Device, error) {
 		opt.Port = ib.UDPPort
 	}
 	if opt.MTU == 0 {
-		opt.MTU = 1024
+		opt.MTU = pathMTU(addr)
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
@@ -142,8 +143,15 @@ func Open(ip string, opt Options) (*Device, error) {
 	// Opened before Open returns, so no datagram sent after it is missed.
 	var rawSock *os.File
 	if addr.Is4() {
-		if rawSock, err = openRaw(); err != nil {
+		if rawSock, err = openRaw(addr, opt.Port); err != nil {
 			rawSock = nil
+		} else if raw != nil {
+			// The raw socket reads everything for us: the UDP socket,
+			// kept for its port, drops what it gets before queueing it.
+			raw.Control(func(fd uintptr) {
+				drop := []unix.SockFilter{{Code: unix.BPF_RET | unix.BPF_K, K: 0}}
+				unix.SetsockoptSockFprog(int(fd), unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: 1, Filter: &drop[0]})
+			})
 		}
 	}
 	go d.receive(rawSock)
@@ -257,13 +265,39 @@ func (d *Device) receive(raw *os.File) {
 	}
 }
 
-// openRaw opens a raw IPv4 socket that receives every UDP datagram with
-// its IP header, so the ICRC is checked over the header the sender really
-// sent (a kernel rxe numbers its datagrams). Needs CAP_NET_RAW.
-func openRaw() (*os.File, error) {
+// openRaw opens a raw IPv4 socket that receives the UDP datagrams for
+// ip:port with their IP header, so the ICRC is checked over the header the
+// sender really sent (a kernel rxe numbers its datagrams). A socket filter
+// keeps every other UDP datagram of the host out of it. Needs CAP_NET_RAW.
+func openRaw(ip netip.Addr, port int) (*os.File, error) {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_RAW|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
 	if err != nil {
 		return nil, err
+	}
+	a := ip.As4()
+	// Classic BPF over the IPv4 header: protocol UDP, destination ip,
+	// UDP destination port (after a header of IHL words).
+	f := []unix.SockFilter{
+		{Code: unix.BPF_LD | unix.BPF_B | unix.BPF_ABS, K: 9},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: 17, Jf: 6},
+		{Code: unix.BPF_LD | unix.BPF_W | unix.BPF_ABS, K: 16},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: binary.BigEndian.Uint32(a[:]), Jf: 4},
+		{Code: unix.BPF_LDX | unix.BPF_B | unix.BPF_MSH, K: 0},
+		{Code: unix.BPF_LD | unix.BPF_H | unix.BPF_IND, K: 2},
+		{Code: unix.BPF_JMP | unix.BPF_JEQ | unix.BPF_K, K: uint32(port), Jf: 1},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 1 << 18},
+		{Code: unix.BPF_RET | unix.BPF_K, K: 0},
+	}
+	if err := unix.SetsockoptSockFprog(fd, unix.SOL_SOCKET, unix.SO_ATTACH_FILTER, &unix.SockFprog{Len: uint16(len(f)), Filter: &f[0]}); err != nil {
+		syscall.Close(fd)
+		return nil, err
+	}
+	// Datagrams that arrived between socket() and the filter.
+	var junk [1]byte
+	for {
+		if _, _, err := syscall.Recvfrom(fd, junk[:], syscall.MSG_DONTWAIT); err != nil {
+			break
+		}
 	}
 	syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_RCVBUFFORCE, 8<<20)
 	return os.NewFile(uintptr(fd), "roce-raw"), nil
@@ -540,6 +574,35 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 			return fail(rdma.ErrClosed)
 		}
 	}
+}
+
+// pathMTU is the largest InfiniBand MTU whose packets, with every header
+// RoCEv2 adds (IPv6 40, UDP 8, BTH 12, RETH 16, ICRC 4, pad 3), fit the
+// MTU of the interface whose network holds addr — what rxe derives from
+// its netdev (1024 on a 1500-byte Ethernet, 4096 on loopback, where
+// 127.0.0.2 is as local as 127.0.0.1); 1024 when none does. Both ends of
+// a link compute the same; a REQ's path MTU is the dialer's, and the
+// listener takes the smaller of it and its own.
+func pathMTU(addr netip.Addr) int {
+	const overhead = 40 + 8 + ib.BTHLen + 16 + ib.ICRCLen + 3
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return 1024
+	}
+	for _, ifi := range ifs {
+		as, _ := ifi.Addrs()
+		for _, a := range as {
+			if p, err := netip.ParsePrefix(a.String()); err != nil || !p.Masked().Contains(addr) {
+				continue
+			}
+			m := 4096
+			for m > 256 && m+overhead > ifi.MTU {
+				m /= 2
+			}
+			return m
+		}
+	}
+	return 1024
 }
 
 func mtuCode(mtu int) uint8 {
