@@ -242,6 +242,19 @@ func serve(args []string, stderr io.Writer) int {
 	if *srpID != "" {
 		cfg.SRPIDExt = *srpID
 	}
+	if len(iserRoceListen) > 0 {
+		cfg.ROCEListen = iserRoceListen
+	}
+	if len(srpRoceListen) > 0 {
+		cfg.SRPROCEListen = srpRoceListen
+	}
+	if isSet(fs, "roce-udp-port") {
+		cfg.ROCEUDPPort = *roceUDP
+	}
+	roceUDPPort := cfg.ROCEUDPPort
+	if roceUDPPort == 0 {
+		roceUDPPort = *roceUDP // the flag's default, 4791
+	}
 	iserWanted := *iserOn
 	if cfg.ISER != nil && !isSet(fs, "iser") {
 		iserWanted = *cfg.ISER
@@ -363,7 +376,7 @@ func serve(args []string, stderr io.Writer) int {
 		}
 		d := roceDevs[host]
 		if d == nil {
-			if d, err = roce.Open(host, roce.Options{Port: *roceUDP, Logger: log}); err != nil {
+			if d, err = roce.Open(host, roce.Options{Port: roceUDPPort, Logger: log}); err != nil {
 				return nil, nil, err
 			}
 			roceDevs[host] = d
@@ -373,7 +386,7 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	var srpSrv *srptarget.Server
 	var srpListeners []rdma.Listener
-	if len(cfg.SRPListen) > 0 || len(srpRoceListen) > 0 {
+	if len(cfg.SRPListen) > 0 || len(cfg.SRPROCEListen) > 0 {
 		hi, lo, err := srpPortID(cfg.SRPIDExt, cfg.Targets[0].Name)
 		if err != nil {
 			closeDevices()
@@ -397,7 +410,7 @@ func serve(args []string, stderr io.Writer) int {
 			log.Info("serving SRP", "target", cfg.Targets[0].Name, "url", fmt.Sprintf("srp://%s/%016x:%016x/0", l.Addr(), hi, lo))
 		}
 		iocListening := map[*roce.Device]bool{}
-		for _, a := range srpRoceListen {
+		for _, a := range cfg.SRPROCEListen {
 			d, l, err := roceListen(a)
 			if err == nil && !iocListening[d] {
 				// Also as an InfiniBand I/O controller: REQs to the
@@ -419,7 +432,7 @@ func serve(args []string, stderr io.Writer) int {
 				return 1
 			}
 			srpListeners = append(srpListeners, l)
-			log.Info("serving SRP over RoCEv2", "target", cfg.Targets[0].Name, "portal", a, "udp_port", *roceUDP, "id_ext", fmt.Sprintf("%016x", hi), "ioc_guid", fmt.Sprintf("%016x", lo),
+			log.Info("serving SRP over RoCEv2", "target", cfg.Targets[0].Name, "portal", a, "udp_port", roceUDPPort, "id_ext", fmt.Sprintf("%016x", hi), "ioc_guid", fmt.Sprintf("%016x", lo),
 				"service_id", fmt.Sprintf("%016x", lo))
 		}
 	}
@@ -510,7 +523,7 @@ func serve(args []string, stderr io.Writer) int {
 		defer hs.Close()
 		log.Info("serving metrics", "url", "http://"+ml.Addr().String()+"/metrics")
 	}
-	for _, a := range iserRoceListen {
+	for _, a := range cfg.ROCEListen {
 		d, l, err := roceListen(a)
 		if err != nil {
 			for _, o := range listeners {
@@ -525,7 +538,7 @@ func serve(args []string, stderr io.Writer) int {
 				log.Error("iSER over RoCEv2", "portal", a, "err", err)
 			}
 		}()
-		log.Info("serving iSER over RoCEv2", "portal", a, "udp_port", *roceUDP)
+		log.Info("serving iSER over RoCEv2", "portal", a, "udp_port", roceUDPPort)
 	}
 	var wg sync.WaitGroup
 	errc := make(chan error, len(listeners)+len(srpListeners))

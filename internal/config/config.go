@@ -7,6 +7,7 @@ package config
 import (
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -38,8 +39,14 @@ type Config struct {
 	// its port ID, ID_EXT[:IOC_GUID] in hex (default: from the name).
 	SRPListen []string `toml:"srp_listen,omitempty"`
 	SRPIDExt  string   `toml:"srp_id_ext,omitempty"`
-	Limits    Limits   `toml:"limits,omitempty"`
-	Targets   []Target `toml:"target"`
+	// ROCEListen serves iSER, SRPROCEListen SRP, on the software RoCEv2
+	// device (InfiniBand RC over UDP) at these address:port portals;
+	// ROCEUDPPort is its UDP port (default 4791).
+	ROCEListen    []string `toml:"roce_listen,omitempty"`
+	SRPROCEListen []string `toml:"srp_roce_listen,omitempty"`
+	ROCEUDPPort   int      `toml:"roce_udp_port,omitempty"`
+	Limits        Limits   `toml:"limits,omitempty"`
+	Targets       []Target `toml:"target"`
 }
 
 // Limits bound what initiators may use; zero keeps the default (in
@@ -196,8 +203,21 @@ func (c *Config) Validate() error {
 			add("srp_listen[%d]: %q is not host:port", i, l)
 		}
 	}
-	if len(c.SRPListen) > 0 && len(c.Targets) == 0 {
+	for _, k := range []struct {
+		key   string
+		addrs []string
+	}{{"roce_listen", c.ROCEListen}, {"srp_roce_listen", c.SRPROCEListen}} {
+		for i, l := range k.addrs {
+			if _, _, err := net.SplitHostPort(l); err != nil {
+				add("%s[%d]: %q is not address:port", k.key, i, l)
+			}
+		}
+	}
+	if (len(c.SRPListen) > 0 || len(c.SRPROCEListen) > 0) && len(c.Targets) == 0 {
 		add("srp_listen: no target to serve")
+	}
+	if c.ROCEUDPPort < 0 || c.ROCEUDPPort > 65535 {
+		add("roce_udp_port: %d is not a UDP port", c.ROCEUDPPort)
 	}
 	if c.Metrics != "" && !strings.Contains(c.Metrics, ":") {
 		add("metrics: %q is not host:port", c.Metrics)

@@ -37,6 +37,9 @@ func TestLoadReportsEveryError(t *testing.T) {
 	p := filepath.Join(t.TempDir(), "c.toml")
 	os.WriteFile(p, []byte(`
 listen = ["127.0.0.1:3260", "nohostport"]
+roce_listen = ["192.0.2.1:3260", "192.0.2.1"]
+srp_roce_listen = ["[2001:db8::1]:5555"]
+roce_udp_port = 70000
 [[target]]
 name = "iqn.2026-11.org.blockwire:a"
 [target.chap]
@@ -64,10 +67,14 @@ secret = "too-short"
 	}
 	for _, want := range []string{"listen[1]", "target[0].chap: exactly one of", "target[0].lun[0]: an in-memory LUN needs a size",
 		"target[0].lun[1].id: duplicate LUN 0", "target[0].lun[1].block_size", "target[1].name: duplicate", "unknown_key",
-		"target[1].acl[0].initiator", "target[1]: no lun", "target[1].acl[0].chap: a 9-byte secret is too short"} {
+		"target[1].acl[0].initiator", "target[1]: no lun", "target[1].acl[0].chap: a 9-byte secret is too short",
+		"roce_listen[1]", "roce_udp_port: 70000"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
+	}
+	if strings.Contains(err.Error(), "srp_roce_listen") {
+		t.Errorf("a valid [IPv6]:port portal reported:\n%v", err)
 	}
 }
 
