@@ -9,10 +9,12 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/scsi"
@@ -242,7 +244,13 @@ func (lu *LU) prChange(f func(p *prState) error) error {
 			return nil
 		}
 		p.decode(&before)
-		if errors.Is(err, backend.ErrStale) && attempt < 16 {
+		if errors.Is(err, backend.ErrStale) && attempt < 64 {
+			// Another target stored first: run again on its record,
+			// after a random pause that grows with the attempts, so
+			// targets racing on one LU do not keep overtaking one
+			// another (four gateways registering at once lost 16 races
+			// in a row now and then).
+			time.Sleep(rand.N(50 * time.Microsecond << min(attempt, 8)))
 			continue
 		}
 		lu.dev.log.Error("persistent reservations: storing the shared record", "lun", lu.lun, "err", err)
