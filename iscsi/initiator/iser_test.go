@@ -276,12 +276,7 @@ func TestPreferFallback(t *testing.T) {
 	endNode := startTargetOpts(t, scsitarget.LUConfig{}, nil, portal(iscsitarget.Options{}))
 	gateway := startTargetOpts(t, scsitarget.LUConfig{}, nil, portal(iscsitarget.Options{Gateway: true}))
 	tcpOnly := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{})
-	for _, tc := range []struct {
-		name, addr, prefer string
-		iser               bool
-		pref               iser.Preference
-		refused            string // logged for a refused first try
-	}{
+	for _, tc := range []preferCase{
 		{"direct to an end node", endNode, "direct", true, iser.PreferEndNode, ""},
 		{"direct to a gateway", gateway, "direct", true, iser.PreferGateway, "a gateway; an end node only was asked"},
 		{"gateway to an end node", endNode, "gateway", true, iser.PreferEndNode, "an end node; a gateway only was asked"},
@@ -289,34 +284,54 @@ func TestPreferFallback(t *testing.T) {
 		{"any to a gateway", gateway, "any", true, iser.PreferEither, ""},
 		{"direct without iSER", tcpOnly, "direct", false, 0, ""},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
-			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", tc.addr, tIQN),
-				Options{Prefer: tc.prefer, Logger: log, DialTimeout: 3 * time.Second})
-			if err != nil {
-				t.Fatalf("%v\n%s", err, logs.String())
-			}
-			defer d.Close()
-			o := d.s.opts
-			if o.ISER != tc.iser || tc.iser && o.pref != tc.pref {
-				t.Fatalf("connected with iSER %v preference %v, want %v %v\n%s", o.ISER, o.pref, tc.iser, tc.pref, logs.String())
-			}
-			if _, isUpgrade := d.s.links[0].dm.(*iser.Upgrade); tc.iser && isUpgrade {
-				t.Fatal("an RFC 5046 connection where connection-first was asked")
-			}
-			if tc.refused != "" && !strings.Contains(logs.String(), tc.refused) {
-				t.Fatalf("the refusal's reason is not in the log:\n%s", logs.String())
-			}
-			buf := make([]byte, 4096)
-			rand.Read(buf)
-			back := make([]byte, len(buf))
-			if _, err := d.WriteAt(buf, 0); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := d.ReadAt(back, 0); err != nil || !bytes.Equal(back, buf) {
-				t.Fatalf("read back differs (%v)", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, nil, "iwarp") })
+	}
+}
+
+// preferCase is one Open with Options.Prefer: how it must connect, and
+// the refusal that must be logged first.
+type preferCase struct {
+	name, addr, prefer string
+	iser               bool
+	pref               iser.Preference
+	refused            string // logged for a refused first try
+}
+
+// run opens the LUN at tc.addr over fabric (nil: the default software
+// iWARP), checks how it connected (connection-first iSER on transport, or
+// iSCSI/TCP) and the refusal logged, then writes and reads back.
+func (tc preferCase) run(t *testing.T, fabric rdma.Fabric, transport string) {
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", tc.addr, tIQN),
+		Options{Prefer: tc.prefer, RDMA: fabric, Logger: log, DialTimeout: 3 * time.Second})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, logs.String())
+	}
+	defer d.Close()
+	o := d.s.opts
+	if o.ISER != tc.iser || tc.iser && o.pref != tc.pref {
+		t.Fatalf("connected with iSER %v preference %v, want %v %v\n%s", o.ISER, o.pref, tc.iser, tc.pref, logs.String())
+	}
+	if tc.iser {
+		c, ok := d.s.links[0].dm.(*iser.Conn)
+		if !ok {
+			t.Fatalf("a %T connection where connection-first iSER was asked", d.s.links[0].dm)
+		}
+		if tr := c.Transport(); tr != transport {
+			t.Fatalf("transport %q, want %q", tr, transport)
+		}
+	}
+	if tc.refused != "" && !strings.Contains(logs.String(), tc.refused) {
+		t.Fatalf("the refusal (%q) is not in the log:\n%s", tc.refused, logs.String())
+	}
+	buf := make([]byte, 4096)
+	rand.Read(buf)
+	back := make([]byte, len(buf))
+	if _, err := d.WriteAt(buf, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.ReadAt(back, 0); err != nil || !bytes.Equal(back, buf) {
+		t.Fatalf("read back differs (%v)", err)
 	}
 }

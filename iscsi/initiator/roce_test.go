@@ -5,12 +5,9 @@ import (
 	"context"
 	"crypto/rand"
 	"fmt"
-	"log/slog"
 	"net"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
@@ -117,47 +114,12 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 	endNode := node("127.0.0.6", iscsitarget.Options{EndNode: true}, true)
 	gateway := node("127.0.0.7", iscsitarget.Options{Gateway: true}, true)
 	tcpOnly := node("127.0.0.8", iscsitarget.Options{}, false)
-	for _, tc := range []struct {
-		name, addr, prefer string
-		iser               bool
-		pref               iser.Preference
-		refused            string
-	}{
+	for _, tc := range []preferCase{
 		{"direct to an end node", endNode, "direct", true, iser.PreferEndNode, ""},
 		{"direct to a gateway", gateway, "direct", true, iser.PreferGateway, "rejected: iSER: this node is a gateway; an end node only was asked"},
 		{"gateway to an end node", endNode, "gateway", true, iser.PreferEndNode, "rejected: iSER: this node is an end node; a gateway only was asked"},
 		{"direct without iSER", tcpOnly, "direct", false, 0, "reason 8"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
-			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
-			d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", tc.addr, tIQN),
-				Options{Prefer: tc.prefer, RDMA: idev, Logger: log, DialTimeout: 3 * time.Second})
-			if err != nil {
-				t.Fatalf("%v\n%s", err, logs.String())
-			}
-			defer d.Close()
-			o := d.s.opts
-			if o.ISER != tc.iser || tc.iser && o.pref != tc.pref {
-				t.Fatalf("connected with iSER %v preference %v, want %v %v\n%s", o.ISER, o.pref, tc.iser, tc.pref, logs.String())
-			}
-			if tc.iser {
-				if tr := d.s.links[0].dm.(*iser.Conn).Transport(); tr != "roce" {
-					t.Fatalf("transport %q", tr)
-				}
-			}
-			if tc.refused != "" && !strings.Contains(logs.String(), tc.refused) {
-				t.Fatalf("the refusal (%q) is not in the log:\n%s", tc.refused, logs.String())
-			}
-			buf := make([]byte, 4096)
-			rand.Read(buf)
-			back := make([]byte, len(buf))
-			if _, err := d.WriteAt(buf, 0); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := d.ReadAt(back, 0); err != nil || !bytes.Equal(back, buf) {
-				t.Fatalf("read back differs (%v)", err)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { tc.run(t, idev, "roce") })
 	}
 }

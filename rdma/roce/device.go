@@ -629,17 +629,13 @@ func (d *Device) cm(peer netip.Addr, pkt []byte) {
 		d.gotREQ(peer, &m)
 	case ib.AttrREP:
 		rep := ib.DecodeREP(&m.Data)
+		if d.toDialer(rep.RemoteCommID, cmReply{rep: &rep}) {
+			return
+		}
 		d.mu.Lock()
-		ch := d.dials[rep.RemoteCommID]
 		c := d.conns[rep.RemoteCommID]
 		d.mu.Unlock()
-		switch {
-		case ch != nil:
-			select {
-			case ch <- cmReply{rep: &rep}:
-			default:
-			}
-		case c != nil:
+		if c != nil {
 			// Our RTU was lost: send it again.
 			var rtu [ib.CMDataLen]byte
 			ib.PutCommIDs(&rtu, ib.CommIDs{Local: c.local, Remote: c.remote}, nil)
@@ -647,27 +643,12 @@ func (d *Device) cm(peer netip.Addr, pkt []byte) {
 		}
 	case ib.AttrMRA:
 		// The passive side needs time to answer our REQ.
-		mra := ib.DecodeMRA(&m.Data)
-		d.mu.Lock()
-		ch := d.dials[mra.Remote]
-		d.mu.Unlock()
-		if ch != nil && mra.MessageMRAed == ib.MsgREQ {
-			select {
-			case ch <- cmReply{mra: &mra}:
-			default:
-			}
+		if mra := ib.DecodeMRA(&m.Data); mra.MessageMRAed == ib.MsgREQ {
+			d.toDialer(mra.Remote, cmReply{mra: &mra})
 		}
 	case ib.AttrREJ:
 		rej := ib.DecodeREJ(&m.Data)
-		d.mu.Lock()
-		ch := d.dials[rej.RemoteCommID]
-		d.mu.Unlock()
-		if ch != nil {
-			select {
-			case ch <- cmReply{rej: &rej}:
-			default:
-			}
-		}
+		d.toDialer(rej.RemoteCommID, cmReply{rej: &rej})
 	case ib.AttrRTU:
 		ids := ib.DecodeCommIDs(&m.Data)
 		d.mu.Lock()
@@ -697,6 +678,22 @@ func (d *Device) cm(peer netip.Addr, pkt []byte) {
 			d.dropQP(c.qp)
 		}
 	}
+}
+
+// toDialer hands a REP, REJ or MRA to the Dial waiting under our
+// communication ID id; false when none is.
+func (d *Device) toDialer(id uint32, r cmReply) bool {
+	d.mu.Lock()
+	ch := d.dials[id]
+	d.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	select {
+	case ch <- r:
+	default:
+	}
+	return true
 }
 
 func (d *Device) reject(peer netip.Addr, req *ib.REQ, tid uint64, reason uint16, ari string, pd []byte) {
