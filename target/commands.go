@@ -255,6 +255,10 @@ func (d *Device) Execute(c *Command) {
 			d.fail(lu, c, s)
 			return
 		}
+		if lu.flushLatched() != nil {
+			d.fail(lu, c, scsi.MediumError(true, 0)) // WRITE ERROR: see LU.flushErr
+			return
+		}
 	}
 	d.fail(lu, c, o.fn(lu, c))
 }

@@ -74,6 +74,13 @@ type LU struct {
 	// sanitizing is set while a SANITIZE runs: media access is NOT READY.
 	sanitizing atomic.Bool
 
+	// flushErr latches the first failed flush: once the storage said
+	// writes it had acknowledged may be lost, no later flush or write may
+	// succeed (a second fdatasync returns 0 although the pages are gone).
+	// It clears only when the LU is built anew (re-added, reloaded,
+	// restarted) — an operator's act.
+	flushErr atomic.Pointer[error]
+
 	// atomicMu makes COMPARE AND WRITE and ORWRITE atomic against every
 	// other write: writes hold it shared, those two exclusively.
 	atomicMu sync.RWMutex
@@ -199,12 +206,33 @@ func (lu *LU) writeProtected() (bool, *scsi.Sense) {
 	return false, nil
 }
 
-// Flush flushes the backend's volatile cache.
+// Flush flushes the backend's volatile cache. A failure latches: every
+// later Flush and write fails too (see flushErr).
 func (lu *LU) Flush() error {
+	if err := lu.flushLatched(); err != nil {
+		return err
+	}
 	if lu.flusher == nil {
 		return nil
 	}
-	return lu.flusher.Flush()
+	err := lu.flusher.Flush()
+	if err != nil && !errors.Is(err, backend.ErrUnavailable) {
+		if lu.flushErr.CompareAndSwap(nil, &err) {
+			if d := lu.device(); d != nil {
+				d.log.Error("flush failed: writes acknowledged before it may be lost; the LU now fails every write and flush until it is removed and added again (admin remove-lun/add-lun, reload or restart)",
+					"lun", lu.lun, "err", err)
+			}
+		}
+	}
+	return err
+}
+
+// flushLatched returns the latched flush failure, if any.
+func (lu *LU) flushLatched() error {
+	if p := lu.flushErr.Load(); p != nil {
+		return fmt.Errorf("target: an earlier flush failed (%w); writes and flushes refused", *p)
+	}
+	return nil
 }
 
 // Close flushes and closes the backend.

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/internal/atomicfile"
 	"github.com/blockwire/blockwire/scsi"
 )
 
@@ -298,10 +299,7 @@ func (p *prState) persist() error {
 		return nil
 	}
 	if !p.aptpl {
-		if err := os.Remove(p.file); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return err
-		}
-		return nil
+		return atomicfile.Remove(p.file)
 	}
 	f := p.encode()
 	f.APTPL = false // implied by the file
@@ -309,23 +307,9 @@ func (p *prState) persist() error {
 	if err != nil {
 		return err
 	}
-	tmp := p.file + ".tmp"
-	w, err := os.Create(tmp)
-	if err != nil {
-		return err
-	}
-	_, err = w.Write(b)
-	if err == nil {
-		err = w.Sync()
-	}
-	if cerr := w.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		os.Remove(tmp)
-		return err
-	}
-	return os.Rename(tmp, p.file)
+	// Synced, renamed into place, directory synced: a confirmed APTPL
+	// registration survives power loss; 0600, the keys are secrets.
+	return atomicfile.WriteFile(p.file, b, 0o600)
 }
 
 func (p *prState) allRegistrants() bool { return p.rtype == prWEAR || p.rtype == prEAAR }

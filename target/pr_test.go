@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/blockwire/blockwire/backend/mem"
@@ -215,4 +216,30 @@ func TestRegisterAndMove(t *testing.T) {
 		t.Fatalf("write by the former holder: status %#x", c.Status)
 	}
 	good(t, run(d, b, w, make([]byte, 512)))
+}
+
+// TestAPTPLFileIsPrivate: the reservation file holds the registrants'
+// keys; it is 0600 whatever the umask, and no temporary file stays beside
+// it (issue 20: it was created 0666 minus the umask).
+func TestAPTPLFileIsPrivate(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	dir := t.TempDir()
+	file := filepath.Join(dir, "lun0.img.pr")
+	d := luWithPRFile(t, file)
+	a := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
+	d.AddNexus(a)
+	run(d, a, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	cdb, p := prOut(0, 0, 0, 0xabc, 0x01)
+	good(t, run(d, a, cdb, p))
+	st, err := os.Stat(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode().Perm() != 0o600 {
+		t.Fatalf("PR file mode %v, want 0600", st.Mode().Perm())
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Fatalf("directory holds %d entries, want only the PR file", len(ents))
+	}
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/blockwire/blockwire/admin"
+	"github.com/blockwire/blockwire/internal/atomicfile"
 	"github.com/blockwire/blockwire/internal/config"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/target"
@@ -376,12 +377,7 @@ func (l *live) Save(path string) (string, error) {
 	if err := toml.NewEncoder(&b).Encode(l.cfg); err != nil {
 		return "", err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b.Bytes(), 0o600); err != nil {
-		return "", err
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		os.Remove(tmp)
+	if err := atomicfile.WriteFile(path, b.Bytes(), 0o600); err != nil {
 		return "", err
 	}
 	l.log.Info("admin: configuration saved", "file", path)
