@@ -288,7 +288,7 @@ func TestReportSupportedOpcodes(t *testing.T) {
 
 func TestFileBackendDurability(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lun.img")
-	be, err := file.Open(path, 8<<20, false)
+	be, err := file.Open(path, file.Options{Size: 8 << 20})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,5 +1,6 @@
 // Package file is a backend on a regular file or a block device. A missing
-// file is created sparse at the requested size; Flush is fdatasync and Unmap
+// file is created sparse at the requested size, an existing one is served at
+// its own size (grown only when asked, never shrunk); Flush is fdatasync and Unmap
 // punches holes.
 package file
 
@@ -16,21 +17,38 @@ type File struct {
 	size int64
 }
 
-// Open opens path read-write (read-only if readOnly). When the file does not
-// exist and size > 0 it is created sparse with that size; when it exists and
-// size is 0 its current size is used; when size exceeds the current size of
-// a regular file, the file is extended sparse.
-func Open(path string, size int64, readOnly bool) (*File, error) {
+// Options say how to open a file.
+type Options struct {
+	// Size is the capacity wanted, in bytes. For a file that does not
+	// exist it is the size the file is created with (sparse); for an
+	// existing file or block device 0 means its own size, and any other
+	// value must equal it — unless Grow is set and Size is larger, when a
+	// regular file is extended (sparse). Nothing ever shrinks a file.
+	Size     int64
+	Grow     bool
+	ReadOnly bool
+}
+
+// Open opens path read-write (read-only with o.ReadOnly), as o says.
+func Open(path string, o Options) (*File, error) {
 	flag := os.O_RDWR
-	if readOnly {
+	if o.ReadOnly {
 		flag = os.O_RDONLY
 	}
+	size := o.Size
 	f, err := os.OpenFile(path, flag, 0)
-	if errors.Is(err, os.ErrNotExist) && !readOnly {
+	if errors.Is(err, os.ErrNotExist) && !o.ReadOnly {
 		if size <= 0 {
 			return nil, fmt.Errorf("file: %s does not exist and no size was given to create it", path)
 		}
 		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		if err == nil {
+			if err = f.Truncate(size); err != nil {
+				f.Close()
+				os.Remove(path)
+				return nil, fmt.Errorf("file: create %s: %w", path, err)
+			}
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("file: %w", err)
@@ -43,25 +61,30 @@ func Open(path string, size int64, readOnly bool) (*File, error) {
 	cur := st.Size()
 	if !st.Mode().IsRegular() {
 		// Block device: the size is where it ends.
-		end, err := f.Seek(0, 2)
-		if err != nil {
+		if cur, err = f.Seek(0, 2); err != nil {
 			f.Close()
 			return nil, fmt.Errorf("file: size of %s: %w", path, err)
 		}
-		cur = end
-		if size == 0 || size > cur {
-			size = cur
-		}
-	} else if size == 0 {
+	}
+	switch {
+	case size == 0 || size == cur:
 		size = cur
-	} else if size > cur {
-		if readOnly {
-			f.Close()
-			return nil, fmt.Errorf("file: %s is %d bytes, smaller than %d, and read-only", path, cur, size)
-		}
+	case size < cur:
+		f.Close()
+		return nil, fmt.Errorf("file: %s holds %d bytes; a size of %d would hide the rest of it (blockwire never shrinks an existing file): give its own size or none", path, cur, size)
+	case !o.Grow:
+		f.Close()
+		return nil, fmt.Errorf("file: %s holds %d bytes, not %d: give its own size or none, or ask to grow it (--grow, grow = true)", path, cur, size)
+	case !st.Mode().IsRegular():
+		f.Close()
+		return nil, fmt.Errorf("file: %s is a %d-byte device; it cannot grow to %d", path, cur, size)
+	case o.ReadOnly:
+		f.Close()
+		return nil, fmt.Errorf("file: %s is %d bytes and opened read-only; it cannot grow to %d", path, cur, size)
+	default:
 		if err := f.Truncate(size); err != nil {
 			f.Close()
-			return nil, fmt.Errorf("file: extend %s: %w", path, err)
+			return nil, fmt.Errorf("file: grow %s: %w", path, err)
 		}
 	}
 	if size == 0 {

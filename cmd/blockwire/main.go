@@ -133,7 +133,8 @@ func serve(args []string, stderr io.Writer) int {
 	fs.Var(&listen, "listen", "portal address host:port (repeatable; default 127.0.0.1:3260)")
 	iqn := fs.String("iqn", "iqn.2026-11.org.blockwire:default", "target name")
 	size := fs.String("size", "1GiB", "LUN 0 size")
-	path := fs.String("file", "", "back LUN 0 with this file (created sparse when missing)")
+	path := fs.String("file", "", "back LUN 0 with this file or block device, served at its own size (a missing file is created sparse, of --size)")
+	grow := fs.Bool("grow", false, "with --file: grow an existing file to --size (never shrinks)")
 	remoteURL := fs.String("remote", "", "back LUN 0 with another target's LUN (iscsi://, iser:// or srp:// URL): serve as a gateway")
 	rbdSpec := fs.String("rbd", "", "back LUN 0 with a Ceph RBD image, pool/image or pool/namespace/image (a build with -tags rbd)")
 	cephConf := fs.String("ceph-conf", "", "with --rbd: the cluster's ceph.conf (default: librados's search)")
@@ -211,6 +212,11 @@ func serve(args []string, stderr io.Writer) int {
 		if *remoteURL != "" || *rbdSpec != "" {
 			*size = "" // the remote LUN and the image have their own
 		}
+		if *path != "" && !isSet(fs, "size") {
+			if _, err := os.Stat(*path); err == nil {
+				*size = "" // an existing file or device: its own size
+			}
+		}
 		var groups []string
 		for _, g := range portGroups {
 			groups = append(groups, strings.Split(g, ",")...)
@@ -224,7 +230,7 @@ func serve(args []string, stderr io.Writer) int {
 			Targets: []config.Target{{
 				Name: *iqn, TPGT: uint16(*tpgt), PortGroups: groups,
 				LUNs: []config.LUN{{ID: 0, Size: *size, File: *path, Remote: *remoteURL, RBD: *rbdSpec, CephConf: *cephConf,
-					CephKeyring: *cephKeyring, CephUser: *cephUser, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable}},
+					CephKeyring: *cephKeyring, CephUser: *cephUser, BlockSize: *blockSize, ReadOnly: *readOnly, Removable: *removable, Grow: *grow}},
 			}},
 		}
 		if err := cfg.Validate(); err != nil {
@@ -666,7 +672,7 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, er
 		// Ceph RBD (issue 14): needs a build with the rbd tag (rbd.go).
 		be, err = openRBD(lc, log)
 	case lc.File != "":
-		be, err = file.Open(lc.File, size, lc.ReadOnly)
+		be, err = file.Open(lc.File, file.Options{Size: size, Grow: lc.Grow, ReadOnly: lc.ReadOnly})
 	default:
 		be, err = mem.New(size)
 	}

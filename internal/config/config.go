@@ -151,6 +151,9 @@ type LUN struct {
 	ID   uint64 `toml:"id"`
 	Size string `toml:"size,omitempty"` // e.g. "1GiB", "512MiB", bytes
 	File string `toml:"file,omitempty"` // empty: in memory
+	// Grow lets Size grow an existing File (sparse); without it a Size
+	// that differs from the file's is an error. Nothing shrinks a file.
+	Grow bool `toml:"grow,omitempty"`
 	// Remote backs the LUN with a LUN of another target, reached through
 	// blockwire's initiator: iscsi://, iser:// or srp:// (this node is
 	// then a gateway for it). Size and block size are the remote's.

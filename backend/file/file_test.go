@@ -1,0 +1,81 @@
+package file
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func sizeOf(t *testing.T, p string) int64 {
+	t.Helper()
+	st, err := os.Stat(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Size()
+}
+
+// TestExistingFileKeepsItsSize: an existing image is served at its own
+// size; a different size is refused and the file left untouched, unless
+// growing was asked for — and shrinking never is (issue 26: a 64 MiB
+// image was grown to 1 GiB, a 2 GiB one served as 1 GiB).
+func TestExistingFileKeepsItsSize(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "disk.img")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Truncate(p, 64<<20)
+
+	f, err := Open(p, Options{})
+	if err != nil || f.Size() != 64<<20 {
+		t.Fatalf("no size: %v, %v", f, err)
+	}
+	f.Close()
+	f, err = Open(p, Options{Size: 64 << 20})
+	if err != nil || f.Size() != 64<<20 {
+		t.Fatalf("its own size: %v", err)
+	}
+	f.Close()
+
+	if _, err := Open(p, Options{Size: 1 << 30}); err == nil || !strings.Contains(err.Error(), "grow") {
+		t.Fatalf("larger size without grow: %v", err)
+	}
+	if got := sizeOf(t, p); got != 64<<20 {
+		t.Fatalf("refused open changed the file to %d bytes", got)
+	}
+	if _, err := Open(p, Options{Size: 32 << 20}); err == nil || !strings.Contains(err.Error(), "shrink") {
+		t.Fatalf("smaller size: %v", err)
+	}
+	if _, err := Open(p, Options{Size: 32 << 20, Grow: true}); err == nil {
+		t.Fatal("grow shrank the file")
+	}
+	f, err = Open(p, Options{Size: 128 << 20, Grow: true})
+	if err != nil || f.Size() != 128<<20 || sizeOf(t, p) != 128<<20 {
+		t.Fatalf("grow: %v", err)
+	}
+	f.Close()
+}
+
+func TestMissingFileIsCreatedSparse(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "new.img")
+	if _, err := Open(p, Options{}); err == nil {
+		t.Fatal("created a file without a size")
+	}
+	f, err := Open(p, Options{Size: 16 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	st, _ := os.Stat(p)
+	if st.Size() != 16<<20 || st.Mode().Perm() != 0o600 {
+		t.Fatalf("size %d mode %v", st.Size(), st.Mode())
+	}
+	if ok, end, _ := f.Mapped(0); ok || end != 16<<20 {
+		t.Fatalf("new file not sparse: mapped %v to %d", ok, end)
+	}
+	if _, err := Open(p, Options{ReadOnly: true, Size: 32 << 20, Grow: true}); err == nil {
+		t.Fatal("read-only grow")
+	}
+}
