@@ -79,6 +79,10 @@ type Control interface {
 type Options struct {
 	ISCSI   *iscsitarget.Server
 	Control Control
+	// Dirs are the directories in which the API may name files: LUN
+	// backing files and save destinations. Empty: none (save then writes
+	// only the configuration's own file).
+	Dirs []string
 }
 
 // Handler serves the API:
@@ -98,7 +102,7 @@ func Handler(o Options) http.Handler {
 	c := o.Control
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /sessions", func(w http.ResponseWriter, r *http.Request) {
-		var out []Session
+		out := []Session{}
 		for _, si := range o.ISCSI.Sessions() {
 			s := Session{TSIH: si.TSIH, Target: si.Target, Initiator: si.Initiator, ISID: fmt.Sprintf("%x", si.ISID),
 				Discovery: si.Discovery, Params: si.Params, Connections: si.Conns}
@@ -138,7 +142,7 @@ func Handler(o Options) http.Handler {
 	})
 	mux.HandleFunc("POST /luns", func(w http.ResponseWriter, r *http.Request) {
 		var req NewLU
-		if !decode(w, r, &req) {
+		if !decode(w, r, &req) || !pathsOK(w, o.Dirs, req) {
 			return
 		}
 		done(w, c.AddLU(req), map[string]any{"added": req})
@@ -163,7 +167,7 @@ func Handler(o Options) http.Handler {
 	})
 	mux.HandleFunc("POST /targets", func(w http.ResponseWriter, r *http.Request) {
 		var req NewTarget
-		if decode(w, r, &req) {
+		if decode(w, r, &req) && pathsOK(w, o.Dirs, req.LUNs...) {
 			done(w, c.AddTarget(req), map[string]any{"added": req.Name})
 		}
 	})
@@ -180,10 +184,31 @@ func Handler(o Options) http.Handler {
 		done(w, c.Reload(), map[string]any{"reloaded": true})
 	})
 	mux.HandleFunc("POST /save", func(w http.ResponseWriter, r *http.Request) {
-		path, err := c.Save(r.URL.Query().Get("path"))
+		path := r.URL.Query().Get("path")
+		if path != "" {
+			if err := checkPath(o.Dirs, path); err != nil {
+				fail(w, http.StatusForbidden, err)
+				return
+			}
+		}
+		path, err := c.Save(path)
 		done(w, err, map[string]any{"saved": path})
 	})
 	return mux
+}
+
+// pathsOK answers 403 when a LUN names a file outside dirs.
+func pathsOK(w http.ResponseWriter, dirs []string, luns ...NewLU) bool {
+	for _, l := range luns {
+		if l.File == "" {
+			continue
+		}
+		if err := checkPath(dirs, l.File); err != nil {
+			fail(w, http.StatusForbidden, err)
+			return false
+		}
+	}
+	return true
 }
 
 func lunOf(name string, lu *target.LU) LUN {

@@ -21,7 +21,7 @@ import (
 	"github.com/blockwire/blockwire/internal/config"
 )
 
-const adminUsage = `usage: blockwire admin [--socket PATH] VERB
+const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] VERB
   sessions                          sessions, connections, negotiated values, commands in flight
   drop TSIH                         close a session's connections
   luns                              every target's LUNs
@@ -33,7 +33,10 @@ const adminUsage = `usage: blockwire admin [--socket PATH] VERB
   set-initiators TARGET [A,B,...]   the ACL for logins from now on (none: everyone)
   reload                            apply the configuration file's changes (as SIGHUP)
   save [FILE]                       write the running configuration (default: its file)
-The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET).
+The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET); --url is
+serve's --admin-http, with the token serve wrote to its --admin-http-token file.
+File paths (add-lun --file, save FILE) must lie in a directory serve was given
+with --admin-dir (admin_dirs).
 `
 
 // adminVerb is the client of the administration API (package admin).
@@ -41,6 +44,8 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	sock := fs.String("socket", os.Getenv("BLOCKWIRE_ADMIN_SOCKET"), "the administration socket")
+	apiURL := fs.String("url", "", "the administration API over HTTP (serve --admin-http), instead of the socket")
+	tokenFile := fs.String("token-file", defaultTokenFile(), "with --url: the file holding serve's token")
 	size := fs.String("size", "", "add-lun: an in-memory LUN of this size")
 	file := fs.String("file", "", "add-lun: a file-backed LUN")
 	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
@@ -48,22 +53,37 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
 	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
 	pos, err := parse(fs, args)
-	if err != nil || len(pos) == 0 || *sock == "" {
+	if err != nil || len(pos) == 0 || *sock == "" && *apiURL == "" {
 		io.WriteString(stderr, adminUsage)
 		return exitUsage
 	}
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{
-		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			return d.DialContext(ctx, "unix", *sock)
-		}}}
+	base, token := "http://blockwire", ""
+	client := &http.Client{Timeout: 30 * time.Second}
+	if *apiURL != "" {
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			fmt.Fprintf(stderr, "blockwire admin: the API's token: %v (serve --admin-http writes it to its --admin-http-token file)\n", err)
+			return exitUsage
+		}
+		base, token = strings.TrimRight(*apiURL, "/"), strings.TrimSpace(string(b))
+	} else {
+		client.Transport = &http.Transport{
+			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+				var d net.Dialer
+				return d.DialContext(ctx, "unix", *sock)
+			}}
+	}
 	call := func(method, path string, body, out any) error {
 		var rd io.Reader
 		if body != nil {
 			b, _ := json.Marshal(body)
 			rd = bytes.NewReader(b)
 		}
-		req, _ := http.NewRequest(method, "http://blockwire"+path, rd)
+		req, _ := http.NewRequest(method, base+path, rd)
+		req.Header.Set("Content-Type", "application/json")
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
 		resp, err := client.Do(req)
 		if err != nil {
 			return err
@@ -75,6 +95,11 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 			return fmt.Errorf("%s", e.Error)
 		}
 		return json.NewDecoder(resp.Body).Decode(out)
+	}
+	if *file != "" {
+		if abs, err := filepath.Abs(*file); err == nil {
+			*file = abs // the daemon may have another working directory
+		}
 	}
 	need := func(n int) bool {
 		if len(pos) != n {

@@ -159,7 +159,10 @@ func serve(args []string, stderr io.Writer) int {
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
 	adminSocket := fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
-	adminHTTP := fs.String("admin-http", "", "also serve the administration API over HTTP on this loopback host:port")
+	adminHTTP := fs.String("admin-http", "", "also serve the administration API over HTTP on this loopback host:port (requests need the token of --admin-http-token)")
+	adminToken := fs.String("admin-http-token", defaultTokenFile(), "with --admin-http: write the API's per-run bearer token to this file (mode 0600)")
+	var adminDirs listFlag
+	fs.Var(&adminDirs, "admin-dir", "a directory in which the administration API may name LUN files and save destinations (repeatable; none: no paths)")
 	isnsServer := fs.String("isns", "", "register the targets and portals with this iSNS server (host[:port], RFC 4171)")
 	hdigest := fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	ddigest := fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
@@ -467,12 +470,11 @@ func serve(args []string, stderr io.Writer) int {
 	if *adminSocket != "" {
 		cfg.AdminSocket = *adminSocket
 	}
+	if len(adminDirs) > 0 {
+		cfg.AdminDirs = adminDirs
+	}
 	if cfg.AdminSocket != "" {
-		os.Remove(cfg.AdminSocket) // a stale socket of an earlier run
-		al, err := net.Listen("unix", cfg.AdminSocket)
-		if err == nil {
-			err = os.Chmod(cfg.AdminSocket, 0o600)
-		}
+		al, err := listenAdminSocket(cfg.AdminSocket)
 		if err != nil {
 			for _, o := range listeners {
 				o.Close()
@@ -481,19 +483,27 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "blockwire: --admin-socket: %v\n", err)
 			return 1
 		}
-		h := admin.Handler(admin.Options{ISCSI: srv, Control: lv})
+		h := admin.Handler(admin.Options{ISCSI: srv, Control: lv, Dirs: cfg.AdminDirs})
 		hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(al)
-		defer func() { hs.Close(); os.Remove(cfg.AdminSocket) }()
+		defer hs.Close() // closing the listener removes the socket
 		log.Info("administration API", "socket", cfg.AdminSocket)
 	}
 	if *adminHTTP != "" {
-		// The API has no authentication of its own: loopback only.
+		// Loopback only, and guarded against what a browser on this
+		// host can be made to send (admin.Protect): Host, Origin, JSON
+		// only, and the per-run token in a file only this user reads.
 		hl, err := net.Listen("tcp", *adminHTTP)
 		if err == nil {
 			if ta, ok := hl.Addr().(*net.TCPAddr); !ok || !ta.IP.IsLoopback() {
 				hl.Close()
 				err = errors.New("not a loopback address")
+			}
+		}
+		var token string
+		if err == nil {
+			if token, err = writeToken(*adminToken); err != nil {
+				hl.Close()
 			}
 		}
 		if err != nil {
@@ -504,10 +514,11 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "blockwire: --admin-http: %v\n", err)
 			return 1
 		}
-		hs := &http.Server{Handler: admin.Handler(admin.Options{ISCSI: srv, Control: lv}), ReadHeaderTimeout: 10 * time.Second}
+		h := admin.Protect(admin.Handler(admin.Options{ISCSI: srv, Control: lv, Dirs: cfg.AdminDirs}), hl.Addr().String(), token)
+		hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(hl)
-		defer hs.Close()
-		log.Info("administration API", "url", "http://"+hl.Addr().String())
+		defer func() { hs.Close(); os.Remove(*adminToken) }()
+		log.Info("administration API", "url", "http://"+hl.Addr().String(), "token_file", *adminToken)
 	}
 	if *metricsAddr != "" {
 		cfg.Metrics = *metricsAddr

@@ -28,6 +28,9 @@ type Config struct {
 	// AdminSocket is the Unix socket of the administration API (blockwire
 	// admin); empty: none.
 	AdminSocket string `toml:"admin_socket,omitempty"`
+	// AdminDirs are the directories in which the administration API may
+	// name files (LUN backing files, save destinations); empty: none.
+	AdminDirs []string `toml:"admin_dirs,omitempty"`
 	// ISNS is the iSNS server (host[:port]) the targets and portals are
 	// registered with (RFC 4171); empty: none.
 	ISNS string `toml:"isns,omitempty"`
@@ -221,6 +224,11 @@ func (c *Config) Validate() error {
 	}
 	if c.ROCEUDPPort < 0 || c.ROCEUDPPort > 65535 {
 		add("roce_udp_port: %d is not a UDP port", c.ROCEUDPPort)
+	}
+	for i, d := range c.AdminDirs {
+		if !strings.HasPrefix(d, "/") {
+			add("admin_dirs[%d]: %q is not an absolute path", i, d)
+		}
 	}
 	if c.Metrics != "" && !strings.Contains(c.Metrics, ":") {
 		add("metrics: %q is not host:port", c.Metrics)

@@ -21,7 +21,8 @@ import (
 // request, after which the initiator reconnects by itself.
 func TestAdminAtRuntime(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "admin.sock")
-	d := serve(t, "--size", "64MiB", "--admin-socket", sock)
+	apiDir := t.TempDir()
+	d := serve(t, "--size", "64MiB", "--admin-socket", sock, "--admin-dir", apiDir)
 	adm := func(args ...string) string {
 		t.Helper()
 		out, code := blockwire(t, append([]string{"admin", "--socket", sock}, args...)...)
@@ -101,7 +102,10 @@ func TestAdminAtRuntime(t *testing.T) {
 	if !strings.Contains(discover(initiator.DefaultInitiatorName), second) {
 		t.Fatal("an emptied ACL does not admit everyone")
 	}
-	saved := filepath.Join(t.TempDir(), "saved.toml")
+	if out, code := blockwire(t, "admin", "--socket", sock, "save", filepath.Join(t.TempDir(), "elsewhere.toml")); code == 0 || !strings.Contains(out, "outside") {
+		t.Fatalf("save outside --admin-dir: exit %d\n%s", code, out)
+	}
+	saved := filepath.Join(apiDir, "saved.toml")
 	adm("save", saved)
 	if out, code := blockwire(t, "config", "check", saved); code != 0 {
 		t.Fatalf("the saved configuration does not check (exit %d):\n%s", code, out)

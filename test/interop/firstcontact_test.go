@@ -55,3 +55,58 @@ func TestServeFileKeepsAnExistingImage(t *testing.T) {
 		t.Fatalf("a missing file is created at the default size: %v", err)
 	}
 }
+
+// TestAdminSocketNeverTakenOver: a second serve with the same
+// --admin-socket fails and names the running one, which stays reachable;
+// the socket is never reachable by others (mode 0600 from the start); a
+// file that is not a socket is not replaced (issue 26).
+func TestAdminSocketNeverTakenOver(t *testing.T) {
+	dir := t.TempDir()
+	sock := filepath.Join(dir, "admin.sock")
+	serve(t, "--admin-socket", sock)
+	st, err := os.Stat(sock)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("socket: %v mode %v", err, st.Mode())
+	}
+	out, code := blockwire(t, "serve", "--listen", freePort(t), "--admin-socket", sock)
+	if code == 0 || !strings.Contains(out, "in use by process") {
+		t.Fatalf("second serve on a live socket: exit %d\n%s", code, out)
+	}
+	if out, code := blockwire(t, "admin", "--socket", sock, "luns"); code != 0 || !strings.Contains(out, defaultIQN) {
+		t.Fatalf("the first daemon is no longer reachable: exit %d\n%s", code, out)
+	}
+	plain := filepath.Join(dir, "notasocket")
+	os.WriteFile(plain, []byte("data"), 0o600)
+	if out, code := blockwire(t, "serve", "--listen", freePort(t), "--admin-socket", plain); code == 0 || !strings.Contains(out, "not a socket") {
+		t.Fatalf("--admin-socket on a regular file: exit %d\n%s", code, out)
+	}
+	if b, _ := os.ReadFile(plain); string(b) != "data" {
+		t.Fatal("the regular file was replaced")
+	}
+}
+
+// TestAdminHTTPNeedsTheToken: --admin-http writes a 0600 token file; the
+// admin client with --url and that file works, a request without it (as a
+// web page would send) is refused and changes nothing.
+func TestAdminHTTPNeedsTheToken(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	api := freePort(t)
+	serve(t, "--admin-http", api, "--admin-http-token", tok)
+	st, err := os.Stat(tok)
+	if err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("token file: %v", err)
+	}
+	if out, code := blockwire(t, "admin", "--url", "http://"+api, "--token-file", tok, "add-lun", defaultIQN, "1", "--size", "8MiB"); code != 0 {
+		t.Fatalf("admin over HTTP: exit %d\n%s", code, out)
+	}
+	out, _ := run(t, 10*time.Second, "curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "-X", "POST", "-H", "Content-Type: text/plain",
+		"--data", `{"target":"`+defaultIQN+`","lun":2,"size":"8MiB"}`, "http://"+api+"/luns")
+	if strings.TrimSpace(out) != "415" {
+		t.Fatalf("a cross-site style POST: HTTP %s", out)
+	}
+	out, code := blockwire(t, "admin", "--url", "http://"+api, "--token-file", tok, "luns")
+	if code != 0 || !strings.Contains(out, defaultIQN+"  1") || strings.Contains(out, defaultIQN+"  2") {
+		t.Fatalf("luns: exit %d\n%s", code, out)
+	}
+}
