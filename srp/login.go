@@ -1,6 +1,10 @@
 package srp
 
-import "fmt"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // PortID is a 16-byte SRP port identifier. For InfiniBand (SRP r16a
 // Annex, and what Linux uses) an initiator port ID is initiator_ext then
@@ -21,6 +25,34 @@ func (p PortID) Halves() (uint64, uint64) { return be.Uint64(p[:8]), be.Uint64(p
 func (p PortID) String() string {
 	hi, lo := p.Halves()
 	return fmt.Sprintf("0x%016x%016x", hi, lo)
+}
+
+// ParsePortID reads a port ID as String writes it (0x and 32 hex digits),
+// as 32 hex digits, or as its two halves HI:LO in hex (initiator_ext and
+// port GUID, or id_ext and IOC GUID), each with an optional 0x.
+func ParsePortID(s string) (PortID, error) {
+	hi, lo, halves := strings.Cut(s, ":")
+	if !halves {
+		h := strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X")
+		if len(h) != 32 {
+			return PortID{}, fmt.Errorf("srp: port ID %q: want 32 hex digits or HI:LO", s)
+		}
+		hi, lo = h[:16], h[16:]
+	}
+	a, err1 := parseHalf(hi)
+	b, err2 := parseHalf(lo)
+	if err1 != nil || err2 != nil {
+		return PortID{}, fmt.Errorf("srp: port ID %q: want 32 hex digits or HI:LO, 16 hex digits each", s)
+	}
+	return MakePortID(a, b), nil
+}
+
+func parseHalf(s string) (uint64, error) {
+	s = strings.TrimPrefix(strings.TrimPrefix(s, "0x"), "0X")
+	if s == "" || len(s) > 16 || strings.HasPrefix(s, "+") {
+		return 0, strconv.ErrSyntax
+	}
+	return strconv.ParseUint(s, 16, 64)
 }
 
 // LoginReq is SRP_LOGIN_REQ.

@@ -268,3 +268,31 @@ func TestEncodeCmdAllocatesNothing(t *testing.T) {
 		t.Fatalf("%v allocations per SRP_CMD encode", n)
 	}
 }
+
+func TestParsePortID(t *testing.T) {
+	want := MakePortID(0x1, 0xc8995efffe09646d)
+	for _, s := range []string{want.String(), "0000000000000001c8995efffe09646d", "1:c8995efffe09646d", "0x0000000000000001:0xc8995efffe09646d"} {
+		if got, err := ParsePortID(s); err != nil || got != want {
+			t.Errorf("%q: %v %v", s, got, err)
+		}
+	}
+	for _, s := range []string{"", "1", "0x1", "g:1", "1:", ":1", "1:2:3", "+1:2", "00000000000000000000000000000001ff", "11111111111111111:1"} {
+		if _, err := ParsePortID(s); err == nil {
+			t.Errorf("%q accepted", s)
+		}
+	}
+}
+
+func FuzzParsePortID(f *testing.F) {
+	f.Add("0x0000000000000001c8995efffe09646d")
+	f.Add("1:c8995efffe09646d")
+	f.Fuzz(func(t *testing.T, s string) {
+		p, err := ParsePortID(s)
+		if err != nil {
+			return
+		}
+		if q, err := ParsePortID(p.String()); err != nil || q != p {
+			t.Fatalf("%q -> %v does not round-trip: %v %v", s, p, q, err)
+		}
+	})
+}

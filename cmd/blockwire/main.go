@@ -28,6 +28,7 @@ import (
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/srp"
 	srptarget "github.com/blockwire/blockwire/srp/target"
 
 	"github.com/blockwire/blockwire/admin"
@@ -260,6 +261,10 @@ func serve(args []string, stderr io.Writer) int {
 	if isSet(fs, "roce-udp-port") {
 		cfg.ROCEUDPPort = *roceUDP
 	}
+	if err := cfg.Validate(); err != nil { // again, with the portals the flags gave
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
 	roceUDPPort := cfg.ROCEUDPPort
 	if roceUDPPort == 0 {
 		roceUDPPort = *roceUDP // the flag's default, 4791
@@ -402,8 +407,13 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "blockwire: --srp-id-ext:", err)
 			return 2
 		}
+		name := cfg.Targets[0].Name
 		srpSrv = srptarget.New(srptarget.Options{PD: rdma.NewDevice("blockwire-srp").AllocPD(), Device: lv.devices[0],
-			IDExt: hi, IOCGUID: lo, Logger: log.With("target", cfg.Targets[0].Name)})
+			IDExt: hi, IOCGUID: lo, Logger: log.With("target", name),
+			// The target's SRP ACL as it is now (reloads and the admin
+			// API change it): SRP has no CHAP, so a protected target
+			// admits only the ports listed (config.Target.SRPAllows).
+			Allow: func(id srp.PortID) bool { return lv.srpAllows(name, id) }})
 		fab := siw.New(siw.Options{Logger: log})
 		for _, a := range cfg.SRPListen {
 			l, err := fab.Listen(a)

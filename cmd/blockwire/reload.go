@@ -16,6 +16,7 @@ import (
 	"github.com/blockwire/blockwire/internal/atomicfile"
 	"github.com/blockwire/blockwire/internal/config"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/target"
 )
 
@@ -35,6 +36,15 @@ func (l *live) Devices() []*target.Device {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.devices)
+}
+
+// srpAllows reports whether an SRP initiator port may log in to the named
+// target under the running configuration.
+func (l *live) srpAllows(name string, id srp.PortID) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	i := l.targetIndex(name)
+	return i >= 0 && l.cfg.Targets[i].SRPAllows(id)
 }
 
 func (l *live) device(name string) *target.Device {
@@ -98,6 +108,7 @@ func (l *live) reload() error {
 				errs = append(errs, fmt.Errorf("target %s: %w", nt.Name, err))
 			} else {
 				kept.Alias, kept.Initiators, kept.ACL, kept.CHAP, kept.MutualCHAP = nt.Alias, nt.Initiators, nt.ACL, nt.CHAP, nt.MutualCHAP
+				kept.SRPInitiators = nt.SRPInitiators
 				l.log.Info("reload: access rules changed", "target", nt.Name)
 			}
 		}
@@ -124,7 +135,7 @@ func (l *live) reload() error {
 
 // accessOf is what UpdateTarget changes.
 func accessOf(t config.Target) any {
-	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP}
+	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP, t.SRPInitiators}
 }
 
 // updateLUNs brings a target's LUNs from ot to nt: a LUN whose only

@@ -15,6 +15,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/target"
 )
 
@@ -109,6 +110,12 @@ type Target struct {
 	// ACL entries admit one initiator each, optionally with CHAP
 	// credentials of its own (which replace the target's chap for it).
 	ACL        []ACL   `toml:"acl,omitempty"`
+	// SRPInitiators are the SRP initiator port IDs admitted when the
+	// target is served over SRP (32 hex digits, or initiator_ext:GUID).
+	// SRP has no CHAP: a target with an ACL or CHAP must list them to be
+	// served over SRP at all; one without either admits every port
+	// unless this is set.
+	SRPInitiators []string `toml:"srp_initiators,omitempty"`
 	CHAP       *Secret `toml:"chap,omitempty"`
 	MutualCHAP *Secret `toml:"mutual_chap,omitempty"`
 	// TPGT is the target portal group tag, also the relative target port
@@ -126,6 +133,42 @@ type Target struct {
 type ACL struct {
 	Initiator string  `toml:"initiator,omitempty"`
 	CHAP      *Secret `toml:"chap,omitempty"`
+}
+
+// Protected reports whether logins to the target are restricted (an ACL
+// or CHAP).
+func (t *Target) Protected() bool {
+	if len(t.AllowedInitiators()) > 0 || t.CHAP != nil {
+		return true
+	}
+	for _, a := range t.ACL {
+		if a.CHAP != nil {
+			return true
+		}
+	}
+	return false
+}
+
+// SRPAllows reports whether the SRP initiator port id may log in to the
+// target (see SRPInitiators); an unparsable entry admits nobody.
+func (t *Target) SRPAllows(id srp.PortID) bool {
+	if len(t.SRPInitiators) == 0 {
+		return !t.Protected()
+	}
+	for _, s := range t.SRPInitiators {
+		if p, err := srp.ParsePortID(s); err == nil && p == id {
+			return true
+		}
+	}
+	return false
+}
+
+// SRPTargets returns the indexes of the targets served over SRP.
+func (c *Config) SRPTargets() []int {
+	if len(c.SRPListen)+len(c.SRPROCEListen) == 0 || len(c.Targets) == 0 {
+		return nil
+	}
+	return []int{0} // the first target (issue 21 serves every one)
 }
 
 // AllowedInitiators returns the initiators of the ACL (nil: everyone).
@@ -285,6 +328,11 @@ func (c *Config) Validate() error {
 		if t.MutualCHAP != nil && t.CHAP == nil {
 			add("%s.mutual_chap: needs chap as well", where)
 		}
+		for j, p := range t.SRPInitiators {
+			if _, err := srp.ParsePortID(p); err != nil {
+				add("%s.srp_initiators[%d]: %v", where, j, err)
+			}
+		}
 		if t.CHAP != nil && t.MutualCHAP != nil {
 			a, _ := t.CHAP.Value()
 			b, _ := t.MutualCHAP.Value()
@@ -347,6 +395,11 @@ func (c *Config) Validate() error {
 			if bs := l.BlockSize; bs != 0 && bs != 512 && bs != 4096 {
 				add("%s.block_size: %d (512 or 4096)", lw, bs)
 			}
+		}
+	}
+	for _, i := range c.SRPTargets() {
+		if t := c.Targets[i]; t.Protected() && len(t.SRPInitiators) == 0 {
+			add("target[%d] (%s) is served over SRP and has an ACL or CHAP, which SRP cannot check (it has no CHAP): list the SRP initiator port IDs it admits (srp_initiators) or do not serve it over SRP", i, t.Name)
 		}
 	}
 	return errors.Join(errs...)

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/blockwire/blockwire/srp"
 )
 
 func TestParseSize(t *testing.T) {
@@ -169,5 +171,48 @@ size = "1GiB"
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}
+	}
+}
+
+// TestSRPNeedsItsOwnACLForAProtectedTarget: a target with an ACL or CHAP
+// served over SRP, which can check neither, is refused unless its SRP
+// initiators are listed (issue 20: SRP served a target whose ACL refused
+// the same initiator over iSCSI).
+func TestSRPNeedsItsOwnACLForAProtectedTarget(t *testing.T) {
+	base := func() *Config {
+		return &Config{SRPListen: []string{"127.0.0.1:5555"}, Targets: []Target{{
+			Name: "iqn.2026-11.org.blockwire:a", Initiators: []string{"iqn.2026-11.org.example:x"},
+			LUNs: []LUN{{ID: 0, Size: "1MiB"}}}}}
+	}
+	c := base()
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "srp_initiators") {
+		t.Fatalf("protected target on SRP without srp_initiators: %v", err)
+	}
+	c.Targets[0].SRPInitiators = []string{"0x0000000000000001c8995efffe09646d"}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	id, _ := srp.ParsePortID("1:c8995efffe09646d")
+	other, _ := srp.ParsePortID("2:c8995efffe09646d")
+	if !c.Targets[0].SRPAllows(id) || c.Targets[0].SRPAllows(other) {
+		t.Fatal("SRPAllows does not follow srp_initiators")
+	}
+	c.Targets[0].SRPInitiators = []string{"nonsense"}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "srp_initiators[0]") {
+		t.Fatalf("bad port ID: %v", err)
+	}
+	c = base()
+	c.SRPListen = nil
+	if err := c.Validate(); err != nil {
+		t.Fatalf("not on SRP: %v", err)
+	}
+	c = base()
+	c.Targets[0].Initiators = nil
+	if err := c.Validate(); err != nil || !c.Targets[0].SRPAllows(other) {
+		t.Fatalf("an open target admits every SRP port: %v", err)
+	}
+	c.Targets[0].CHAP = &Secret{User: "u", Secret: "0123456789abcdef"}
+	if c.Targets[0].SRPAllows(other) {
+		t.Fatal("a CHAP-protected target admitted an SRP port without srp_initiators")
 	}
 }

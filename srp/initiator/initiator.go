@@ -542,6 +542,9 @@ type URL struct {
 	Addr   string
 	Target srp.PortID
 	LUN    uint64
+	// Initiator is the initiator port ID the URL asks for
+	// (?initiator=HI:LO or 32 hex digits); zero: Options.Initiator.
+	Initiator srp.PortID
 }
 
 // DefaultPort is the port blockwire's SRP target listens on by default
@@ -582,7 +585,16 @@ func ParseURL(raw string) (*URL, error) {
 	if err != nil || lun >= 1<<14 {
 		return nil, fmt.Errorf("srp URL %q: bad LUN %q", raw, parts[1])
 	}
-	return &URL{Addr: host, Target: srp.MakePortID(hi, lo), LUN: lun}, nil
+	out := &URL{Addr: host, Target: srp.MakePortID(hi, lo), LUN: lun}
+	for k, v := range u.Query() {
+		if k != "initiator" || len(v) != 1 {
+			return nil, fmt.Errorf("srp URL %q: unknown parameter %q (only initiator=PORT_ID)", raw, k)
+		}
+		if out.Initiator, err = srp.ParsePortID(v[0]); err != nil {
+			return nil, fmt.Errorf("srp URL %q: %w", raw, err)
+		}
+	}
+	return out, nil
 }
 
 // Device is a block-device view of one LUN over an SRP channel.
@@ -597,6 +609,9 @@ func Open(ctx context.Context, raw string, opts Options) (*Device, error) {
 	u, err := ParseURL(raw)
 	if err != nil {
 		return nil, err
+	}
+	if u.Initiator != (srp.PortID{}) {
+		opts.Initiator = u.Initiator
 	}
 	ch, err := Dial(ctx, u.Addr, u.Target, opts)
 	if err != nil {

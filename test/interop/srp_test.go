@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -53,5 +54,68 @@ func TestSRPBenchVerifyAndCopy(t *testing.T) {
 	}
 	if strings.Contains(d.log.String(), "level=ERROR") {
 		t.Errorf("target logged errors:\n%s", d.log.String())
+	}
+}
+
+// TestSRPHonoursTheTargetACL: a target whose ACL refuses an initiator
+// over iSCSI does not hand its data to an SRP initiator either (issue 20:
+// `blockwire read srp://…` read a target that refused iscsi-inq). Serving
+// a protected target over SRP needs srp_initiators; only the ports listed
+// get in; changing them by reload takes effect for the next login.
+func TestSRPHonoursTheTargetACL(t *testing.T) {
+	need(t, "iscsi-inq")
+	dir := t.TempDir()
+	srpAddr := freePort(t)
+	conf := func(srpInitiators string) string {
+		p := filepath.Join(dir, "c.toml")
+		os.WriteFile(p, []byte(`
+srp_listen = ["`+srpAddr+`"]
+srp_id_ext = "0011223344556677:8899aabbccddeeff"
+[[target]]
+name = "iqn.2026-11.org.blockwire:guarded"
+initiators = ["iqn.2026-11.org.example:allowed"]
+`+srpInitiators+`
+[[target.lun]]
+id = 0
+size = "8MiB"
+`), 0o600)
+		return p
+	}
+	out, code := blockwire(t, "serve", "--listen", freePort(t), "--config", conf(""))
+	if code == 0 || !strings.Contains(out, "srp_initiators") {
+		t.Fatalf("a protected target served over SRP without srp_initiators: exit %d\n%s", code, out)
+	}
+	const listed = "0000000000000001:0002c90300b10c6b"
+	const stranger = "0000000000000002:0002c90300b10c6b"
+	d := serve(t, "--config", conf(`srp_initiators = ["`+listed+`"]`))
+	base := "srp://" + srpAddr + "/0011223344556677:8899aabbccddeeff/0"
+	if out, _ := run(t, 30*time.Second, "iscsi-inq", "-i", "iqn.2026-11.org.example:stranger", d.url("iqn.2026-11.org.blockwire:guarded", 0)); !strings.Contains(out, "Authorization failure") {
+		t.Fatalf("iSCSI stranger: %s", out)
+	}
+	for _, c := range []struct {
+		initiator string
+		code      int
+	}{{stranger, 4}, {"", 4}, {listed, 0}} {
+		u := base
+		if c.initiator != "" {
+			u += "?initiator=" + c.initiator
+		}
+		out, code := blockwire(t, "read", "--length", "4096", "--out", "/dev/null", u)
+		if code != c.code {
+			t.Errorf("SRP read as %q: exit %d, want %d\n%s", c.initiator, code, c.code, out)
+		}
+		if c.code == 4 && !strings.Contains(out, "unable to associate RDMA channel with I_T nexus") {
+			t.Errorf("SRP refusal without its reason:\n%s", out)
+		}
+	}
+	// Reload with the stranger listed instead: the next logins follow.
+	conf(`srp_initiators = ["` + stranger + `"]`)
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(500 * time.Millisecond)
+	if out, code := blockwire(t, "read", "--length", "4096", "--out", "/dev/null", base+"?initiator="+listed); code != 4 {
+		t.Fatalf("after reload, the port no longer listed: exit %d\n%s", code, out)
+	}
+	if out, code := blockwire(t, "read", "--length", "4096", "--out", "/dev/null", base+"?initiator="+stranger); code != 0 {
+		t.Fatalf("after reload, the port now listed: exit %d\n%s", code, out)
 	}
 }
