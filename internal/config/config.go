@@ -109,15 +109,15 @@ type Target struct {
 	Initiators []string `toml:"initiators,omitempty"`
 	// ACL entries admit one initiator each, optionally with CHAP
 	// credentials of its own (which replace the target's chap for it).
-	ACL        []ACL   `toml:"acl,omitempty"`
+	ACL []ACL `toml:"acl,omitempty"`
 	// SRPInitiators are the SRP initiator port IDs admitted when the
 	// target is served over SRP (32 hex digits, or initiator_ext:GUID).
 	// SRP has no CHAP: a target with an ACL or CHAP must list them to be
 	// served over SRP at all; one without either admits every port
 	// unless this is set.
 	SRPInitiators []string `toml:"srp_initiators,omitempty"`
-	CHAP       *Secret `toml:"chap,omitempty"`
-	MutualCHAP *Secret `toml:"mutual_chap,omitempty"`
+	CHAP          *Secret  `toml:"chap,omitempty"`
+	MutualCHAP    *Secret  `toml:"mutual_chap,omitempty"`
 	// TPGT is the target portal group tag, also the relative target port
 	// identifier (default 1). Gateways serving one shared image give
 	// each its own.
