@@ -157,6 +157,8 @@ func serve(args []string, stderr io.Writer) int {
 	maxConns := fs.Int("max-connections", 8, "connections per session")
 	cmdWindow := fs.Int("cmd-window", 128, "commands a session may have outstanding (the CmdSN window)")
 	mrdsl := fs.Int("max-recv-data-segment-length", 262144, "largest data segment accepted (512 to 16777215)")
+	ioBudget := fs.String("io-budget", "1GiB", "I/O buffers all sessions may hold together (at least 64MiB); commands beyond get TASK SET FULL")
+	sessionIOBudget := fs.String("session-io-budget", "128MiB", "I/O buffers one session may hold; commands beyond get TASK SET FULL")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
 	adminSocket := fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
@@ -287,6 +289,7 @@ func serve(args []string, stderr io.Writer) int {
 		{"login-timeout", &lim.LoginTimeout, *loginTimeout}, {"max-sessions", &lim.MaxSessions, *maxSessions},
 		{"max-connections", &lim.MaxConnections, *maxConns}, {"cmd-window", &lim.CmdWindow, *cmdWindow},
 		{"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *mrdsl},
+		{"io-budget", &lim.IOBudget, *ioBudget}, {"session-io-budget", &lim.SessionIOBudget, *sessionIOBudget},
 	} {
 		switch d := o.dst.(type) {
 		case *time.Duration:
@@ -297,12 +300,19 @@ func serve(args []string, stderr io.Writer) int {
 			if set[o.flag] || *d == 0 {
 				*d = o.v.(int)
 			}
+		case *string:
+			if set[o.flag] || *d == "" {
+				*d = o.v.(string)
+			}
 		}
 	}
 	if err := lim.Validate("--"); err != nil {
 		fmt.Fprintln(stderr, err)
 		return 2
 	}
+	ioB, sessB, _ := lim.Budgets() // validated
+	// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
+	budget := target.NewIOBudget(ioB, sessB)
 
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -324,6 +334,7 @@ func serve(args []string, stderr io.Writer) int {
 		MaxConnections:           lim.MaxConnections,
 		CmdWindow:                uint32(lim.CmdWindow),
 		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength,
+		Budget:                   budget,
 		RequireHeaderDigest:      *hdigest == "required",
 		RequireDataDigest:        *ddigest == "required",
 	}
@@ -409,7 +420,7 @@ func serve(args []string, stderr io.Writer) int {
 		}
 		name := cfg.Targets[0].Name
 		srpSrv = srptarget.New(srptarget.Options{PD: rdma.NewDevice("blockwire-srp").AllocPD(), Device: lv.devices[0],
-			IDExt: hi, IOCGUID: lo, Logger: log.With("target", name),
+			IDExt: hi, IOCGUID: lo, Logger: log.With("target", name), Budget: budget,
 			// The target's SRP ACL as it is now (reloads and the admin
 			// API change it): SRP has no CHAP, so a protected target
 			// admits only the ports listed (config.Target.SRPAllows).

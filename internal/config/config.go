@@ -73,6 +73,26 @@ type Limits struct {
 	// MaxRecvDataSegmentLength is the largest data segment the target
 	// accepts (262144; 512 to 16777215).
 	MaxRecvDataSegmentLength int `toml:"max_recv_data_segment_length,omitzero"`
+	// IOBudget bounds the I/O buffers of all sessions together ("1GiB";
+	// at least 64MiB), SessionIOBudget one session's share ("128MiB"):
+	// commands beyond them get TASK SET FULL.
+	IOBudget        string `toml:"io_budget,omitempty"`
+	SessionIOBudget string `toml:"session_io_budget,omitempty"`
+}
+
+// Budgets returns IOBudget and SessionIOBudget in bytes (0: default).
+func (l *Limits) Budgets() (io, session int64, err error) {
+	if l.IOBudget != "" {
+		if io, err = ParseSize(l.IOBudget); err != nil {
+			return 0, 0, err
+		}
+	}
+	if l.SessionIOBudget != "" {
+		if session, err = ParseSize(l.SessionIOBudget); err != nil {
+			return 0, 0, err
+		}
+	}
+	return io, session, nil
 }
 
 // Validate checks the ranges; where prefixes the error locations.
@@ -96,6 +116,18 @@ func (l *Limits) Validate(where string) error {
 	}
 	if m := l.MaxRecvDataSegmentLength; m != 0 && (m < 512 || m > 1<<24-1) {
 		add("max_recv_data_segment_length: %d (512 to 16777215, RFC 7143 §13.12)", m)
+	}
+	for _, b := range []struct{ name, v string }{{"io_budget", l.IOBudget}, {"session_io_budget", l.SessionIOBudget}} {
+		if b.v == "" {
+			continue
+		}
+		if n, err := ParseSize(b.v); err != nil {
+			add("%s: %v", b.name, err)
+		} else if n < 64<<20 && b.name == "io_budget" {
+			add("io_budget: %s is below 64MiB, the largest transfer of one command", b.v)
+		} else if n < 1<<20 {
+			add("%s: %s is below 1MiB", b.name, b.v)
+		}
 	}
 	return errors.Join(errs...)
 }

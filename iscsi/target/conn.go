@@ -254,6 +254,9 @@ func (c *conn) dataBuffer(h *pdu.BHS) ([]byte, error) {
 			return nil, err
 		}
 		c.pendingTask = t
+		if t.buf == nil {
+			return nil, nil // TASK SET FULL: the immediate data is discarded
+		}
 		n := h.DataSegmentLength()
 		return t.buf[:n], nil
 	case pdu.OpDataOut:

@@ -408,7 +408,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		ss = &session{
 			srv: s, tsih: s.allocTSIH(), isid: ls.isid, initiator: ls.initiator, alias: ls.alias,
 			targetName: ls.targetName, tgt: ls.tgt, discovery: ls.discovery,
-			window: s.opts.CmdWindow, conns: map[uint16]*conn{},
+			window: s.opts.CmdWindow, conns: map[uint16]*conn{}, io: s.opts.Budget.NewShare(),
 		}
 		ss.params = sessionParams{
 			InitialR2T:          neg.Bool("InitialR2T"),
@@ -429,7 +429,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			s.mu.Unlock()
 			return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "FirstBurstLength %d exceeds MaxBurstLength %d (RFC 7143 §13.14)", ss.params.FirstBurstLength, ss.params.MaxBurstLength))
 		}
-		ss.setExpCmdSN(ls.cmdSN)
+		ss.startWindow(ls.cmdSN)
 		if !ss.discovery {
 			// The I_T nexus belongs to the session, created once before any
 			// connection can see it (RFC 7143 §4.4.3 port names).

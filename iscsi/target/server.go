@@ -91,6 +91,11 @@ type Options struct {
 	// ones included (1024); a login beyond it fails with "out of
 	// resources" (RFC 7143 §11.13.5, status 0302h).
 	MaxSessions int
+	// Budget bounds the I/O buffers of all sessions together and each
+	// session's share (scsitarget.IOBudget; shared with the node's other
+	// fabrics). Nil: 1 GiB, 128 MiB a session. A command that finds no
+	// room gets TASK SET FULL.
+	Budget *scsitarget.IOBudget
 	// LogoutWait is how long Shutdown waits for initiators to log out
 	// after the Async Message asking them to (3s).
 	LogoutWait time.Duration
@@ -140,6 +145,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxSessions == 0 {
 		o.MaxSessions = 1024
+	}
+	if o.Budget == nil {
+		o.Budget = scsitarget.NewIOBudget(DefaultIOBudget, DefaultSessionIOBudget)
 	}
 	if o.LogoutWait == 0 {
 		o.LogoutWait = 3 * time.Second
@@ -195,6 +203,12 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 }
 
 const workers = 64
+
+// The I/O buffer budget when Options.Budget is nil.
+const (
+	DefaultIOBudget        = 1 << 30
+	DefaultSessionIOBudget = 128 << 20
+)
 
 // dispatch hands a task whose data is complete to a worker.
 func (s *Server) dispatch(t *task) {

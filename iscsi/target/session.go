@@ -47,11 +47,22 @@ type session struct {
 
 	expCmdSN atomic.Uint32
 	maxCmdSN atomic.Uint32
+	// io is the session's share of the I/O buffer budget.
+	io *scsitarget.IOShare
 
-	mu      sync.Mutex
-	window  uint32
+	// Lock order: session.mu, then conn.mu (a delivery under mu takes
+	// its connection's lock); never the reverse.
+	mu     sync.Mutex
+	window uint32
+	// busy counts SCSI tasks delivered (or accepted as immediate) whose
+	// response has not been sent: MaxCmdSN leaves room for window − busy
+	// more commands, so what the target holds never exceeds the window
+	// (RFC 7143 §4.2.2.1 lets the target open the window as it likes;
+	// it never closes it: MaxCmdSN does not decrease).
+	busy    uint32
 	pending map[uint32]deliverer
-	outside int // commands ignored for a CmdSN outside the window
+	outside int          // commands ignored for a CmdSN outside the window
+	full    atomic.Int64 // commands answered TASK SET FULL (noteFull)
 	conns   map[uint16]*conn
 	closed  bool
 }
@@ -119,9 +130,56 @@ func (ss *session) info() SessionInfo {
 	return si
 }
 
-func (ss *session) setExpCmdSN(exp uint32) {
+// openWindowLocked raises MaxCmdSN to ExpCmdSN + window − busy − 1 when
+// that is higher (it never lowers it: the initiator keeps the highest it
+// was told). Called with mu held.
+func (ss *session) openWindowLocked() {
+	exp := ss.expCmdSN.Load()
+	free := ss.window - min(ss.busy, ss.window)
+	want := exp + free - 1 // exp-1 when nothing is free: a closed window
+	if serial.LessThan(ss.maxCmdSN.Load(), want) {
+		ss.maxCmdSN.Store(want)
+	}
+}
+
+// noteFull logs a command answered TASK SET FULL for want of I/O buffer
+// budget: the first few, then one in 1024.
+func (ss *session) noteFull(edtl uint32) {
+	n := ss.full.Add(1)
+	if n > 8 && n%1024 != 0 {
+		return
+	}
+	ss.srv.log.Warn("TASK SET FULL: the session holds its share of the I/O buffer budget (or the target all of it)",
+		"tsih", ss.tsih, "initiator", ss.initiator, "held", ss.io.Held(), "session_io_budget", ss.srv.opts.Budget.ShareLimit(),
+		"used", ss.srv.opts.Budget.Used(), "io_budget", ss.srv.opts.Budget.Total(), "edtl", edtl, "count", n)
+}
+
+// startWindow sets the window at login: ExpCmdSN is the login's CmdSN.
+func (ss *session) startWindow(exp uint32) {
 	ss.expCmdSN.Store(exp)
 	ss.maxCmdSN.Store(exp + ss.window - 1)
+}
+
+// admitImmediate counts an immediate SCSI command against the window
+// (busy); false when the window is full: the command gets a Reject,
+// "immediate command reject" (RFC 7143 §11.17.1, reason 0x06).
+func (ss *session) admitImmediate() bool {
+	ss.mu.Lock()
+	defer ss.mu.Unlock()
+	if ss.busy+uint32(len(ss.pending)) >= ss.window {
+		return false
+	}
+	ss.busy++
+	return true
+}
+
+// taskDone frees the window slot of a finished task, before its response
+// is sent, so that the response carries the opened window.
+func (ss *session) taskDone() {
+	ss.mu.Lock()
+	ss.busy--
+	ss.openWindowLocked()
+	ss.mu.Unlock()
 }
 
 // sequence admits a command-carrying PDU in CmdSN order (RFC 7143
@@ -169,13 +227,17 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 		}
 		end++
 	}
-	ss.setExpCmdSN(end)
+	ss.expCmdSN.Store(end)
 	d.deliver()
 	for sn := exp + 1; sn != end; sn++ {
 		next := ss.pending[sn]
 		delete(ss.pending, sn)
 		next.deliver()
 	}
+	// Only now that the delivered tasks hold their slots (busy) may
+	// MaxCmdSN move: until then responses carry the new ExpCmdSN with
+	// the old MaxCmdSN, which the delivered CmdSNs never exceeded.
+	ss.openWindowLocked()
 	return true
 }
 

@@ -52,6 +52,13 @@ type task struct {
 	aborted     bool
 	released    bool
 	solo        bool // delivered as the connection's only task
+	// full: no I/O buffer could be had within the budget
+	// (Options.IOBudget): the command is answered TASK SET FULL, its
+	// data discarded. charged is the budget it holds; counted, that it
+	// holds a slot of the session's window (session.busy).
+	full    bool
+	charged int64
+	counted bool
 
 	dataSN   uint32
 	senseBuf [2 + 64]byte
@@ -110,9 +117,15 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 	}
 	t.cmd.Nexus = c.sess.nexus
 	if cmd.EDTL > 0 {
-		t.bb = c.srv.pool.Get(int(cmd.EDTL))
-		t.buf = t.bb.B
-		t.cmd.Data = t.buf
+		if c.sess.io.Take(int64(cmd.EDTL)) {
+			t.charged = int64(cmd.EDTL)
+			t.bb = c.srv.pool.Get(int(cmd.EDTL))
+			t.buf = t.bb.B
+			t.cmd.Data = t.buf
+		} else {
+			t.full = true
+			c.sess.noteFull(cmd.EDTL)
+		}
 	}
 	if cmd.Write {
 		t.received = dsl
@@ -178,15 +191,26 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 			t.cmd.CDB = t.cdb[:16+n]
 		}
 	}
+	if t.imm {
+		// Immediate commands skip CmdSN ordering, not the window.
+		if !c.sess.admitImmediate() {
+			itt := t.itt
+			c.freeTask(t)
+			return reject(pdu.RejectImmediateCmd, "iscsi: immediate command ITT %#x beyond the command window of %d (RFC 7143 §11.17.1)", itt, c.sess.window)
+		}
+		t.counted = true
+	}
 	c.mu.Lock()
 	if _, dup := c.tasks[t.itt]; dup {
 		c.mu.Unlock()
 		itt := t.itt // t goes back to the pool: not to be read after
+		c.freeSlot(t)
 		c.freeTask(t)
 		return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", itt)
 	}
 	if c.closed || c.draining {
 		c.mu.Unlock()
+		c.freeSlot(t)
 		c.freeTask(t)
 		return nil
 	}
@@ -221,6 +245,11 @@ func (t *task) deliver() {
 	// the same lock, never misses the End.
 	c.sess.tgt.Device.Begin(&t.cmd)
 	t.delivered = true
+	if !t.imm {
+		// A window slot until the response (sequence holds session.mu).
+		c.sess.busy++
+		t.counted = true
+	}
 	t.solo = len(c.tasks) == 1
 	act := t.advanceLocked()
 	c.mu.Unlock()
@@ -250,7 +279,7 @@ func (t *task) advanceLocked() action {
 	if !t.delivered || t.executing || t.aborted || t.released {
 		return a
 	}
-	if !t.write || t.received >= t.edtl {
+	if !t.write || t.received >= t.edtl || t.full {
 		t.executing = true
 		a.execute = true
 		return a
@@ -328,7 +357,7 @@ func (c *conn) placeDataOut(h *pdu.BHS) (doPlacement, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	t := c.tasks[d.ITT]
-	if t == nil || t.aborted {
+	if t == nil || t.aborted || t.full {
 		// Data for a task that ended or was aborted is discarded
 		// (RFC 7143 §4.2.3.4 allows data to arrive after an abort).
 		c.log.Debug("Data-Out for unknown or aborted task discarded", "itt", d.ITT)
@@ -483,7 +512,13 @@ func (c *conn) release(t *task, reuseBuf bool) {
 			t.bursts[i].live = false
 		}
 	}
+	counted := t.counted
+	t.counted = false
 	c.mu.Unlock()
+	if counted {
+		c.sess.taskDone()
+	}
+	c.uncharge(t)
 	if delivered {
 		c.sess.tgt.Device.End(&t.cmd)
 	}
@@ -497,13 +532,38 @@ func (c *conn) release(t *task, reuseBuf bool) {
 }
 
 // freeTask drops a task that was never registered.
-func (c *conn) freeTask(t *task) { c.srv.putTask(t) }
+func (c *conn) freeTask(t *task) {
+	c.uncharge(t)
+	c.srv.putTask(t)
+}
+
+// uncharge returns the task's I/O budget. The caller owns t (it was never
+// registered, or release just ended it).
+func (c *conn) uncharge(t *task) {
+	if t.charged > 0 {
+		c.sess.io.Give(t.charged)
+		t.charged = 0
+	}
+}
+
+// freeSlot gives the task's window slot back (session.busy), once.
+func (c *conn) freeSlot(t *task) {
+	c.mu.Lock()
+	counted := t.counted
+	t.counted = false
+	c.mu.Unlock()
+	if counted {
+		c.sess.taskDone()
+	}
+}
 
 // execute runs the command in the SCSI core and answers it.
 func (t *task) execute() {
 	c := t.c
 	dev := c.sess.tgt.Device
-	if !t.cmd.Aborted() {
+	if t.full {
+		t.cmd.Status, t.cmd.SenseLen, t.cmd.Transfer = scsi.StatusTaskSetFull, 0, 0
+	} else if !t.cmd.Aborted() {
 		dev.Execute(&t.cmd)
 	}
 	c.mu.Lock()
@@ -513,6 +573,7 @@ func (t *task) execute() {
 		aborted = true
 	}
 	if !aborted {
+		c.freeSlot(t) // the response carries the window this opens
 		t.respond()
 	}
 	c.release(t, !aborted)

@@ -61,6 +61,11 @@ type Options struct {
 	// Allow, when set, admits an initiator port; others are rejected with
 	// "unable to associate RDMA channel with I_T nexus".
 	Allow func(initiator srp.PortID) bool
+	// Budget bounds the I/O buffers of all channels together and each
+	// I_T nexus's share (shared with the node's other fabrics); nil: 1
+	// GiB, 128 MiB a nexus. A command that finds no room gets TASK SET
+	// FULL.
+	Budget *scsitarget.IOBudget
 	// RelativePort is the relative target port identifier reported in
 	// VPD page 83h (default 2; the iSCSI portal group is 1).
 	RelativePort uint16
@@ -96,6 +101,8 @@ type nexus struct {
 	// locks and takes only nexus.mu.
 	mu       sync.Mutex
 	channels map[*channel]struct{}
+	// io is the nexus's share of the I/O buffer budget.
+	io *scsitarget.IOShare
 }
 
 // unitAttention announces a unit attention on every channel of the nexus
@@ -126,6 +133,9 @@ func New(opts Options) *Server {
 	}
 	if opts.MaxDescriptors <= 0 {
 		opts.MaxDescriptors = 32
+	}
+	if opts.Budget == nil {
+		opts.Budget = scsitarget.NewIOBudget(1<<30, 128<<20)
 	}
 	if opts.RelativePort == 0 {
 		opts.RelativePort = 2
@@ -303,7 +313,7 @@ func (s *Server) login(req rdma.ConnRequest) {
 	nx := s.nexuses[lr.Initiator]
 	if nx == nil {
 		nx = &nexus{n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort},
-			channels: map[*channel]struct{}{}}
+			channels: map[*channel]struct{}{}, io: s.opts.Budget.NewShare()}
 		nx.n.OnUnitAttention = nx.unitAttention
 		s.nexuses[lr.Initiator] = nx
 		s.opts.Device.AddNexus(nx.n)
@@ -375,6 +385,7 @@ type channel struct {
 	qp        rdma.QP
 	cq        *rdma.CQ
 	nx        *nexus
+	fulls     atomic.Int64 // commands answered TASK SET FULL
 	initiator srp.PortID
 	maxIT     int
 	immOff    int // 0 without immediate data

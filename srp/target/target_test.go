@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsi"
@@ -44,6 +45,11 @@ func (g *gated) WriteAt(p []byte, off int64) (int, error) {
 
 func start(t testing.TB, credits int) (string, *srptarget.Server, *gated) {
 	t.Helper()
+	return startBudget(t, credits, nil)
+}
+
+func startBudget(t testing.TB, credits int, budget *scsitarget.IOBudget) (string, *srptarget.Server, *gated) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
 	m, _ := mem.New(16 << 20)
@@ -54,7 +60,7 @@ func start(t testing.TB, credits int) (string, *srptarget.Server, *gated) {
 	}
 	dev.AddLU(lu)
 	srv := srptarget.New(srptarget.Options{PD: rdma.NewDevice("t").AllocPD(), Device: dev, IDExt: idExt, IOCGUID: idExt,
-		Credits: credits, Logger: log})
+		Credits: credits, Logger: log, Budget: budget})
 	ln, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -380,4 +386,57 @@ func putDesc(p []byte, d srp.Desc) {
 		p[8+i] = byte(d.Key >> (24 - 8*i))
 		p[12+i] = byte(d.Len >> (24 - 8*i))
 	}
+}
+
+// TestIOBudgetPerNexus: writes stuck in a slow backend hold their buffers;
+// once the nexus holds its share of the I/O budget, further commands get
+// TASK SET FULL at once instead of more memory, and the node's total stays
+// within the budget; when the backend moves on, everything completes
+// (issue 20: every SRP command took its whole buffer on arrival).
+func TestIOBudgetPerNexus(t *testing.T) {
+	budget := scsitarget.NewIOBudget(64<<20, 8<<20)
+	addr, _, g := startBudget(t, 32, budget)
+	d := good(t, addr)
+	checkGood(t, d)
+	gate := make(chan struct{})
+	g.gate.Store(&gate)
+	// 512 KiB writes (the initiator's largest command): 16 fill the
+	// share.
+	const n, fit = 24, 16
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, err := d.WriteAt(make([]byte, 512<<10), int64(i%16)*(512<<10))
+			errs <- err
+		}()
+	}
+	full := 0
+	deadline := time.After(10 * time.Second)
+	for full < n-fit {
+		select {
+		case err := <-errs:
+			var se *blockdev.SCSIError
+			if !errors.As(err, &se) || se.Status != scsi.StatusTaskSetFull {
+				t.Fatalf("a command over the nexus's share: %v, want TASK SET FULL", err)
+			}
+			full++
+		case <-deadline:
+			t.Fatalf("%d TASK SET FULL after 10 s, want %d; budget used %d", full, n-fit, budget.Used())
+		}
+	}
+	if used := budget.Used(); used > 8<<20 {
+		t.Fatalf("budget used %d with the share at 8 MiB", used)
+	}
+	t.Logf("%d writes of 512 KiB held in the backend: %d MiB of the 8 MiB share; %d commands answered TASK SET FULL", fit, budget.Used()>>20, full)
+	g.gate.Store(nil)
+	close(gate)
+	for range fit {
+		if err := <-errs; err != nil {
+			t.Fatalf("admitted write: %v", err)
+		}
+	}
+	if budget.Used() != 0 {
+		t.Fatalf("budget still holds %d bytes", budget.Used())
+	}
+	checkGood(t, d)
 }

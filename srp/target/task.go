@@ -31,8 +31,9 @@ type task struct {
 	table   *bufpool.Buf // an external descriptor table, fetched
 	mr      *rdma.MR     // sink of the data-out RDMA Reads
 	begun   bool
-	aborted bool // under ch.mu
-	done    bool // released (under ch.mu)
+	charged int64 // I/O budget held (nexus.io)
+	aborted bool  // under ch.mu
+	done    bool  // released (under ch.mu)
 
 	onAbortFn func()
 	rsp       [srp.RspLen + 4 + len(scsitarget.Command{}.Sense)]byte
@@ -45,7 +46,7 @@ func (t *task) reset(slot int, iu []byte) {
 	t.tag, t.sol, t.write = 0, 0, false
 	t.out, t.in = srp.Buffer{}, srp.Buffer{}
 	t.cmd = scsitarget.Command{}
-	t.begun, t.aborted, t.done = false, false, false
+	t.begun, t.aborted, t.done, t.charged = false, false, false, 0
 	if t.onAbortFn == nil {
 		t.onAbortFn = t.onAbort
 	}
@@ -108,6 +109,14 @@ func (ch *channel) command(t *task) {
 	case max(c.Out.Count(), c.In.Count()) > ch.s.opts.MaxDescriptors:
 		ch.fail(t, scsi.InvalidFieldInIU())
 		return
+	}
+	if n := max(int64(c.In.Total), int64(c.Out.Total)); n > 0 && c.Out.Format != srp.FmtImmediate {
+		if !ch.nx.io.Take(n) {
+			// No room in the nexus's share or the node's budget.
+			ch.full(t, n)
+			return
+		}
+		t.charged = n
 	}
 	ch.s.opts.Device.Begin(&t.cmd)
 	t.begun = true
@@ -356,6 +365,18 @@ func (ch *channel) fail(t *task, s *scsi.Sense) {
 	ch.send(t, &r, false)
 }
 
+// full answers TASK SET FULL: the command's buffer would exceed the I/O
+// budget (scsitarget.IOBudget); the initiator retries it later.
+func (ch *channel) full(t *task, n int64) {
+	if k := ch.fulls.Add(1); k <= 8 || k%1024 == 0 {
+		ch.log.Warn("srp: TASK SET FULL: the nexus holds its share of the I/O buffer budget (or the node all of it)",
+			"held", ch.nx.io.Held(), "want", n, "used", ch.s.opts.Budget.Used(), "io_budget", ch.s.opts.Budget.Total(), "count", k)
+	}
+	t.cmd.Status = scsi.StatusTaskSetFull
+	r := srp.Rsp{Tag: t.tag, Status: scsi.StatusTaskSetFull}
+	ch.send(t, &r, false)
+}
+
 // giveUp ends a task whose work requests could not be posted (the channel
 // is going down).
 func (ch *channel) giveUp(t *task) {
@@ -388,6 +409,10 @@ func (ch *channel) release(t *task) {
 	if t.bb != nil {
 		ch.s.pool.Put(t.bb)
 		t.bb = nil
+	}
+	if t.charged > 0 {
+		ch.nx.io.Give(t.charged)
+		t.charged = 0
 	}
 	if t.table != nil {
 		ch.s.pool.Put(t.table)

@@ -1,0 +1,231 @@
+package target
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/scsi"
+	scsitarget "github.com/blockwire/blockwire/target"
+)
+
+// sendCmd sends a SCSI Command without waiting for anything.
+func (c *tclient) sendCmd(cdb []byte, read bool, edtl uint32, immediate bool, data []byte) uint32 {
+	c.t.Helper()
+	itt := c.itt
+	c.itt++
+	cmd := pdu.SCSICommand{Final: true, Read: read, Write: !read && edtl > 0, Attr: pdu.AttrSimple, ITT: itt, EDTL: edtl,
+		CmdSN: c.cmdSN, ExpStatSN: c.expStatSN, Immediate: immediate}
+	if !immediate {
+		c.cmdSN++
+	}
+	copy(cmd.CDB[:], cdb)
+	var h pdu.BHS
+	cmd.Encode(&h)
+	c.sendRaw(&h, nil, data)
+	return itt
+}
+
+func (ts *testServer) tasks() int {
+	n := 0
+	ts.srv.mu.Lock()
+	conns := make([]*conn, 0, len(ts.srv.conns))
+	for c := range ts.srv.conns {
+		conns = append(conns, c)
+	}
+	ts.srv.mu.Unlock()
+	for _, c := range conns {
+		c.mu.Lock()
+		n += len(c.tasks)
+		c.mu.Unlock()
+	}
+	return n
+}
+
+// TestImmediateCommandsCountAgainstTheWindow: commands with the immediate
+// bit skip CmdSN ordering but not the window — beyond it they get a
+// Reject "immediate command reject" (RFC 7143 §11.17.1, reason 0x06), and
+// the target never holds more tasks than the window (issue 20: 2000
+// immediate WRITEs held 2000 tasks).
+func TestImmediateCommandsCountAgainstTheWindow(t *testing.T) {
+	const window = 8
+	ts := startServer(t, Options{CmdWindow: window}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	const n = 40
+	for range n {
+		c.sendCmd(write10(0, 1024), false, 512<<10, true, nil) // waits for R2Ts it never gets
+	}
+	rejects, r2ts := 0, 0
+	for rejects+r2ts < n {
+		h, _, ok := c.recv(5 * time.Second)
+		if !ok {
+			t.Fatalf("after %d rejects and %d R2Ts: no more answers", rejects, r2ts)
+		}
+		switch h.Opcode() {
+		case pdu.OpReject:
+			if h[2] != byte(pdu.RejectImmediateCmd) {
+				t.Fatalf("Reject reason %#x, want %#x", h[2], pdu.RejectImmediateCmd)
+			}
+			rejects++
+		case pdu.OpR2T:
+			r2ts++
+		}
+	}
+	if r2ts > window || rejects < n-window {
+		t.Fatalf("%d immediate commands accepted, %d rejected, window %d", r2ts, rejects, window)
+	}
+	if got := ts.tasks(); got > window {
+		t.Fatalf("the target holds %d tasks, window %d", got, window)
+	}
+}
+
+// TestMaxCmdSNFollowsCompletions: MaxCmdSN opens the window only as
+// commands finish, so tasks held by the target never exceed it; a command
+// past it is ignored (issue 20: MaxCmdSN moved with ExpCmdSN, so an
+// initiator that never sent data could pile up any number of tasks).
+func TestMaxCmdSNFollowsCompletions(t *testing.T) {
+	const window = 4
+	ts := startServer(t, Options{CmdWindow: window}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	first := c.cmdSN
+	var maxSN uint32
+	for i := range window {
+		c.sendCmd(write10(uint32(i), 8), false, 4096, false, nil)
+		h := c.nextNonNop(t)
+		if h.Opcode() != pdu.OpR2T {
+			t.Fatalf("got %s, want R2T", h.Opcode())
+		}
+		maxSN = binary.BigEndian.Uint32(h[32:])
+	}
+	if maxSN != first+window-1 {
+		t.Fatalf("with %d commands waiting for data MaxCmdSN is %d, want %d (ExpCmdSN %d)", window, maxSN, first+window-1, c.cmdSN)
+	}
+	// One past MaxCmdSN: ignored, no task.
+	c.sendCmd(tur(), false, 0, false, nil)
+	if h, _, ok := c.recv(300 * time.Millisecond); ok && h.Opcode() != pdu.OpNopIn {
+		t.Fatalf("a command beyond MaxCmdSN was answered: %s", h.Opcode())
+	}
+	if got := ts.tasks(); got != window {
+		t.Fatalf("%d tasks held, want %d", got, window)
+	}
+}
+
+// TestWindowOfOneKeepsMoving: with a window of one the response itself
+// must reopen the window (the slot is free before it is sent), or the
+// initiator would wait for a NOP-In.
+func TestWindowOfOneKeepsMoving(t *testing.T) {
+	ts := startServer(t, Options{CmdWindow: 1}, nil)
+	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	buf := make([]byte, 4096)
+	start := time.Now()
+	for i := range 200 {
+		if _, err := d.WriteAt(buf, int64(i)*4096); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if el := time.Since(start); el > 5*time.Second {
+		t.Fatalf("200 writes at window 1 took %v", el)
+	}
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+// TestFloodStaysWithinTheIOBudget: sessions that ask for large reads and
+// never read the answers, or start large writes and never send the data,
+// hold at most their session's share of the I/O buffer budget — further
+// commands get TASK SET FULL — and the whole target stays under the
+// budget, while a well-behaved session keeps reading and writing (issue
+// 20: 60 immediate 16 MiB READs left unread took RSS from 0.54 to 1.30 GB).
+func TestFloodStaysWithinTheIOBudget(t *testing.T) {
+	const budget, share = 64 << 20, 16 << 20
+	ts := startServer(t, Options{CmdWindow: 128, Budget: scsitarget.NewIOBudget(budget, share)}, nil)
+	before := heapInUse()
+	type flood struct {
+		c           *tclient
+		full, other int
+	}
+	var floods []*flood
+	for i := range 4 {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(normalKeys(fmt.Sprintf("%s-%d", ini, i))...)
+		floods = append(floods, &flood{c: c})
+	}
+	const cmds = 60
+	for i, f := range floods {
+		for range cmds {
+			if i%2 == 0 {
+				f.c.sendCmd(read10(0, 8192), true, 4<<20, false, nil) // 4 MiB read, never read back
+			} else {
+				f.c.sendCmd(write10(0, 8192), false, 4<<20, false, nil) // 4 MiB write, data never sent
+			}
+		}
+	}
+	// The writers' answers: R2Ts for those admitted, TASK SET FULL for the rest.
+	for _, f := range floods[1:2] {
+		for f.full+f.other < cmds {
+			h, _, ok := f.c.recv(5 * time.Second)
+			if !ok {
+				t.Fatalf("writer: %d TASK SET FULL, %d others, then nothing", f.full, f.other)
+			}
+			switch h.Opcode() {
+			case pdu.OpSCSIResponse:
+				if h[3] != scsi.StatusTaskSetFull {
+					t.Fatalf("writer: status %#x", h[3])
+				}
+				f.full++
+			case pdu.OpR2T:
+				f.other++
+			}
+		}
+		if f.other*4<<20 > share || f.full == 0 {
+			t.Fatalf("writer: %d commands admitted (%d MiB), %d TASK SET FULL; share %d MiB", f.other, f.other*4, f.full, share>>20)
+		}
+	}
+	// A well-behaved session still works, at full speed.
+	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{InitiatorName: ini + "-good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	buf := make([]byte, 256<<10)
+	start := time.Now()
+	for i := range 64 {
+		if _, err := d.WriteAt(buf, int64(i%32)*int64(len(buf))); err != nil {
+			t.Fatalf("good session write: %v", err)
+		}
+		if _, err := d.ReadAt(buf, int64(i%32)*int64(len(buf))); err != nil {
+			t.Fatalf("good session read: %v", err)
+		}
+	}
+	el := time.Since(start)
+	used := ts.srv.opts.Budget.Used()
+	grown := int64(heapInUse()) - int64(before)
+	t.Logf("I/O budget %d MiB (session share %d MiB): %d MiB held by the floods; heap grew %d MiB; the good session did 64 writes and reads of 256 KiB in %v",
+		budget>>20, share>>20, used>>20, grown>>20, el)
+	if used > budget {
+		t.Fatalf("I/O buffers %d bytes, over the budget %d", used, budget)
+	}
+	if grown > budget+16<<20 {
+		t.Fatalf("heap grew by %d MiB under a %d MiB budget", grown>>20, budget>>20)
+	}
+	if el > 10*time.Second {
+		t.Fatalf("the good session slowed to %v", el)
+	}
+}
