@@ -155,6 +155,8 @@ func serve(args []string, stderr io.Writer) int {
 	loginTimeout := fs.Duration("login-timeout", 15*time.Second, "drop a connection whose login has not finished after this long")
 	maxSessions := fs.Int("max-sessions", 1024, "sessions allowed at once (logins beyond it fail with out of resources)")
 	maxConns := fs.Int("max-connections", 8, "connections per session")
+	maxDiscovery := fs.Int("max-discovery-sessions", 16, "discovery sessions allowed at once (not counted in --max-sessions)")
+	maxLoginsPerSource := fs.Int("max-logins-per-source", 8, "connections from one address still logging in; more are closed")
 	cmdWindow := fs.Int("cmd-window", 128, "commands a session may have outstanding (the CmdSN window)")
 	mrdsl := fs.Int("max-recv-data-segment-length", 262144, "largest data segment accepted (512 to 16777215)")
 	ioBudget := fs.String("io-budget", "1GiB", "I/O buffers all sessions may hold together (at least 64MiB); commands beyond get TASK SET FULL")
@@ -288,6 +290,7 @@ func serve(args []string, stderr io.Writer) int {
 		{"nop-interval", &lim.NopInterval, *nop}, {"nop-timeout", &lim.NopTimeout, *nopTimeout},
 		{"login-timeout", &lim.LoginTimeout, *loginTimeout}, {"max-sessions", &lim.MaxSessions, *maxSessions},
 		{"max-connections", &lim.MaxConnections, *maxConns}, {"cmd-window", &lim.CmdWindow, *cmdWindow},
+		{"max-discovery-sessions", &lim.MaxDiscoverySessions, *maxDiscovery}, {"max-logins-per-source", &lim.MaxLoginsPerSource, *maxLoginsPerSource},
 		{"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *mrdsl},
 		{"io-budget", &lim.IOBudget, *ioBudget}, {"session-io-budget", &lim.SessionIOBudget, *sessionIOBudget},
 	} {
@@ -332,6 +335,8 @@ func serve(args []string, stderr io.Writer) int {
 		NopTimeout:               lim.NopTimeout,
 		MaxSessions:              lim.MaxSessions,
 		MaxConnections:           lim.MaxConnections,
+		MaxDiscoverySessions:     lim.MaxDiscoverySessions,
+		MaxLoginsPerSource:       lim.MaxLoginsPerSource,
 		CmdWindow:                uint32(lim.CmdWindow),
 		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength,
 		Budget:                   budget,

@@ -62,9 +62,13 @@ type Limits struct {
 	// never); NopTimeout drops it when the ping goes unanswered (15s).
 	NopInterval time.Duration `toml:"nop_interval,omitzero"`
 	NopTimeout  time.Duration `toml:"nop_timeout,omitzero"`
-	// MaxSessions counts all targets' sessions, discovery ones included
-	// (1024).
+	// MaxSessions counts all targets' normal sessions (1024).
 	MaxSessions int `toml:"max_sessions,omitzero"`
+	// MaxDiscoverySessions bounds discovery sessions, counted apart from
+	// MaxSessions (16); MaxLoginsPerSource the connections of one address
+	// still logging in (8).
+	MaxDiscoverySessions int `toml:"max_discovery_sessions,omitzero"`
+	MaxLoginsPerSource   int `toml:"max_logins_per_source,omitzero"`
 	// MaxConnections per session (8).
 	MaxConnections int `toml:"max_connections,omitzero"`
 	// CmdWindow is how many commands a session may have outstanding
@@ -107,6 +111,12 @@ func (l *Limits) Validate(where string) error {
 	}
 	if l.MaxSessions < 0 {
 		add("max_sessions: %d is negative", l.MaxSessions)
+	}
+	if l.MaxDiscoverySessions < 0 {
+		add("max_discovery_sessions: %d is negative", l.MaxDiscoverySessions)
+	}
+	if l.MaxLoginsPerSource < 0 {
+		add("max_logins_per_source: %d is negative", l.MaxLoginsPerSource)
 	}
 	if l.MaxConnections < 0 || l.MaxConnections > 65535 {
 		add("max_connections: %d (1 to 65535, RFC 7143 §13.2)", l.MaxConnections)

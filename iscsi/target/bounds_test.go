@@ -1,15 +1,18 @@
 package target
 
 import (
+	"bufio"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"runtime"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/scsi"
 	scsitarget "github.com/blockwire/blockwire/target"
 )
@@ -228,4 +231,86 @@ func TestFloodStaysWithinTheIOBudget(t *testing.T) {
 	if el > 10*time.Second {
 		t.Fatalf("the good session slowed to %v", el)
 	}
+}
+
+func discoveryKeys(initiator string) []text.KV {
+	return []text.KV{{Key: "InitiatorName", Value: initiator}, {Key: "SessionType", Value: "Discovery"}}
+}
+
+// TestDiscoverySessionsHaveTheirOwnLimit: discovery sessions (which need
+// no target and, without discovery CHAP, no secret) have a small limit of
+// their own and do not count against the sessions that carry data (issue
+// 20: 16 discovery sessions locked a correct login out at max_sessions 16).
+func TestDiscoverySessionsHaveTheirOwnLimit(t *testing.T) {
+	ts := startServer(t, Options{MaxSessions: 2, MaxDiscoverySessions: 3}, nil)
+	for i := range 3 {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(discoveryKeys(ini)...)
+	}
+	extra := dial(t, ts.addr)
+	extra.isid[5] = 9
+	if st, _ := extra.login(discoveryKeys(ini)...); st != pdu.LoginStatusOutOfResources {
+		t.Fatalf("fourth discovery session: status %04x, want 0302", st)
+	}
+	for i := range 2 {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(20 + i)
+		c.mustLogin(normalKeys(ini)...) // not locked out by the discovery sessions
+	}
+	c := dial(t, ts.addr)
+	c.isid[5] = 30
+	if st, _ := c.login(normalKeys(ini)...); st != pdu.LoginStatusOutOfResources {
+		t.Fatalf("third normal session: status %04x, want 0302", st)
+	}
+}
+
+// TestLoginsInProgressPerSource: one address may hold only a few
+// connections that have not finished logging in; more are closed at once,
+// and another address still logs in.
+func TestLoginsInProgressPerSource(t *testing.T) {
+	ts := startServer(t, Options{MaxLoginsPerSource: 4, LoginTimeout: 5 * time.Second}, nil)
+	var idle []net.Conn
+	for range 4 {
+		nc, err := net.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		idle = append(idle, nc)
+	}
+	time.Sleep(100 * time.Millisecond)
+	for i := range 3 {
+		nc, err := net.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		nc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := nc.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Fatalf("connection %d beyond the per-source limit stayed open: %v", i, err)
+		}
+		nc.Close()
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	nc, err := d.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 7}, keys: map[string]string{}}
+	defer nc.Close()
+	other.mustLogin(normalKeys(ini)...)
+	// A finished login frees its slot: close the idle ones, and the
+	// first address logs in again.
+	for _, c := range idle {
+		c.Close()
+	}
+	time.Sleep(100 * time.Millisecond)
+	c := dial(t, ts.addr)
+	c.isid[5] = 40
+	c.mustLogin(normalKeys(ini)...)
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
 }

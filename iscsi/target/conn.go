@@ -39,6 +39,7 @@ type conn struct {
 	login    loginState
 	loginITT uint32
 	ffp      atomic.Bool
+	slot     *loginSlot // among its source's logins in progress until ffp
 
 	sess *session
 	cid  uint16
@@ -149,6 +150,7 @@ func (c *conn) terminate() { c.dm.ConnectionTerminate() }
 // without Logout takes its session down (RFC 7143 §7.1.4, §6.3.5).
 func (c *conn) ConnectionTerminateNotify(err error) {
 	c.stopOnce.Do(func() { close(c.stop) })
+	c.slot.release()
 	c.mu.Lock()
 	c.closed = true
 	loggedOut := c.loggedOut

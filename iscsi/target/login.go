@@ -395,10 +395,22 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	var oldConn *conn
 	if ls.tsih == 0 {
 		old = s.findSession(ls.initiator, ls.isid, ls.targetName, ls.discovery)
-		if old == nil && len(s.sessions) >= s.opts.MaxSessions {
-			// A reinstatement replaces a session; anything else must fit.
-			s.mu.Unlock()
-			return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions already (the limit; --max-sessions)", len(s.sessions)))
+		if old == nil {
+			// A reinstatement replaces a session; anything else must fit,
+			// discovery sessions within their own limit.
+			n, limit, what := 0, s.opts.MaxSessions, "--max-sessions"
+			if ls.discovery {
+				limit, what = s.opts.MaxDiscoverySessions, "discovery sessions, --max-discovery-sessions"
+			}
+			for _, o := range s.sessions {
+				if o.discovery == ls.discovery {
+					n++
+				}
+			}
+			if n >= limit {
+				s.mu.Unlock()
+				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions already (the limit; %s)", n, what))
+			}
 		}
 		if old != nil {
 			// Session reinstatement (RFC 7143 §6.3.5): the old session is
@@ -513,6 +525,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	}
 	c.mu.Lock()
 	c.ffp.Store(true)
+	c.slot.release()
 	wait, askLogout := c.logoutAsked, c.logoutAsked >= 0
 	c.mu.Unlock()
 	if askLogout {

@@ -96,6 +96,13 @@ type Options struct {
 	// fabrics). Nil: 1 GiB, 128 MiB a session. A command that finds no
 	// room gets TASK SET FULL.
 	Budget *scsitarget.IOBudget
+	// MaxDiscoverySessions bounds discovery sessions, which are not
+	// counted in MaxSessions (16): clients that only ask for the target
+	// list cannot take the sessions that carry data.
+	MaxDiscoverySessions int
+	// MaxLoginsPerSource bounds the connections from one address that
+	// have not finished logging in (8); more are closed as they arrive.
+	MaxLoginsPerSource int
 	// LogoutWait is how long Shutdown waits for initiators to log out
 	// after the Async Message asking them to (3s).
 	LogoutWait time.Duration
@@ -149,6 +156,12 @@ func (o *Options) defaults() {
 	if o.Budget == nil {
 		o.Budget = scsitarget.NewIOBudget(DefaultIOBudget, DefaultSessionIOBudget)
 	}
+	if o.MaxDiscoverySessions == 0 {
+		o.MaxDiscoverySessions = 16
+	}
+	if o.MaxLoginsPerSource == 0 {
+		o.MaxLoginsPerSource = 8
+	}
 	if o.LogoutWait == 0 {
 		o.LogoutWait = 3 * time.Second
 	}
@@ -181,6 +194,52 @@ type Server struct {
 	closing       bool
 	connWG        sync.WaitGroup
 	loginFailures [4]atomic.Uint64 // by status class (LoginFailures)
+	// logins counts, by source address, accepted connections that have
+	// not finished logging in (Options.MaxLoginsPerSource); refused
+	// counts the connections closed for it.
+	logins  map[string]int
+	refused atomic.Int64
+}
+
+// loginSlot is an accepted connection's place among its source's logins
+// in progress; release frees it (once) at full feature phase or when the
+// connection ends.
+type loginSlot struct {
+	s    *Server
+	src  string
+	once sync.Once
+}
+
+// takeLoginSlot admits a new connection from addr, or returns nil when its
+// source has too many logins in progress.
+func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
+	src := addr.String()
+	if ta, ok := addr.(*net.TCPAddr); ok {
+		src = ta.IP.String()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.logins[src] >= s.opts.MaxLoginsPerSource {
+		return nil
+	}
+	if s.logins == nil {
+		s.logins = map[string]int{}
+	}
+	s.logins[src]++
+	return &loginSlot{s: s, src: src}
+}
+
+func (l *loginSlot) release() {
+	if l == nil {
+		return
+	}
+	l.once.Do(func() {
+		l.s.mu.Lock()
+		if l.s.logins[l.src]--; l.s.logins[l.src] <= 0 {
+			delete(l.s.logins, l.src)
+		}
+		l.s.mu.Unlock()
+	})
 }
 
 // NewServer returns a server with no targets.
@@ -369,7 +428,16 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		delay = 0
-		s.startConn(nc)
+		slot := s.takeLoginSlot(nc.RemoteAddr())
+		if slot == nil {
+			if n := s.refused.Add(1); n <= 16 || n%1024 == 0 {
+				s.log.Warn("connection closed: its address has too many logins in progress", "remote", nc.RemoteAddr().String(),
+					"limit", s.opts.MaxLoginsPerSource, "refused", n)
+			}
+			nc.Close()
+			continue
+		}
+		s.startConn(nc, slot)
 	}
 }
 
@@ -378,21 +446,24 @@ func tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
 	return func(st datamover.Stamper) datamover.Conn { return tcp.New(nc, st) }
 }
 
-func (s *Server) startConn(nc net.Conn) {
+func (s *Server) startConn(nc net.Conn, slot *loginSlot) {
 	if s.opts.ISER == nil {
-		s.start(newConn(s, nc.RemoteAddr().String(), tcpConn(nc)), func() { nc.Close() })
+		c := newConn(s, nc.RemoteAddr().String(), tcpConn(nc))
+		c.slot = slot
+		s.start(c, func() { slot.release(); nc.Close() })
 		return
 	}
-	go s.classify(nc)
+	go s.classify(nc, slot)
 }
 
 // classify tells iSCSI from iSER on a shared portal by the first byte: an
 // MPA Request starts with "M" (0x4D), which as an iSCSI opcode byte would
 // be opcode 0x0D with the I bit — no initiator PDU.
-func (s *Server) classify(nc net.Conn) {
+func (s *Server) classify(nc net.Conn, slot *loginSlot) {
 	var first [1]byte
 	_ = nc.SetReadDeadline(time.Now().Add(s.opts.LoginTimeout))
 	if _, err := io.ReadFull(nc, first[:]); err != nil {
+		slot.release()
 		nc.Close()
 		return
 	}
@@ -409,9 +480,15 @@ func (s *Server) classify(nc net.Conn) {
 		}
 		opt.Recvs, opt.Unexpected = iserBudget(opt, s.opts.CmdWindow)
 		mk := func(st datamover.Stamper) datamover.Conn { return iser.NewUpgrade(pc, p.IWARP, p.PD, opt, st) }
-		s.start(newConnRDMA(s, nc.RemoteAddr().String(), mk, true, false), func() { nc.Close() })
+		c := newConnRDMA(s, nc.RemoteAddr().String(), mk, true, false)
+		c.slot = slot
+		s.start(c, func() { slot.release(); nc.Close() })
 		return
 	}
+	// iSER connection first: the MPA exchange is part of the login; the
+	// slot is freed when it is done (the RDMA connection is then counted
+	// by the session limits).
+	defer slot.release()
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoginTimeout)
 	defer cancel()
 	req, err := p.IWARP.Respond(ctx, pc)
