@@ -55,7 +55,16 @@ type Device struct {
 	accepts   map[uint32]*connRequest    // REQs answered with a REP, awaiting RTU
 	waitRTU   map[uint32]*connRequest    // the same, by our QPN: a first packet stands for a lost RTU
 	conns     map[uint32]*connection     // established, by our communication ID
-	seen      map[[2]uint32]*connRequest // REQs being handled, by the peer's (comm ID, QPN)
+	// seen holds the REQs being handled, by the peer's (comm ID, QPN), to
+	// answer a repeated REQ as before; bounded (Options.MaxConnRequests)
+	// and forgotten once the connection is established or its request
+	// failed, or ConnRequestTTL after it came — so spoofed REQs cannot
+	// grow it, and a later REQ that reuses the IDs is not answered with a
+	// stale REP or REJ.
+	seen      map[[2]uint32]*connRequest
+	lastSweep time.Time
+	maxReqs   int
+	reqTTL    time.Duration
 	sendBuf   []byte
 }
 
@@ -77,9 +86,15 @@ type cmReply struct {
 type Options struct {
 	// Port is the UDP port (default ib.UDPPort, 4791; tests on one host
 	// give each device its own loopback address instead).
-	Port   int
-	MTU    int // path MTU payload: 256 … 4096; default from the interface's MTU, as rxe does
-	Logger *slog.Logger
+	Port int
+	MTU  int // path MTU payload: 256 … 4096; default from the interface's MTU, as rxe does
+	// MaxConnRequests bounds the connection requests remembered at once
+	// (1024); beyond it a REQ is rejected (reason 1, no QP available).
+	// ConnRequestTTL is how long one is remembered at most (30 s: the
+	// active side's retries and an MRA's service timeout fit in it).
+	MaxConnRequests int
+	ConnRequestTTL  time.Duration
+	Logger          *slog.Logger
 }
 
 // Open starts a device on ip (an IPv4 or IPv6 address of this host).
@@ -102,6 +117,12 @@ func Open(ip string, opt Options) (*Device, error) {
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opt.MaxConnRequests <= 0 {
+		opt.MaxConnRequests = 1024
+	}
+	if opt.ConnRequestTTL <= 0 {
+		opt.ConnRequestTTL = 30 * time.Second
 	}
 	c, err := net.ListenUDP(network, net.UDPAddrFromAddrPort(netip.AddrPortFrom(addr, uint16(opt.Port))))
 	if err != nil {
@@ -139,7 +160,7 @@ func Open(ip string, opt Options) (*Device, error) {
 	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
-		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}}
+		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL}
 	// Opened before Open returns, so no datagram sent after it is missed.
 	var rawSock *os.File
 	if addr.Is4() {
@@ -721,20 +742,34 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 			l = d.listeners[port]
 		}
 	}
+	now := time.Now()
+	if len(d.seen) >= d.maxReqs || now.Sub(d.lastSweep) > d.reqTTL/4 {
+		d.lastSweep = now
+		for k, r := range d.seen {
+			if now.After(r.expires) {
+				delete(d.seen, k)
+			}
+		}
+	}
+	full := len(d.seen) >= d.maxReqs
 	d.mu.Unlock()
 	if l == nil {
 		// Seed 001 §II: no iSER service on this port — reason 8.
 		d.reject(peer, &req, m.TID, ib.RejInvalidServiceID, "", nil)
 		return
 	}
-	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, local: randU32(), ready: make(chan struct{})}
+	if full {
+		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests", nil)
+		return
+	}
+	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, local: randU32(), ready: make(chan struct{}), key: key, expires: now.Add(d.reqTTL)}
 	d.mu.Lock()
 	d.seen[key] = r
 	d.mu.Unlock()
 	select {
 	case l.reqs <- r:
 	default:
-		d.reject(peer, &req, m.TID, ib.RejNoQP, "backlog full", nil)
+		r.RejectReason(ib.RejNoQP, "backlog full", nil)
 	}
 }
 
@@ -830,6 +865,29 @@ type connRequest struct {
 	local uint32
 	ready chan struct{}
 	once  sync.Once
+	// key is its place in Device.seen, expires when it leaves it at the
+	// latest (under Device.mu).
+	key     [2]uint32
+	expires time.Time
+}
+
+// forget drops the request from Device.seen now (connection established
+// or its REP unanswered), or after a grace period in which a repeated
+// REQ still gets the REJ (rejected).
+func (r *connRequest) forget(grace time.Duration) {
+	d := r.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.seen[r.key] != r {
+		return
+	}
+	if grace == 0 {
+		delete(d.seen, r.key)
+		return
+	}
+	if t := time.Now().Add(grace); t.Before(r.expires) {
+		r.expires = t
+	}
 }
 
 // PrivateData implements rdma.ConnRequest: the consumer's part — after
@@ -896,7 +954,10 @@ func serviceTime(t uint8) time.Duration {
 	return time.Duration(4096<<min(t, 31)) * time.Nanosecond
 }
 
-func (r *connRequest) established() { r.once.Do(func() { close(r.ready) }) }
+func (r *connRequest) established() {
+	r.once.Do(func() { close(r.ready) })
+	r.forget(0)
+}
 
 // Accept implements rdma.ConnRequest: REP, then the QP is ready once the
 // RTU (or the first packet on the QP) arrives.
@@ -942,6 +1003,12 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 			if try == cmRetries {
 				d.dropQP(q)
 				q.Close()
+				d.mu.Lock()
+				delete(d.accepts, r.local)
+				delete(d.waitRTU, q.cfg.LocalQPN)
+				delete(d.conns, r.local)
+				d.mu.Unlock()
+				r.forget(0)
 				return nil, errors.New("roce: no RTU after the REP")
 			}
 			d.sendMAD(r.peer, ib.AttrREP, r.tid, data)
@@ -987,8 +1054,13 @@ func (r *connRequest) RejectReason(reason int, ari string, privateData []byte) e
 	r.last, r.attr = data, ib.AttrREJ
 	r.mu.Unlock()
 	r.d.sendMAD(r.peer, ib.AttrREJ, r.tid, data)
+	r.forget(rejectGrace)
 	return nil
 }
+
+// rejectGrace is how long a rejected REQ is remembered, so that the
+// active side's retries (cmRetries × cmTimeout) get the same REJ.
+const rejectGrace = cmRetries * cmTimeout
 
 var (
 	_ rdma.Fabric         = (*Device)(nil)

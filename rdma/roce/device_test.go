@@ -516,3 +516,51 @@ func TestDeviceMRA(t *testing.T) {
 		t.Fatalf("dial after an MRA: %v", err)
 	}
 }
+
+// TestConnRequestStateIsBounded: spoofed REQs that are never completed do
+// not grow the device's memory (issue 20: 100k of them: +52 MiB, kept
+// forever): at most MaxConnRequests are remembered, the rest rejected
+// with reason 1, and each is forgotten after ConnRequestTTL — a REQ that
+// later reuses the same IDs is handled afresh, not answered with the old
+// REJ.
+func TestConnRequestStateIsBounded(t *testing.T) {
+	b, err := Open("127.0.0.2", Options{Port: 14791, MaxConnRequests: 64, ConnRequestTTL: 400 * time.Millisecond})
+	if err != nil {
+		t.Skipf("a device on 127.0.0.2: %v", err)
+	}
+	defer b.Close()
+	f := newFakePeer(t)
+	f.to = netip.MustParseAddr("127.0.0.2")
+	ln, _ := b.Listen("127.0.0.2:3300") // nobody accepts: the backlog (64) fills
+	defer ln.Close()
+	send := func(id uint32) {
+		req := ib.REQ{LocalCommID: id, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3300), LocalQPN: 0x100 + id, PathMTU: 3, PKey: 0xffff}
+		var data [ib.CMDataLen]byte
+		req.Put(&data)
+		f.sendMAD(ib.AttrREQ, uint64(id), data)
+	}
+	const n = 2000
+	for i := range uint32(n) {
+		send(1000 + i)
+		if i%64 == 63 {
+			time.Sleep(2 * time.Millisecond) // let the device read
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	b.mu.Lock()
+	held := len(b.seen)
+	b.mu.Unlock()
+	if held > 64 {
+		t.Fatalf("%d connection requests remembered, bound 64", held)
+	}
+	time.Sleep(500 * time.Millisecond) // past the TTL
+	send(5000)                         // sweeps
+	time.Sleep(100 * time.Millisecond)
+	b.mu.Lock()
+	held = len(b.seen)
+	b.mu.Unlock()
+	if held > 1 {
+		t.Fatalf("%d connection requests remembered past their TTL", held)
+	}
+	t.Logf("%d spoofed REQs: at most 64 remembered, all forgotten after the TTL", n)
+}
