@@ -49,12 +49,12 @@ type Device struct {
 	mu        sync.Mutex
 	qps       map[uint32]*RC
 	nextQPN   uint32
-	listeners map[uint16]*listener       // by port, in both port spaces
-	services  map[uint64]*listener       // by whole service ID
-	dials     map[uint32]chan cmReply    // by our communication ID
-	accepts   map[uint32]*connRequest    // REQs answered with a REP, awaiting RTU
-	waitRTU   map[uint32]*connRequest    // the same, by our QPN: a first packet stands for a lost RTU
-	conns     map[uint32]*connection     // established, by our communication ID
+	listeners map[uint16]*listener    // by port, in both port spaces
+	services  map[uint64]*listener    // by whole service ID
+	dials     map[uint32]chan cmReply // by our communication ID
+	accepts   map[uint32]*connRequest // REQs answered with a REP, awaiting RTU
+	waitRTU   map[uint32]*connRequest // the same, by our QPN: a first packet stands for a lost RTU
+	conns     map[uint32]*connection  // established, by our communication ID
 	// seen holds the REQs being handled, by the peer's (comm ID, QPN), to
 	// answer a repeated REQ as before; bounded (Options.MaxConnRequests)
 	// and forgotten once the connection is established or its request
