@@ -359,6 +359,10 @@ func serve(args []string, stderr io.Writer) int {
 		}
 	}
 	srv := iscsitarget.NewServer(log, opts)
+	if err := setDiscovery(srv, cfg.Discovery); err != nil {
+		fmt.Fprintln(stderr, err)
+		return 1
+	}
 	lv := &live{cfg: cfg, path: *cfgPath, srv: srv, log: log}
 	closeDevices := func() {
 		for _, d := range lv.Devices() {
@@ -770,8 +774,21 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 
 // targetAccess is a target's name, alias, ACL and CHAP credentials, without
 // its device.
+// setDiscovery applies the discovery sessions' access rules.
+func setDiscovery(srv *iscsitarget.Server, d *config.Discovery) error {
+	if d == nil {
+		return srv.SetDiscovery(nil)
+	}
+	t, err := targetAccess(d.AsTarget())
+	if err == nil {
+		err = srv.SetDiscovery(t)
+	}
+	return err
+}
+
 func targetAccess(tc config.Target) (*iscsitarget.Target, error) {
-	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: tc.AllowedInitiators(), TPGT: tc.TPGT}
+	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: tc.AllowedInitiators(), TPGT: tc.TPGT,
+		Redirect: tc.Redirect, RedirectPermanent: tc.RedirectPermanent}
 	for _, a := range tc.ACL {
 		if a.CHAP == nil {
 			continue

@@ -108,7 +108,7 @@ func (l *live) reload() error {
 				errs = append(errs, fmt.Errorf("target %s: %w", nt.Name, err))
 			} else {
 				kept.Alias, kept.Initiators, kept.ACL, kept.CHAP, kept.MutualCHAP = nt.Alias, nt.Initiators, nt.ACL, nt.CHAP, nt.MutualCHAP
-				kept.SRPInitiators = nt.SRPInitiators
+				kept.SRPInitiators, kept.Redirect, kept.RedirectPermanent = nt.SRPInitiators, nt.Redirect, nt.RedirectPermanent
 				l.log.Info("reload: access rules changed", "target", nt.Name)
 			}
 		}
@@ -125,7 +125,15 @@ func (l *live) reload() error {
 		}
 		l.log.Info("reload: target removed", "target", name)
 	}
-	rest := func(c config.Config) config.Config { c.Targets = nil; return c }
+	if !reflect.DeepEqual(ncfg.Discovery, l.cfg.Discovery) {
+		if err := setDiscovery(l.srv, ncfg.Discovery); err != nil {
+			errs = append(errs, fmt.Errorf("discovery: %w", err))
+		} else {
+			applied.Discovery = ncfg.Discovery
+			l.log.Info("reload: discovery access rules changed")
+		}
+	}
+	rest := func(c config.Config) config.Config { c.Targets, c.Discovery = nil, nil; return c }
 	if !reflect.DeepEqual(rest(*ncfg), rest(*l.cfg)) {
 		l.log.Warn("reload: portals, limits, metrics, admin socket and iSNS changes take effect at the next start")
 	}
@@ -135,7 +143,7 @@ func (l *live) reload() error {
 
 // accessOf is what UpdateTarget changes.
 func accessOf(t config.Target) any {
-	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP, t.SRPInitiators}
+	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP, t.SRPInitiators, t.Redirect, t.RedirectPermanent}
 }
 
 // updateLUNs brings a target's LUNs from ot to nt: a LUN whose only

@@ -50,7 +50,10 @@ type Config struct {
 	SRPROCEListen []string `toml:"srp_roce_listen,omitempty"`
 	ROCEUDPPort   int      `toml:"roce_udp_port,omitempty"`
 	Limits        Limits   `toml:"limits,omitempty"`
-	Targets       []Target `toml:"target"`
+	// Discovery sets who may open discovery sessions and how they
+	// authenticate (nil: anyone, no authentication).
+	Discovery *Discovery `toml:"discovery,omitempty"`
+	Targets   []Target   `toml:"target"`
 }
 
 // Limits bound what initiators may use; zero keeps the default (in
@@ -160,6 +163,12 @@ type Target struct {
 	SRPInitiators []string `toml:"srp_initiators,omitempty"`
 	CHAP          *Secret  `toml:"chap,omitempty"`
 	MutualCHAP    *Secret  `toml:"mutual_chap,omitempty"`
+	// Redirect sends this target's logins to another portal
+	// ("host:port[,tpgt]"): login status 0101, moved temporarily, or with
+	// RedirectPermanent 0102, moved permanently (RFC 7143 §11.13.5). A
+	// redirecting target needs no LUNs.
+	Redirect          string `toml:"redirect,omitempty"`
+	RedirectPermanent bool   `toml:"redirect_permanent,omitempty"`
 	// TPGT is the target portal group tag, also the relative target port
 	// identifier (default 1). Gateways serving one shared image give
 	// each its own.
@@ -169,6 +178,24 @@ type Target struct {
 	// active-non-optimized, standby or unavailable.
 	PortGroups []string `toml:"port_groups,omitempty"`
 	LUNs       []LUN    `toml:"lun"`
+}
+
+// Discovery is the access rules of discovery sessions (SendTargets):
+// like a target's, without LUNs.
+type Discovery struct {
+	// Initiators may open discovery sessions (empty and no acl: all).
+	Initiators []string `toml:"initiators,omitempty"`
+	ACL        []ACL    `toml:"acl,omitempty"`
+	// CHAP is required of every discovery session (per-initiator
+	// credentials in acl replace it); MutualCHAP answers initiators that
+	// ask the target to authenticate.
+	CHAP       *Secret `toml:"chap,omitempty"`
+	MutualCHAP *Secret `toml:"mutual_chap,omitempty"`
+}
+
+// AsTarget returns the rules as a target's (without name and LUNs).
+func (d *Discovery) AsTarget() Target {
+	return Target{Initiators: d.Initiators, ACL: d.ACL, CHAP: d.CHAP, MutualCHAP: d.MutualCHAP}
 }
 
 // ACL admits one initiator.
@@ -382,8 +409,16 @@ func (c *Config) Validate() error {
 				add("%s: chap and mutual_chap use the same secret (RFC 7143 §12.1.3 forbids it)", where)
 			}
 		}
-		if len(t.LUNs) == 0 {
+		if len(t.LUNs) == 0 && t.Redirect == "" {
 			add("%s: no lun", where)
+		}
+		if t.Redirect != "" {
+			addr, _, _ := strings.Cut(t.Redirect, ",")
+			if _, _, err := net.SplitHostPort(addr); err != nil {
+				add("%s.redirect: %q is not host:port[,tpgt] (an IPv6 address in brackets)", where, t.Redirect)
+			}
+		} else if t.RedirectPermanent {
+			add("%s.redirect_permanent: needs redirect", where)
 		}
 		if len(t.PortGroups) > 0 {
 			own := t.TPGT
@@ -436,6 +471,16 @@ func (c *Config) Validate() error {
 			}
 			if bs := l.BlockSize; bs != 0 && bs != 512 && bs != 4096 {
 				add("%s.block_size: %d (512 or 4096)", lw, bs)
+			}
+		}
+	}
+	if c.Discovery != nil {
+		// The same rules as a target's access, checked by the same code.
+		dt := c.Discovery.AsTarget()
+		dt.Name, dt.LUNs = "iqn.2026-11.org.blockwire:discovery", []LUN{{Size: "1MiB"}}
+		if err := (&Config{Targets: []Target{dt}}).Validate(); err != nil {
+			for _, line := range strings.Split(err.Error(), "\n") {
+				add("discovery%s", strings.TrimPrefix(line, "target[0]"))
 			}
 		}
 	}

@@ -216,3 +216,48 @@ func TestSRPNeedsItsOwnACLForAProtectedTarget(t *testing.T) {
 		t.Fatal("a CHAP-protected target admitted an SRP port without srp_initiators")
 	}
 }
+
+func TestDiscoveryAndRedirect(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.toml")
+	os.WriteFile(p, []byte(`
+[discovery]
+initiators = ["not-a-name"]
+[discovery.chap]
+user = "d"
+secret = "short"
+[[target]]
+name = "iqn.2026-11.org.blockwire:moved"
+redirect = "192.0.2.7"
+[[target]]
+name = "iqn.2026-11.org.blockwire:b"
+redirect_permanent = true
+[[target.lun]]
+id = 0
+size = "1MiB"
+`), 0o600)
+	_, err := Load(p)
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"discovery.initiators[0]", "discovery.chap: a 5-byte secret is too short", "target[0].redirect: \"192.0.2.7\"", "target[1].redirect_permanent: needs redirect"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	if strings.Contains(err.Error(), "target[0]: no lun") {
+		t.Errorf("a redirecting target needs no LUN:\n%v", err)
+	}
+	os.WriteFile(p, []byte(`
+[discovery]
+[discovery.chap]
+user = "d"
+secret = "discovery-secret"
+[[target]]
+name = "iqn.2026-11.org.blockwire:moved"
+redirect = "[::1]:3261,2"
+redirect_permanent = true
+`), 0o600)
+	if _, err := Load(p); err != nil {
+		t.Fatal(err)
+	}
+}

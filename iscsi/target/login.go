@@ -42,6 +42,7 @@ type loginState struct {
 type loginError struct {
 	status uint16
 	err    error
+	keys   []text.KV // sent with the response (a redirect's TargetAddress)
 }
 
 func (e *loginError) Error() string {
@@ -49,7 +50,7 @@ func (e *loginError) Error() string {
 }
 
 func lerr(status uint16, format string, args ...any) error {
-	return &loginError{status, fmt.Errorf(format, args...)}
+	return &loginError{status: status, err: fmt.Errorf(format, args...)}
 }
 
 // handleLogin processes one PDU of the login phase.
@@ -192,7 +193,10 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 	switch st {
 	case "Discovery":
 		ls.discovery = true
-		ls.tgt = &Target{Name: "", TPGT: 1}
+		ls.tgt = c.srv.discoveryTarget()
+		if !ls.tgt.allows(name) {
+			return lerr(pdu.LoginStatusAuthorizationFail, "initiator %s may not use discovery sessions", name)
+		}
 	case "Normal":
 		tn, ok := get("TargetName")
 		if !ok || tn == "" {
@@ -204,6 +208,13 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		}
 		if !t.allows(name) {
 			return lerr(pdu.LoginStatusAuthorizationFail, "initiator %s is not in the ACL of %s", name, tn)
+		}
+		if t.Redirect != "" {
+			st, how := pdu.LoginStatusMovedTemporarily, "temporarily"
+			if t.RedirectPermanent {
+				st, how = pdu.LoginStatusMovedPermanently, "permanently"
+			}
+			return &loginError{uint16(st), fmt.Errorf("%s moved %s to %s", tn, how, t.Redirect), []text.KV{{Key: "TargetAddress", Value: t.Redirect}}}
 		}
 		ls.tgt, ls.targetName = t, tn
 	default:
@@ -236,10 +247,7 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 
 // authRequired reports whether the initiator must authenticate.
 func (c *conn) authCreds() *auth.Credentials {
-	if c.login.discovery {
-		return nil
-	}
-	return c.login.tgt.chapFor(c.login.initiator)
+	return c.login.tgt.chapFor(c.login.initiator) // discovery: SetDiscovery's
 }
 
 func (c *conn) authSatisfied() bool {
@@ -291,9 +299,9 @@ func (c *conn) securityStep(kvs []text.KV) ([]text.KV, error) {
 		r, err := ls.chap.Step(chapKVs)
 		if err != nil {
 			if errors.Is(err, auth.ErrFailed) {
-				return nil, &loginError{pdu.LoginStatusAuthFailure, err}
+				return nil, &loginError{status: pdu.LoginStatusAuthFailure, err: err}
 			}
-			return nil, &loginError{pdu.LoginStatusTargetError, err}
+			return nil, &loginError{status: pdu.LoginStatusTargetError, err: err}
 		}
 		ls.authDone = ls.chap.Done
 		out = append(out, r...)
@@ -352,9 +360,13 @@ func (c *conn) sendLoginResp(req *pdu.LoginReq, kvs []text.KV, transit bool, nsg
 func (c *conn) failLogin(err error) error {
 	var le *loginError
 	if !errors.As(err, &le) {
-		le = &loginError{pdu.LoginStatusTargetError, err}
+		le = &loginError{status: pdu.LoginStatusTargetError, err: err}
 	}
-	c.log.Warn("login failed", "status", fmt.Sprintf("%04x", le.status), "err", le.err)
+	if le.status>>8 == 1 {
+		c.log.Info("login redirected", "status", fmt.Sprintf("%04x", le.status), "to", le.err)
+	} else {
+		c.log.Warn("login failed", "status", fmt.Sprintf("%04x", le.status), "err", le.err)
+	}
 	c.srv.loginFailures[min(le.status>>8, 3)].Add(1)
 	resp := pdu.LoginResp{
 		CSG: c.login.stage, ISID: c.login.isid, TSIH: c.login.tsih, ITT: c.loginITT,
@@ -362,6 +374,7 @@ func (c *conn) failLogin(err error) error {
 	}
 	var p datamover.PDU
 	resp.Encode(&p.BHS)
+	p.Data = text.Append(nil, le.keys...)
 	c.dm.SendControl(&p, true)
 	return err
 }

@@ -47,6 +47,12 @@ type Target struct {
 	// MutualCHAP, when set, are the target's credentials for initiators
 	// that ask for mutual authentication.
 	MutualCHAP *auth.Credentials
+	// Redirect, when set, is the TargetAddress ("host:port[,tpgt]") that
+	// logins to this target are sent to, after the ACL check: Login
+	// Response status 0101, moved temporarily, or 0102, moved
+	// permanently, with RedirectPermanent (RFC 7143 §11.13.5, §13.8).
+	Redirect          string
+	RedirectPermanent bool
 }
 
 func (t *Target) allows(initiator string) bool {
@@ -184,6 +190,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	targets   map[string]*Target
+	discovery *Target // discovery sessions' access rules (SetDiscovery)
 	portals   []string // for SendTargets, "host:port"
 	listeners map[net.Listener]struct{}
 	// RDMA listeners (iSER portals).
@@ -340,6 +347,35 @@ func (t *Target) checkSecrets() error {
 	return errors.Join(errs...)
 }
 
+// SetDiscovery sets the access rules of discovery sessions: d's
+// Initiators (who may ask for the target list), CHAP, InitiatorCHAP and
+// MutualCHAP, as for a target; nil: anyone, no authentication. Logins
+// from now on follow them.
+func (s *Server) SetDiscovery(d *Target) error {
+	if d != nil {
+		if err := d.checkSecrets(); err != nil {
+			return fmt.Errorf("iscsi: discovery: %w", err)
+		}
+		d = &Target{Initiators: d.Initiators, CHAP: d.CHAP, InitiatorCHAP: d.InitiatorCHAP, MutualCHAP: d.MutualCHAP}
+	}
+	s.mu.Lock()
+	s.discovery = d
+	s.mu.Unlock()
+	return nil
+}
+
+// discoveryTarget is what a discovery session logs in to: no name, no
+// device, the discovery access rules.
+func (s *Server) discoveryTarget() *Target {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := &Target{TPGT: 1}
+	if d := s.discovery; d != nil {
+		t.Initiators, t.CHAP, t.InitiatorCHAP, t.MutualCHAP = d.Initiators, d.CHAP, d.InitiatorCHAP, d.MutualCHAP
+	}
+	return t
+}
+
 // UpdateTarget replaces the access rules of a target — Alias,
 // Initiators, InitiatorCHAP, CHAP and MutualCHAP of t — for logins from
 // now on; sessions already logged in keep going. The Device stays.
@@ -355,6 +391,7 @@ func (s *Server) UpdateTarget(t *Target) error {
 	}
 	nt := *old
 	nt.Alias, nt.Initiators, nt.InitiatorCHAP, nt.CHAP, nt.MutualCHAP = t.Alias, t.Initiators, t.InitiatorCHAP, t.CHAP, t.MutualCHAP
+	nt.Redirect, nt.RedirectPermanent = t.Redirect, t.RedirectPermanent
 	s.targets[t.Name] = &nt
 	return nil
 }

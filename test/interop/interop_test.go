@@ -663,3 +663,63 @@ func TestConfigCheck(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoveryCHAPWithLibiscsi: with [discovery] CHAP, iscsi-ls without
+// the secret is refused and learns no target; with it, it lists them.
+func TestDiscoveryCHAPWithLibiscsi(t *testing.T) {
+	need(t, "iscsi-ls")
+	cfg := filepath.Join(t.TempDir(), "disc.toml")
+	os.WriteFile(cfg, []byte(`
+[discovery.chap]
+user = "disc"
+secret = "discovery-secret"
+[[target]]
+name = "iqn.2026-11.org.blockwire:listed"
+[[target.lun]]
+id = 0
+size = "8MiB"
+`), 0o600)
+	d := serve(t, "--config", cfg)
+	out, _ := run(t, 30*time.Second, "iscsi-ls", "iscsi://"+d.addr)
+	if strings.Contains(out, "iqn.2026-11.org.blockwire:listed") {
+		t.Fatalf("discovery without CHAP listed the target:\n%s", out)
+	}
+	out, _ = run(t, 30*time.Second, "iscsi-ls", "iscsi://disc%wrong-secret-1@"+d.addr)
+	if strings.Contains(out, "iqn.2026-11.org.blockwire:listed") {
+		t.Fatalf("discovery with a wrong secret listed the target:\n%s", out)
+	}
+	out, err := run(t, 30*time.Second, "iscsi-ls", "iscsi://disc%discovery-secret@"+d.addr)
+	if err != nil || !strings.Contains(out, "Target:iqn.2026-11.org.blockwire:listed") {
+		t.Fatalf("discovery with CHAP: %v\n%s", err, out)
+	}
+	if !strings.Contains(d.log.String(), "status=0201") {
+		t.Errorf("the refused discovery logins are not logged:\n%s", d.log)
+	}
+}
+
+// TestLoginRedirectWithLibiscsiAndQEMU: a gateway whose target redirects
+// (0101) sends iscsi-ls and QEMU to the portal that serves it; the data
+// they read is that portal's.
+func TestLoginRedirectWithLibiscsiAndQEMU(t *testing.T) {
+	need(t, "iscsi-ls", "qemu-img")
+	const iqn = "iqn.2026-11.org.blockwire:moved"
+	home := serve(t, "--iqn", iqn, "--size", "24MiB")
+	cfg := filepath.Join(t.TempDir(), "redirect.toml")
+	os.WriteFile(cfg, []byte(`
+[[target]]
+name = "`+iqn+`"
+redirect = "`+home.addr+`"
+`), 0o600)
+	gw := serve(t, "--config", cfg)
+	out, err := run(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+gw.addr)
+	if err != nil || !strings.Contains(out, "Lun:0") || !strings.Contains(out, "Size:") {
+		t.Fatalf("iscsi-ls -s through the redirect: %v\n%s", err, out)
+	}
+	out, err = run(t, time.Minute, "qemu-img", "info", "iscsi://"+gw.addr+"/"+iqn+"/0")
+	if err != nil || !strings.Contains(out, "24 MiB") {
+		t.Fatalf("qemu-img info through the redirect: %v\n%s", err, out)
+	}
+	if !strings.Contains(gw.log.String(), "login redirected") || !strings.Contains(home.log.String(), "login complete") {
+		t.Fatalf("redirect not seen in the logs:\n%s\n%s", gw.log, home.log)
+	}
+}

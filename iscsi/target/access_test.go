@@ -1,0 +1,84 @@
+package target
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+)
+
+// TestDiscoveryCHAP: with discovery CHAP set, a discovery session without
+// it fails with 0201 and learns nothing; with the right secret (one-way
+// and mutual) it lists the targets; an initiator outside the discovery ACL
+// gets 0202 (issue 20: discovery needed no authentication at all).
+func TestDiscoveryCHAP(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	creds := authCreds{User: "disc", Secret: "discovery-secret"}
+	mutual := authCreds{User: "target", Secret: "target-secret-16"}
+	if err := ts.srv.SetDiscovery(&Target{CHAP: &creds, MutualCHAP: &mutual}); err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, ts.addr)
+	if st, _ := c.login(discoveryKeys(ini)...); st != pdu.LoginStatusAuthFailure {
+		t.Fatalf("discovery without CHAP: status %04x, want 0201", st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	_, err := initiator.Discover(ctx, ts.addr, initiator.Options{CHAP: &authCreds{User: "disc", Secret: "wrong-secret-123"}})
+	var le *initiator.LoginError
+	if !errors.As(err, &le) {
+		t.Fatalf("discovery with a wrong secret: %v", err)
+	}
+	got, err := initiator.Discover(ctx, ts.addr, initiator.Options{CHAP: &creds, TargetCHAP: &mutual})
+	if err != nil || len(got) != 1 || got[0].Name != testIQN {
+		t.Fatalf("discovery with CHAP: %v %v", got, err)
+	}
+	if err := ts.srv.SetDiscovery(&Target{Initiators: []string{"iqn.2026-11.org.example:admin"}}); err != nil {
+		t.Fatal(err)
+	}
+	c = dial(t, ts.addr)
+	if st, _ := c.login(discoveryKeys(ini)...); st != pdu.LoginStatusAuthorizationFail {
+		t.Fatalf("discovery by an initiator outside its ACL: status %04x, want 0202", st)
+	}
+	ts.srv.SetDiscovery(nil)
+	c = dial(t, ts.addr)
+	c.mustLogin(discoveryKeys(ini)...)
+}
+
+// TestLoginRedirect: a target configured to redirect answers its logins
+// with 0101 (or 0102) and TargetAddress (RFC 7143 §11.13.5), after the ACL
+// check; discovery still lists it.
+func TestLoginRedirect(t *testing.T) {
+	ts := startServer(t, Options{}, func(tg *Target) {
+		tg.Redirect = "127.0.0.9:3261,2"
+		tg.Initiators = []string{ini}
+	})
+	for _, permanent := range []bool{false, true} {
+		tg := &Target{Name: testIQN, Initiators: []string{ini}, Redirect: "127.0.0.9:3261,2", RedirectPermanent: permanent}
+		if err := ts.srv.UpdateTarget(tg); err != nil {
+			t.Fatal(err)
+		}
+		c := dial(t, ts.addr)
+		st, keys := c.login(normalKeys(ini)...)
+		want := uint16(pdu.LoginStatusMovedTemporarily)
+		if permanent {
+			want = pdu.LoginStatusMovedPermanently
+		}
+		if st != want || keys["TargetAddress"] != "127.0.0.9:3261,2" {
+			t.Fatalf("permanent=%v: status %04x keys %v", permanent, st, keys)
+		}
+	}
+	c := dial(t, ts.addr)
+	if st, keys := c.login(normalKeys("iqn.2026-11.org.example:stranger")...); st != pdu.LoginStatusAuthorizationFail || keys["TargetAddress"] != "" {
+		t.Fatalf("a stranger learns where the target went: %04x %v", st, keys)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	got, err := initiator.Discover(ctx, ts.addr, initiator.Options{InitiatorName: ini})
+	if err != nil || len(got) != 1 {
+		t.Fatalf("discovery: %v %v", got, err)
+	}
+}
