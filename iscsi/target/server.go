@@ -190,7 +190,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	targets   map[string]*Target
-	discovery *Target // discovery sessions' access rules (SetDiscovery)
+	discovery *Target  // discovery sessions' access rules (SetDiscovery)
 	portals   []string // for SendTargets, "host:port"
 	listeners map[net.Listener]struct{}
 	// RDMA listeners (iSER portals).
