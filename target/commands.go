@@ -173,7 +173,7 @@ func (d *Device) Execute(c *Command) {
 	}
 	lu := c.lu
 	if lu == nil {
-		lu = d.LU(c.LUN)
+		lu = d.luFor(c.Nexus, c.LUN)
 	}
 	op := c.CDB[0]
 	if op == scsi.OpReportLuns {
@@ -340,7 +340,7 @@ func (d *Device) reportLuns(c *Command) error {
 	var luns []uint64
 	switch sel {
 	case 0x00, 0x02:
-		luns = d.LUNs()
+		luns = d.visibleLUNs(c.Nexus) // the nexus's view (Nexus.LUNs)
 	case 0x01:
 		// Well-known LUNs only: we have none.
 	default:

@@ -148,6 +148,13 @@ type Nexus struct {
 	// by CHECK CONDITION. It is called without the core's locks held and
 	// must not block.
 	OnUnitAttention func(lun uint64, s scsi.Sense)
+	// LUNs, when set, is the nexus's view of the device: the LUN numbers
+	// its initiator uses, each mapped to the device's LUN it reaches (LUN
+	// masking and per-initiator numbering, as LIO's mapped LUNs). LUNs
+	// not in it do not exist for the nexus: REPORT LUNS omits them and
+	// commands to them fail as to a missing LUN. Nil: every LUN under its
+	// own number. Set before the nexus's first command; fixed after.
+	LUNs map[uint64]uint64
 
 	stats   Stats
 	mu      sync.Mutex
@@ -175,8 +182,57 @@ func (n *Nexus) addUA(lun uint64, s scsi.Sense) {
 	n.pending.Store(n.countLocked())
 	n.mu.Unlock()
 	if n.OnUnitAttention != nil {
-		n.OnUnitAttention(lun, s)
+		if v, ok := n.visibleLUN(lun); ok {
+			n.OnUnitAttention(v, s)
+		}
 	}
+}
+
+// deviceLUN is the device LUN the nexus reaches as l; false when l does
+// not exist for it.
+func (n *Nexus) deviceLUN(l uint64) (uint64, bool) {
+	if n == nil || n.LUNs == nil {
+		return l, true
+	}
+	d, ok := n.LUNs[l]
+	return d, ok
+}
+
+// visibleLUN is the number under which the nexus sees device LUN l.
+func (n *Nexus) visibleLUN(l uint64) (uint64, bool) {
+	if n == nil || n.LUNs == nil {
+		return l, true
+	}
+	for v, d := range n.LUNs {
+		if d == l {
+			return v, true
+		}
+	}
+	return 0, false
+}
+
+// luFor returns the LU that nexus n reaches as LUN l, or nil.
+func (d *Device) luFor(n *Nexus, l uint64) *LU {
+	dl, ok := n.deviceLUN(l)
+	if !ok {
+		return nil
+	}
+	return d.LU(dl)
+}
+
+// visibleLUNs returns the LUNs nexus n sees, in its numbering, sorted.
+func (d *Device) visibleLUNs(n *Nexus) []uint64 {
+	if n == nil || n.LUNs == nil {
+		return d.LUNs()
+	}
+	out := make([]uint64, 0, len(n.LUNs))
+	for v, dl := range n.LUNs {
+		if d.LU(dl) != nil {
+			out = append(out, v)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
 }
 
 func (n *Nexus) countLocked() int32 {

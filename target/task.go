@@ -75,7 +75,7 @@ func (c *Command) SenseData() []byte { return c.Sense[:c.SenseLen] }
 // the fabric accepts the command (before its data arrives) and paired with
 // End. Commands for LUNs that do not exist are not entered.
 func (d *Device) Begin(c *Command) {
-	lu := d.LU(c.LUN)
+	lu := d.luFor(c.Nexus, c.LUN)
 	if lu == nil {
 		return
 	}
@@ -178,7 +178,7 @@ const (
 // waits until it has ended. It reports TMFNoSuchTask when the task is not in
 // the task set (already completed).
 func (d *Device) AbortTask(n *Nexus, lun uint64, tag uint64) TMFResult {
-	lu := d.LU(lun)
+	lu := d.luFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
@@ -195,7 +195,7 @@ func (d *Device) AbortTask(n *Nexus, lun uint64, tag uint64) TMFResult {
 // AbortTaskSet aborts every task of nexus n on lun (SAM-5 §7.3). except,
 // the fabric's own TMF task if it is a Command, is left alone.
 func (d *Device) AbortTaskSet(n *Nexus, lun uint64) TMFResult {
-	lu := d.LU(lun)
+	lu := d.luFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
@@ -207,14 +207,14 @@ func (d *Device) AbortTaskSet(n *Nexus, lun uint64) TMFResult {
 // shared task set); the other nexuses get COMMANDS CLEARED BY ANOTHER
 // INITIATOR.
 func (d *Device) ClearTaskSet(n *Nexus, lun uint64) TMFResult {
-	lu := d.LU(lun)
+	lu := d.luFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
 	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
 	d.forEachNexus(func(o *Nexus) {
 		if o != n {
-			o.addUA(lun, scsi.UACommandsCleared())
+			o.addUA(lu.lun, scsi.UACommandsCleared())
 		}
 	})
 	return TMFComplete
@@ -224,17 +224,17 @@ func (d *Device) ClearTaskSet(n *Nexus, lun uint64) TMFResult {
 // aborted, the LU returns to its default state and every nexus (including
 // n's, per SAM-5 §6.3.2) gets BUS DEVICE RESET FUNCTION OCCURRED.
 func (d *Device) ResetLU(n *Nexus, lun uint64) TMFResult {
-	lu := d.LU(lun)
+	lu := d.luFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
 	lu.abortMatching(func(*Command) bool { return true }, nil).Wait()
 	lu.reset()
-	d.forEachNexus(func(o *Nexus) { o.addUA(lun, scsi.UALUReset()) })
+	d.forEachNexus(func(o *Nexus) { o.addUA(lu.lun, scsi.UALUReset()) })
 	if lu.pr.shared != nil {
 		// The other targets on the same storage report it too.
 		if err := lu.prChange(func(p *prState) error { p.resets++; return nil }); err != nil {
-			d.log.Warn("logical unit reset not recorded for the other targets", "lun", lun, "err", err)
+			d.log.Warn("logical unit reset not recorded for the other targets", "lun", lu.lun, "err", err)
 		}
 	}
 	return TMFComplete

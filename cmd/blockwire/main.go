@@ -433,7 +433,8 @@ func serve(args []string, stderr io.Writer) int {
 			// The target's SRP ACL as it is now (reloads and the admin
 			// API change it): SRP has no CHAP, so a protected target
 			// admits only the ports listed (config.Target.SRPAllows).
-			Allow: func(id srp.PortID) bool { return lv.srpAllows(name, id) }})
+			Allow:  func(id srp.PortID) bool { return lv.srpAllows(name, id) },
+			LUNMap: func(id srp.PortID) map[uint64]uint64 { return lv.srpLUNMap(name, id) }})
 		fab := siw.New(siw.Options{Logger: log})
 		for _, a := range cfg.SRPListen {
 			l, err := fab.Listen(a)
@@ -787,8 +788,19 @@ func setDiscovery(srv *iscsitarget.Server, d *config.Discovery) error {
 }
 
 func targetAccess(tc config.Target) (*iscsitarget.Target, error) {
-	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: tc.AllowedInitiators(), TPGT: tc.TPGT,
+	allowed := tc.AllowedInitiators()
+	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: allowed, Restricted: allowed != nil, TPGT: tc.TPGT,
 		Redirect: tc.Redirect, RedirectPermanent: tc.RedirectPermanent}
+	for _, a := range tc.ACL {
+		if m, err := a.LUNMap(); err != nil {
+			return nil, err
+		} else if m != nil && a.Initiator != "" {
+			if t.LUNMaps == nil {
+				t.LUNMaps = map[string]map[uint64]uint64{}
+			}
+			t.LUNMaps[a.Initiator] = m
+		}
+	}
 	for _, a := range tc.ACL {
 		if a.CHAP == nil {
 			continue

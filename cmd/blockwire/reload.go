@@ -47,6 +47,16 @@ func (l *live) srpAllows(name string, id srp.PortID) bool {
 	return i >= 0 && l.cfg.Targets[i].SRPAllows(id)
 }
 
+// srpLUNMap is an SRP initiator port's view of the named target's LUNs.
+func (l *live) srpLUNMap(name string, id srp.PortID) map[uint64]uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if i := l.targetIndex(name); i >= 0 {
+		return l.cfg.Targets[i].SRPLUNMap(id)
+	}
+	return nil
+}
+
 func (l *live) device(name string) *target.Device {
 	for _, d := range l.devices {
 		if d.Name() == name {

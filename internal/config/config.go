@@ -198,16 +198,48 @@ func (d *Discovery) AsTarget() Target {
 	return Target{Initiators: d.Initiators, ACL: d.ACL, CHAP: d.CHAP, MutualCHAP: d.MutualCHAP}
 }
 
-// ACL admits one initiator.
+// ACL admits one initiator: an iSCSI initiator name, or an SRP initiator
+// port ID (32 hex digits, or initiator_ext:GUID).
 type ACL struct {
-	Initiator string  `toml:"initiator,omitempty"`
-	CHAP      *Secret `toml:"chap,omitempty"`
+	Initiator    string `toml:"initiator,omitempty"`
+	SRPInitiator string `toml:"srp_initiator,omitempty"`
+	// LUNs, when set, are the only LUNs the initiator sees, each "N"
+	// (LUN N under its own number) or "M=N" (LUN N seen as M): LUN
+	// masking and numbering per initiator, on every fabric.
+	LUNs []string `toml:"luns,omitempty"`
+	// CHAP replaces the target's chap for this initiator (iSCSI only).
+	CHAP *Secret `toml:"chap,omitempty"`
+}
+
+// LUNMap parses LUNs: the initiator's LUN number to the target's; nil
+// when every LUN is seen under its own number.
+func (a *ACL) LUNMap() (map[uint64]uint64, error) {
+	if len(a.LUNs) == 0 {
+		return nil, nil
+	}
+	m := map[uint64]uint64{}
+	for _, e := range a.LUNs {
+		vs, ts, mapped := strings.Cut(e, "=")
+		if !mapped {
+			ts = vs
+		}
+		v, err1 := strconv.ParseUint(strings.TrimSpace(vs), 10, 64)
+		t, err2 := strconv.ParseUint(strings.TrimSpace(ts), 10, 64)
+		if err1 != nil || err2 != nil || v >= 16384 {
+			return nil, fmt.Errorf("%q: want N or M=N (LUN numbers, M below 16384)", e)
+		}
+		if _, dup := m[v]; dup {
+			return nil, fmt.Errorf("LUN %d mapped twice", v)
+		}
+		m[v] = t
+	}
+	return m, nil
 }
 
 // Protected reports whether logins to the target are restricted (an ACL
 // or CHAP).
 func (t *Target) Protected() bool {
-	if len(t.AllowedInitiators()) > 0 || t.CHAP != nil {
+	if t.AllowedInitiators() != nil || t.CHAP != nil {
 		return true
 	}
 	for _, a := range t.ACL {
@@ -221,7 +253,7 @@ func (t *Target) Protected() bool {
 // SRPAllows reports whether the SRP initiator port id may log in to the
 // target (see SRPInitiators); an unparsable entry admits nobody.
 func (t *Target) SRPAllows(id srp.PortID) bool {
-	if len(t.SRPInitiators) == 0 {
+	if !t.srpListed() {
 		return !t.Protected()
 	}
 	for _, s := range t.SRPInitiators {
@@ -229,7 +261,41 @@ func (t *Target) SRPAllows(id srp.PortID) bool {
 			return true
 		}
 	}
+	_, ok := t.SRPEntry(id)
+	return ok
+}
+
+// srpListed reports whether the target names any SRP initiator.
+func (t *Target) srpListed() bool {
+	if len(t.SRPInitiators) > 0 {
+		return true
+	}
+	for _, a := range t.ACL {
+		if a.SRPInitiator != "" {
+			return true
+		}
+	}
 	return false
+}
+
+// SRPEntry returns the ACL entry of an SRP initiator port.
+func (t *Target) SRPEntry(id srp.PortID) (ACL, bool) {
+	for _, a := range t.ACL {
+		if p, err := srp.ParsePortID(a.SRPInitiator); a.SRPInitiator != "" && err == nil && p == id {
+			return a, true
+		}
+	}
+	return ACL{}, false
+}
+
+// SRPLUNMap is the LUN map of an SRP initiator port (nil: all LUNs).
+func (t *Target) SRPLUNMap(id srp.PortID) map[uint64]uint64 {
+	a, ok := t.SRPEntry(id)
+	if !ok {
+		return nil
+	}
+	m, _ := a.LUNMap() // validated
+	return m
 }
 
 // SRPTargets returns the indexes of the targets served over SRP.
@@ -245,11 +311,13 @@ func (t *Target) AllowedInitiators() []string {
 	if len(t.Initiators) == 0 && len(t.ACL) == 0 {
 		return nil
 	}
-	out := append([]string(nil), t.Initiators...)
+	out := append([]string{}, t.Initiators...)
 	for _, a := range t.ACL {
-		out = append(out, a.Initiator)
+		if a.Initiator != "" {
+			out = append(out, a.Initiator)
+		}
 	}
-	return out
+	return out // empty, not nil, when only SRP initiators are listed
 }
 
 // Secret is a CHAP user and secret. The secret comes from exactly one of
@@ -368,14 +436,42 @@ func (c *Config) Validate() error {
 			sec  *Secret
 		}{{"chap", t.CHAP}, {"mutual_chap", t.MutualCHAP}}
 		seenACL := map[string]bool{}
+		lunIDs := map[uint64]bool{}
+		for _, l := range t.LUNs {
+			lunIDs[l.ID] = true
+		}
 		for j, a := range t.ACL {
-			if err := ValidName(a.Initiator); err != nil {
-				add("%s.acl[%d].initiator: %v", where, j, err)
+			who := a.Initiator
+			switch {
+			case a.Initiator != "" && a.SRPInitiator != "":
+				add("%s.acl[%d]: initiator and srp_initiator both set (one entry, one initiator)", where, j)
+			case a.SRPInitiator != "":
+				p, err := srp.ParsePortID(a.SRPInitiator)
+				if err != nil {
+					add("%s.acl[%d].srp_initiator: %v", where, j, err)
+				}
+				who = p.String()
+				if a.CHAP != nil {
+					add("%s.acl[%d].chap: SRP has no CHAP", where, j)
+				}
+			default:
+				if err := ValidName(a.Initiator); err != nil {
+					add("%s.acl[%d].initiator: %v", where, j, err)
+				}
 			}
-			if seenACL[a.Initiator] {
-				add("%s.acl[%d].initiator: %s listed twice", where, j, a.Initiator)
+			if seenACL[who] {
+				add("%s.acl[%d]: %s listed twice", where, j, who)
 			}
-			seenACL[a.Initiator] = true
+			seenACL[who] = true
+			if m, err := a.LUNMap(); err != nil {
+				add("%s.acl[%d].luns: %v", where, j, err)
+			} else {
+				for v, tl := range m {
+					if !lunIDs[tl] {
+						add("%s.acl[%d].luns: LUN %d (seen as %d) is not a LUN of the target", where, j, tl, v)
+					}
+				}
+			}
 			secrets = append(secrets, struct {
 				name string
 				sec  *Secret
@@ -485,7 +581,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	for _, i := range c.SRPTargets() {
-		if t := c.Targets[i]; t.Protected() && len(t.SRPInitiators) == 0 {
+		if t := c.Targets[i]; t.Protected() && !t.srpListed() {
 			add("target[%d] (%s) is served over SRP and has an ACL or CHAP, which SRP cannot check (it has no CHAP): list the SRP initiator port IDs it admits (srp_initiators) or do not serve it over SRP", i, t.Name)
 		}
 	}

@@ -462,6 +462,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 				InitiatorPort: fmt.Sprintf("%s,i,0x%012x", ss.initiator, ss.isid),
 				TargetPort:    fmt.Sprintf("%s,t,0x%04x", ss.targetName, ss.tgt.TPGT),
 				RelativePort:  ss.tgt.TPGT,
+				LUNs:          ss.tgt.LUNMaps[ss.initiator], // LUN masking (nil: all)
 			}
 			ss.tgt.Device.AddNexus(ss.nexus)
 		}

@@ -37,8 +37,14 @@ type Target struct {
 	// TPGT is the target portal group tag of every portal (default 1).
 	TPGT uint16
 	// Initiators, when non-empty, lists the initiator names allowed to log
-	// in; others fail with 0202 (authorization failure).
+	// in; others fail with 0202 (authorization failure). Restricted makes
+	// an empty list admit nobody (an ACL naming only SRP initiators).
 	Initiators []string
+	Restricted bool
+	// LUNMaps gives initiators their view of the LUNs: the numbers they
+	// use, each mapped to the device's LUN (scsitarget.Nexus.LUNs);
+	// initiators not in it see every LUN under its own number.
+	LUNMaps map[string]map[uint64]uint64
 	// CHAP, when set, is required of every initiator (one-way CHAP).
 	CHAP *auth.Credentials
 	// InitiatorCHAP gives per-initiator CHAP credentials; an initiator
@@ -57,7 +63,7 @@ type Target struct {
 
 func (t *Target) allows(initiator string) bool {
 	if len(t.Initiators) == 0 {
-		return true
+		return !t.Restricted
 	}
 	for _, i := range t.Initiators {
 		if i == initiator {
@@ -356,7 +362,7 @@ func (s *Server) SetDiscovery(d *Target) error {
 		if err := d.checkSecrets(); err != nil {
 			return fmt.Errorf("iscsi: discovery: %w", err)
 		}
-		d = &Target{Initiators: d.Initiators, CHAP: d.CHAP, InitiatorCHAP: d.InitiatorCHAP, MutualCHAP: d.MutualCHAP}
+		d = &Target{Initiators: d.Initiators, Restricted: d.Restricted, CHAP: d.CHAP, InitiatorCHAP: d.InitiatorCHAP, MutualCHAP: d.MutualCHAP}
 	}
 	s.mu.Lock()
 	s.discovery = d
@@ -371,7 +377,7 @@ func (s *Server) discoveryTarget() *Target {
 	defer s.mu.Unlock()
 	t := &Target{TPGT: 1}
 	if d := s.discovery; d != nil {
-		t.Initiators, t.CHAP, t.InitiatorCHAP, t.MutualCHAP = d.Initiators, d.CHAP, d.InitiatorCHAP, d.MutualCHAP
+		t.Initiators, t.Restricted, t.CHAP, t.InitiatorCHAP, t.MutualCHAP = d.Initiators, d.Restricted, d.CHAP, d.InitiatorCHAP, d.MutualCHAP
 	}
 	return t
 }
@@ -392,6 +398,7 @@ func (s *Server) UpdateTarget(t *Target) error {
 	nt := *old
 	nt.Alias, nt.Initiators, nt.InitiatorCHAP, nt.CHAP, nt.MutualCHAP = t.Alias, t.Initiators, t.InitiatorCHAP, t.CHAP, t.MutualCHAP
 	nt.Redirect, nt.RedirectPermanent = t.Redirect, t.RedirectPermanent
+	nt.Restricted, nt.LUNMaps = t.Restricted, t.LUNMaps
 	s.targets[t.Name] = &nt
 	return nil
 }

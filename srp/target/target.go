@@ -61,6 +61,10 @@ type Options struct {
 	// Allow, when set, admits an initiator port; others are rejected with
 	// "unable to associate RDMA channel with I_T nexus".
 	Allow func(initiator srp.PortID) bool
+	// LUNMap, when set, gives an initiator port its view of the LUNs
+	// (scsitarget.Nexus.LUNs: LUN masking and numbering; nil: all),
+	// fixed when its I_T nexus is created.
+	LUNMap func(initiator srp.PortID) map[uint64]uint64
 	// Budget bounds the I/O buffers of all channels together and each
 	// I_T nexus's share (shared with the node's other fabrics); nil: 1
 	// GiB, 128 MiB a nexus. A command that finds no room gets TASK SET
@@ -312,7 +316,11 @@ func (s *Server) login(req rdma.ConnRequest) {
 	closing := s.closed
 	nx := s.nexuses[lr.Initiator]
 	if nx == nil {
-		nx = &nexus{n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort},
+		var view map[uint64]uint64
+		if s.opts.LUNMap != nil {
+			view = s.opts.LUNMap(lr.Initiator)
+		}
+		nx = &nexus{n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort, LUNs: view},
 			channels: map[*channel]struct{}{}, io: s.opts.Budget.NewShare()}
 		nx.n.OnUnitAttention = nx.unitAttention
 		s.nexuses[lr.Initiator] = nx

@@ -435,6 +435,11 @@ func TestIOBudgetPerNexus(t *testing.T) {
 			t.Fatalf("admitted write: %v", err)
 		}
 	}
+	// A task gives its budget back when its response's send completes,
+	// a moment after the initiator has the response.
+	for deadline := time.Now().Add(2 * time.Second); budget.Used() != 0 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
 	if budget.Used() != 0 {
 		t.Fatalf("budget still holds %d bytes", budget.Used())
 	}

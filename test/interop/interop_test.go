@@ -723,3 +723,71 @@ redirect = "`+home.addr+`"
 		t.Fatalf("redirect not seen in the logs:\n%s\n%s", gw.log, home.log)
 	}
 }
+
+// TestLUNMaskingWithLibiscsi: ACL entries give each initiator its own LUNs
+// under its own numbers (as LIO's mapped LUNs): iscsi-ls and READ
+// CAPACITY through libiscsi see exactly them; an initiator the ACL does
+// not name is refused.
+func TestLUNMaskingWithLibiscsi(t *testing.T) {
+	need(t, "iscsi-ls", "iscsi-readcapacity16")
+	const iqn = "iqn.2026-11.org.blockwire:masked"
+	cfg := filepath.Join(t.TempDir(), "masked.toml")
+	os.WriteFile(cfg, []byte(`
+[[target]]
+name = "`+iqn+`"
+[[target.acl]]
+initiator = "iqn.2026-11.org.example:a"
+luns = ["0=2"]
+[[target.acl]]
+initiator = "iqn.2026-11.org.example:b"
+luns = ["1", "5=0"]
+[[target.acl]]
+initiator = "iqn.2026-11.org.example:all"
+[[target.lun]]
+id = 0
+size = "8MiB"
+[[target.lun]]
+id = 1
+size = "16MiB"
+[[target.lun]]
+id = 2
+size = "32MiB"
+`), 0o600)
+	d := serve(t, "--config", cfg)
+	luns := func(ini string) string {
+		out, _ := run(t, 30*time.Second, "iscsi-ls", "-s", "-i", ini, "iscsi://"+d.addr)
+		var got []string
+		for _, f := range strings.Fields(out) {
+			if strings.HasPrefix(f, "Lun:") {
+				got = append(got, f)
+			}
+		}
+		return strings.Join(got, " ")
+	}
+	for ini, want := range map[string]string{"a": "Lun:0", "b": "Lun:1 Lun:5", "all": "Lun:0 Lun:1 Lun:2", "stranger": ""} {
+		if got := luns("iqn.2026-11.org.example:" + ini); got != want {
+			t.Errorf("initiator %s sees %q, want %q", ini, got, want)
+		}
+	}
+	size := func(ini string, lun int) string {
+		out, _ := run(t, 30*time.Second, "iscsi-readcapacity16", "-i", "iqn.2026-11.org.example:"+ini, d.url(iqn, lun))
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "Total size:") {
+				return strings.TrimPrefix(l, "Total size:")
+			}
+		}
+		return strings.TrimSpace(out)
+	}
+	for _, c := range []struct {
+		ini  string
+		lun  int
+		want string
+	}{{"a", 0, "33554432"}, {"b", 1, "16777216"}, {"b", 5, "8388608"}, {"all", 2, "33554432"}} {
+		if got := size(c.ini, c.lun); got != c.want {
+			t.Errorf("initiator %s LUN %d: size %q, want %s", c.ini, c.lun, got, c.want)
+		}
+	}
+	if got := size("a", 2); strings.Contains(got, "33554432") {
+		t.Errorf("initiator a reached LUN 2, which it does not map: %s", got)
+	}
+}

@@ -78,6 +78,9 @@ initiators = ["iqn.2026-11.org.example:allowed"]
 [[target.lun]]
 id = 0
 size = "8MiB"
+[[target.lun]]
+id = 1
+size = "16MiB"
 `), 0o600)
 		return p
 	}
@@ -108,14 +111,20 @@ size = "8MiB"
 			t.Errorf("SRP refusal without its reason:\n%s", out)
 		}
 	}
-	// Reload with the stranger listed instead: the next logins follow.
-	conf(`srp_initiators = ["` + stranger + `"]`)
+	// Reload with the stranger listed instead, through an ACL entry that
+	// shows it only LUN 1, as its LUN 0: the next logins follow.
+	conf(`[[target.acl]]
+srp_initiator = "` + stranger + `"
+luns = ["0=1"]`)
 	d.cmd.Process.Signal(syscall.SIGHUP)
 	time.Sleep(500 * time.Millisecond)
 	if out, code := blockwire(t, "read", "--length", "4096", "--out", "/dev/null", base+"?initiator="+listed); code != 4 {
 		t.Fatalf("after reload, the port no longer listed: exit %d\n%s", code, out)
 	}
-	if out, code := blockwire(t, "read", "--length", "4096", "--out", "/dev/null", base+"?initiator="+stranger); code != 0 {
-		t.Fatalf("after reload, the port now listed: exit %d\n%s", code, out)
+	if out, code := blockwire(t, "inquiry", base+"?initiator="+stranger); code != 0 || !strings.Contains(out, "capacity: 16777216 bytes") {
+		t.Fatalf("after reload, the port now listed sees LUN 1 as its LUN 0: exit %d\n%s", code, out)
+	}
+	if out, code := blockwire(t, "inquiry", strings.TrimSuffix(base, "/0")+"/1?initiator="+stranger); code == 0 {
+		t.Fatalf("the port reached a LUN it does not map:\n%s", out)
 	}
 }
