@@ -433,7 +433,7 @@ func serve(args []string, stderr io.Writer) int {
 			// The target's SRP ACL as it is now (reloads and the admin
 			// API change it): SRP has no CHAP, so a protected target
 			// admits only the ports listed (config.Target.SRPAllows).
-			Allow:  func(id srp.PortID) bool { return lv.srpAllows(name, id) },
+			Allow:  func(id srp.PortID, remote net.Addr) bool { return lv.srpAllows(name, id, remote) },
 			LUNMap: func(id srp.PortID) map[uint64]uint64 { return lv.srpLUNMap(name, id) }})
 		fab := siw.New(siw.Options{Logger: log})
 		for _, a := range cfg.SRPListen {
@@ -790,8 +790,16 @@ func setDiscovery(srv *iscsitarget.Server, d *config.Discovery) error {
 func targetAccess(tc config.Target) (*iscsitarget.Target, error) {
 	allowed := tc.AllowedInitiators()
 	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: allowed, Restricted: allowed != nil, TPGT: tc.TPGT,
-		Redirect: tc.Redirect, RedirectPermanent: tc.RedirectPermanent}
+		Redirect: tc.Redirect, RedirectPermanent: tc.RedirectPermanent, Portals: tc.Portals}
 	for _, a := range tc.ACL {
+		if src, err := a.Sources(); err != nil {
+			return nil, err
+		} else if src != nil && a.Initiator != "" {
+			if t.Sources == nil {
+				t.Sources = map[string][]netip.Prefix{}
+			}
+			t.Sources[a.Initiator] = src
+		}
 		if m, err := a.LUNMap(); err != nil {
 			return nil, err
 		} else if m != nil && a.Initiator != "" {

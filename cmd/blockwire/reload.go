@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"reflect"
 	"slices"
 	"strconv"
@@ -40,11 +41,11 @@ func (l *live) Devices() []*target.Device {
 
 // srpAllows reports whether an SRP initiator port may log in to the named
 // target under the running configuration.
-func (l *live) srpAllows(name string, id srp.PortID) bool {
+func (l *live) srpAllows(name string, id srp.PortID, remote net.Addr) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	i := l.targetIndex(name)
-	return i >= 0 && l.cfg.Targets[i].SRPAllows(id)
+	return i >= 0 && l.cfg.Targets[i].SRPAllows(id, remote)
 }
 
 // srpLUNMap is an SRP initiator port's view of the named target's LUNs.
@@ -118,7 +119,7 @@ func (l *live) reload() error {
 				errs = append(errs, fmt.Errorf("target %s: %w", nt.Name, err))
 			} else {
 				kept.Alias, kept.Initiators, kept.ACL, kept.CHAP, kept.MutualCHAP = nt.Alias, nt.Initiators, nt.ACL, nt.CHAP, nt.MutualCHAP
-				kept.SRPInitiators, kept.Redirect, kept.RedirectPermanent = nt.SRPInitiators, nt.Redirect, nt.RedirectPermanent
+				kept.SRPInitiators, kept.Redirect, kept.RedirectPermanent, kept.Portals = nt.SRPInitiators, nt.Redirect, nt.RedirectPermanent, nt.Portals
 				l.log.Info("reload: access rules changed", "target", nt.Name)
 			}
 		}
@@ -153,7 +154,7 @@ func (l *live) reload() error {
 
 // accessOf is what UpdateTarget changes.
 func accessOf(t config.Target) any {
-	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP, t.SRPInitiators, t.Redirect, t.RedirectPermanent}
+	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP, t.SRPInitiators, t.Redirect, t.RedirectPermanent, t.Portals}
 }
 
 // updateLUNs brings a target's LUNs from ot to nt: a LUN whose only

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -163,6 +164,10 @@ type Target struct {
 	SRPInitiators []string `toml:"srp_initiators,omitempty"`
 	CHAP          *Secret  `toml:"chap,omitempty"`
 	MutualCHAP    *Secret  `toml:"mutual_chap,omitempty"`
+	// Portals, when set, are the only portals (listen addresses, as
+	// given in listen) on which the target is listed and reachable: a
+	// login through another gets "not found". Empty: every portal.
+	Portals []string `toml:"portals,omitempty"`
 	// Redirect sends this target's logins to another portal
 	// ("host:port[,tpgt]"): login status 0101, moved temporarily, or with
 	// RedirectPermanent 0102, moved permanently (RFC 7143 §11.13.5). A
@@ -209,6 +214,51 @@ type ACL struct {
 	LUNs []string `toml:"luns,omitempty"`
 	// CHAP replaces the target's chap for this initiator (iSCSI only).
 	CHAP *Secret `toml:"chap,omitempty"`
+	// From, when set, admits the initiator only from these addresses or
+	// networks ("192.0.2.7", "10.0.0.0/8", "fd00::/8").
+	From []string `toml:"from,omitempty"`
+}
+
+// Sources parses From (nil: from anywhere).
+func (a *ACL) Sources() ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, f := range a.From {
+		p, err := netip.ParsePrefix(f)
+		if err != nil {
+			ip, err2 := netip.ParseAddr(f)
+			if err2 != nil {
+				return nil, fmt.Errorf("%q is neither an address nor a network (ADDR/BITS)", f)
+			}
+			p = netip.PrefixFrom(ip.Unmap(), ip.Unmap().BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
+}
+
+// AdmitsFrom reports whether an address is in the prefixes (nil: all).
+func AdmitsFrom(prefixes []netip.Prefix, addr net.Addr) bool {
+	if prefixes == nil {
+		return true
+	}
+	var ip netip.Addr
+	switch a := addr.(type) {
+	case *net.TCPAddr:
+		ip, _ = netip.AddrFromSlice(a.IP)
+	case *net.UDPAddr:
+		ip, _ = netip.AddrFromSlice(a.IP)
+	default:
+		if ap, err := netip.ParseAddrPort(addr.String()); err == nil {
+			ip = ap.Addr()
+		}
+	}
+	ip = ip.Unmap()
+	for _, p := range prefixes {
+		if p.Contains(ip) {
+			return true
+		}
+	}
+	return false
 }
 
 // LUNMap parses LUNs: the initiator's LUN number to the target's; nil
@@ -252,7 +302,7 @@ func (t *Target) Protected() bool {
 
 // SRPAllows reports whether the SRP initiator port id may log in to the
 // target (see SRPInitiators); an unparsable entry admits nobody.
-func (t *Target) SRPAllows(id srp.PortID) bool {
+func (t *Target) SRPAllows(id srp.PortID, remote net.Addr) bool {
 	if !t.srpListed() {
 		return !t.Protected()
 	}
@@ -261,8 +311,12 @@ func (t *Target) SRPAllows(id srp.PortID) bool {
 			return true
 		}
 	}
-	_, ok := t.SRPEntry(id)
-	return ok
+	a, ok := t.SRPEntry(id)
+	if !ok {
+		return false
+	}
+	src, err := a.Sources()
+	return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
 }
 
 // srpListed reports whether the target names any SRP initiator.
@@ -463,6 +517,9 @@ func (c *Config) Validate() error {
 				add("%s.acl[%d]: %s listed twice", where, j, who)
 			}
 			seenACL[who] = true
+			if _, err := a.Sources(); err != nil {
+				add("%s.acl[%d].from: %v", where, j, err)
+			}
 			if m, err := a.LUNMap(); err != nil {
 				add("%s.acl[%d].luns: %v", where, j, err)
 			} else {
@@ -507,6 +564,11 @@ func (c *Config) Validate() error {
 		}
 		if len(t.LUNs) == 0 && t.Redirect == "" {
 			add("%s: no lun", where)
+		}
+		for j, p := range t.Portals {
+			if _, _, err := net.SplitHostPort(p); err != nil {
+				add("%s.portals[%d]: %q is not host:port", where, j, p)
+			}
 		}
 		if t.Redirect != "" {
 			addr, _, _ := strings.Cut(t.Redirect, ",")

@@ -1,6 +1,8 @@
 package config
 
 import (
+	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -194,7 +196,7 @@ func TestSRPNeedsItsOwnACLForAProtectedTarget(t *testing.T) {
 	}
 	id, _ := srp.ParsePortID("1:c8995efffe09646d")
 	other, _ := srp.ParsePortID("2:c8995efffe09646d")
-	if !c.Targets[0].SRPAllows(id) || c.Targets[0].SRPAllows(other) {
+	if !c.Targets[0].SRPAllows(id, nil) || c.Targets[0].SRPAllows(other, nil) {
 		t.Fatal("SRPAllows does not follow srp_initiators")
 	}
 	c.Targets[0].SRPInitiators = []string{"nonsense"}
@@ -208,11 +210,11 @@ func TestSRPNeedsItsOwnACLForAProtectedTarget(t *testing.T) {
 	}
 	c = base()
 	c.Targets[0].Initiators = nil
-	if err := c.Validate(); err != nil || !c.Targets[0].SRPAllows(other) {
+	if err := c.Validate(); err != nil || !c.Targets[0].SRPAllows(other, nil) {
 		t.Fatalf("an open target admits every SRP port: %v", err)
 	}
 	c.Targets[0].CHAP = &Secret{User: "u", Secret: "0123456789abcdef"}
-	if c.Targets[0].SRPAllows(other) {
+	if c.Targets[0].SRPAllows(other, nil) {
 		t.Fatal("a CHAP-protected target admitted an SRP port without srp_initiators")
 	}
 }
@@ -259,5 +261,44 @@ redirect_permanent = true
 `), 0o600)
 	if _, err := Load(p); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestACLEntriesAndPortals(t *testing.T) {
+	c := &Config{Targets: []Target{{Name: "iqn.2026-11.org.blockwire:a", Portals: []string{"nohostport"},
+		ACL: []ACL{
+			{Initiator: "iqn.2026-11.org.example:x", From: []string{"10.0.0.0/8", "not-an-address"}, LUNs: []string{"0=7", "1=0", "1=0"}},
+			{Initiator: "iqn.2026-11.org.example:y", SRPInitiator: "1:2"},
+			{SRPInitiator: "1:2", CHAP: &Secret{User: "u", Secret: "0123456789abcdef"}},
+		},
+		LUNs: []LUN{{ID: 0, Size: "1MiB"}}}}}
+	err := c.Validate()
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{"portals[0]", "acl[0].from", "acl[0].luns: LUN 1 mapped twice", "acl[1]: initiator and srp_initiator both set", "acl[2].chap: SRP has no CHAP"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error lacks %q:\n%v", want, err)
+		}
+	}
+	c.Targets[0].ACL = []ACL{{Initiator: "iqn.2026-11.org.example:x", LUNs: []string{"0=7"}}}
+	if err := c.Validate(); err == nil || !strings.Contains(err.Error(), "LUN 7 (seen as 0) is not a LUN of the target") {
+		t.Fatalf("a map to a missing LUN: %v", err)
+	}
+	a := ACL{From: []string{"10.0.0.0/8", "192.0.2.7", "fd00::/8"}}
+	src, err := a.Sources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for addr, want := range map[string]bool{"10.1.2.3:1": true, "192.0.2.7:3260": true, "192.0.2.8:3260": false, "[fd00::1]:5": true, "[::ffff:10.0.0.1]:1": true} {
+		ap := netip.MustParseAddrPort(addr)
+		if got := AdmitsFrom(src, net.TCPAddrFromAddrPort(ap)); got != want {
+			t.Errorf("%s: %v", addr, got)
+		}
+	}
+	// Only SRP initiators listed: no iSCSI initiator is admitted.
+	only := Target{ACL: []ACL{{SRPInitiator: "1:2"}}}
+	if got := only.AllowedInitiators(); got == nil || len(got) != 0 || !only.Protected() {
+		t.Fatalf("SRP-only ACL: %v", got)
 	}
 }

@@ -1,8 +1,11 @@
 package target
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"net"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -81,4 +84,56 @@ func TestLoginRedirect(t *testing.T) {
 	if err != nil || len(got) != 1 {
 		t.Fatalf("discovery: %v %v", got, err)
 	}
+}
+
+// TestTargetOnItsPortalsOnly: a target bound to some portals is listed and
+// reachable only there (0203 elsewhere, as if it did not exist); an ACL
+// entry limited to a network admits its initiator only from it.
+func TestTargetOnItsPortalsOnly(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	l2, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go ts.srv.Serve(l2)
+	first := ts.addr
+	second := l2.Addr().String()
+	tg := &Target{Name: testIQN, Portals: []string{first}}
+	if err := ts.srv.UpdateTarget(tg); err != nil {
+		t.Fatal(err)
+	}
+	c := dial(t, second)
+	if st, _ := c.login(normalKeys(ini)...); st != pdu.LoginStatusNotFound {
+		t.Fatalf("login through another portal: status %04x, want 0203", st)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if got, err := initiator.Discover(ctx, second, initiator.Options{}); err != nil || len(got) != 0 {
+		t.Fatalf("discovery through another portal: %v %v", got, err)
+	}
+	got, err := initiator.Discover(ctx, first, initiator.Options{})
+	if err != nil || len(got) != 1 || len(got[0].Addresses) != 1 || got[0].Addresses[0] != first+",1" {
+		t.Fatalf("discovery through its portal: %+v %v", got, err)
+	}
+	c = dial(t, first)
+	c.mustLogin(normalKeys(ini)...)
+
+	// From a network only.
+	tg = &Target{Name: testIQN, Sources: map[string][]netip.Prefix{ini: {netip.MustParsePrefix("127.0.0.2/32")}}}
+	if err := ts.srv.UpdateTarget(tg); err != nil {
+		t.Fatal(err)
+	}
+	c = dial(t, first)
+	c.isid[5] = 2
+	if st, _ := c.login(normalKeys(ini)...); st != pdu.LoginStatusAuthorizationFail {
+		t.Fatalf("login from outside the initiator's network: status %04x, want 0202", st)
+	}
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	nc, err := d.Dial("tcp", first)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	from2 := &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 3}, keys: map[string]string{}}
+	from2.mustLogin(normalKeys(ini)...)
 }

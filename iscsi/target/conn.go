@@ -601,13 +601,16 @@ func (c *conn) sendTargets(out []byte, which string) []byte {
 			list = []*Target{t}
 		}
 	}
+	local := c.dm.LocalAddr()
 	for _, t := range list {
-		if !t.allows(c.sess.initiator) {
+		if !t.allows(c.sess.initiator) || !t.admitsFrom(c.sess.initiator, c.dm.RemoteAddr()) || !t.onPortal(local) {
 			continue
 		}
 		out = text.Append(out, text.KV{Key: "TargetName", Value: t.Name})
-		for _, a := range c.srv.portalAddrs(c.dm.LocalAddr()) {
-			out = text.Append(out, text.KV{Key: "TargetAddress", Value: a + "," + strconv.Itoa(int(t.TPGT))})
+		for _, a := range c.srv.portalAddrs(local) {
+			if t.onPortal(a) {
+				out = text.Append(out, text.KV{Key: "TargetAddress", Value: a + "," + strconv.Itoa(int(t.TPGT))})
+			}
 		}
 	}
 	return out

@@ -206,8 +206,14 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		if t == nil {
 			return lerr(pdu.LoginStatusNotFound, "no target %q", tn)
 		}
+		if !t.onPortal(c.dm.LocalAddr()) {
+			return lerr(pdu.LoginStatusNotFound, "target %q is not served on portal %s (its portals: %v)", tn, c.dm.LocalAddr(), t.Portals)
+		}
 		if !t.allows(name) {
 			return lerr(pdu.LoginStatusAuthorizationFail, "initiator %s is not in the ACL of %s", name, tn)
+		}
+		if !t.admitsFrom(name, c.dm.RemoteAddr()) {
+			return lerr(pdu.LoginStatusAuthorizationFail, "initiator %s may not log in to %s from %s", name, tn, c.dm.RemoteAddr())
 		}
 		if t.Redirect != "" {
 			st, how := pdu.LoginStatusMovedTemporarily, "temporarily"

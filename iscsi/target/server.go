@@ -14,6 +14,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -45,6 +46,14 @@ type Target struct {
 	// use, each mapped to the device's LUN (scsitarget.Nexus.LUNs);
 	// initiators not in it see every LUN under its own number.
 	LUNMaps map[string]map[uint64]uint64
+	// Sources, for an initiator in it, are the only addresses or
+	// networks it may log in from (others get 0202).
+	Sources map[string][]netip.Prefix
+	// Portals, when set, are the only portals ("host:port" as listened
+	// on; an unspecified host stands for any address on that port) where
+	// the target is listed by SendTargets and can be logged in to; a
+	// login through another portal gets 0203, not found.
+	Portals []string
 	// CHAP, when set, is required of every initiator (one-way CHAP).
 	CHAP *auth.Credentials
 	// InitiatorCHAP gives per-initiator CHAP credentials; an initiator
@@ -59,6 +68,48 @@ type Target struct {
 	// permanently, with RedirectPermanent (RFC 7143 §11.13.5, §13.8).
 	Redirect          string
 	RedirectPermanent bool
+}
+
+// onPortal reports whether a connection that reached local ("host:port")
+// may see the target.
+func (t *Target) onPortal(local string) bool {
+	if len(t.Portals) == 0 {
+		return true
+	}
+	lh, lp, err := net.SplitHostPort(local)
+	if err != nil {
+		return false
+	}
+	la, _ := netip.ParseAddr(lh)
+	for _, p := range t.Portals {
+		h, port, err := net.SplitHostPort(p)
+		if err != nil || port != lp {
+			continue
+		}
+		if a, err := netip.ParseAddr(h); err == nil && (a.IsUnspecified() || a.Unmap() == la.Unmap()) {
+			return true
+		}
+	}
+	return false
+}
+
+// admitsFrom reports whether initiator may log in from remote
+// ("host:port").
+func (t *Target) admitsFrom(initiator, remote string) bool {
+	prefixes, ok := t.Sources[initiator]
+	if !ok {
+		return true
+	}
+	ap, err := netip.ParseAddrPort(remote)
+	if err != nil {
+		return false
+	}
+	for _, p := range prefixes {
+		if p.Contains(ap.Addr().Unmap()) {
+			return true
+		}
+	}
+	return false
 }
 
 func (t *Target) allows(initiator string) bool {
@@ -398,7 +449,7 @@ func (s *Server) UpdateTarget(t *Target) error {
 	nt := *old
 	nt.Alias, nt.Initiators, nt.InitiatorCHAP, nt.CHAP, nt.MutualCHAP = t.Alias, t.Initiators, t.InitiatorCHAP, t.CHAP, t.MutualCHAP
 	nt.Redirect, nt.RedirectPermanent = t.Redirect, t.RedirectPermanent
-	nt.Restricted, nt.LUNMaps = t.Restricted, t.LUNMaps
+	nt.Restricted, nt.LUNMaps, nt.Sources, nt.Portals = t.Restricted, t.LUNMaps, t.Sources, t.Portals
 	s.targets[t.Name] = &nt
 	return nil
 }

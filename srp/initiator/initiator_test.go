@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -175,7 +176,7 @@ func TestSCSIErrorsAndResiduals(t *testing.T) {
 func TestLoginRejects(t *testing.T) {
 	addr, _ := startTarget(t, func(o *srptarget.Options) {
 		o.MaxChannels = 1
-		o.Allow = func(p srp.PortID) bool { _, lo := p.Halves(); return lo != 0xbad }
+		o.Allow = func(p srp.PortID, _ net.Addr) bool { _, lo := p.Halves(); return lo != 0xbad }
 	})
 	ctx := context.Background()
 	reason := func(err error) srp.RejectReason {

@@ -21,6 +21,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,9 +59,10 @@ type Options struct {
 	MaxDescriptors int
 	// NoImmediate refuses immediate data (SRP-2).
 	NoImmediate bool
-	// Allow, when set, admits an initiator port; others are rejected with
-	// "unable to associate RDMA channel with I_T nexus".
-	Allow func(initiator srp.PortID) bool
+	// Allow, when set, admits an initiator port logging in from remote;
+	// others are rejected with "unable to associate RDMA channel with I_T
+	// nexus".
+	Allow func(initiator srp.PortID, remote net.Addr) bool
 	// LUNMap, when set, gives an initiator port its view of the LUNs
 	// (scsitarget.Nexus.LUNs: LUN masking and numbering; nil: all),
 	// fixed when its I_T nexus is created.
@@ -256,7 +258,7 @@ func (s *Server) login(req rdma.ConnRequest) {
 	case lr.Target != s.port:
 		s.reject(req, &lr, srp.RejectAssociate, "target port ID %v is not this target's %v", lr.Target, s.port)
 		return
-	case s.opts.Allow != nil && !s.opts.Allow(lr.Initiator):
+	case s.opts.Allow != nil && !s.opts.Allow(lr.Initiator, req.RemoteAddr()):
 		s.reject(req, &lr, srp.RejectAssociate, "initiator port not admitted")
 		return
 	case lr.MultiChannel > srp.MultiChannelMulti:

@@ -791,3 +791,64 @@ size = "32MiB"
 		t.Errorf("initiator a reached LUN 2, which it does not map: %s", got)
 	}
 }
+
+// TestTargetPortalsAndSourcesWithLibiscsi: a target bound to one of two
+// portals is listed and reachable only there; an ACL entry with from
+// admits its initiator only from that address (127.0.0.1 here; libiscsi
+// cannot choose its source address, so the refusal is checked with a
+// network that excludes it).
+func TestTargetPortalsAndSourcesWithLibiscsi(t *testing.T) {
+	need(t, "iscsi-ls", "iscsi-inq")
+	second := freePort(t)
+	cfg := filepath.Join(t.TempDir(), "portals.toml")
+	write := func(first, from string) {
+		os.WriteFile(cfg, []byte(`
+[[target]]
+name = "iqn.2026-11.org.blockwire:everywhere"
+[[target.lun]]
+id = 0
+size = "8MiB"
+[[target]]
+name = "iqn.2026-11.org.blockwire:first-only"
+portals = ["`+first+`"]
+[[target.acl]]
+initiator = "iqn.2026-11.org.example:a"
+from = ["`+from+`"]
+[[target.lun]]
+id = 0
+size = "8MiB"
+`), 0o600)
+	}
+	write("127.0.0.1:1", "127.0.0.0/8")
+	d := serve(t, "--config", cfg, "--listen", second)
+	// The first portal is the daemon's --listen address: now known.
+	write(d.addr, "127.0.0.0/8")
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(300 * time.Millisecond)
+	ls := func(portal string) string {
+		out, _ := run(t, 30*time.Second, "iscsi-ls", "-i", "iqn.2026-11.org.example:a", "iscsi://"+portal)
+		return out
+	}
+	if out := ls(d.addr); !strings.Contains(out, "first-only") || !strings.Contains(out, "everywhere") {
+		t.Fatalf("its own portal lists both targets:\n%s", out)
+	}
+	if out := ls(second); strings.Contains(out, "first-only") || !strings.Contains(out, "everywhere") {
+		t.Fatalf("the other portal lists the bound target:\n%s", out)
+	}
+	inq := func(portal string) string {
+		out, _ := run(t, 30*time.Second, "iscsi-inq", "-i", "iqn.2026-11.org.example:a", "iscsi://"+portal+"/iqn.2026-11.org.blockwire:first-only/0")
+		return out
+	}
+	if out := inq(d.addr); !strings.Contains(out, "Vendor:BLOCKWIR") {
+		t.Fatalf("login through its portal:\n%s", out)
+	}
+	if out := inq(second); strings.Contains(out, "Vendor:BLOCKWIR") {
+		t.Fatalf("login through the other portal succeeded:\n%s", out)
+	}
+	write(d.addr, "192.0.2.0/24")
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	time.Sleep(300 * time.Millisecond)
+	if out := inq(d.addr); !strings.Contains(out, "Authorization failure") {
+		t.Fatalf("login from outside the entry's network:\n%s", out)
+	}
+}
