@@ -1,16 +1,16 @@
 package admin
 
 import (
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"mime"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
+
+	"github.com/blockwire/blockwire/internal/httpguard"
 )
 
 // Protect guards the API on a TCP listener at addr (host:port as it
@@ -25,21 +25,15 @@ import (
 //   - present the per-run token as "Authorization: Bearer TOKEN" (401),
 //     which only a user who can read the daemon's token file knows.
 func Protect(h http.Handler, addr, token string) http.Handler {
-	hosts := map[string]bool{strings.ToLower(addr): true}
-	if host, port, err := net.SplitHostPort(addr); err == nil {
-		if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
-			hosts["localhost:"+port] = true
-		}
-	}
-	want := []byte("Bearer " + token)
+	l := httpguard.For(addr)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !hosts[strings.ToLower(r.Host)] {
+		if !l.HostOK(r) {
 			fail(w, http.StatusMisdirectedRequest, fmt.Errorf("Host %q is not this API's address %s", r.Host, addr))
 			return
 		}
 		if o := r.Header.Get("Origin"); o != "" {
 			u, err := url.Parse(o)
-			if err != nil || u.Scheme != "http" || !hosts[strings.ToLower(u.Host)] {
+			if err != nil || u.Scheme != "http" || !l.HostOK(&http.Request{Host: u.Host}) {
 				fail(w, http.StatusForbidden, fmt.Errorf("cross-origin request from %q refused", o))
 				return
 			}
@@ -55,7 +49,7 @@ func Protect(h http.Handler, addr, token string) http.Handler {
 				return
 			}
 		}
-		if got := []byte(r.Header.Get("Authorization")); subtle.ConstantTimeCompare(got, want) != 1 {
+		if !httpguard.TokenOK(r, token) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="blockwire"`)
 			fail(w, http.StatusUnauthorized, errors.New("missing or wrong token: send Authorization: Bearer followed by the content of serve's --admin-http-token file"))
 			return

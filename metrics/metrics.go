@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/blockwire/blockwire/internal/httpguard"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/target"
 )
@@ -52,6 +53,27 @@ func Handler(c *Collector) http.Handler {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(c, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+}
+
+// Protect guards the metrics of a listener at addr: the Host must name
+// it (a web page that rebinds a name to it cannot read target and
+// initiator names: 421), and when token is set every scrape must send
+// "Authorization: Bearer token" (401) — Prometheus's authorization
+// credentials_file.
+func Protect(h http.Handler, addr, token string) http.Handler {
+	l := httpguard.For(addr)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !l.HostOK(r) {
+			http.Error(w, "Host does not name this listener", http.StatusMisdirectedRequest)
+			return
+		}
+		if token != "" && !httpguard.TokenOK(r, token) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="blockwire metrics"`)
+			http.Error(w, "bearer token required", http.StatusUnauthorized)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // Describe implements prometheus.Collector.

@@ -163,6 +163,7 @@ func serve(args []string, stderr io.Writer) int {
 	sessionIOBudget := fs.String("session-io-budget", "128MiB", "I/O buffers one session may hold; commands beyond get TASK SET FULL")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
 	metricsAddr := fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
+	metricsToken := fs.String("metrics-token-file", "", "with --metrics: require the bearer token in this file (Prometheus's authorization credentials_file)")
 	adminSocket := fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
 	adminHTTP := fs.String("admin-http", "", "also serve the administration API over HTTP on this loopback host:port (requests need the token of --admin-http-token)")
 	adminToken := fs.String("admin-http-token", defaultTokenFile(), "with --admin-http: write the API's per-run bearer token to this file (mode 0600)")
@@ -564,8 +565,25 @@ func serve(args []string, stderr io.Writer) int {
 			fmt.Fprintf(stderr, "blockwire: --metrics: %v\n", err)
 			return 1
 		}
+		token := ""
+		if *metricsToken != "" {
+			b, err := os.ReadFile(*metricsToken)
+			if token = strings.TrimSpace(string(b)); err != nil || token == "" {
+				ml.Close()
+				for _, o := range listeners {
+					o.Close()
+				}
+				closeDevices()
+				fmt.Fprintf(stderr, "blockwire: --metrics-token-file: %v (the file must hold the token)\n", err)
+				return 1
+			}
+		}
+		if metricsExposed(ml.Addr(), token) {
+			log.Warn("metrics on a non-loopback address without a token: anyone who reaches it reads every target's and initiator's name; give --metrics-token-file or listen on loopback",
+				"metrics", ml.Addr().String())
+		}
 		mux := http.NewServeMux()
-		mux.Handle("GET /metrics", metrics.Handler(metrics.New(lv.Devices, srv)))
+		mux.Handle("GET /metrics", metrics.Protect(metrics.Handler(metrics.New(lv.Devices, srv)), ml.Addr().String(), token))
 		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 		go hs.Serve(ml)
 		defer hs.Close()
@@ -775,6 +793,13 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 
 // targetAccess is a target's name, alias, ACL and CHAP credentials, without
 // its device.
+// metricsExposed reports whether metrics at addr without a token can be
+// read by anyone who reaches the host: a non-loopback address.
+func metricsExposed(addr net.Addr, token string) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && !ta.IP.IsLoopback() && token == ""
+}
+
 // setDiscovery applies the discovery sessions' access rules.
 func setDiscovery(srv *iscsitarget.Server, d *config.Discovery) error {
 	if d == nil {
