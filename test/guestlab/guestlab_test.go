@@ -30,8 +30,8 @@ import (
 
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
 var boots = [][]string{
-	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
-	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "our-srp-initiator"},
+	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
+	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "linux-srp-siw-acl", "our-srp-initiator"},
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 }
 
