@@ -2,6 +2,7 @@ package target
 
 import (
 	"encoding/binary"
+	"fmt"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/bufpool"
@@ -213,6 +214,15 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 		c.freeSlot(t)
 		c.freeTask(t)
 		return nil
+	}
+	if n := len(c.tasks); n >= 2*int(c.sess.window) {
+		// The window (non-immediate) and admitImmediate (immediate)
+		// keep a connection below this; an initiator past it ignores
+		// both, and is dropped with its tasks.
+		c.mu.Unlock()
+		c.freeSlot(t)
+		c.freeTask(t)
+		return &datamover.ProtocolError{Err: fmt.Errorf("iscsi: %d tasks on one connection, twice the command window of %d", n, c.sess.window)}
 	}
 	c.tasks[t.itt] = t
 	c.inflight.Add(1)
