@@ -28,7 +28,7 @@ func Protect(h http.Handler, addr, token string) http.Handler {
 	l := httpguard.For(addr)
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if !l.HostOK(r) {
-			fail(w, http.StatusMisdirectedRequest, fmt.Errorf("Host %q is not this API's address %s", r.Host, addr))
+			fail(w, http.StatusMisdirectedRequest, fmt.Errorf("the Host %q is not this API's address %s", r.Host, addr))
 			return
 		}
 		if o := r.Header.Get("Origin"); o != "" {
@@ -45,7 +45,7 @@ func Protect(h http.Handler, addr, token string) http.Handler {
 		if r.Method != http.MethodGet && r.Method != http.MethodHead {
 			mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 			if err != nil || mt != "application/json" {
-				fail(w, http.StatusUnsupportedMediaType, errors.New("Content-Type must be application/json"))
+				fail(w, http.StatusUnsupportedMediaType, errors.New("the Content-Type must be application/json"))
 				return
 			}
 		}
