@@ -92,7 +92,7 @@ type Options struct {
 //	GET    /luns                                every target's LUNs
 //	POST   /luns                                add a LUN (NewLU)
 //	DELETE /targets/{target}/luns/{lun}         remove a LUN
-//	POST   /targets/{target}/luns/{lun}/resize?size=BYTES
+//	POST   /targets/{target}/luns/{lun}/resize?size=BYTES[&shrink=true]
 //	POST   /targets                             add a target (NewTarget)
 //	DELETE /targets/{target}                    remove a target
 //	PUT    /targets/{target}/initiators         set the ACL (a JSON list; empty: everyone)
@@ -163,6 +163,11 @@ func Handler(o Options) http.Handler {
 			fail(w, http.StatusBadRequest, errors.New("size: a positive number of bytes"))
 			return
 		}
+		if cur, ok := lunSize(c, r.PathValue("target"), n); ok && size < cur && r.URL.Query().Get("shrink") != "true" {
+			fail(w, http.StatusConflict, fmt.Errorf("%s LUN %d holds %d bytes: resizing it to %d would lose the data past that (blockwire admin resize --shrink, or shrink=true, if that is meant)",
+				r.PathValue("target"), n, cur, size))
+			return
+		}
 		done(w, c.ResizeLU(r.PathValue("target"), n, size), map[string]any{"resized": n, "size": size})
 	})
 	mux.HandleFunc("POST /targets", func(w http.ResponseWriter, r *http.Request) {
@@ -209,6 +214,18 @@ func pathsOK(w http.ResponseWriter, dirs []string, luns ...NewLU) bool {
 		}
 	}
 	return true
+}
+
+// lunSize is a LUN's size in bytes.
+func lunSize(c Control, tgt string, lun uint64) (int64, bool) {
+	for _, d := range c.Devices() {
+		if d.Name() == tgt {
+			if lu := d.LU(lun); lu != nil {
+				return int64(lu.Blocks()) * int64(lu.BlockSize()), true
+			}
+		}
+	}
+	return 0, false
 }
 
 func lunOf(name string, lu *target.LU) LUN {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -27,23 +28,37 @@ const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PO
   luns                              every target's LUNs
   add-lun TARGET LUN (--size S | --file F | --remote URL) [--block-size N] [--read-only]
   remove-lun TARGET LUN
-  resize TARGET LUN SIZE            connected initiators get CAPACITY DATA HAS CHANGED
+  resize TARGET LUN SIZE [--shrink] connected initiators get CAPACITY DATA HAS CHANGED;
+                                    a smaller size needs --shrink (the data past it is lost)
   add-target NAME (--size S | --file F | --remote URL) [--initiators A,B]   with LUN 0
   remove-target NAME                closes its sessions
   set-initiators TARGET [A,B,...]   the ACL for logins from now on (none: everyone)
   reload                            apply the configuration file's changes (as SIGHUP)
   save [FILE]                       write the running configuration (default: its file)
-The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET); --url is
+The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET; default
+/run/blockwire/admin.sock, the systemd unit's); --url is
 serve's --admin-http, with the token serve wrote to its --admin-http-token file.
 File paths (add-lun --file, save FILE) must lie in a directory serve was given
 with --admin-dir (admin_dirs).
 `
 
+// defaultAdminSocket is where the systemd unit (packaging/) puts the
+// administration socket; admin uses it when told no other.
+const defaultAdminSocket = "/run/blockwire/admin.sock"
+
+// adminVerbs are the verbs admin knows.
+var adminVerbs = map[string]bool{"sessions": true, "drop": true, "luns": true, "add-lun": true, "remove-lun": true, "resize": true,
+	"add-target": true, "remove-target": true, "set-initiators": true, "reload": true, "save": true}
+
 // adminVerb is the client of the administration API (package admin).
 func adminVerb(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	sock := fs.String("socket", os.Getenv("BLOCKWIRE_ADMIN_SOCKET"), "the administration socket")
+	defSock := os.Getenv("BLOCKWIRE_ADMIN_SOCKET")
+	if defSock == "" {
+		defSock = defaultAdminSocket
+	}
+	sock := fs.String("socket", defSock, "the administration socket (or BLOCKWIRE_ADMIN_SOCKET)")
 	apiURL := fs.String("url", "", "the administration API over HTTP (serve --admin-http), instead of the socket")
 	tokenFile := fs.String("token-file", defaultTokenFile(), "with --url: the file holding serve's token")
 	size := fs.String("size", "", "add-lun: an in-memory LUN of this size")
@@ -51,9 +66,19 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
 	blockSize := fs.Int("block-size", 0, "add-lun: logical block size")
 	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
+	shrink := fs.Bool("shrink", false, "resize: allow a smaller size (the data past it is lost)")
 	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
 	pos, err := parse(fs, args)
-	if err != nil || len(pos) == 0 || *sock == "" && *apiURL == "" {
+	if errors.Is(err, flag.ErrHelp) {
+		io.WriteString(stdout, adminUsage)
+		return exitOK
+	}
+	if err != nil || len(pos) == 0 {
+		io.WriteString(stderr, adminUsage)
+		return exitUsage
+	}
+	if !adminVerbs[pos[0]] {
+		fmt.Fprintf(stderr, "blockwire admin: unknown admin verb %q\n\n", pos[0])
 		io.WriteString(stderr, adminUsage)
 		return exitUsage
 	}
@@ -86,7 +111,10 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		}
 		resp, err := client.Do(req)
 		if err != nil {
-			return err
+			if *apiURL == "" {
+				return &unreachable{fmt.Errorf("cannot reach the administration socket %s (%v): is blockwire serve running with --admin-socket %s?", *sock, errors.Unwrap(err), *sock)}
+			}
+			return &unreachable{fmt.Errorf("cannot reach the administration API at %s (%v): is blockwire serve running with --admin-http?", *apiURL, errors.Unwrap(err))}
 		}
 		defer resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
@@ -171,7 +199,11 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "blockwire: SIZE:", perr)
 			return exitUsage
 		}
-		err = call("POST", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+"/resize?size="+strconv.FormatInt(sz, 10), nil, &res)
+		q := "?size=" + strconv.FormatInt(sz, 10)
+		if *shrink {
+			q += "&shrink=true"
+		}
+		err = call("POST", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+"/resize"+q, nil, &res)
 	case "add-target":
 		if !need(2) {
 			return exitUsage
@@ -210,12 +242,19 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "blockwire admin:", err)
+		var u *unreachable
+		if errors.As(err, &u) {
+			return exitUnreachable
+		}
 		return 1
 	}
 	b, _ := json.Marshal(res)
 	fmt.Fprintln(stdout, string(b))
 	return exitOK
 }
+
+// unreachable is an administration endpoint that did not answer.
+type unreachable struct{ error }
 
 func splitList(s string) []string {
 	var out []string

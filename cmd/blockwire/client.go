@@ -174,6 +174,9 @@ func signalContext() (context.Context, context.CancelFunc) {
 func discover(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("discover", stderr)
 	pos, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
 	if err != nil || len(pos) != 1 {
 		fmt.Fprintln(stderr, "usage: blockwire discover [flags] PORTAL   (host[:port] or iscsi://host[:port])")
 		return exitUsage
@@ -227,7 +230,10 @@ func checkURL(u string) error {
 		_, err := srpinit.ParseURL(u)
 		return err
 	}
-	_, err := initiator.ParseURL(u)
+	pu, err := initiator.ParseURL(u)
+	if err == nil && (pu.Target == "" || !pu.HasLUN) {
+		err = fmt.Errorf("URL %q names no LUN: write iscsi://HOST[:PORT]/TARGET-IQN/LUN (blockwire discover HOST lists the targets)", u)
+	}
 	return err
 }
 
@@ -255,6 +261,9 @@ func openURL(ctx context.Context, url string, o *initiator.Options, ts string, s
 func inquiry(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("inquiry", stderr)
 	pos, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
 	if err != nil || len(pos) != 1 {
 		io.WriteString(stderr, "usage: blockwire inquiry [flags] iscsi://[user[%password]@]host[:port]/iqn/lun\n")
 		return exitUsage
@@ -293,6 +302,9 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 	length := fs.String("length", "", "bytes to read (default: to the end)")
 	out := fs.String("out", "-", "output file (- for standard output)")
 	pos, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
 	if err != nil || len(pos) != 1 {
 		fmt.Fprintln(stderr, "usage: blockwire read [flags] URL [--offset N] [--length N] [--out FILE]")
 		return exitUsage
@@ -344,8 +356,12 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 func writeVerb(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("write", stderr)
 	off := fs.String("offset", "0", "byte offset (block aligned)")
-	in := fs.String("in", "-", "input file (- for standard input)")
+	in := fs.String("in", "-", "input file (- for standard input); its size a multiple of the block size")
+	pad := fs.Bool("pad", false, "fill a short last block with zeroes (as dd conv=sync) instead of refusing")
 	pos, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
 	if err != nil || len(pos) != 1 {
 		fmt.Fprintln(stderr, "usage: blockwire write [flags] URL --in FILE [--offset N]")
 		return exitUsage
@@ -355,6 +371,12 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
+	if *in != "-" && !*pad {
+		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() && st.Size()%512 != 0 {
+			fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the block size (512 or 4096): pad it, or pass --pad to fill the last block with zeroes\n", *in, st.Size())
+			return exitUsage
+		}
+	}
 	ctx, cancel := signalContext()
 	defer cancel()
 	d, code := openURL(ctx, pos[0], o, *ts, stderr)
@@ -362,6 +384,12 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
+	if *in != "-" && !*pad {
+		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() && st.Size()%int64(d.BlockSize()) != 0 {
+			fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the LUN's %d-byte block: pad it, or pass --pad to fill the last block with zeroes\n", *in, st.Size(), d.BlockSize())
+			return exitUsage
+		}
+	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {
 		f, err := os.Open(*in)
@@ -379,6 +407,10 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		n, err := io.ReadFull(r, buf)
 		if n > 0 {
 			if n%bs != 0 {
+				if !*pad {
+					fmt.Fprintf(stderr, "blockwire: the input ends %d bytes into a %d-byte block (%d bytes written): pass --pad to fill the last block with zeroes\n", n%bs, bs, at-start)
+					return exitUsage
+				}
 				// Pad a short last block with zeroes, as dd conv=sync does.
 				pad := bs - n%bs
 				clear(buf[n : n+pad])
@@ -414,8 +446,12 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("time", 10*time.Second, "run time")
 	region := fs.String("size", "256MiB", "size of the region used, from offset 0 (capped at the LUN size)")
 	verify := fs.Bool("verify", false, "check data: reads see a known pattern, writes are read back and compared")
+	overwrite := fs.Bool("overwrite", false, "with --verify on a read workload: let it first write its pattern over the region (destroying the data there)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (go tool pprof) to this file")
 	pos, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
 	if err != nil || len(pos) != 1 {
 		fmt.Fprintln(stderr, "usage: blockwire bench [flags] URL")
 		return exitUsage
@@ -440,6 +476,14 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	bs64, err := config.ParseSize(*bsFlag)
 	if err != nil || *qd < 1 {
 		fmt.Fprintln(stderr, "blockwire: bad --bs or --qd")
+		return exitUsage
+	}
+	if *dur <= 0 {
+		fmt.Fprintf(stderr, "blockwire: --time %v: give a positive duration, such as 10s or 1m\n", *dur)
+		return exitUsage
+	}
+	if *verify && !write && !*overwrite {
+		fmt.Fprintf(stderr, "blockwire: --verify on a %s workload first writes its pattern over the region it reads (--size, %s from offset 0), destroying the data there: add --overwrite if that is what you want\n", *rw, *region)
 		return exitUsage
 	}
 	regionSize, err := config.ParseSize(*region)

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -79,6 +81,9 @@ func openEndpoint(ctx context.Context, name string, write bool, o initiator.Opti
 func copyVerb(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("copy", stderr)
 	pos, err := parse(fs, args)
+	if errors.Is(err, flag.ErrHelp) {
+		return exitOK
+	}
 	if err != nil || len(pos) != 2 {
 		fmt.Fprintln(stderr, "usage: blockwire copy [flags] SRC DST   (each a file or an iscsi://, iser:// or srp:// URL)")
 		return exitUsage

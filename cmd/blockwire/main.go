@@ -80,8 +80,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "serve":
 		return serve(args[1:], stderr)
 	case "config":
+		const configUsage = "usage: blockwire config check FILE   validate a configuration file (TOML) and report every error with its place\n"
+		if len(args) >= 2 && (args[len(args)-1] == "-h" || args[len(args)-1] == "--help") {
+			io.WriteString(stdout, configUsage)
+			return 0
+		}
 		if len(args) != 3 || args[1] != "check" {
-			io.WriteString(stderr, usage)
+			io.WriteString(stderr, configUsage)
 			return 2
 		}
 		if _, err := config.Load(args[2]); err != nil {
@@ -182,7 +187,28 @@ func serve(args []string, stderr io.Writer) int {
 	fs.Var(&srpRoceListen, "srp-roce-listen", "also serve the first target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe, and to the IOC GUID as service ID with the whole login) on address:port (IPv4 or [IPv6]) (repeatable)")
 	srpID := fs.String("srp-id-ext", "", "SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "blockwire serve: unexpected argument %q (serve takes only flags; blockwire serve -h lists them)\n", fs.Arg(0))
+		return 2
+	}
+	if *cfgPath != "" {
+		// The file describes the targets: flags that would describe
+		// LUN 0 of a default target are refused, not silently ignored.
+		var clash []string
+		for _, n := range []string{"iqn", "size", "file", "grow", "remote", "rbd", "ceph-conf", "ceph-keyring", "ceph-user", "tpgt", "port-groups", "block-size", "read-only", "removable"} {
+			if isSet(fs, n) {
+				clash = append(clash, "--"+n)
+			}
+		}
+		if len(clash) > 0 {
+			fmt.Fprintf(stderr, "blockwire serve: %s describe the default target, which --config replaces: put them in the file instead\n", strings.Join(clash, ", "))
+			return 2
+		}
 	}
 	for _, d := range []struct{ name, v string }{{"--header-digest", *hdigest}, {"--data-digest", *ddigest}} {
 		if d.v != "optional" && d.v != "required" {
@@ -243,7 +269,9 @@ func serve(args []string, stderr io.Writer) int {
 			}},
 		}
 		if err := cfg.Validate(); err != nil {
-			fmt.Fprintln(stderr, err)
+			// Name the flags, not the places in a file the user has not
+			// written.
+			fmt.Fprintln(stderr, flagNames.Replace(err.Error()))
 			return 2
 		}
 	}
@@ -793,6 +821,13 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 
 // targetAccess is a target's name, alias, ACL and CHAP credentials, without
 // its device.
+// flagNames turns the places of the default target's configuration into
+// the serve flags that set them.
+var flagNames = strings.NewReplacer(
+	"target[0].lun[0].size", "--size", "target[0].lun[0].block_size", "--block-size", "target[0].lun[0].file", "--file",
+	"target[0].lun[0].remote", "--remote", "target[0].lun[0].rbd", "--rbd", "target[0].lun[0]", "LUN 0 (--size, --file, --remote, --rbd)",
+	"target[0].name", "--iqn", "target[0].tpgt", "--tpgt", "target[0].port_groups", "--port-groups", "target[0]", "the target (--iqn)")
+
 // metricsExposed reports whether metrics at addr without a token can be
 // read by anyone who reaches the host: a non-loopback address.
 func metricsExposed(addr net.Addr, token string) bool {

@@ -1,7 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"net"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -18,6 +22,59 @@ func TestMetricsExposedWarning(t *testing.T) {
 	} {
 		if got := metricsExposed(&net.TCPAddr{IP: net.ParseIP(c.ip), Port: 9100}, c.token); got != c.want {
 			t.Errorf("%s token %q: %v", c.ip, c.token, got)
+		}
+	}
+}
+
+// TestHelpAndExitCodes: every verb's -h/--help exits 0; usage errors exit
+// 2 and name the problem — bad flags, extra arguments, malformed URLs
+// (no LUN, a port out of range, IPv6 without brackets), unknown admin
+// verbs, inputs that would be silently adjusted (issue 26).
+func TestHelpAndExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.toml")
+	os.WriteFile(empty, []byte("listen = [\"127.0.0.1:3260\"]\n"), 0o600)
+	odd := filepath.Join(dir, "odd.bin")
+	os.WriteFile(odd, make([]byte, 1000), 0o600)
+	u := "iscsi://127.0.0.1:1/iqn.2026-11.org.example:t/0"
+	for _, c := range []struct {
+		args []string
+		code int
+		says string // in stdout+stderr
+	}{
+		{[]string{"--help"}, 0, "Usage"},
+		{[]string{"serve", "-h"}, 0, "-listen"},
+		{[]string{"serve", "--help"}, 0, "-listen"},
+		{[]string{"inquiry", "--help"}, 0, "-initiator-name"},
+		{[]string{"read", "-h"}, 0, "-offset"},
+		{[]string{"write", "-h"}, 0, "-in"},
+		{[]string{"copy", "-h"}, 0, ""},
+		{[]string{"bench", "-h"}, 0, "-verify"},
+		{[]string{"discover", "-h"}, 0, ""},
+		{[]string{"admin", "-h"}, 0, "sessions"},
+		{[]string{"config", "check", "--help"}, 0, "config check FILE"},
+		{[]string{"config", "check", "-h"}, 0, "config check FILE"},
+		{[]string{"bogus"}, 2, `unknown command "bogus"`},
+		{[]string{"admin", "--socket", filepath.Join(dir, "s"), "bogus"}, 2, `unknown admin verb "bogus"`},
+		{[]string{"serve", "extra-arg"}, 2, `unexpected argument "extra-arg"`},
+		{[]string{"serve", "--config", empty, "--size", "2GiB"}, 2, "--size"},
+		{[]string{"serve", "--config", empty, "--iqn", "iqn.2026-11.org.example:x"}, 2, "--iqn"},
+		{[]string{"serve", "--size", "1000"}, 2, "--size: 1000 bytes is not a multiple of the 512-byte block"},
+		{[]string{"serve", "--size", "-1"}, 2, "--size"},
+		{[]string{"config", "check", empty}, 1, "serves nothing"},
+		{[]string{"inquiry", "iscsi://127.0.0.1:1/iqn.2026-11.org.example:t"}, 2, "LUN"},
+		{[]string{"inquiry", "iscsi://127.0.0.1:99999/iqn.2026-11.org.example:t/0"}, 2, "port"},
+		{[]string{"inquiry", "iscsi://::1:3260/iqn.2026-11.org.example:t/0"}, 2, "brackets"},
+		{[]string{"bench", "--time", "-1s", u}, 2, "--time"},
+		{[]string{"bench", "--rw", "randread", "--verify", u}, 2, "--overwrite"},
+		{[]string{"write", "--in", odd, u}, 2, "not a multiple"},
+		{[]string{"inquiry", u}, 3, ""},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(c.args, &out, &errOut)
+		all := out.String() + errOut.String()
+		if code != c.code || !strings.Contains(all, c.says) {
+			t.Errorf("blockwire %s: exit %d, want %d with %q:\n%s", strings.Join(c.args, " "), code, c.code, c.says, all)
 		}
 	}
 }

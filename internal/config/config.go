@@ -414,6 +414,9 @@ func Load(path string) (*Config, error) {
 	var c Config
 	md, err := toml.DecodeFile(path, &c)
 	if err != nil {
+		if strings.Contains(err.Error(), "destination has type string") {
+			err = fmt.Errorf("%w (write it as a string in quotes: size = \"64MiB\", durations as \"15s\")", err)
+		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
 	var errs []error
@@ -621,8 +624,10 @@ func (c *Config) Validate() error {
 					add("%s: remote excludes file and size (the remote LUN has its own)", lw)
 				}
 			} else if l.Size != "" {
-				if _, err := ParseSize(l.Size); err != nil {
+				if n, err := ParseSize(l.Size); err != nil {
 					add("%s.size: %v", lw, err)
+				} else if bs := max(l.BlockSize, 512); n%int64(bs) != 0 {
+					add("%s.size: %d bytes is not a multiple of the %d-byte block", lw, n, bs)
 				}
 			} else if l.File == "" {
 				add("%s: an in-memory LUN needs a size", lw)
@@ -641,6 +646,9 @@ func (c *Config) Validate() error {
 				add("discovery%s", strings.TrimPrefix(line, "target[0]"))
 			}
 		}
+	}
+	if len(c.Targets) == 0 {
+		add("no [[target]]: the configuration serves nothing (add a [[target]] with a name and a [[target.lun]])")
 	}
 	for _, i := range c.SRPTargets() {
 		if t := c.Targets[i]; t.Protected() && !t.srpListed() {
@@ -725,7 +733,7 @@ func ParseSize(s string) (int64, error) {
 	}
 	n, err := strconv.ParseInt(strings.TrimSpace(t), 10, 64)
 	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("bad size %q", s)
+		return 0, fmt.Errorf("bad size %q: a positive number of bytes, or with a unit: KiB, MiB, GiB, TiB (K, M, G, T are the same)", s)
 	}
 	if n > (1<<62)/mult {
 		return 0, fmt.Errorf("size %q too large", s)

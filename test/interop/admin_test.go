@@ -70,6 +70,19 @@ func TestAdminAtRuntime(t *testing.T) {
 		t.Fatalf("READ CAPACITY(16) after resize: %v, %d blocks", err, be.BigEndian.Uint64(buf)+1)
 	}
 
+	// Shrinking loses data: refused unless asked for.
+	if out, code := blockwire(t, "admin", "--socket", sock, "resize", defaultIQN, "0", "1MiB"); code == 0 || !strings.Contains(out, "--shrink") {
+		t.Fatalf("resize to a smaller size without --shrink: exit %d\n%s", code, out)
+	}
+	if err := do(0, readCap16, buf[:32]); err != nil || be.BigEndian.Uint64(buf)+1 != 128<<20/512 {
+		t.Fatalf("a refused shrink changed the LUN: %v, %d blocks", err, be.BigEndian.Uint64(buf)+1)
+	}
+	adm("resize", defaultIQN, "0", "96MiB", "--shrink")
+	do(0, readCap16, buf[:32]) // CAPACITY DATA HAS CHANGED
+	if err := do(0, readCap16, buf[:32]); err != nil || be.BigEndian.Uint64(buf)+1 != 96<<20/512 {
+		t.Fatalf("resize --shrink: %v, %d blocks", err, be.BigEndian.Uint64(buf)+1)
+	}
+
 	out := adm("sessions")
 	if !strings.Contains(out, initiator.DefaultInitiatorName) || !strings.Contains(out, ":tcp:127.0.0.1:") {
 		t.Fatalf("sessions:\n%s", out)
@@ -111,7 +124,7 @@ func TestAdminAtRuntime(t *testing.T) {
 		t.Fatalf("the saved configuration does not check (exit %d):\n%s", code, out)
 	}
 	b, _ := os.ReadFile(saved)
-	if !strings.Contains(string(b), second) || !strings.Contains(string(b), `size = "134217728"`) {
+	if !strings.Contains(string(b), second) || !strings.Contains(string(b), `size = "100663296"`) {
 		t.Fatalf("saved configuration:\n%s", b)
 	}
 	adm("remove-target", second)

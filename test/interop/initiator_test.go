@@ -151,7 +151,7 @@ func TestInitiatorBenchVerifyAgainstOurTarget(t *testing.T) {
 	url := d.url(defaultIQN, 0)
 	for _, rw := range []string{"randwrite", "randread", "write", "read"} {
 		for _, qd := range []string{"1", "32"} {
-			out, code := blockwire(t, "bench", "--rw", rw, "--qd", qd, "--time", "2s", "--size", "16MiB", "--verify", url)
+			out, code := blockwire(t, "bench", "--rw", rw, "--qd", qd, "--time", "2s", "--size", "16MiB", "--verify", "--overwrite", url)
 			if code != 0 || !strings.Contains(out, "verify: 0 mismatches") || !strings.Contains(out, "IOPS=") {
 				t.Fatalf("bench %s qd %s (exit %d):\n%s", rw, qd, code, out)
 			}

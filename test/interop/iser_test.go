@@ -43,7 +43,7 @@ func TestISERBenchVerifyAndCopy(t *testing.T) {
 // pass; the figures are logged.
 func benchVerify(t *testing.T, label, url string, args ...string) {
 	t.Helper()
-	out, code := blockwire(t, append(append([]string{"bench", "--time", "2s", "--verify"}, args...), url)...)
+	out, code := blockwire(t, append(append([]string{"bench", "--time", "2s", "--verify", "--overwrite"}, args...), url)...)
 	if code != 0 || !strings.Contains(out, "verify: 0 mismatches") || !strings.Contains(out, "IOPS=") {
 		t.Fatalf("%s bench %v (exit %d):\n%s", label, args, code, out)
 	}

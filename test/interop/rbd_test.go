@@ -234,7 +234,7 @@ func TestRBDGatewayDiesUnderLoad(t *testing.T) {
 		a.cmd.Process.Signal(syscall.SIGKILL)
 	}()
 	out, code := blockwire(t, "bench", "--rw", "randwrite", "--bs", "4k", "--qd", "16", "--size", "64MiB", "--time", "10s",
-		"--verify", "--path", b.addr, a.url(defaultIQN, 0))
+		"--verify", "--overwrite", "--path", b.addr, a.url(defaultIQN, 0))
 	if code != 0 || !strings.Contains(out, "verify: 0 mismatches") {
 		t.Fatalf("bench --verify through a gateway that died (exit %d):\n%s", code, out)
 	}

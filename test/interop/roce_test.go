@@ -27,7 +27,7 @@ func TestISEROverRoCEDecodedByTshark(t *testing.T) {
 	}
 	url := "iser://127.0.0.2:3260/" + defaultIQN + "/0"
 	for _, rw := range []string{"write", "randread"} {
-		out, code := blockwire(t, "bench", "--rw", rw, "--bs", "16k", "--qd", "4", "--time", "1s", "--size", "4MiB", "--verify", "--roce", "127.0.0.1:"+udpPort, url)
+		out, code := blockwire(t, "bench", "--rw", rw, "--bs", "16k", "--qd", "4", "--time", "1s", "--size", "4MiB", "--verify", "--overwrite", "--roce", "127.0.0.1:"+udpPort, url)
 		if code != 0 || !strings.Contains(out, "verify: 0 mismatches") {
 			t.Fatalf("bench --verify %s over RoCEv2 (exit %d):\n%s", rw, code, out)
 		}

@@ -6,7 +6,7 @@ U=iscsi://127.0.0.1:3260/$IQN/0
 rc=0
 for rw in randwrite randread; do
   for qd in 1 32; do
-    /lab/bin/blockwire bench --verify --rw $rw --qd $qd --time 3s --size 32MiB $U > /tmp/b.out 2>&1 || rc=1
+    /lab/bin/blockwire bench --verify --overwrite --rw $rw --qd $qd --time 3s --size 32MiB $U > /tmp/b.out 2>&1 || rc=1
     grep -E "IOPS=|verify" /tmp/b.out
     grep -q "verify: 0 mismatches" /tmp/b.out || { cat /tmp/b.out; rc=1; }
   done

@@ -16,7 +16,7 @@ U=iser://$LADDR:3260/$IQN/0
 rc=0
 for rw in randwrite randread; do
   for qd in 1 8; do
-    timeout 90 $BW /lab/bin/blockwire bench --roce $BADDR --verify --rw $rw --qd $qd --time 3s --size 16MiB $U > /tmp/b.out 2>&1 || rc=1
+    timeout 90 $BW /lab/bin/blockwire bench --roce $BADDR --verify --overwrite --rw $rw --qd $qd --time 3s --size 16MiB $U > /tmp/b.out 2>&1 || rc=1
     grep -E "IOPS=|verify|blockwire:" /tmp/b.out
     cat /tmp/b.out >> /tmp/ini.log
     grep -q "verify: 0 mismatches" /tmp/b.out || { tail -5 /tmp/b.out; rc=1; }

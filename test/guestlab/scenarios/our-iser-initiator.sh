@@ -23,7 +23,7 @@ rc=0
 # ib_iser's do: tgt registers a fresh buffer for anything larger, and ran
 # the 2 GiB guest out of memory with 1 MiB commands.)
 for rw in randwrite randread; do
-  timeout 90 /lab/bin/blockwire bench --verify --rw $rw --qd 8 --time 3s --size 8MiB $U > /tmp/b.out 2>&1 || rc=1
+  timeout 90 /lab/bin/blockwire bench --verify --overwrite --rw $rw --qd 8 --time 3s --size 8MiB $U > /tmp/b.out 2>&1 || rc=1
   grep -E "IOPS=|verify|blockwire:" /tmp/b.out
   cat /tmp/b.out >> /tmp/ini.log
   grep -q "verify: 0 mismatches" /tmp/b.out || { tail -5 /tmp/b.out; rc=1; }

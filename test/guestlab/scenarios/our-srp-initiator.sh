@@ -21,7 +21,7 @@ rm -f /tmp/src /tmp/back /tmp/srpi.log
 rc=0
 for qd in 1 16; do
   for rw in randwrite randread; do
-    timeout 90 /lab/bin/blockwire bench --verify --rw $rw --qd $qd --time 2s --size 8MiB $U > /tmp/b.out 2>&1 || rc=1
+    timeout 90 /lab/bin/blockwire bench --verify --overwrite --rw $rw --qd $qd --time 2s --size 8MiB $U > /tmp/b.out 2>&1 || rc=1
     grep -E "IOPS=|verify|blockwire:" /tmp/b.out
     cat /tmp/b.out >> /tmp/srpi.log
     grep -q "verify: 0 mismatches" /tmp/b.out || { tail -5 /tmp/b.out; rc=1; }
