@@ -17,10 +17,11 @@ import (
 
 // endpoint is one side of a copy: a local file or an iSCSI LUN.
 type endpoint struct {
-	name string
-	dev  device
-	f    *os.File
-	size int64
+	name   string
+	dev    device
+	f      *os.File
+	size   int64
+	sparse bool // a regular file written from scratch: zeroes become holes
 }
 
 func (e *endpoint) ReadAt(p []byte, off int64) (int, error) {
@@ -35,6 +36,41 @@ func (e *endpoint) WriteAt(p []byte, off int64) (int, error) {
 		return e.dev.WriteAt(p, off)
 	}
 	return e.f.WriteAt(p, off)
+}
+
+// writeSparse writes p at off; to a regular file it skips the 64 KiB
+// pieces that are all zeroes, leaving holes (the file was sized first).
+func (e *endpoint) writeSparse(p []byte, off int64) error {
+	if e.dev != nil || !e.sparse {
+		_, err := e.WriteAt(p, off)
+		return err
+	}
+	const piece = 64 << 10
+	for i := 0; i < len(p); i += piece {
+		q := p[i:min(i+piece, len(p))]
+		if allZero(q) {
+			continue
+		}
+		if _, err := e.f.WriteAt(q, off+int64(i)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func allZero(b []byte) bool {
+	for len(b) >= 8 {
+		if b[0]|b[1]|b[2]|b[3]|b[4]|b[5]|b[6]|b[7] != 0 {
+			return false
+		}
+		b = b[8:]
+	}
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 func (e *endpoint) close() error {
@@ -73,7 +109,7 @@ func openEndpoint(ctx context.Context, name string, write bool, o initiator.Opti
 		f.Close()
 		return nil, err
 	}
-	return &endpoint{name: name, f: f, size: st.Size()}, nil
+	return &endpoint{name: name, f: f, size: st.Size(), sparse: write && st.Mode().IsRegular()}, nil
 }
 
 // copyVerb copies file to LUN, LUN to file or LUN to LUN, with a progress
@@ -115,6 +151,19 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 		return fail(stderr, err)
 	}
 	n := src.size
+	if dst.sparse {
+		// A regular file becomes the image: exactly n bytes, holes where
+		// the source reads zeroes (writeSparse skips them), as qemu-img
+		// convert makes it.
+		err := dst.f.Truncate(0)
+		if err == nil {
+			err = dst.f.Truncate(n)
+		}
+		if err != nil {
+			dst.close()
+			return fail(stderr, err)
+		}
+	}
 	if dst.dev != nil && n > dst.size {
 		fmt.Fprintf(stderr, "blockwire: %s (%d bytes) does not fit in %s (%d bytes)\n", src.name, n, dst.name, dst.size)
 		dst.close()
@@ -143,7 +192,7 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 			dst.close()
 			return fail(stderr, err)
 		}
-		if _, err := dst.WriteAt(buf[:c], off); err != nil {
+		if err := dst.writeSparse(buf[:c], off); err != nil {
 			dst.close()
 			return fail(stderr, err)
 		}

@@ -1,9 +1,12 @@
 package interop
 
 import (
+	"bytes"
+	"crypto/rand"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -109,4 +112,38 @@ func TestAdminHTTPNeedsTheToken(t *testing.T) {
 	if code != 0 || !strings.Contains(out, defaultIQN+"  1") || strings.Contains(out, defaultIQN+"  2") {
 		t.Fatalf("luns: exit %d\n%s", code, out)
 	}
+}
+
+// TestCopyToAFileIsSparse: copying a LUN to a file makes a file exactly
+// the LUN's size whose zeroed ranges are holes, as qemu-img's are; an
+// existing larger file is replaced, not left with a stale tail (issue 26:
+// the copy was fully allocated).
+func TestCopyToAFileIsSparse(t *testing.T) {
+	d := serve(t, "--size", "64MiB")
+	dir := t.TempDir()
+	src := filepath.Join(dir, "src.img")
+	data := make([]byte, 8<<20)
+	rand.Read(data)
+	os.WriteFile(src, data, 0o600)
+	if out, code := blockwire(t, "copy", src, d.url(defaultIQN, 0)); code != 0 {
+		t.Fatalf("copy in: exit %d\n%s", code, out)
+	}
+	back := filepath.Join(dir, "back.img")
+	os.WriteFile(back, bytes.Repeat([]byte{0xff}, 80<<20), 0o600) // larger, and not zero
+	if out, code := blockwire(t, "copy", d.url(defaultIQN, 0), back); code != 0 {
+		t.Fatalf("copy out: exit %d\n%s", code, out)
+	}
+	st, err := os.Stat(back)
+	if err != nil || st.Size() != 64<<20 {
+		t.Fatalf("copy is %d bytes, want the LUN's 64 MiB: %v", st.Size(), err)
+	}
+	allocated := st.Sys().(*syscall.Stat_t).Blocks * 512
+	if allocated > 12<<20 {
+		t.Fatalf("a 64 MiB LUN with 8 MiB of data copied to a file allocating %d MiB", allocated>>20)
+	}
+	got, _ := os.ReadFile(back)
+	if !bytes.Equal(got[:len(data)], data) || !bytes.Equal(got[len(data):], make([]byte, len(got)-len(data))) {
+		t.Fatal("the sparse copy reads back different data")
+	}
+	t.Logf("64 MiB LUN with 8 MiB written: the file copy allocates %d MiB", allocated>>20)
 }
