@@ -71,8 +71,9 @@ type Control interface {
 	// Reload applies the configuration file's changes (as SIGHUP does).
 	Reload() error
 	// Save writes the running configuration to its file (or to path)
-	// and returns where.
-	Save(path string) (string, error)
+	// and returns where, and where the file it replaced was kept ("":
+	// there was none).
+	Save(path string) (saved, backup string, err error)
 }
 
 // Options connect the API to the running process.
@@ -196,8 +197,13 @@ func Handler(o Options) http.Handler {
 				return
 			}
 		}
-		path, err := c.Save(path)
-		done(w, err, map[string]any{"saved": path})
+		saved, backup, err := c.Save(path)
+		out := map[string]any{"saved": saved}
+		if backup != "" {
+			out["backup"] = backup
+			out["note"] = "comments and layout of the replaced file are not kept; it is in the backup"
+		}
+		done(w, err, out)
 	})
 	return mux
 }

@@ -36,11 +36,11 @@ func (f *fakeControl) AddTarget(n NewTarget) error          { return nil }
 func (f *fakeControl) RemoveTarget(string) error            { return nil }
 func (f *fakeControl) SetInitiators(string, []string) error { return nil }
 func (f *fakeControl) Reload() error                        { return errors.New("no file") }
-func (f *fakeControl) Save(path string) (string, error) {
+func (f *fakeControl) Save(path string) (string, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.saved = append(f.saved, path)
-	return path, nil
+	return path, "", nil
 }
 
 func (f *fakeControl) calls() (int, int) {

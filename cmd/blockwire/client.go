@@ -55,6 +55,8 @@ func classify(err error) (int, string) {
 	var ne net.Error
 	var oe *net.OpError
 	switch {
+	case errors.As(err, &rej) && rej.Reason == srp.RejectAssociate:
+		return exitLogin, err.Error() + " — the target port in the URL (ID_EXT:IOC_GUID) is not this target's (its log prints its srp:// URL), or the target's ACL does not list this initiator port (srp_initiators, or ?initiator= in the URL)"
 	case errors.As(err, &le) || errors.Is(err, initiator.ErrTargetAuth) || errors.As(err, &rej):
 		return exitLogin, err.Error()
 	case errors.As(err, &se):
@@ -84,7 +86,24 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	fs.StringVar(&o.InitiatorName, "initiator-name", initiator.DefaultInitiatorName, "initiator name")
 	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
 	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
-	targetSecret := fs.String("target-secret", "", "mutual CHAP: the target's user%secret (or BLOCKWIRE_TARGET_SECRET)")
+	targetSecret := fs.String("target-secret", "", "mutual CHAP: the target's user%secret (or BLOCKWIRE_TARGET_SECRET; off the command line: --target-secret-file)")
+	fs.Func("chap-secret-file", "CHAP: read the secret for the URL's user (iscsi://USER@host/...) from this file, not the command line (or BLOCKWIRE_CHAP_SECRET)", func(v string) error {
+		b, err := os.ReadFile(v)
+		if err != nil {
+			return err
+		}
+		o.CHAP = &authCreds{Secret: strings.TrimRight(string(b), "\r\n")}
+		return nil
+	})
+	fs.Func("target-secret-file", "mutual CHAP: read the target's user%secret from this file", func(v string) error {
+		b, err := os.ReadFile(v)
+		if err != nil {
+			return err
+		}
+		u, p, _ := strings.Cut(strings.TrimRight(string(b), "\r\n"), "%")
+		o.TargetCHAP = &authCreds{User: u, Secret: p}
+		return nil
+	})
 	fs.Func("iser-profile", "for iser:// URLs: linux (connection first, as Linux ib_iser; default) or rfc5046 (login on TCP, then RDMA)", func(v string) error {
 		switch v {
 		case "linux":
@@ -164,6 +183,11 @@ func finishOptions(o *initiator.Options, targetSecret string, stderr io.Writer) 
 		u, p, _ := strings.Cut(targetSecret, "%")
 		o.TargetCHAP = &authCreds{User: u, Secret: p}
 	}
+	if o.CHAP == nil {
+		if v := os.Getenv("BLOCKWIRE_CHAP_SECRET"); v != "" {
+			o.CHAP = &authCreds{Secret: v} // for a URL that names only the user
+		}
+	}
 	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 }
 
@@ -190,7 +214,14 @@ func discover(args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		portal = u.Portal
-		o.CHAP = u.Credentials()
+		if c := u.Credentials(); c != nil {
+			if c.Secret == "" && o.CHAP != nil {
+				c.Secret = o.CHAP.Secret // from --chap-secret-file or BLOCKWIRE_CHAP_SECRET
+			}
+			o.CHAP = c
+		} else {
+			o.CHAP = nil
+		}
 		o.ISER = u.ISER
 	}
 	ctx, cancel := signalContext()

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strconv"
@@ -389,28 +392,38 @@ func (l *live) Reload() error {
 }
 
 // Save implements admin.Control: the running configuration, as TOML, to
-// path or the file it was read from (written to a temporary file and
-// renamed, mode 0600). Secrets stay references: what the file had
-// (secret_file, secret_env, or an inline secret).
-func (l *live) Save(path string) (string, error) {
+// path or the file it was read from (written to a new file, synced and
+// renamed into place, mode 0600). Secrets stay references: what the file
+// had (secret_file, secret_env, or an inline secret). The file replaced is
+// kept as PATH.bak first: TOML's encoder keeps no comments.
+func (l *live) Save(path string) (string, string, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if path == "" {
 		path = l.path
 	}
 	if path == "" {
-		return "", errors.New("started without --config: give a path")
+		return "", "", errors.New("started without --config: give a path")
 	}
 	var b bytes.Buffer
-	b.WriteString("# blockwire configuration, saved by blockwire admin save\n")
+	b.WriteString("# blockwire configuration, saved by blockwire admin save (comments of an earlier\n# version of this file are not kept: it was saved as " + filepath.Base(path) + ".bak)\n")
 	if err := toml.NewEncoder(&b).Encode(l.cfg); err != nil {
-		return "", err
+		return "", "", err
+	}
+	backup := ""
+	if old, err := os.ReadFile(path); err == nil {
+		backup = path + ".bak"
+		if err := atomicfile.WriteFile(backup, old, 0o600); err != nil {
+			return "", "", fmt.Errorf("keeping the previous file as %s: %w", backup, err)
+		}
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", "", err
 	}
 	if err := atomicfile.WriteFile(path, b.Bytes(), 0o600); err != nil {
-		return "", err
+		return "", "", err
 	}
-	l.log.Info("admin: configuration saved", "file", path)
-	return path, nil
+	l.log.Info("admin: configuration saved", "file", path, "backup", backup)
+	return path, backup, nil
 }
 
 var _ admin.Control = (*live)(nil)

@@ -182,6 +182,9 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Device, error) {
 		return nil, fmt.Errorf("iscsi URL %q: needs /target-iqn/lun", rawURL)
 	}
 	if c := u.Credentials(); c != nil {
+		if c.Secret == "" && opts.CHAP != nil && opts.CHAP.User == "" {
+			c.Secret = opts.CHAP.Secret // the URL names the user, the options hold the secret
+		}
 		opts.CHAP = c
 	}
 	if u.ISER {

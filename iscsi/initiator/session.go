@@ -210,7 +210,11 @@ func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*lin
 		l.dm.ConnectionTerminate()
 		<-l.done
 		if ctx.Err() != nil && !isLoginError(err) {
-			return nil, fmt.Errorf("iscsi: login to %s at %s: %w", s.target, s.portal, ctx.Err())
+			what := "target " + s.target
+			if discovery {
+				what = "a discovery session"
+			}
+			return nil, fmt.Errorf("iscsi: login to %s at %s: %w", what, s.portal, ctx.Err())
 		}
 		return nil, err
 	}

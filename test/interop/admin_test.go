@@ -119,7 +119,13 @@ func TestAdminAtRuntime(t *testing.T) {
 		t.Fatalf("save outside --admin-dir: exit %d\n%s", code, out)
 	}
 	saved := filepath.Join(apiDir, "saved.toml")
-	adm("save", saved)
+	os.WriteFile(saved, []byte("# hand-written, with a comment\n"), 0o600)
+	if out := adm("save", saved); !strings.Contains(out, `"backup"`) {
+		t.Fatalf("save over a file does not report its backup:\n%s", out)
+	}
+	if b, _ := os.ReadFile(saved + ".bak"); string(b) != "# hand-written, with a comment\n" {
+		t.Fatalf("the replaced file was not kept: %q", b)
+	}
 	if out, code := blockwire(t, "config", "check", saved); code != 0 {
 		t.Fatalf("the saved configuration does not check (exit %d):\n%s", code, out)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/rand"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -146,4 +147,37 @@ func TestCopyToAFileIsSparse(t *testing.T) {
 		t.Fatal("the sparse copy reads back different data")
 	}
 	t.Logf("64 MiB LUN with 8 MiB written: the file copy allocates %d MiB", allocated>>20)
+}
+
+// TestCHAPSecretOffTheCommandLine: the initiator verbs take the CHAP
+// secret from a file or the environment, the URL naming only the user, so
+// it never shows in ps (issue 26).
+func TestCHAPSecretOffTheCommandLine(t *testing.T) {
+	dir := t.TempDir()
+	cfg := filepath.Join(dir, "chap.toml")
+	os.WriteFile(cfg, []byte(`
+[[target]]
+name = "iqn.2026-11.org.blockwire:chap"
+[target.chap]
+user = "u1"
+secret = "a-secret-of-16b!"
+[[target.lun]]
+id = 0
+size = "8MiB"
+`), 0o600)
+	d := serve(t, "--config", cfg)
+	url := "iscsi://u1@" + d.addr + "/iqn.2026-11.org.blockwire:chap/0"
+	secret := filepath.Join(dir, "secret")
+	os.WriteFile(secret, []byte("a-secret-of-16b!\n"), 0o600)
+	if out, code := blockwire(t, "inquiry", "--chap-secret-file", secret, url); code != 0 {
+		t.Fatalf("secret from a file: exit %d\n%s", code, out)
+	}
+	cmd := exec.Command(binary, "inquiry", url)
+	cmd.Env = append(os.Environ(), "BLOCKWIRE_CHAP_SECRET=a-secret-of-16b!")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("secret from the environment: %v\n%s", err, out)
+	}
+	if out, code := blockwire(t, "inquiry", url); code != 4 {
+		t.Fatalf("no secret anywhere: exit %d, want 4 (login refused)\n%s", code, out)
+	}
 }
