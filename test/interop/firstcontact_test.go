@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -180,4 +181,42 @@ size = "8MiB"
 	if out, code := blockwire(t, "inquiry", url); code != 4 {
 		t.Fatalf("no secret anywhere: exit %d, want 4 (login refused)\n%s", code, out)
 	}
+}
+
+// TestReadmeCommands runs the README's commands literally against a fresh
+// `blockwire serve` (only its port differs, and disk.img is made first):
+// a newcomer who follows them reaches the LUN from libiscsi, QEMU and
+// blockwire itself (issue 26).
+func TestReadmeCommands(t *testing.T) {
+	need(t, "iscsi-ls", "iscsi-inq", "qemu-img")
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := serve(t)
+	dir := t.TempDir()
+	img := make([]byte, 4<<20)
+	rand.Read(img)
+	os.WriteFile(filepath.Join(dir, "disk.img"), img, 0o600)
+	var ran []string
+	for _, m := range regexp.MustCompile("`((?:iscsi-ls|iscsi-inq|qemu-img convert|blockwire inquiry) [^`]+)`").FindAllStringSubmatch(string(readme), -1) {
+		line := strings.ReplaceAll(m[1], "127.0.0.1:3260", d.addr)
+		args := strings.Fields(line)
+		if args[0] == "blockwire" {
+			args[0] = binary
+		}
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Dir = dir
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Errorf("README command %q: %v\n%s", m[1], err, out)
+		}
+		ran = append(ran, args[0])
+	}
+	if len(ran) < 4 {
+		t.Fatalf("found only %d of the README's connection commands: %v", len(ran), ran)
+	}
+	back := filepath.Join(dir, "back.img")
+	mustRun(t, time.Minute, "qemu-img", "convert", "-f", "raw", "-O", "raw", d.url(defaultIQN, 0), back)
+	sameFirst(t, filepath.Join(dir, "disk.img"), back, 4<<20)
 }

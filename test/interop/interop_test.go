@@ -42,7 +42,52 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	os.RemoveAll(dir)
+	reportSkipped()
 	os.Exit(code)
+}
+
+// skipped collects, by missing tool, the tests need skipped.
+var skipped struct {
+	sync.Mutex
+	tests map[string][]string
+}
+
+// packages names the Debian packages of the peers.
+var packages = map[string]string{"iscsi-ls": "libiscsi-bin", "iscsi-inq": "libiscsi-bin", "iscsi-readcapacity16": "libiscsi-bin",
+	"iscsi-test-cu": "libiscsi-bin", "iscsi-perf": "libiscsi-bin", "qemu-img": "qemu-utils qemu-block-extra", "tshark": "tshark",
+	"tgtd": "tgt", "tgtadm": "tgt", "isnsd": "open-isns-server", "isnsadm": "open-isns-utils", "curl": "curl"}
+
+// reportSkipped says which tests were skipped for want of which peer.
+// go test shows a passing package's output only with -v, so the summary
+// also goes to the terminal, when there is one: whoever runs go test ./...
+// without the peers learns what was not tested and how to fix it.
+func reportSkipped() {
+	skipped.Lock()
+	defer skipped.Unlock()
+	if len(skipped.tests) == 0 {
+		return
+	}
+	var b strings.Builder
+	pkgs := map[string]bool{}
+	n := 0
+	for tool, tests := range skipped.tests {
+		n += len(tests)
+		fmt.Fprintf(&b, "  %s missing: %s\n", tool, strings.Join(tests, ", "))
+		for _, p := range strings.Fields(packages[tool]) {
+			pkgs[p] = true
+		}
+	}
+	var list []string
+	for p := range pkgs {
+		list = append(list, p)
+	}
+	sort.Strings(list)
+	msg := fmt.Sprintf("test/interop: %d tests skipped, their peers are not installed (apt-get install %s; .ci/run installs them):\n%s", n, strings.Join(list, " "), b.String())
+	fmt.Print(msg)
+	if tty, err := os.OpenFile("/dev/tty", os.O_WRONLY, 0); err == nil {
+		tty.WriteString(msg)
+		tty.Close()
+	}
 }
 
 func need(t *testing.T, tools ...string) {
@@ -52,7 +97,13 @@ func need(t *testing.T, tools ...string) {
 			if os.Getenv("CI") != "" {
 				t.Fatalf("%s is not installed (CI must install it: see .ci/run)", tool)
 			}
-			t.Skipf("%s is not installed (apt-get install libiscsi-bin qemu-utils qemu-block-extra)", tool)
+			skipped.Lock()
+			if skipped.tests == nil {
+				skipped.tests = map[string][]string{}
+			}
+			skipped.tests[tool] = append(skipped.tests[tool], t.Name())
+			skipped.Unlock()
+			t.Skipf("%s is not installed (apt-get install %s)", tool, packages[tool])
 		}
 	}
 }
