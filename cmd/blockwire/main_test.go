@@ -38,6 +38,8 @@ func TestHelpAndExitCodes(t *testing.T) {
 	odd := filepath.Join(dir, "odd.bin")
 	os.WriteFile(odd, make([]byte, 1000), 0o600)
 	u := "iscsi://127.0.0.1:1/iqn.2026-11.org.example:t/0"
+	intSize := filepath.Join(dir, "int.toml")
+	os.WriteFile(intSize, []byte("[[target]]\nname = \"iqn.2026-11.org.example:t\"\n[[target.lun]]\nid = 0\nsize = 1048576\n"), 0o600)
 	for _, c := range []struct {
 		args []string
 		code int
@@ -70,6 +72,8 @@ func TestHelpAndExitCodes(t *testing.T) {
 		{[]string{"bench", "--rw", "randread", "--verify", u}, 2, "--overwrite"},
 		{[]string{"write", "--in", odd, u}, 2, "not a multiple"},
 		{[]string{"inquiry", u}, 3, ""},
+		{[]string{"admin", "--socket", filepath.Join(dir, "none.sock"), "luns"}, 3, "is blockwire serve running with --admin-socket"},
+		{[]string{"config", "check", intSize}, 1, "as a string in quotes"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(c.args, &out, &errOut)

@@ -49,7 +49,7 @@ func TestSRPBenchVerifyAndCopy(t *testing.T) {
 	// A wrong target port is refused with the SRP reason, exit code 4.
 	bad := regexp.MustCompile(`/[0-9a-f]{16}:[0-9a-f]{16}/`).ReplaceAllString(url, "/0000000000000001/")
 	out, code := blockwire(t, "inquiry", bad)
-	if code != 4 || !strings.Contains(out, "unable to associate RDMA channel with I_T nexus") {
+	if code != 4 || !strings.Contains(out, "unable to associate RDMA channel with I_T nexus") || !strings.Contains(out, "is not this target's") {
 		t.Fatalf("login to a wrong target port: exit %d\n%s", code, out)
 	}
 	if strings.Contains(d.log.String(), "level=ERROR") {
