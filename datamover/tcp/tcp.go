@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -52,8 +53,12 @@ type Conn struct {
 	written  uint64 // batches with a generation below this are written
 	flushing bool
 	werr     error
-	iovs     [3 * batchSize][]byte
-	bufs     net.Buffers
+	// sendTimeout bounds how long one write may block (SetSendTimeout):
+	// a peer that stops reading is dropped rather than holding the
+	// connection's buffers and tasks for ever.
+	sendTimeout time.Duration
+	iovs        [3 * batchSize][]byte
+	bufs        net.Buffers
 
 	// Data-In PDUs sent with the A-bit whose DataACK SNACK is awaited,
 	// by TTT (the ITT; RFC 7143 §11.7.4, §11.16.3). Guarded by wmu.
@@ -99,6 +104,18 @@ type batch struct {
 	slots [batchSize]slot
 	n     int
 }
+
+// isTimeout reports a deadline error (apart, so that the hot path does not
+// allocate the error variable errors.As needs).
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// SetSendTimeout bounds how long a write may block on a peer that does not
+// read; past it the connection is closed. Zero: no bound. Call it before
+// the connection is used.
+func (c *Conn) SetSendTimeout(d time.Duration) { c.sendTimeout = d }
 
 // RemoteAddr implements datamover.Conn.
 func (c *Conn) RemoteAddr() string { return c.nc.RemoteAddr().String() }
@@ -315,7 +332,23 @@ func (c *Conn) writeBatch(b *batch) error {
 			c.bufs = append(c.bufs, s.trailer[:s.tl])
 		}
 	}
-	_, err := c.bufs.WriteTo(c.nc)
+	var err error
+	for len(c.bufs) > 0 {
+		if c.sendTimeout > 0 {
+			c.nc.SetWriteDeadline(time.Now().Add(c.sendTimeout))
+		}
+		var n int64
+		n, err = c.bufs.WriteTo(c.nc) // consumes what it wrote
+		if err != nil && n > 0 && isTimeout(err) {
+			continue // slow, but reading: a new deadline for the rest
+		}
+		break
+	}
+	if err != nil {
+		// A stream with a failed or timed-out write is broken: close it,
+		// so the receiver ends too and the connection's tasks are released.
+		c.nc.Close()
+	}
 	for i := 0; i < b.n; i++ {
 		b.slots[i].data = nil
 		b.slots[i].long = nil

@@ -314,3 +314,47 @@ func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
 }
+
+// TestPeerThatStopsReadingIsDropped: a session that asks for data and
+// never reads it is dropped once a write has blocked for the NOP timeout;
+// its tasks end and its share of the I/O budget comes back, while another
+// session works throughout.
+func TestPeerThatStopsReadingIsDropped(t *testing.T) {
+	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	var logs logSink
+	ts := startServerLog(t, Options{Budget: budget, NopInterval: -1, NopTimeout: 500 * time.Millisecond}, nil, &logs)
+	c := dial(t, ts.addr)
+	c.nc.(*net.TCPConn).SetReadBuffer(4096)
+	c.mustLogin(normalKeys(ini)...)
+	for range 16 {
+		c.sendCmd(read10(0, 2048), true, 1<<20, false, nil) // 16 MiB asked for, never read
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for budget.Used() == 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if budget.Used() == 0 {
+		t.Fatal("the reads never held a buffer")
+	}
+	good, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{InitiatorName: ini + "-good"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer good.Close()
+	buf := make([]byte, 64<<10)
+	for budget.Used() != 0 && time.Now().Before(deadline) {
+		if _, err := good.ReadAt(buf, 0); err != nil {
+			t.Fatalf("the other session: %v", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if used := budget.Used(); used != 0 {
+		t.Fatalf("5 s after the peer stopped reading, the budget still holds %d bytes", used)
+	}
+	if ts.tasks() != 0 {
+		t.Fatalf("%d tasks left", ts.tasks())
+	}
+	if _, err := good.ReadAt(buf, 0); err != nil {
+		t.Fatalf("the other session after the drop: %v", err)
+	}
+}

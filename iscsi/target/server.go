@@ -537,13 +537,19 @@ func (s *Server) Serve(l net.Listener) error {
 }
 
 // tcpConn builds the traditional TCP datamover for an accepted socket.
-func tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
-	return func(st datamover.Stamper) datamover.Conn { return tcp.New(nc, st) }
+func (s *Server) tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
+	return func(st datamover.Stamper) datamover.Conn {
+		c := tcp.New(nc, st)
+		// A peer that stops reading is dropped after the NOP timeout,
+		// releasing its tasks and their share of the I/O budget.
+		c.SetSendTimeout(s.opts.NopTimeout)
+		return c
+	}
 }
 
 func (s *Server) startConn(nc net.Conn, slot *loginSlot) {
 	if s.opts.ISER == nil {
-		c := newConn(s, nc.RemoteAddr().String(), tcpConn(nc))
+		c := newConn(s, nc.RemoteAddr().String(), s.tcpConn(nc))
 		c.slot = slot
 		s.start(c, func() { slot.release(); nc.Close() })
 		return
@@ -694,7 +700,7 @@ func iserBudget(opt iser.Options, window uint32) (recvs, unexpected int) {
 // ServeConn serves one already-accepted connection and returns when it
 // ends (for tests and for transports that accept elsewhere).
 func (s *Server) ServeConn(nc net.Conn) {
-	c := newConn(s, nc.RemoteAddr().String(), tcpConn(nc))
+	c := newConn(s, nc.RemoteAddr().String(), s.tcpConn(nc))
 	s.mu.Lock()
 	s.conns[c] = struct{}{}
 	s.mu.Unlock()
