@@ -3,7 +3,9 @@ package target
 import (
 	"bufio"
 	"context"
+	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"testing"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/iscsi/text"
 )
 
 // TestDiscoveryCHAP: with discovery CHAP set, a discovery session without
@@ -136,4 +139,51 @@ func TestTargetOnItsPortalsOnly(t *testing.T) {
 	defer nc.Close()
 	from2 := &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 3}, keys: map[string]string{}}
 	from2.mustLogin(normalKeys(ini)...)
+}
+
+// TestTextContinuationConsumesItsCmdSN: a non-immediate Text Request that
+// asks for the next part of a long response (as Linux's iscsid sends it
+// over iSER: CmdSN 1, then 2) takes its CmdSN like any command — the
+// response carries ExpCmdSN past it — and a command after it is delivered
+// (it sat waiting for a CmdSN the target never took: a Logout after a
+// long SendTargets hung).
+func TestTextContinuationConsumesItsCmdSN(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	for i := range 20 {
+		tg := &Target{Name: fmt.Sprintf("iqn.2026-11.org.blockwire:a-target-with-a-long-name-%03d", i), Device: ts.dev}
+		ts.srv.AddTarget(tg)
+	}
+	c := dial(t, ts.addr)
+	c.cmdSN = 1
+	c.mustLogin(kv("InitiatorName", ini), kv("SessionType", "Discovery"), kv("MaxRecvDataSegmentLength", "512"))
+	ttt := uint32(pdu.ReservedTTT)
+	var data []byte = text.Append(nil, kv("SendTargets", "All"))
+	for parts := 0; ; parts++ {
+		req := pdu.TextReq{Final: true, ITT: 1, TTT: ttt, CmdSN: c.cmdSN}
+		var h pdu.BHS
+		req.Encode(&h)
+		c.sendRaw(&h, nil, data)
+		data = nil
+		sent := c.cmdSN
+		c.cmdSN++
+		rh, _ := c.must(2 * time.Second)
+		var r pdu.TextResp
+		if err := r.Decode(&rh); err != nil {
+			t.Fatal(err)
+		}
+		if exp := binary.BigEndian.Uint32(rh[28:]); exp != sent+1 {
+			t.Fatalf("part %d: the response to CmdSN %d carries ExpCmdSN %d", parts, sent, exp)
+		}
+		if r.Final {
+			break
+		}
+		ttt = r.TTT
+	}
+	lo := pdu.LogoutReq{ITT: 2, CmdSN: c.cmdSN}
+	var h pdu.BHS
+	lo.Encode(&h)
+	c.sendRaw(&h, nil, nil)
+	if rh, _ := c.must(2 * time.Second); rh.Opcode() != pdu.OpLogoutResp {
+		t.Fatalf("after the text exchange, the Logout got %s", rh.Opcode())
+	}
 }

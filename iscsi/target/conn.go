@@ -483,6 +483,12 @@ type textDelivery struct {
 
 func (d *textDelivery) drop() {}
 
+// funcDelivery runs fn when its command's CmdSN comes up.
+type funcDelivery struct{ fn func() }
+
+func (d *funcDelivery) deliver() { d.fn() }
+func (d *funcDelivery) drop()    {}
+
 func (d *textDelivery) deliver() {
 	c := d.c
 	var out []byte
@@ -553,7 +559,9 @@ func (c *conn) handleText(p *datamover.PDU) error {
 			return reject(pdu.RejectInvalidPDUField, "iscsi: Text Request with unknown TTT %#x (RFC 7143 §11.10.4)", req.TTT)
 		}
 		if c.textOut != nil && len(p.Data) == 0 {
-			c.sendTextChunk(req.ITT, req.LUN)
+			// A request like any other: it takes its CmdSN (RFC 7143
+			// §4.2.2.1), so it waits for its turn and moves ExpCmdSN.
+			c.sess.sequence(req.CmdSN, req.Immediate, &funcDelivery{func() { c.sendTextChunk(req.ITT, req.LUN) }})
 			return nil
 		}
 	} else {
@@ -572,9 +580,11 @@ func (c *conn) handleText(p *datamover.PDU) error {
 			c.textTTT = 1
 		}
 		r := pdu.TextResp{ITT: req.ITT, LUN: req.LUN, TTT: c.textTTT}
-		var h pdu.BHS
-		r.Encode(&h)
-		c.send(&h, nil, true)
+		c.sess.sequence(req.CmdSN, req.Immediate, &funcDelivery{func() {
+			var h pdu.BHS
+			r.Encode(&h)
+			c.send(&h, nil, true)
+		}})
 		return nil
 	}
 	kvs, err := text.Parse(c.textIn)

@@ -259,6 +259,7 @@ func TestHostileInitiators(t *testing.T) {
 					var h pdu.BHS
 					req.Encode(&h)
 					c.sendRaw(&h, nil, chunk)
+					c.cmdSN++ // each part takes its CmdSN (RFC 7143 §4.2.2.1)
 					rh, _ := c.must(2 * time.Second)
 					if rh.Opcode() == pdu.OpReject {
 						c.pending = &rh
