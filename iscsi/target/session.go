@@ -227,17 +227,31 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 		}
 		end++
 	}
+	// The SCSI tasks about to be delivered take their window slots
+	// first (busy; a task that turns out to have ended gives its slot
+	// back in deliver), so the window opens exactly as far as it may.
+	take := func(x deliverer) {
+		if t, ok := x.(*task); ok {
+			t.c.mu.Lock() // the order: session.mu, then conn.mu
+			if !t.released && !t.aborted && !t.counted {
+				ss.busy++
+				t.counted = true
+			}
+			t.c.mu.Unlock()
+		}
+	}
+	take(d)
+	for sn := exp + 1; sn != end; sn++ {
+		take(ss.pending[sn])
+	}
 	ss.expCmdSN.Store(end)
+	ss.openWindowLocked()
 	d.deliver()
 	for sn := exp + 1; sn != end; sn++ {
 		next := ss.pending[sn]
 		delete(ss.pending, sn)
 		next.deliver()
 	}
-	// Only now that the delivered tasks hold their slots (busy) may
-	// MaxCmdSN move: until then responses carry the new ExpCmdSN with
-	// the old MaxCmdSN, which the delivered CmdSNs never exceeded.
-	ss.openWindowLocked()
 	return true
 }
 

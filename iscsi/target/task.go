@@ -247,7 +247,13 @@ func (t *task) deliver() {
 	c := t.c
 	c.mu.Lock()
 	if t.released || t.aborted {
-		// Ended while waiting for its CmdSN (connection loss, abort).
+		// Ended while waiting for its CmdSN (connection loss, abort):
+		// the window slot sequence gave it goes back (session.mu is
+		// held by sequence).
+		if t.counted {
+			t.counted = false
+			c.sess.busy--
+		}
 		c.mu.Unlock()
 		return
 	}
@@ -255,11 +261,6 @@ func (t *task) deliver() {
 	// the same lock, never misses the End.
 	c.sess.tgt.Device.Begin(&t.cmd)
 	t.delivered = true
-	if !t.imm {
-		// A window slot until the response (sequence holds session.mu).
-		c.sess.busy++
-		t.counted = true
-	}
 	t.solo = len(c.tasks) == 1
 	act := t.advanceLocked()
 	c.mu.Unlock()
