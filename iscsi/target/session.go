@@ -228,16 +228,12 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 		end++
 	}
 	// The SCSI tasks about to be delivered take their window slots
-	// first (busy; a task that turns out to have ended gives its slot
-	// back in deliver), so the window opens exactly as far as it may.
+	// first, so the window opens exactly as far as it may before any
+	// response goes out; task.deliver marks the slot as the task's, or
+	// gives it back when the task ended meanwhile.
 	take := func(x deliverer) {
-		if t, ok := x.(*task); ok {
-			t.c.mu.Lock() // the order: session.mu, then conn.mu
-			if !t.released && !t.aborted && !t.counted {
-				ss.busy++
-				t.counted = true
-			}
-			t.c.mu.Unlock()
+		if _, ok := x.(*task); ok {
+			ss.busy++
 		}
 	}
 	take(d)

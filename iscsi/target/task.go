@@ -248,14 +248,16 @@ func (t *task) deliver() {
 	c.mu.Lock()
 	if t.released || t.aborted {
 		// Ended while waiting for its CmdSN (connection loss, abort):
-		// the window slot sequence gave it goes back (session.mu is
-		// held by sequence).
-		if t.counted {
-			t.counted = false
+		// the window slot sequence took for it goes back (sequence
+		// holds session.mu).
+		if !t.imm {
 			c.sess.busy--
 		}
 		c.mu.Unlock()
 		return
+	}
+	if !t.imm {
+		t.counted = true // the slot sequence took; release frees it
 	}
 	// Begin under conn.mu so that release, which checks delivered under
 	// the same lock, never misses the End.
@@ -557,13 +559,11 @@ func (c *conn) uncharge(t *task) {
 	}
 }
 
-// freeSlot gives the task's window slot back (session.busy), once.
+// freeSlot gives back the window slot of a task that was never registered
+// (an immediate command refused on arrival): nobody else can see it yet.
 func (c *conn) freeSlot(t *task) {
-	c.mu.Lock()
-	counted := t.counted
-	t.counted = false
-	c.mu.Unlock()
-	if counted {
+	if t.counted {
+		t.counted = false
 		c.sess.taskDone()
 	}
 }
@@ -579,12 +579,20 @@ func (t *task) execute() {
 	}
 	c.mu.Lock()
 	aborted := t.aborted || c.closed
+	// The slot is freed before the response, so the response carries the
+	// window it opens (release would free it otherwise).
+	counted := t.counted && !aborted
+	if counted {
+		t.counted = false
+	}
 	c.mu.Unlock()
+	if counted {
+		c.sess.taskDone()
+	}
 	if !aborted && !t.cmd.Commit() {
 		aborted = true
 	}
 	if !aborted {
-		c.freeSlot(t) // the response carries the window this opens
 		t.respond()
 	}
 	c.release(t, !aborted)
