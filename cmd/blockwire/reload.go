@@ -121,8 +121,9 @@ func (l *live) reload() error {
 			if err != nil {
 				errs = append(errs, fmt.Errorf("target %s: %w", nt.Name, err))
 			} else {
-				kept.Alias, kept.Initiators, kept.ACL, kept.CHAP, kept.MutualCHAP = nt.Alias, nt.Initiators, nt.ACL, nt.CHAP, nt.MutualCHAP
-				kept.SRPInitiators, kept.Redirect, kept.RedirectPermanent, kept.Portals = nt.SRPInitiators, nt.Redirect, nt.RedirectPermanent, nt.Portals
+				luns := kept.LUNs
+				kept = accessOf(nt)
+				kept.LUNs, kept.TPGT, kept.PortGroups = luns, ot.TPGT, ot.PortGroups
 				l.log.Info("reload: access rules changed", "target", nt.Name)
 			}
 		}
@@ -155,9 +156,11 @@ func (l *live) reload() error {
 	return errors.Join(errs...)
 }
 
-// accessOf is what UpdateTarget changes.
-func accessOf(t config.Target) any {
-	return []any{t.Alias, t.Initiators, t.ACL, t.CHAP, t.MutualCHAP, t.SRPInitiators, t.Redirect, t.RedirectPermanent, t.Portals}
+// accessOf is what UpdateTarget changes: the target without its LUNs
+// (updateLUNs' part) and without what needs a restart (its portal group).
+func accessOf(t config.Target) config.Target {
+	t.LUNs, t.TPGT, t.PortGroups = nil, 0, nil
+	return t
 }
 
 // updateLUNs brings a target's LUNs from ot to nt: a LUN whose only

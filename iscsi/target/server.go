@@ -413,7 +413,9 @@ func (s *Server) SetDiscovery(d *Target) error {
 		if err := d.checkSecrets(); err != nil {
 			return fmt.Errorf("iscsi: discovery: %w", err)
 		}
-		d = &Target{Initiators: d.Initiators, Restricted: d.Restricted, CHAP: d.CHAP, InitiatorCHAP: d.InitiatorCHAP, MutualCHAP: d.MutualCHAP}
+		dc := *d // its access rules; a discovery session reaches no target
+		dc.Name, dc.Device, dc.TPGT, dc.Redirect = "", nil, 1, ""
+		d = &dc
 	}
 	s.mu.Lock()
 	s.discovery = d
@@ -426,16 +428,16 @@ func (s *Server) SetDiscovery(d *Target) error {
 func (s *Server) discoveryTarget() *Target {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	t := &Target{TPGT: 1}
-	if d := s.discovery; d != nil {
-		t.Initiators, t.Restricted, t.CHAP, t.InitiatorCHAP, t.MutualCHAP = d.Initiators, d.Restricted, d.CHAP, d.InitiatorCHAP, d.MutualCHAP
+	if s.discovery == nil {
+		return &Target{TPGT: 1}
 	}
-	return t
+	t := *s.discovery
+	return &t
 }
 
-// UpdateTarget replaces the access rules of a target — Alias,
-// Initiators, InitiatorCHAP, CHAP and MutualCHAP of t — for logins from
-// now on; sessions already logged in keep going. The Device stays.
+// UpdateTarget replaces the access rules of a target — every field of t
+// but its Device and TPGT, which stay — for logins from now on; sessions
+// already logged in keep going.
 func (s *Server) UpdateTarget(t *Target) error {
 	if err := t.checkSecrets(); err != nil {
 		return fmt.Errorf("iscsi: target %s: %w", t.Name, err)
@@ -446,10 +448,8 @@ func (s *Server) UpdateTarget(t *Target) error {
 	if old == nil {
 		return fmt.Errorf("iscsi: no target %s", t.Name)
 	}
-	nt := *old
-	nt.Alias, nt.Initiators, nt.InitiatorCHAP, nt.CHAP, nt.MutualCHAP = t.Alias, t.Initiators, t.InitiatorCHAP, t.CHAP, t.MutualCHAP
-	nt.Redirect, nt.RedirectPermanent = t.Redirect, t.RedirectPermanent
-	nt.Restricted, nt.LUNMaps, nt.Sources, nt.Portals = t.Restricted, t.LUNMaps, t.Sources, t.Portals
+	nt := *t // every access rule is t's; what cannot change live is old's
+	nt.Device, nt.TPGT = old.Device, old.TPGT
 	s.targets[t.Name] = &nt
 	return nil
 }
