@@ -409,6 +409,94 @@ type LUN struct {
 	Serial      string `toml:"serial,omitempty"`
 }
 
+// validateAccess checks the access rules of a target, or of discovery
+// (where names them in the errors): initiator names, ACL entries (their
+// LUN maps against t's LUNs), CHAP secrets, SRP port IDs.
+func validateAccess(where string, t Target, add func(format string, args ...any)) {
+	for j, in := range t.Initiators {
+		if err := ValidName(in); err != nil {
+			add("%s.initiators[%d]: %v", where, j, err)
+		}
+	}
+	secrets := []struct {
+		name string
+		sec  *Secret
+	}{{"chap", t.CHAP}, {"mutual_chap", t.MutualCHAP}}
+	seenACL := map[string]bool{}
+	lunIDs := map[uint64]bool{}
+	for _, l := range t.LUNs {
+		lunIDs[l.ID] = true
+	}
+	for j, a := range t.ACL {
+		who := a.Initiator
+		switch {
+		case a.Initiator != "" && a.SRPInitiator != "":
+			add("%s.acl[%d]: initiator and srp_initiator both set (one entry, one initiator)", where, j)
+		case a.SRPInitiator != "":
+			p, err := srp.ParsePortID(a.SRPInitiator)
+			if err != nil {
+				add("%s.acl[%d].srp_initiator: %v", where, j, err)
+			}
+			who = p.String()
+			if a.CHAP != nil {
+				add("%s.acl[%d].chap: SRP has no CHAP", where, j)
+			}
+		default:
+			if err := ValidName(a.Initiator); err != nil {
+				add("%s.acl[%d].initiator: %v", where, j, err)
+			}
+		}
+		if seenACL[who] {
+			add("%s.acl[%d]: %s listed twice", where, j, who)
+		}
+		seenACL[who] = true
+		if _, err := a.Sources(); err != nil {
+			add("%s.acl[%d].from: %v", where, j, err)
+		}
+		if m, err := a.LUNMap(); err != nil {
+			add("%s.acl[%d].luns: %v", where, j, err)
+		} else {
+			for v, tl := range m {
+				if !lunIDs[tl] {
+					add("%s.acl[%d].luns: LUN %d (seen as %d) is not a LUN of the target", where, j, tl, v)
+				}
+			}
+		}
+		secrets = append(secrets, struct {
+			name string
+			sec  *Secret
+		}{fmt.Sprintf("acl[%d].chap", j), a.CHAP})
+	}
+	for _, s := range secrets {
+		if s.sec == nil {
+			continue
+		}
+		if s.sec.User == "" {
+			add("%s.%s.user: empty", where, s.name)
+		}
+		if v, err := s.sec.Value(); err != nil {
+			add("%s.%s: %v", where, s.name, err)
+		} else if len(v) < 12 {
+			add("%s.%s: a %d-byte secret is too short: at least 12 bytes (96 bits) without IPsec (RFC 7143 §12.1.3)", where, s.name, len(v))
+		}
+	}
+	if t.MutualCHAP != nil && t.CHAP == nil {
+		add("%s.mutual_chap: needs chap as well", where)
+	}
+	for j, p := range t.SRPInitiators {
+		if _, err := srp.ParsePortID(p); err != nil {
+			add("%s.srp_initiators[%d]: %v", where, j, err)
+		}
+	}
+	if t.CHAP != nil && t.MutualCHAP != nil {
+		a, _ := t.CHAP.Value()
+		b, _ := t.MutualCHAP.Value()
+		if a != "" && a == b {
+			add("%s: chap and mutual_chap use the same secret (RFC 7143 §12.1.3 forbids it)", where)
+		}
+	}
+}
+
 // Load reads and validates a configuration file.
 func Load(path string) (*Config, error) {
 	var c Config
@@ -483,88 +571,7 @@ func (c *Config) Validate() error {
 			add("%s.name: duplicate target %q", where, t.Name)
 		}
 		names[t.Name] = true
-		for j, in := range t.Initiators {
-			if err := ValidName(in); err != nil {
-				add("%s.initiators[%d]: %v", where, j, err)
-			}
-		}
-		secrets := []struct {
-			name string
-			sec  *Secret
-		}{{"chap", t.CHAP}, {"mutual_chap", t.MutualCHAP}}
-		seenACL := map[string]bool{}
-		lunIDs := map[uint64]bool{}
-		for _, l := range t.LUNs {
-			lunIDs[l.ID] = true
-		}
-		for j, a := range t.ACL {
-			who := a.Initiator
-			switch {
-			case a.Initiator != "" && a.SRPInitiator != "":
-				add("%s.acl[%d]: initiator and srp_initiator both set (one entry, one initiator)", where, j)
-			case a.SRPInitiator != "":
-				p, err := srp.ParsePortID(a.SRPInitiator)
-				if err != nil {
-					add("%s.acl[%d].srp_initiator: %v", where, j, err)
-				}
-				who = p.String()
-				if a.CHAP != nil {
-					add("%s.acl[%d].chap: SRP has no CHAP", where, j)
-				}
-			default:
-				if err := ValidName(a.Initiator); err != nil {
-					add("%s.acl[%d].initiator: %v", where, j, err)
-				}
-			}
-			if seenACL[who] {
-				add("%s.acl[%d]: %s listed twice", where, j, who)
-			}
-			seenACL[who] = true
-			if _, err := a.Sources(); err != nil {
-				add("%s.acl[%d].from: %v", where, j, err)
-			}
-			if m, err := a.LUNMap(); err != nil {
-				add("%s.acl[%d].luns: %v", where, j, err)
-			} else {
-				for v, tl := range m {
-					if !lunIDs[tl] {
-						add("%s.acl[%d].luns: LUN %d (seen as %d) is not a LUN of the target", where, j, tl, v)
-					}
-				}
-			}
-			secrets = append(secrets, struct {
-				name string
-				sec  *Secret
-			}{fmt.Sprintf("acl[%d].chap", j), a.CHAP})
-		}
-		for _, s := range secrets {
-			if s.sec == nil {
-				continue
-			}
-			if s.sec.User == "" {
-				add("%s.%s.user: empty", where, s.name)
-			}
-			if v, err := s.sec.Value(); err != nil {
-				add("%s.%s: %v", where, s.name, err)
-			} else if len(v) < 12 {
-				add("%s.%s: a %d-byte secret is too short: at least 12 bytes (96 bits) without IPsec (RFC 7143 §12.1.3)", where, s.name, len(v))
-			}
-		}
-		if t.MutualCHAP != nil && t.CHAP == nil {
-			add("%s.mutual_chap: needs chap as well", where)
-		}
-		for j, p := range t.SRPInitiators {
-			if _, err := srp.ParsePortID(p); err != nil {
-				add("%s.srp_initiators[%d]: %v", where, j, err)
-			}
-		}
-		if t.CHAP != nil && t.MutualCHAP != nil {
-			a, _ := t.CHAP.Value()
-			b, _ := t.MutualCHAP.Value()
-			if a != "" && a == b {
-				add("%s: chap and mutual_chap use the same secret (RFC 7143 §12.1.3 forbids it)", where)
-			}
-		}
+		validateAccess(where, t, add)
 		if len(t.LUNs) == 0 && t.Redirect == "" {
 			add("%s: no lun", where)
 		}
@@ -638,14 +645,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	if c.Discovery != nil {
-		// The same rules as a target's access, checked by the same code.
-		dt := c.Discovery.AsTarget()
-		dt.Name, dt.LUNs = "iqn.2026-11.org.blockwire:discovery", []LUN{{Size: "1MiB"}}
-		if err := (&Config{Targets: []Target{dt}}).Validate(); err != nil {
-			for _, line := range strings.Split(err.Error(), "\n") {
-				add("discovery%s", strings.TrimPrefix(line, "target[0]"))
-			}
-		}
+		validateAccess("discovery", c.Discovery.AsTarget(), add)
 	}
 	if len(c.Targets) == 0 {
 		add("no [[target]]: the configuration serves nothing (add a [[target]] with a name and a [[target.lun]])")
