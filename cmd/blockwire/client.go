@@ -402,9 +402,13 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 	if !ok {
 		return exitUsage
 	}
+	inSize := int64(-1) // a regular file's size, checked against the block size
 	if *in != "-" && !*pad {
-		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() && st.Size()%512 != 0 {
-			fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the block size (512 or 4096): pad it, or pass --pad to fill the last block with zeroes\n", *in, st.Size())
+		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() {
+			inSize = st.Size()
+		}
+		if inSize%512 != 0 && inSize > 0 {
+			fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the block size (512 or 4096): pad it, or pass --pad to fill the last block with zeroes\n", *in, inSize)
 			return exitUsage
 		}
 	}
@@ -415,11 +419,9 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	if *in != "-" && !*pad {
-		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() && st.Size()%int64(d.BlockSize()) != 0 {
-			fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the LUN's %d-byte block: pad it, or pass --pad to fill the last block with zeroes\n", *in, st.Size(), d.BlockSize())
-			return exitUsage
-		}
+	if inSize > 0 && inSize%int64(d.BlockSize()) != 0 {
+		fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the LUN's %d-byte block: pad it, or pass --pad to fill the last block with zeroes\n", *in, inSize, d.BlockSize())
+		return exitUsage
 	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {

@@ -409,17 +409,18 @@ func (l *live) Save(path string) (string, string, error) {
 		return "", "", errors.New("started without --config: give a path")
 	}
 	var b bytes.Buffer
-	b.WriteString("# blockwire configuration, saved by blockwire admin save (comments of an earlier\n# version of this file are not kept: it was saved as " + filepath.Base(path) + ".bak)\n")
-	if err := toml.NewEncoder(&b).Encode(l.cfg); err != nil {
-		return "", "", err
-	}
+	b.WriteString("# blockwire configuration, saved by blockwire admin save\n")
 	backup := ""
 	if old, err := os.ReadFile(path); err == nil {
 		backup = path + ".bak"
 		if err := atomicfile.WriteFile(backup, old, 0o600); err != nil {
 			return "", "", fmt.Errorf("keeping the previous file as %s: %w", backup, err)
 		}
+		b.WriteString("# (comments of the file it replaced are not kept: that file is " + filepath.Base(backup) + ")\n")
 	} else if !errors.Is(err, fs.ErrNotExist) {
+		return "", "", err
+	}
+	if err := toml.NewEncoder(&b).Encode(l.cfg); err != nil {
 		return "", "", err
 	}
 	if err := atomicfile.WriteFile(path, b.Bytes(), 0o600); err != nil {
