@@ -16,7 +16,7 @@ import (
 	"strconv"
 
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // Session is one session as the API shows it.
@@ -61,7 +61,7 @@ type NewTarget struct {
 // Control changes the running configuration; every change is also kept in
 // the configuration Save writes back.
 type Control interface {
-	Devices() []*target.Device
+	Devices() []*scsitarget.Device
 	AddLU(NewLU) error
 	RemoveLU(target string, lun uint64) error
 	ResizeLU(target string, lun uint64, size int64) error
@@ -108,8 +108,8 @@ func Handler(o Options) http.Handler {
 			s := Session{TSIH: si.TSIH, Target: si.Target, Initiator: si.Initiator, ISID: fmt.Sprintf("%x", si.ISID),
 				Discovery: si.Discovery, Params: si.Params, Connections: si.Conns}
 			if si.Stats != nil {
-				s.Commands = map[string]uint64{"read": si.Stats.Commands[target.ClassRead].Load(),
-					"write": si.Stats.Commands[target.ClassWrite].Load(), "other": si.Stats.Commands[target.ClassOther].Load()}
+				s.Commands = map[string]uint64{"read": si.Stats.Commands[scsitarget.ClassRead].Load(),
+					"write": si.Stats.Commands[scsitarget.ClassWrite].Load(), "other": si.Stats.Commands[scsitarget.ClassOther].Load()}
 			}
 			out = append(out, s)
 		}
@@ -234,7 +234,7 @@ func lunSize(c Control, tgt string, lun uint64) (int64, bool) {
 	return 0, false
 }
 
-func lunOf(name string, lu *target.LU) LUN {
+func lunOf(name string, lu *scsitarget.LU) LUN {
 	return LUN{Target: name, LUN: lu.LUN(), Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()}
 }
 

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // fakeControl records what the API asked for.
@@ -23,7 +23,7 @@ type fakeControl struct {
 	saved []string
 }
 
-func (f *fakeControl) Devices() []*target.Device { return nil }
+func (f *fakeControl) Devices() []*scsitarget.Device { return nil }
 func (f *fakeControl) AddLU(n NewLU) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -16,13 +16,13 @@ import (
 
 	"github.com/blockwire/blockwire/internal/httpguard"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // Collector is a prometheus.Collector over the devices (targets) and the
 // iSCSI server of one blockwire process.
 type Collector struct {
-	devices func() []*target.Device
+	devices func() []*scsitarget.Device
 	iscsi   *iscsitarget.Server
 
 	lunCmds, lunBytes, lunErrs, lunLat *prometheus.Desc
@@ -31,7 +31,7 @@ type Collector struct {
 }
 
 // New returns a collector reading devices' LUNs and srv's sessions.
-func New(devices func() []*target.Device, srv *iscsitarget.Server) *Collector {
+func New(devices func() []*scsitarget.Device, srv *iscsitarget.Server) *Collector {
 	lun := []string{"target", "lun"}
 	ses := []string{"target", "initiator", "isid", "tsih"}
 	return &Collector{devices: devices, iscsi: srv,
@@ -85,9 +85,9 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 
 func className(cl int) string {
 	switch cl {
-	case target.ClassRead:
+	case scsitarget.ClassRead:
 		return "read"
-	case target.ClassWrite:
+	case scsitarget.ClassWrite:
 		return "write"
 	}
 	return "other"
@@ -103,8 +103,8 @@ func senseKey(k int) string {
 
 // Collect implements prometheus.Collector.
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	bounds := target.LatencyBounds()
-	hist := func(d *prometheus.Desc, s *target.Stats, cl int, labels ...string) {
+	bounds := scsitarget.LatencyBounds()
+	hist := func(d *prometheus.Desc, s *scsitarget.Stats, cl int, labels ...string) {
 		buckets := make(map[float64]uint64, len(bounds))
 		var cum uint64
 		for i, b := range bounds {
@@ -115,13 +115,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		sum := float64(s.LatencySum[cl].Load()) / 1e9
 		ch <- prometheus.MustNewConstHistogram(d, count, sum, buckets, append(labels, className(cl))...)
 	}
-	counters := func(cmds, bytes, lat *prometheus.Desc, s *target.Stats, labels ...string) {
-		for cl := range target.NumClasses {
+	counters := func(cmds, bytes, lat *prometheus.Desc, s *scsitarget.Stats, labels ...string) {
+		for cl := range scsitarget.NumClasses {
 			ch <- prometheus.MustNewConstMetric(cmds, prometheus.CounterValue, float64(s.Commands[cl].Load()), append(labels, className(cl))...)
 			hist(lat, s, cl, labels...)
 		}
-		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[target.ClassRead].Load()), append(labels, "read")...)
-		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[target.ClassWrite].Load()), append(labels, "write")...)
+		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[scsitarget.ClassRead].Load()), append(labels, "read")...)
+		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[scsitarget.ClassWrite].Load()), append(labels, "write")...)
 	}
 	if c.devices != nil {
 		for _, d := range c.devices() {

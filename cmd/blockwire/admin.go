@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/admin"
-	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/config"
 )
 
 const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] VERB

@@ -29,7 +29,7 @@ import (
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/srp"
 
-	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/scsi"

@@ -36,13 +36,13 @@ import (
 	"github.com/blockwire/blockwire/backend/file"
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/backend/remote"
-	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const usage = `blockwire: block storage over the wire
@@ -344,7 +344,7 @@ func serve(args []string, stderr io.Writer) int {
 	}
 	ioB, sessB, _ := lim.Budgets() // validated
 	// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
-	budget := target.NewIOBudget(ioB, sessB)
+	budget := scsitarget.NewIOBudget(ioB, sessB)
 
 	if *cpuprofile != "" {
 		f, err := os.Create(*cpuprofile)
@@ -730,7 +730,7 @@ func srpPortID(v, name string) (uint64, uint64, error) {
 }
 
 // buildLU makes the logical unit a configuration's LUN describes.
-func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, error) {
+func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*scsitarget.LU, error) {
 	var size int64
 	if lc.Size != "" {
 		var err error
@@ -771,7 +771,7 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, er
 	if lc.File != "" {
 		prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
 	}
-	lu, err := target.NewLU(targetName, target.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
+	lu, err := scsitarget.NewLU(targetName, scsitarget.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
 		Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile, Logger: log.With("lun", lc.ID)})
 	if err != nil {
 		if c, ok := be.(backend.Closer); ok {
@@ -782,12 +782,12 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*target.LU, er
 	return lu, nil
 }
 
-func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarget.Target, error) {
+func buildTarget(tc config.Target, log *slog.Logger) (*scsitarget.Device, *iscsitarget.Target, error) {
 	t, err := targetAccess(tc)
 	if err != nil {
 		return nil, nil, err
 	}
-	dev := target.NewDevice(tc.Name, log.With("target", tc.Name))
+	dev := scsitarget.NewDevice(tc.Name, log.With("target", tc.Name))
 	for _, lc := range tc.LUNs {
 		lu, err := buildLU(tc.Name, lc, log)
 		if err == nil {
@@ -801,9 +801,9 @@ func buildTarget(tc config.Target, log *slog.Logger) (*target.Device, *iscsitarg
 		}
 	}
 	if len(tc.PortGroups) > 0 {
-		var groups []target.PortGroup
+		var groups []scsitarget.PortGroup
 		for _, g := range tc.PortGroups {
-			pg, err := target.ParsePortGroup(g)
+			pg, err := scsitarget.ParsePortGroup(g)
 			if err != nil {
 				dev.Close()
 				return nil, nil, err

@@ -7,7 +7,7 @@ import (
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/rbd"
-	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/config"
 )
 
 // openRBD opens the Ceph RBD image a LUN names.

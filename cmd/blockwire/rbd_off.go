@@ -7,7 +7,7 @@ import (
 	"log/slog"
 
 	"github.com/blockwire/blockwire/backend"
-	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/config"
 )
 
 // openRBD: this build has no librbd (the default build is pure Go).

@@ -18,10 +18,10 @@ import (
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/internal/atomicfile"
-	"github.com/blockwire/blockwire/internal/config"
+	"github.com/blockwire/blockwire/config"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/srp"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // live is the running configuration: the targets' devices as built from
@@ -29,14 +29,14 @@ import (
 type live struct {
 	mu      sync.Mutex
 	cfg     *config.Config
-	devices []*target.Device
+	devices []*scsitarget.Device
 	path    string
 	srv     *iscsitarget.Server
 	log     *slog.Logger
 }
 
 // Devices returns the devices (for the metrics and admin APIs).
-func (l *live) Devices() []*target.Device {
+func (l *live) Devices() []*scsitarget.Device {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return slices.Clone(l.devices)
@@ -61,7 +61,7 @@ func (l *live) srpLUNMap(name string, id srp.PortID) map[uint64]uint64 {
 	return nil
 }
 
-func (l *live) device(name string) *target.Device {
+func (l *live) device(name string) *scsitarget.Device {
 	for _, d := range l.devices {
 		if d.Name() == name {
 			return d
@@ -136,7 +136,7 @@ func (l *live) reload() error {
 		}
 		if d := l.device(name); d != nil {
 			d.Close()
-			l.devices = slices.DeleteFunc(l.devices, func(x *target.Device) bool { return x == d })
+			l.devices = slices.DeleteFunc(l.devices, func(x *scsitarget.Device) bool { return x == d })
 		}
 		l.log.Info("reload: target removed", "target", name)
 	}
@@ -354,7 +354,7 @@ func (l *live) RemoveTarget(name string) error {
 	}
 	if d := l.device(name); d != nil {
 		d.Close()
-		l.devices = slices.DeleteFunc(l.devices, func(x *target.Device) bool { return x == d })
+		l.devices = slices.DeleteFunc(l.devices, func(x *scsitarget.Device) bool { return x == d })
 	}
 	l.cfg.Targets = slices.DeleteFunc(l.cfg.Targets, func(t config.Target) bool { return t.Name == name })
 	l.log.Info("admin: target removed", "target", name)

@@ -45,33 +45,33 @@ func TestImportsPointOneWay(t *testing.T) {
 	}{
 		// Codecs: no network, no logging, no goroutine-owning packages of ours.
 		{"scsi", []string{mod, "net", "log"}},
-		{"iscsi/pdu", []string{mod + "iscsi/text", mod + "datamover", mod + "target", "net", "log"}},
+		{"iscsi/pdu", []string{mod + "iscsi/text", mod + "datamover", mod + "scsitarget", "net", "log"}},
 		{"iscsi/text", []string{mod + "iscsi/pdu", mod + "datamover", "net", "log"}},
 		{"iscsi/auth", []string{mod + "datamover", "net", "log"}},
 		// The SCSI core knows no fabric.
-		{"target", []string{mod + "iscsi", mod + "datamover", "net"}},
-		{"backend", []string{mod + "iscsi", mod + "target", mod + "datamover"}},
+		{"scsitarget", []string{mod + "iscsi", mod + "datamover", "net"}},
+		{"backend", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover"}},
 		// A remote backend sees a block device, never the fabric behind it.
-		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "target", "net"}},
+		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 		// The datamover interface knows no concrete datamover and no session.
-		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "target"}},
-		{"datamover/tcp", []string{mod + "iscsi/target", mod + "target"}},
+		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "scsitarget"}},
+		{"datamover/tcp", []string{mod + "iscsi/target", mod + "scsitarget"}},
 		// RDMA is the bottom layer: it knows nothing of iSCSI, SCSI or
 		// the datamover; its wire codecs do no I/O.
-		{"rdma", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi", mod + "rdma/"}},
+		{"rdma", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover", mod + "scsi", mod + "rdma/"}},
 		{"rdma/iwarp/mpa", []string{mod, "net", "log"}},
 		{"rdma/iwarp/ddp", []string{mod, "net", "log"}},
 		{"rdma/iwarp/rdmap", []string{mod + "rdma/iwarp/mpa", mod + "rdma/siw", mod + "iscsi", "net", "log"}},
-		{"rdma/siw", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi"}},
+		{"rdma/siw", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover", mod + "scsi"}},
 		// The InfiniBand transport codec (RoCEv2): no I/O.
 		{"rdma/ib", []string{mod, "net", "log"}},
-		{"rdma/roce", []string{mod + "iscsi", mod + "target", mod + "datamover", mod + "scsi", mod + "rdma/siw"}},
+		{"rdma/roce", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover", mod + "scsi", mod + "rdma/siw"}},
 		// SRP sits beside iSCSI: SCSI ← SRP ← RDMA verbs, never a
 		// concrete RDMA device; its codec does no I/O.
 		{"srp", []string{mod, "net", "log"}},
 		{"srp/target", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "srp/initiator"}},
-		{"srp/initiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "target"}},
-		{"blockdev", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "target", "net"}},
+		{"srp/initiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "scsitarget"}},
+		{"blockdev", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 	}
 	for _, r := range rules {
 		if _, ok := pkgs[r.pkg]; !ok {

@@ -8,16 +8,16 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // exampleTarget serves a 16 MiB in-memory LUN on a loopback port and
 // returns the portal; a real program would point at any iSCSI target.
 func exampleTarget() (string, func()) {
 	const name = "iqn.2026-11.org.blockwire:example"
-	dev := target.NewDevice(name, nil)
+	dev := scsitarget.NewDevice(name, nil)
 	be, _ := mem.New(16 << 20)
-	lu, _ := target.NewLU(name, target.LUConfig{Backend: be})
+	lu, _ := scsitarget.NewLU(name, scsitarget.LUConfig{Backend: be})
 	dev.AddLU(lu)
 	srv := iscsitarget.NewServer(nil, iscsitarget.Options{})
 	srv.AddTarget(&iscsitarget.Target{Name: name, Device: dev})

@@ -18,7 +18,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const tIQN = "iqn.2026-11.org.blockwire:init-test"

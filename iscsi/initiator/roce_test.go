@@ -12,7 +12,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma/roce"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // iSER over the software RoCEv2 device: the connection made with the

@@ -14,7 +14,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/scsi"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // sendCmd sends a SCSI Command without waiting for anything.

@@ -13,7 +13,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // This file holds a minimal raw-PDU initiator for protocol tests: it can

@@ -16,7 +16,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/scsi"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // conn is one iSCSI connection. It implements datamover.Upcalls: the

@@ -27,7 +27,7 @@ import (
 	"github.com/blockwire/blockwire/internal/prefixconn"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/rdma"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // Target is one iSCSI target node served by a Server.

@@ -7,7 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/blockwire/blockwire/internal/serial"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // sessionParams are the session-wide (leading-only) negotiated values.

@@ -12,7 +12,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const ini = "iqn.2026-11.org.blockwire:test-initiator"

@@ -8,7 +8,7 @@ import (
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsi"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // burst is one outstanding R2T (RFC 7143 §11.8).

@@ -20,7 +20,7 @@ import (
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/srp"
 	srptarget "github.com/blockwire/blockwire/srp/target"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const idExt = 0xc8995efffe09646d

@@ -14,7 +14,7 @@ import (
 	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/srp/initiator"
 	srptarget "github.com/blockwire/blockwire/srp/target"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // SRP over the InfiniBand CM the way seed 003 describes it, on our

@@ -30,7 +30,7 @@ import (
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/srp"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // Options configure a Server.

@@ -18,7 +18,7 @@ import (
 	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/srp/initiator"
 	srptarget "github.com/blockwire/blockwire/srp/target"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const idExt = 0x0011223344556677

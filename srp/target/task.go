@@ -9,7 +9,7 @@ import (
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/srp"
-	scsitarget "github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // task is one SRP_CMD or SRP_TSK_MGMT from receipt to its SRP_RSP. Tasks

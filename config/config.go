@@ -17,7 +17,7 @@ import (
 	"github.com/BurntSushi/toml"
 
 	"github.com/blockwire/blockwire/srp"
-	"github.com/blockwire/blockwire/target"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // Config is the whole file.
@@ -595,7 +595,7 @@ func (c *Config) Validate() error {
 			}
 			found := false
 			for _, g := range t.PortGroups {
-				pg, err := target.ParsePortGroup(g)
+				pg, err := scsitarget.ParsePortGroup(g)
 				if err != nil {
 					add("%s.port_groups: %v", where, err)
 				} else if pg.ID == own {

@@ -3,7 +3,7 @@
 // the task set of every LU with abort and reset, and the SPC/SBC command
 // handlers. iSCSI and SRP both drive it through Command; it never imports a
 // fabric.
-package target
+package scsitarget
 
 import (
 	"fmt"
