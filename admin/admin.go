@@ -15,20 +15,24 @@ import (
 	"sort"
 	"strconv"
 
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
-// Session is one session as the API shows it.
+// Session is one session as the API shows it, on any fabric: an iSCSI or
+// iSER session or an SRP I_T nexus.
 type Session struct {
-	TSIH        uint16                 `json:"tsih"`
-	Target      string                 `json:"target"`
-	Initiator   string                 `json:"initiator"`
-	ISID        string                 `json:"isid"`
-	Discovery   bool                   `json:"discovery"`
-	Params      map[string]string      `json:"params,omitempty"`
-	Connections []iscsitarget.ConnInfo `json:"connections"`
-	Commands    map[string]uint64      `json:"commands,omitempty"`
+	// Fabric is "iscsi", "iser" or "srp"; ID names the session to
+	// DELETE /sessions/{id} (an iSCSI TSIH, "srp-N").
+	Fabric    string `json:"fabric"`
+	ID        string `json:"id"`
+	Target    string `json:"target"`
+	Initiator string `json:"initiator"`
+	// Port is the iSCSI ISID (SRP: empty; its initiator is a port).
+	Port        string                `json:"port,omitempty"`
+	Discovery   bool                  `json:"discovery,omitempty"`
+	Params      map[string]string     `json:"params,omitempty"`
+	Connections []scsitarget.ConnInfo `json:"connections"`
+	Commands    map[string]uint64     `json:"commands,omitempty"`
 }
 
 // LUN is one logical unit.
@@ -62,6 +66,9 @@ type NewTarget struct {
 // the configuration Save writes back.
 type Control interface {
 	Devices() []*scsitarget.Device
+	// Sessions are every fabric's; DropSession ends one by its ID.
+	Sessions() []scsitarget.SessionInfo
+	DropSession(id string) bool
 	AddLU(NewLU) error
 	RemoveLU(target string, lun uint64) error
 	ResizeLU(target string, lun uint64, size int64) error
@@ -78,7 +85,6 @@ type Control interface {
 
 // Options connect the API to the running process.
 type Options struct {
-	ISCSI   *iscsitarget.Server
 	Control Control
 	// Dirs are the directories in which the API may name files: LUN
 	// backing files and save destinations. Empty: none (save then writes
@@ -89,7 +95,7 @@ type Options struct {
 // Handler serves the API:
 //
 //	GET    /sessions                            the sessions
-//	DELETE /sessions/{tsih}                     drop a session
+//	DELETE /sessions/{id}                       drop a session (iSCSI TSIH, srp-N)
 //	GET    /luns                                every target's LUNs
 //	POST   /luns                                add a LUN (NewLU)
 //	DELETE /targets/{target}/luns/{lun}         remove a LUN
@@ -104,9 +110,12 @@ func Handler(o Options) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /sessions", func(w http.ResponseWriter, r *http.Request) {
 		out := []Session{}
-		for _, si := range o.ISCSI.Sessions() {
-			s := Session{TSIH: si.TSIH, Target: si.Target, Initiator: si.Initiator, ISID: fmt.Sprintf("%x", si.ISID),
+		for _, si := range c.Sessions() {
+			s := Session{Fabric: si.Fabric, ID: si.ID, Target: si.Target, Initiator: si.Initiator, Port: si.Port,
 				Discovery: si.Discovery, Params: si.Params, Connections: si.Conns}
+			if s.Connections == nil {
+				s.Connections = []scsitarget.ConnInfo{}
+			}
 			if si.Stats != nil {
 				s.Commands = map[string]uint64{"read": si.Stats.Commands[scsitarget.ClassRead].Load(),
 					"write": si.Stats.Commands[scsitarget.ClassWrite].Load(), "other": si.Stats.Commands[scsitarget.ClassOther].Load()}
@@ -115,17 +124,13 @@ func Handler(o Options) http.Handler {
 		}
 		reply(w, out)
 	})
-	mux.HandleFunc("DELETE /sessions/{tsih}", func(w http.ResponseWriter, r *http.Request) {
-		n, err := strconv.ParseUint(r.PathValue("tsih"), 0, 16)
-		if err != nil {
-			fail(w, http.StatusBadRequest, fmt.Errorf("tsih: %w", err))
+	mux.HandleFunc("DELETE /sessions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		id := r.PathValue("id")
+		if !c.DropSession(id) {
+			fail(w, http.StatusNotFound, fmt.Errorf("no session %q", id))
 			return
 		}
-		if !o.ISCSI.DropSession(uint16(n)) {
-			fail(w, http.StatusNotFound, fmt.Errorf("no session with TSIH %d", n))
-			return
-		}
-		reply(w, map[string]string{"dropped": strconv.FormatUint(n, 10)})
+		reply(w, map[string]string{"dropped": id})
 	})
 	mux.HandleFunc("GET /luns", func(w http.ResponseWriter, r *http.Request) {
 		out := []LUN{}

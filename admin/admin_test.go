@@ -12,7 +12,6 @@ import (
 	"sync"
 	"testing"
 
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
@@ -43,6 +42,9 @@ func (f *fakeControl) Save(path string) (string, string, error) {
 	return path, "", nil
 }
 
+func (f *fakeControl) Sessions() []scsitarget.SessionInfo { return nil }
+func (f *fakeControl) DropSession(string) bool            { return false }
+
 func (f *fakeControl) calls() (int, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -59,7 +61,7 @@ func httpAPI(t *testing.T, dirs ...string) (*fakeControl, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := Handler(Options{ISCSI: iscsitarget.NewServer(nil, iscsitarget.Options{}), Control: fc, Dirs: dirs})
+	h := Handler(Options{Control: fc, Dirs: dirs})
 	s := httptest.NewUnstartedServer(Protect(h, l.Addr().String(), token))
 	s.Listener.Close()
 	s.Listener = l

@@ -7,21 +7,28 @@ package config
 import (
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/blockwire/blockwire/srp"
 )
 
 // Config is the whole file.
 type Config struct {
+	// Portals are where the targets are served, each with its fabric
+	// and, optionally, the targets it serves ([[portal]]). Listen,
+	// SRPListen, ROCEListen and SRPROCEListen are shorthands for portals
+	// serving every target (AllPortals lists both).
+	Portals []Portal `toml:"portal,omitempty"`
 	// Listen lists the iSCSI/TCP portals, "host:port".
 	Listen []string `toml:"listen,omitempty"`
 	// Metrics is the host:port of the Prometheus endpoint (GET /metrics);
@@ -39,9 +46,10 @@ type Config struct {
 	// ISER turns iSER off on the listen portals when false (default on:
 	// connection-first and RFC 5046 iSER share the iSCSI/TCP port).
 	ISER *bool `toml:"iser,omitempty"`
-	// SRPListen serves the first target over SRP on these host:port
+	// SRPListen serves every target over SRP on these host:port
 	// addresses (software iWARP, as Linux ib_srp reaches it); SRPIDExt is
-	// its port ID, ID_EXT[:IOC_GUID] in hex (default: from the name).
+	// the first target's SRP port ID, ID_EXT[:IOC_GUID] in hex, unless it
+	// sets its own (default: from the target's name).
 	SRPListen []string `toml:"srp_listen,omitempty"`
 	SRPIDExt  string   `toml:"srp_id_ext,omitempty"`
 	// ROCEListen serves iSER, SRPROCEListen SRP, on the software RoCEv2
@@ -55,6 +63,53 @@ type Config struct {
 	// authenticate (nil: anyone, no authentication).
 	Discovery *Discovery `toml:"discovery,omitempty"`
 	Targets   []Target   `toml:"target"`
+}
+
+// The fabrics a portal can serve.
+const (
+	// ISCSI is iSCSI over TCP; unless iser = false the same port also
+	// takes iSER over the software iWARP device (connection first, or
+	// RFC 5046's upgrade after a TCP login).
+	ISCSI = "iscsi"
+	// ISERRoCE is iSER on the software RoCEv2 device (InfiniBand RC in
+	// UDP, RDMA/CM as Linux rxe speaks it).
+	ISERRoCE = "iser-roce"
+	// SRP is SRP over the software iWARP device (RDMA/CM, as Linux ib_srp
+	// reaches it); SRPRoCE over the software RoCEv2 device.
+	SRP     = "srp"
+	SRPRoCE = "srp-roce"
+)
+
+// Portal is one address a fabric is served on.
+type Portal struct {
+	// Transport is iscsi, iser-roce, srp or srp-roce.
+	Transport string `toml:"transport"`
+	// Address is host:port (RoCE: the local IP address and the port the
+	// service ID names).
+	Address string `toml:"address"`
+	// Targets are the names of the targets served here (empty: all).
+	Targets []string `toml:"targets,omitempty"`
+}
+
+// Serves reports whether the portal serves the named target.
+func (p Portal) Serves(name string) bool {
+	return len(p.Targets) == 0 || slices.Contains(p.Targets, name)
+}
+
+// AllPortals returns the portals: the [[portal]] entries, then one for
+// each address of the listen, roce_listen, srp_listen and srp_roce_listen
+// shorthands.
+func (c *Config) AllPortals() []Portal {
+	out := slices.Clone(c.Portals)
+	for _, k := range []struct {
+		tr    string
+		addrs []string
+	}{{ISCSI, c.Listen}, {ISERRoCE, c.ROCEListen}, {SRP, c.SRPListen}, {SRPRoCE, c.SRPROCEListen}} {
+		for _, a := range k.addrs {
+			out = append(out, Portal{Transport: k.tr, Address: a})
+		}
+	}
+	return out
 }
 
 // Limits bound what initiators may use; zero keeps the default (in
@@ -174,6 +229,10 @@ type Target struct {
 	// redirecting target needs no LUNs.
 	Redirect          string `toml:"redirect,omitempty"`
 	RedirectPermanent bool   `toml:"redirect_permanent,omitempty"`
+	// SRPIDExt is the target's SRP target port ID, ID_EXT[:IOC_GUID] in
+	// hex (default: derived from the name; the file's srp_id_ext is the
+	// first target's).
+	SRPIDExt string `toml:"srp_id_ext,omitempty"`
 	// TPGT is the target portal group tag, also the relative target port
 	// identifier (default 1). Gateways serving one shared image give
 	// each its own.
@@ -352,12 +411,46 @@ func (t *Target) SRPLUNMap(id srp.PortID) map[uint64]uint64 {
 	return m
 }
 
-// SRPTargets returns the indexes of the targets served over SRP.
+// SRPTargets returns the indexes of the targets served over SRP: those
+// an srp or srp-roce portal serves.
 func (c *Config) SRPTargets() []int {
-	if len(c.SRPListen)+len(c.SRPROCEListen) == 0 || len(c.Targets) == 0 {
-		return nil
+	var out []int
+	for i, t := range c.Targets {
+		for _, p := range c.AllPortals() {
+			if (p.Transport == SRP || p.Transport == SRPRoCE) && p.Serves(t.Name) {
+				out = append(out, i)
+				break
+			}
+		}
 	}
-	return []int{0} // the first target (issue 21 serves every one)
+	return out
+}
+
+// SRPPortID returns the SRP target port ID (ID_EXT, IOC GUID) of the
+// target at index i: its srp_id_ext, the file's for the first target, or
+// one derived from its name (FNV-1a, the same across restarts).
+func (c *Config) SRPPortID(i int) (idExt, iocGUID uint64, err error) {
+	t := c.Targets[i]
+	v := t.SRPIDExt
+	if v == "" && i == 0 {
+		v = c.SRPIDExt
+	}
+	if v == "" {
+		h := fnv.New64a()
+		h.Write([]byte(t.Name))
+		id := h.Sum64()
+		return id, id, nil
+	}
+	a, b, ok := strings.Cut(v, ":")
+	if !ok {
+		b = a
+	}
+	hi, err1 := strconv.ParseUint(strings.TrimPrefix(a, "0x"), 16, 64)
+	lo, err2 := strconv.ParseUint(strings.TrimPrefix(b, "0x"), 16, 64)
+	if err1 != nil || err2 != nil {
+		return 0, 0, fmt.Errorf("srp_id_ext: want ID_EXT[:IOC_GUID] in hex, not %q", v)
+	}
+	return hi, lo, nil
 }
 
 // AllowedInitiators returns the initiators of the ACL (nil: everyone).
@@ -547,6 +640,30 @@ func (c *Config) Validate() error {
 	if (len(c.SRPListen) > 0 || len(c.SRPROCEListen) > 0) && len(c.Targets) == 0 {
 		add("srp_listen: no target to serve")
 	}
+	tnames := map[string]bool{}
+	for _, t := range c.Targets {
+		tnames[t.Name] = true
+	}
+	for i, p := range c.Portals {
+		where := fmt.Sprintf("portal[%d]", i)
+		switch p.Transport {
+		case ISCSI, SRP:
+			if !strings.Contains(p.Address, ":") {
+				add("%s.address: %q is not host:port", where, p.Address)
+			}
+		case ISERRoCE, SRPRoCE:
+			if _, _, err := net.SplitHostPort(p.Address); err != nil {
+				add("%s.address: %q is not address:port", where, p.Address)
+			}
+		default:
+			add("%s.transport: %q (iscsi, iser-roce, srp or srp-roce)", where, p.Transport)
+		}
+		for _, n := range p.Targets {
+			if !tnames[n] {
+				add("%s.targets: no target %q", where, n)
+			}
+		}
+	}
 	if c.ROCEUDPPort < 0 || c.ROCEUDPPort > 65535 {
 		add("roce_udp_port: %d is not a UDP port", c.ROCEUDPPort)
 	}
@@ -650,8 +767,22 @@ func (c *Config) Validate() error {
 	if len(c.Targets) == 0 {
 		add("no [[target]]: the configuration serves nothing (add a [[target]] with a name and a [[target.lun]])")
 	}
+	srpNamed := map[string]bool{} // targets an SRP portal names
+	for _, p := range c.Portals {
+		if p.Transport == SRP || p.Transport == SRPRoCE {
+			for _, n := range p.Targets {
+				srpNamed[n] = true
+			}
+		}
+	}
 	for _, i := range c.SRPTargets() {
-		if t := c.Targets[i]; t.Protected() && !t.srpListed() {
+		if _, _, err := c.SRPPortID(i); err != nil {
+			add("target[%d].%v", i, err)
+		}
+		// A protected target that only a shorthand puts on SRP admits
+		// no SRP initiator (SRPAllows); one a portal names must say
+		// which.
+		if t := c.Targets[i]; t.Protected() && !t.srpListed() && (srpNamed[t.Name] || i == 0 && len(c.Portals) == 0) {
 			add("target[%d] (%s) is served over SRP and has an ACL or CHAP, which SRP cannot check (it has no CHAP): list the SRP initiator port IDs it admits (srp_initiators) or do not serve it over SRP", i, t.Name)
 		}
 	}

@@ -6,7 +6,6 @@
 package metrics
 
 import (
-	"fmt"
 	"net/http"
 	"strconv"
 
@@ -15,26 +14,36 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/blockwire/blockwire/internal/httpguard"
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
-// Collector is a prometheus.Collector over the devices (targets) and the
-// iSCSI server of one blockwire process.
+// Source is what a collector reads at each scrape: the devices (targets)
+// and every fabric's sessions of one blockwire node.
+type Source interface {
+	Devices() []*scsitarget.Device
+	Sessions() []scsitarget.SessionInfo
+	// LoginFailures counts failed iSCSI logins by status class (RFC 7143
+	// §11.13.5): index 1 redirection, 2 initiator error, 3 target error.
+	LoginFailures() [4]uint64
+}
+
+// Collector is a prometheus.Collector over a Source.
 type Collector struct {
-	devices func() []*scsitarget.Device
-	iscsi   *iscsitarget.Server
+	src Source
 
 	lunCmds, lunBytes, lunErrs, lunLat *prometheus.Desc
 	sesCmds, sesBytes, sesLat          *prometheus.Desc
 	sessions, loginFail                *prometheus.Desc
 }
 
-// New returns a collector reading devices' LUNs and srv's sessions.
-func New(devices func() []*scsitarget.Device, srv *iscsitarget.Server) *Collector {
+// New returns a collector reading src's LUNs and sessions.
+func New(src Source) *Collector {
 	lun := []string{"target", "lun"}
-	ses := []string{"target", "initiator", "isid", "tsih"}
-	return &Collector{devices: devices, iscsi: srv,
+	// A session: its fabric (iscsi, iser, srp), target, initiator, the
+	// initiator's port (iSCSI ISID; empty for SRP) and its ID (iSCSI
+	// TSIH, srp-N).
+	ses := []string{"fabric", "target", "initiator", "port", "session"}
+	return &Collector{src: src,
 		lunCmds:   prometheus.NewDesc("blockwire_lun_commands_total", "SCSI commands completed, by class (read, write, other).", append(lun, "class"), nil),
 		lunBytes:  prometheus.NewDesc("blockwire_lun_bytes_total", "Bytes moved by reads and writes.", append(lun, "direction"), nil),
 		lunErrs:   prometheus.NewDesc("blockwire_lun_errors_total", "Commands that did not end GOOD, by kind (a sense key's name, reservation_conflict, busy).", append(lun, "kind"), nil),
@@ -42,7 +51,7 @@ func New(devices func() []*scsitarget.Device, srv *iscsitarget.Server) *Collecto
 		sesCmds:   prometheus.NewDesc("blockwire_session_commands_total", "SCSI commands completed in a session, by class.", append(ses, "class"), nil),
 		sesBytes:  prometheus.NewDesc("blockwire_session_bytes_total", "Bytes moved by a session's reads and writes.", append(ses, "direction"), nil),
 		sesLat:    prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
-		sessions:  prometheus.NewDesc("blockwire_iscsi_sessions", "iSCSI sessions logged in, by type.", []string{"type"}, nil),
+		sessions:  prometheus.NewDesc("blockwire_sessions", "Sessions (SRP: I_T nexuses) logged in, by fabric and type.", []string{"fabric", "type"}, nil),
 		loginFail: prometheus.NewDesc("blockwire_iscsi_login_failures_total", "Failed logins, by status class.", []string{"class"}, nil),
 	}
 }
@@ -123,8 +132,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[scsitarget.ClassRead].Load()), append(labels, "read")...)
 		ch <- prometheus.MustNewConstMetric(bytes, prometheus.CounterValue, float64(s.Bytes[scsitarget.ClassWrite].Load()), append(labels, "write")...)
 	}
-	if c.devices != nil {
-		for _, d := range c.devices() {
+	{
+		for _, d := range c.src.Devices() {
 			for _, n := range d.LUNs() {
 				lu := d.LU(n)
 				if lu == nil {
@@ -143,23 +152,25 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
-	if c.iscsi == nil {
-		return
+	count := map[[2]string]int{}
+	for _, f := range []string{"iscsi", "iser", "srp"} {
+		count[[2]string{f, "normal"}] = 0
 	}
-	var normal, discovery int
-	for _, si := range c.iscsi.Sessions() {
+	count[[2]string{"iscsi", "discovery"}] = 0
+	for _, si := range c.src.Sessions() {
 		if si.Discovery {
-			discovery++
+			count[[2]string{si.Fabric, "discovery"}]++
 			continue
 		}
-		normal++
+		count[[2]string{si.Fabric, "normal"}]++
 		if si.Stats != nil {
-			counters(c.sesCmds, c.sesBytes, c.sesLat, si.Stats, si.Target, si.Initiator, fmt.Sprintf("%x", si.ISID), strconv.Itoa(int(si.TSIH)))
+			counters(c.sesCmds, c.sesBytes, c.sesLat, si.Stats, si.Fabric, si.Target, si.Initiator, si.Port, si.ID)
 		}
 	}
-	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(normal), "normal")
-	ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(discovery), "discovery")
-	lf := c.iscsi.LoginFailures()
+	for k, v := range count {
+		ch <- prometheus.MustNewConstMetric(c.sessions, prometheus.GaugeValue, float64(v), k[0], k[1])
+	}
+	lf := c.src.LoginFailures()
 	for i, name := range []string{"", "redirection", "initiator_error", "target_error"} {
 		if name != "" {
 			ch <- prometheus.MustNewConstMetric(c.loginFail, prometheus.CounterValue, float64(lf[i]), name)

@@ -20,11 +20,12 @@ import (
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/node"
 )
 
 const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] VERB
-  sessions                          sessions, connections, negotiated values, commands in flight
-  drop TSIH                         close a session's connections
+  sessions                          every fabric's sessions (iSCSI, iSER, SRP), connections, commands in flight
+  drop ID                           end a session (its ID: an iSCSI TSIH, srp-N)
   luns                              every target's LUNs
   add-lun TARGET LUN (--size S | --file F | --remote URL) [--block-size N] [--read-only]
   remove-lun TARGET LUN
@@ -60,7 +61,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	}
 	sock := fs.String("socket", defSock, "the administration socket (or BLOCKWIRE_ADMIN_SOCKET)")
 	apiURL := fs.String("url", "", "the administration API over HTTP (serve --admin-http), instead of the socket")
-	tokenFile := fs.String("token-file", defaultTokenFile(), "with --url: the file holding serve's token")
+	tokenFile := fs.String("token-file", node.DefaultTokenFile(), "with --url: the file holding serve's token")
 	size := fs.String("size", "", "add-lun: an in-memory LUN of this size")
 	file := fs.String("file", "", "add-lun: a file-backed LUN")
 	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
@@ -142,7 +143,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		var ss []admin.Session
 		if err = call("GET", "/sessions", nil, &ss); err == nil {
 			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TSIH\tTARGET\tINITIATOR\tISID\tCONNECTIONS\tIN FLIGHT\tREADS\tWRITES")
+			fmt.Fprintln(tw, "ID\tFABRIC\tTARGET\tINITIATOR\tPORT\tCONNECTIONS\tIN FLIGHT\tREADS\tWRITES")
 			for _, s := range ss {
 				inflight := 0
 				conns := ""
@@ -151,9 +152,13 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 					if i > 0 {
 						conns += ","
 					}
-					conns += fmt.Sprintf("%d:%s:%s", c.CID, c.Transport, c.Remote)
+					conns += fmt.Sprintf("%s:%s:%s", c.ID, c.Transport, c.Remote)
 				}
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", s.TSIH, s.Target, s.Initiator, s.ISID, conns, inflight, s.Commands["read"], s.Commands["write"])
+				port := s.Port
+				if port == "" {
+					port = "-"
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", s.ID, s.Fabric, s.Target, s.Initiator, port, conns, inflight, s.Commands["read"], s.Commands["write"])
 			}
 			tw.Flush()
 			return exitOK

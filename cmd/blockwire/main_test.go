@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -12,21 +11,6 @@ import (
 
 // TestMetricsExposedWarning: metrics on a non-loopback address without a
 // token are warned about; on loopback or with a token they are not.
-func TestMetricsExposedWarning(t *testing.T) {
-	for _, c := range []struct {
-		ip    string
-		token string
-		want  bool
-	}{
-		{"127.0.0.1", "", false}, {"::1", "", false}, {"0.0.0.0", "", true}, {"::", "", true},
-		{"192.0.2.7", "", true}, {"192.0.2.7", "t", false},
-	} {
-		if got := metricsExposed(&net.TCPAddr{IP: net.ParseIP(c.ip), Port: 9100}, c.token); got != c.want {
-			t.Errorf("%s token %q: %v", c.ip, c.token, got)
-		}
-	}
-}
-
 // TestHelpAndExitCodes: every verb's -h/--help exits 0; usage errors exit
 // 2 and name the problem — bad flags, extra arguments, malformed URLs
 // (no LUN, a port out of range, IPv6 without brackets), unknown admin

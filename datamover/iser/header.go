@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/netip"
+
+	"github.com/blockwire/blockwire/datamover"
 )
 
 // iSER message opcodes: the high nibble of byte 0 of every iSER header
@@ -224,43 +226,17 @@ const (
 
 // Preference is the connection flag (Flg) of seed 001's CM private data
 // (Appendix, "Format of the CM REQ/REP/REJ Messages"): which kind of node
-// the initiator will connect to. Negative logic: 00b, the default, takes
-// either.
-type Preference uint8
+// the initiator will connect to (datamover.Preference, which the iSCSI
+// layer names without knowing iSER).
+type Preference = datamover.Preference
 
+// The preferences.
 const (
-	PreferEither  Preference = 0 // 00b: an end target node or a gateway
-	PreferEndNode Preference = 1 // 01b: only an end target node
-	PreferGateway Preference = 2 // 10b: only a gateway
-	PreferInvalid Preference = 3 // 11b: reserved and invalid: neither
+	PreferEither  = datamover.PreferEither
+	PreferEndNode = datamover.PreferEndNode
+	PreferGateway = datamover.PreferGateway
+	PreferInvalid = datamover.PreferInvalid
 )
-
-func (p Preference) String() string {
-	return [...]string{"either", "end node only", "gateway only", "invalid (11b)"}[p&3]
-}
-
-// Refusal is why a node of the given kind refuses a connection with this
-// preference (seed 001 part III: reject with "consumer reject" and a
-// readable reason, at most the 72 bytes of an InfiniBand ARI), or "" when
-// it accepts. A node with neither role counts as an end node.
-func (p Preference) Refusal(endNode, gateway bool) string {
-	if !endNode && !gateway {
-		endNode = true
-	}
-	switch p & 3 {
-	case PreferEndNode:
-		if !endNode {
-			return "iSER: this node is a gateway; an end node only was asked (seed 001)"
-		}
-	case PreferGateway:
-		if !gateway {
-			return "iSER: this node is an end node; a gateway only was asked (seed 001)"
-		}
-	case PreferInvalid:
-		return "iSER: connection flags 11b are invalid (seed 001)"
-	}
-	return ""
-}
 
 // ServiceIDBaseSeed001 is seed 001 §II's iSER base service ID on
 // InfiniBand ("until IBTA allocates one"): the REQ's service ID is the base

@@ -6,6 +6,7 @@ import (
 	"net"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -22,7 +23,7 @@ func exampleTarget() (string, func()) {
 	srv := iscsitarget.NewServer(nil, iscsitarget.Options{})
 	srv.AddTarget(&iscsitarget.Target{Name: name, Device: dev})
 	l, _ := net.Listen("tcp", "127.0.0.1:0")
-	go srv.Serve(l)
+	go srv.Serve(fabric.TCP(l))
 	return l.Addr().String(), func() { srv.Shutdown(context.Background()) }
 }
 

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -31,14 +32,20 @@ func startTarget(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Tar
 	return startTargetOpts(t, be, mod, iscsitarget.Options{})
 }
 
-func startTargetOpts(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target), opts iscsitarget.Options) string {
+// startTargetOpts serves on a TCP port; with an iSER portal, the port
+// takes iSER over software iWARP too (fabric.Portal).
+func startTargetOpts(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget.Target), opts iscsitarget.Options, iserPortal ...fabric.ISERPortal) string {
 	t.Helper()
 	srv := newTargetServer(t, be, mod, opts)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(l)
+	a := fabric.TCP(l)
+	if len(iserPortal) > 0 {
+		a = fabric.Portal(l, iserPortal[0])
+	}
+	go srv.Serve(a)
 	return l.Addr().String()
 }
 

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/fabric"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -23,10 +24,10 @@ import (
 // device).
 func startISERTarget(t testing.TB) string {
 	t.Helper()
-	return startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{ISER: &iscsitarget.ISERPortal{
+	return startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{}, fabric.ISERPortal{
 		IWARP: siw.New(siw.Options{}),
 		PD:    rdma.NewDevice("target").AllocPD(),
-	}})
+	})
 }
 
 // TestISERRFC5046Profile logs in on TCP in byte-stream mode with
@@ -157,7 +158,7 @@ func asSCSI(err error, se **SCSIError) bool {
 	return ok
 }
 
-// TestServeISER serves iSER from an RDMA listener of its own (the entry
+// TestServeISER serves iSER from an RDMA listener of its own (fabric.ISER: the entry
 // for fabrics without a TCP portal to share, such as RoCE later) and
 // reads back a write through it; Shutdown closes that listener too.
 func TestServeISER(t *testing.T) {
@@ -167,7 +168,7 @@ func TestServeISER(t *testing.T) {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.ServeISER(l, rdma.NewDevice("target").AllocPD(), iser.Options{}) }()
+	go func() { served <- srv.Serve(fabric.ISER(l, rdma.NewDevice("target").AllocPD(), iser.Options{})) }()
 	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", l.Addr(), tIQN), Options{})
 	if err != nil {
 		t.Fatal(err)
@@ -188,10 +189,10 @@ func TestServeISER(t *testing.T) {
 	select {
 	case err := <-served:
 		if err != nil {
-			t.Fatalf("ServeISER: %v", err)
+			t.Fatalf("Serve: %v", err)
 		}
 	case <-time.After(5 * time.Second):
-		t.Fatal("ServeISER did not return after Shutdown")
+		t.Fatal("Serve did not return after Shutdown")
 	}
 }
 
@@ -222,11 +223,11 @@ func (s *syncBuffer) String() string {
 // went past 2; the session stays up and keeps its data path, in both
 // profiles.
 func TestISERUnexpectedPDULimit(t *testing.T) {
-	addr := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{ISER: &iscsitarget.ISERPortal{
+	addr := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{}, fabric.ISERPortal{
 		IWARP:   siw.New(siw.Options{}),
 		PD:      rdma.NewDevice("target").AllocPD(),
 		Options: iser.Options{Unexpected: 2},
-	}})
+	})
 	for _, prof := range []iser.Profile{iser.ProfileLinux, iser.ProfileRFC5046} {
 		t.Run(prof.String(), func(t *testing.T) {
 			var logs syncBuffer
@@ -269,12 +270,11 @@ func TestISERUnexpectedPDULimit(t *testing.T) {
 // then falls back to iSCSI/TCP; a node that cannot meet a preference
 // refuses the connection with a readable reason.
 func TestPreferFallback(t *testing.T) {
-	portal := func(o iscsitarget.Options) iscsitarget.Options {
-		o.ISER = &iscsitarget.ISERPortal{IWARP: siw.New(siw.Options{}), PD: rdma.NewDevice("target").AllocPD()}
-		return o
+	portal := func() fabric.ISERPortal {
+		return fabric.ISERPortal{IWARP: siw.New(siw.Options{}), PD: rdma.NewDevice("target").AllocPD()}
 	}
-	endNode := startTargetOpts(t, scsitarget.LUConfig{}, nil, portal(iscsitarget.Options{}))
-	gateway := startTargetOpts(t, scsitarget.LUConfig{}, nil, portal(iscsitarget.Options{Gateway: true}))
+	endNode := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{}, portal())
+	gateway := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{Gateway: true}, portal())
 	tcpOnly := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{})
 	for _, tc := range []preferCase{
 		{"direct to an end node", endNode, "direct", true, iser.PreferEndNode, ""},

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/fabric"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -36,7 +37,7 @@ func TestISEROverRoCE(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.ServeISER(ln, tdev.RDMA().AllocPD(), iser.Options{})
+	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
 
 	ctx := context.Background()
 	d, err := Open(ctx, fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN), Options{RDMA: idev})
@@ -96,7 +97,7 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		go srv.Serve(l)
+		go srv.Serve(fabric.TCP(l))
 		d, err := roce.Open(ip, roce.Options{Port: port})
 		if err != nil {
 			t.Fatal(err)
@@ -107,7 +108,7 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			go srv.ServeISER(rl, d.RDMA().AllocPD(), iser.Options{})
+			go srv.Serve(fabric.ISER(rl, d.RDMA().AllocPD(), iser.Options{}))
 		}
 		return l.Addr().String()
 	}

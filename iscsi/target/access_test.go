@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -98,7 +99,7 @@ func TestTargetOnItsPortalsOnly(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	go ts.srv.Serve(l2)
+	go ts.srv.Serve(fabric.TCP(l2))
 	first := ts.addr
 	second := l2.Addr().String()
 	tg := &Target{Name: testIQN, Portals: []string{first}}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -61,7 +62,7 @@ func startServerLog(t testing.TB, opts Options, mod func(*Target), w io.Writer) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(l)
+	go srv.Serve(fabric.TCP(l))
 	ts := &testServer{srv: srv, addr: l.Addr().String(), dev: dev, l: l}
 	t.Cleanup(func() {
 		ctx, cancel := contextWithTimeout(5 * time.Second)

@@ -11,22 +11,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/netip"
 	"sort"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
-	"github.com/blockwire/blockwire/datamover/iser"
-	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/bufpool"
-	"github.com/blockwire/blockwire/internal/prefixconn"
 	"github.com/blockwire/blockwire/iscsi/auth"
-	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
@@ -179,19 +175,14 @@ type Options struct {
 	// node preference an iSER initiator may put in its connection
 	// request (seed 001 part III); neither means an end node.
 	Gateway, EndNode bool
-	// ISER, when set, makes every TCP portal serve iSER too: a connection
-	// that opens with an MPA Request (connection-first iSER over iWARP)
-	// is handed to this device; one that opens with a Login PDU is
-	// iSCSI/TCP. So one port serves both, as LIO cannot on iWARP.
-	ISER *ISERPortal
 }
 
-// ISERPortal is the RDMA side of the portals.
-type ISERPortal struct {
-	// IWARP starts MPA on an accepted TCP connection (rdma/siw.Fabric).
-	IWARP   iser.IWARP
-	PD      *rdma.PD
-	Options iser.Options
+// DefaultOptions returns the options a zero Options stands for: the one
+// place the iSCSI target's defaults are written.
+func DefaultOptions() Options {
+	var o Options
+	o.defaults()
+	return o
 }
 
 func (o *Options) defaults() {
@@ -245,13 +236,11 @@ type Server struct {
 	done        chan struct{}
 	doneOnce    sync.Once
 
-	mu        sync.Mutex
-	targets   map[string]*Target
-	discovery *Target  // discovery sessions' access rules (SetDiscovery)
-	portals   []string // for SendTargets, "host:port"
-	listeners map[net.Listener]struct{}
-	// RDMA listeners (iSER portals).
-	rdmaListeners map[rdma.Listener]struct{}
+	mu            sync.Mutex
+	targets       map[string]*Target
+	discovery     *Target  // discovery sessions' access rules (SetDiscovery)
+	portals       []string // for SendTargets, "host:port"
+	acceptors     map[datamover.Acceptor]struct{}
 	conns         map[*conn]struct{}
 	sessions      map[uint16]*session
 	nextTSIH      uint16
@@ -313,15 +302,14 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 	}
 	opts.defaults()
 	return &Server{
-		log:           log,
-		opts:          opts,
-		targets:       map[string]*Target{},
-		listeners:     map[net.Listener]struct{}{},
-		rdmaListeners: map[rdma.Listener]struct{}{},
-		conns:         map[*conn]struct{}{},
-		sessions:      map[uint16]*session{},
-		work:          make(chan *task),
-		done:          make(chan struct{}),
+		log:       log,
+		opts:      opts,
+		targets:   map[string]*Target{},
+		acceptors: map[datamover.Acceptor]struct{}{},
+		conns:     map[*conn]struct{}{},
+		sessions:  map[uint16]*session{},
+		work:      make(chan *task),
+		done:      make(chan struct{}),
 	}
 }
 
@@ -493,20 +481,23 @@ func (s *Server) targetList() []*Target {
 	return out
 }
 
-// Serve accepts connections on l until Shutdown or an accept error.
-func (s *Server) Serve(l net.Listener) error {
+// Serve accepts connections from a fabric's acceptor (package fabric:
+// iSCSI/TCP, the shared iSCSI/iSER portal, iSER on an RDMA/CM device) until
+// Shutdown or an accept error. It closes a at Shutdown.
+func (s *Server) Serve(a datamover.Acceptor) error {
 	s.mu.Lock()
 	if s.closing {
 		s.mu.Unlock()
+		a.Close()
 		return net.ErrClosed
 	}
-	s.listeners[l] = struct{}{}
-	s.portals = append(s.portals, l.Addr().String())
+	s.acceptors[a] = struct{}{}
+	s.portals = append(s.portals, a.Addr())
 	s.mu.Unlock()
-	s.log.Info("listening", "portal", l.Addr().String())
+	s.log.Info("listening", "portal", a.Addr())
 	var delay time.Duration
 	for {
-		nc, err := l.Accept()
+		in, err := a.Accept(context.Background())
 		if err != nil {
 			s.mu.Lock()
 			closing := s.closing
@@ -523,82 +514,39 @@ func (s *Server) Serve(l net.Listener) error {
 			return err
 		}
 		delay = 0
-		slot := s.takeLoginSlot(nc.RemoteAddr())
+		slot := s.takeLoginSlot(in.RemoteAddr())
 		if slot == nil {
 			if n := s.refused.Add(1); n <= 16 || n%1024 == 0 {
-				s.log.Warn("connection closed: its address has too many logins in progress", "remote", nc.RemoteAddr().String(),
+				s.log.Warn("connection closed: its address has too many logins in progress", "remote", in.RemoteAddr().String(),
 					"limit", s.opts.MaxLoginsPerSource, "refused", n)
 			}
-			nc.Close()
+			in.Close()
 			continue
 		}
-		s.startConn(nc, slot)
+		go s.establish(in, slot)
 	}
 }
 
-// tcpConn builds the traditional TCP datamover for an accepted socket.
-func (s *Server) tcpConn(nc net.Conn) func(datamover.Stamper) datamover.Conn {
-	return func(st datamover.Stamper) datamover.Conn {
-		c := tcp.New(nc, st)
-		// A peer that stops reading is dropped after the NOP timeout,
-		// releasing its tasks and their share of the I/O budget.
-		c.SetSendTimeout(s.opts.NopTimeout)
-		return c
-	}
-}
-
-func (s *Server) startConn(nc net.Conn, slot *loginSlot) {
-	if s.opts.ISER == nil {
-		c := newConn(s, nc.RemoteAddr().String(), s.tcpConn(nc))
-		c.slot = slot
-		s.start(c, func() { slot.release(); nc.Close() })
-		return
-	}
-	go s.classify(nc, slot)
-}
-
-// classify tells iSCSI from iSER on a shared portal by the first byte: an
-// MPA Request starts with "M" (0x4D), which as an iSCSI opcode byte would
-// be opcode 0x0D with the I bit — no initiator PDU.
-func (s *Server) classify(nc net.Conn, slot *loginSlot) {
-	var first [1]byte
-	_ = nc.SetReadDeadline(time.Now().Add(s.opts.LoginTimeout))
-	if _, err := io.ReadFull(nc, first[:]); err != nil {
-		slot.release()
-		nc.Close()
-		return
-	}
-	_ = nc.SetReadDeadline(time.Time{})
-	pc := prefixconn.New(nc, first[:])
-	p := s.opts.ISER
-	if first[0] != 'M' {
-		// iSCSI/TCP, which may turn into iSER after the login (RFC 5046
-		// profile, seed 004 §5.1) when the initiator asks for
-		// RDMAExtensions.
-		opt := p.Options
-		if opt.Logger == nil {
-			opt.Logger = s.log
-		}
-		opt.Recvs, opt.Unexpected = iserBudget(opt, s.opts.CmdWindow)
-		mk := func(st datamover.Stamper) datamover.Conn { return iser.NewUpgrade(pc, p.IWARP, p.PD, opt, st) }
-		c := newConnRDMA(s, nc.RemoteAddr().String(), mk, true, false)
-		c.slot = slot
-		s.start(c, func() { slot.release(); nc.Close() })
-		return
-	}
-	// iSER connection first: the MPA exchange is part of the login; the
-	// slot is freed when it is done (the RDMA connection is then counted
-	// by the session limits).
-	defer slot.release()
+// establish lets the fabric finish setting up an accepted connection (an
+// MPA exchange, an RDMA/CM accept; bounded by the login timeout) and runs
+// it. The connection holds its login slot until its login completes.
+func (s *Server) establish(in datamover.Incoming, slot *loginSlot) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoginTimeout)
 	defer cancel()
-	req, err := p.IWARP.Respond(ctx, pc)
+	est, err := in.Establish(ctx, datamover.AcceptParams{Window: s.opts.CmdWindow, EndNode: s.opts.EndNode, Gateway: s.opts.Gateway,
+		SendTimeout: s.opts.NopTimeout, Logger: s.log})
 	if err != nil {
-		s.log.Info("iSER connection refused", "remote", nc.RemoteAddr(), "err", err)
-		nc.Close()
+		slot.release()
+		s.log.Info("connection refused", "remote", in.RemoteAddr().String(), "err", err)
 		return
 	}
-	s.AcceptISER(req, p.PD, p.Options)
+	remote := in.RemoteAddr().String()
+	if est.ISER {
+		remote = "iser:" + remote
+	}
+	c := newConnRDMA(s, remote, est.Open, est.RDMA, est.ISER)
+	c.slot = slot
+	s.start(c, func() { slot.release(); est.Close() })
 }
 
 // start runs a connection until it ends; abort closes its transport when
@@ -622,94 +570,6 @@ func (s *Server) start(c *conn, abort func()) {
 	}()
 }
 
-// ServeISER accepts iSER connections in the connection-first profile
-// (seed 001, RFC 7145, what Linux ib_iser speaks) from an RDMA listener,
-// with memory registered in pd, until the listener is closed.
-func (s *Server) ServeISER(l rdma.Listener, pd *rdma.PD, opt iser.Options) error {
-	s.mu.Lock()
-	if s.closing {
-		s.mu.Unlock()
-		return net.ErrClosed
-	}
-	s.rdmaListeners[l] = struct{}{}
-	s.portals = append(s.portals, l.Addr().String())
-	s.mu.Unlock()
-	s.log.Info("listening for iSER", "portal", l.Addr().String(), "profile", opt.Profile)
-	for {
-		req, err := l.Accept(context.Background())
-		if err != nil {
-			s.mu.Lock()
-			closing := s.closing
-			s.mu.Unlock()
-			if closing {
-				return nil
-			}
-			return err
-		}
-		s.AcceptISER(req, pd, opt)
-	}
-}
-
-// AcceptISER accepts one RDMA connection request as an iSER connection:
-// it reads the initiator's iSER CM header, answers with ours (tagged
-// offsets are virtual addresses; Send with Invalidate is used unless the
-// initiator declined it, facts §2.2) and serves the connection.
-func (s *Server) AcceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options) {
-	peer := iser.DecodeCMHeader(req.PrivateData())
-	if opt.Logger == nil {
-		opt.Logger = s.log
-	}
-	if why := peer.Pref.Refusal(s.opts.EndNode, s.opts.Gateway); why != "" {
-		// Seed 001: the node cannot meet the initiator's preference;
-		// reject (InfiniBand: consumer reject, reason 28) with the reason
-		// in the private data.
-		s.log.Info("iSER connection refused", "remote", req.RemoteAddr(), "preference", peer.Pref.String(), "reason", why)
-		req.Reject([]byte(why))
-		return
-	}
-	if opt.Profile == iser.ProfileLinux && opt.CtrlDataLimit == 0 {
-		// Linux ib_iser receives at most 128 data bytes per control PDU
-		// in full feature phase (facts §2.3).
-		opt.CtrlDataLimit = 128
-	}
-	opt.Recvs, opt.Unexpected = iserBudget(opt, s.opts.CmdWindow)
-	res := iser.Prepare(pd, opt)
-	reply := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: peer.SendInvNotSupported}.Append(nil)
-	qp, err := req.Accept(res.ConnParams(reply))
-	if err != nil {
-		s.log.Warn("iSER accept failed", "remote", req.RemoteAddr(), "err", err)
-		return
-	}
-	mk := func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) }
-	s.start(newConnRDMA(s, "iser:"+req.RemoteAddr().String(), mk, true, true), func() { qp.Close() })
-}
-
-// iserBudget sizes an iSER connection's receive buffers (seed 004 §8):
-// the CmdSN window, then 64 more, of which up to 32 may hold unexpected
-// PDUs (immediate NOP-Out, TMF, Text, Logout: what the target declares as
-// MaxOutstandingUnexpectedPDUs) and the rest unsolicited Data-Out.
-func iserBudget(opt iser.Options, window uint32) (recvs, unexpected int) {
-	recvs = max(opt.Recvs, int(window)+64)
-	unexpected = opt.Unexpected
-	if unexpected == 0 {
-		unexpected = 32
-	}
-	return recvs, min(unexpected, recvs-int(window))
-}
-
-// ServeConn serves one already-accepted connection and returns when it
-// ends (for tests and for transports that accept elsewhere).
-func (s *Server) ServeConn(nc net.Conn) {
-	c := newConn(s, nc.RemoteAddr().String(), s.tcpConn(nc))
-	s.mu.Lock()
-	s.conns[c] = struct{}{}
-	s.mu.Unlock()
-	c.run()
-	s.mu.Lock()
-	delete(s.conns, c)
-	s.mu.Unlock()
-}
-
 // Shutdown stops accepting, asks every logged-in initiator to log out
 // (Async Message, event 1), waits up to Options.LogoutWait (or ctx) for
 // them, then drops the remaining connections after their in-flight
@@ -717,11 +577,8 @@ func (s *Server) ServeConn(nc net.Conn) {
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.mu.Lock()
 	s.closing = true
-	for l := range s.rdmaListeners {
-		l.Close()
-	}
-	for l := range s.listeners {
-		l.Close()
+	for a := range s.acceptors {
+		a.Close()
 	}
 	conns := make([]*conn, 0, len(s.conns))
 	for c := range s.conns {
@@ -791,12 +648,17 @@ func (s *Server) LoginFailures() [4]uint64 {
 	return out
 }
 
-// DropSession closes every connection of the session with this TSIH (an
-// administrator's decision; the initiator may log in again). It reports
-// whether the session existed.
-func (s *Server) DropSession(tsih uint16) bool {
+// DropSession closes every connection of the session whose ID
+// (scsitarget.SessionInfo: the TSIH in decimal) is id — an administrator's
+// decision; the initiator may log in again. It reports whether the session
+// existed.
+func (s *Server) DropSession(id string) bool {
+	tsih, err := strconv.ParseUint(id, 10, 16)
+	if err != nil {
+		return false
+	}
 	s.mu.Lock()
-	found := s.sessions[tsih]
+	found := s.sessions[uint16(tsih)]
 	s.mu.Unlock()
 	if found == nil {
 		return false
@@ -806,17 +668,17 @@ func (s *Server) DropSession(tsih uint16) bool {
 }
 
 // Sessions returns a snapshot of the active sessions, for administration.
-func (s *Server) Sessions() []SessionInfo {
+func (s *Server) Sessions() []scsitarget.SessionInfo {
 	s.mu.Lock()
 	list := make([]*session, 0, len(s.sessions))
 	for _, ss := range s.sessions {
 		list = append(list, ss)
 	}
 	s.mu.Unlock()
-	out := make([]SessionInfo, 0, len(list))
+	sort.Slice(list, func(i, j int) bool { return list[i].tsih < list[j].tsih })
+	out := make([]scsitarget.SessionInfo, 0, len(list))
 	for _, ss := range list {
 		out = append(out, ss.info())
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].TSIH < out[j].TSIH })
 	return out
 }

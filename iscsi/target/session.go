@@ -1,6 +1,7 @@
 package target
 
 import (
+	"fmt"
 	"sort"
 	"strconv"
 	"sync"
@@ -67,33 +68,13 @@ type session struct {
 	closed  bool
 }
 
-// SessionInfo describes a session for administration.
-type SessionInfo struct {
-	TSIH        uint16
-	Initiator   string
-	ISID        [6]byte
-	Target      string
-	Discovery   bool
-	Connections int
-	// Stats are the session's command counters (nil for discovery).
-	Stats *scsitarget.Stats
-	// Params are the negotiated session-wide keys; Conns the connections.
-	Params map[string]string
-	Conns  []ConnInfo
-}
-
-// ConnInfo describes one connection of a session.
-type ConnInfo struct {
-	CID       uint16
-	Remote    string
-	Transport string // "tcp" or "iser"
-	InFlight  int    // commands received and not yet answered
-}
-
-func (ss *session) info() SessionInfo {
+// info describes the session in the fabric-neutral shape of the SCSI core:
+// its ID is the TSIH, its port the ISID, its fabric "iser" when its
+// connections carry iSER.
+func (ss *session) info() scsitarget.SessionInfo {
 	ss.mu.Lock()
-	si := SessionInfo{TSIH: ss.tsih, Initiator: ss.initiator, ISID: ss.isid, Target: ss.targetName,
-		Discovery: ss.discovery, Connections: len(ss.conns)}
+	si := scsitarget.SessionInfo{Fabric: "iscsi", ID: strconv.Itoa(int(ss.tsih)), Initiator: ss.initiator,
+		Port: fmt.Sprintf("%x", ss.isid), Target: ss.targetName, Discovery: ss.discovery}
 	if ss.nexus != nil {
 		si.Stats = ss.nexus.Stats()
 	}
@@ -124,9 +105,16 @@ func (ss *session) info() SessionInfo {
 		if u, ok := c.dm.(interface{ ISER() bool }); c.iserOnly || ok && u.ISER() {
 			tr = "iser"
 		}
-		si.Conns = append(si.Conns, ConnInfo{CID: c.cid, Remote: c.dm.RemoteAddr(), Transport: tr, InFlight: n})
+		if tr == "iser" {
+			si.Fabric = "iser"
+		}
+		si.Conns = append(si.Conns, scsitarget.ConnInfo{ID: strconv.Itoa(int(c.cid)), Remote: c.dm.RemoteAddr(), Transport: tr, InFlight: n})
 	}
-	sort.Slice(si.Conns, func(i, j int) bool { return si.Conns[i].CID < si.Conns[j].CID })
+	sort.Slice(si.Conns, func(i, j int) bool {
+		a, _ := strconv.Atoi(si.Conns[i].ID)
+		b, _ := strconv.Atoi(si.Conns[j].ID)
+		return a < b
+	})
 	return si
 }
 

@@ -217,7 +217,7 @@ func TestMCSOrdering(t *testing.T) {
 	b.tsih, b.cid, b.itt = a.tsih, 1, 1000
 	b.cmdSN = a.cmdSN
 	b.mustLogin(normalKeys(ini)...)
-	if n := ts.srv.Sessions()[0].Connections; n != 2 {
+	if n := len(ts.srv.Sessions()[0].Conns); n != 2 {
 		t.Fatalf("session has %d connections", n)
 	}
 	// b sends CmdSN n+1 first.

@@ -18,9 +18,9 @@ import (
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
 	srptarget "github.com/blockwire/blockwire/srp/target"
-	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const idExt = 0xc8995efffe09646d

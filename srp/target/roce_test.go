@@ -11,10 +11,10 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
+	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/srp/initiator"
 	srptarget "github.com/blockwire/blockwire/srp/target"
-	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // SRP over the InfiniBand CM the way seed 003 describes it, on our

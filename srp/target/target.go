@@ -22,6 +22,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,8 +31,8 @@ import (
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
-	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/blockwire/blockwire/srp"
 )
 
 // Options configure a Server.
@@ -91,6 +93,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	nexuses   map[srp.PortID]*nexus
+	lastID    int // last nexus id given
 	channels  map[*channel]struct{}
 	reserved  int // channels being set up
 	listeners map[rdma.Listener]struct{}
@@ -101,7 +104,8 @@ type Server struct {
 // nexus is one I_T nexus: an initiator port's channels to this target
 // port share its unit attentions and task sets.
 type nexus struct {
-	n *scsitarget.Nexus
+	id int // for SessionInfo ("srp-N")
+	n  *scsitarget.Nexus
 	// channels is changed under Server.mu and nexus.mu, read under
 	// either: the unit attention hook runs under the core's callers'
 	// locks and takes only nexus.mu.
@@ -214,6 +218,60 @@ func (s *Server) Close() error {
 	return nil
 }
 
+// Sessions describes the I_T nexuses, each with its channels
+// (scsitarget.SessionInfo, fabric "srp", ID "srp-N").
+func (s *Server) Sessions() []scsitarget.SessionInfo {
+	s.mu.Lock()
+	nxs := make([]*nexus, 0, len(s.nexuses))
+	for _, nx := range s.nexuses {
+		nxs = append(nxs, nx)
+	}
+	s.mu.Unlock()
+	slices.SortFunc(nxs, func(a, b *nexus) int { return a.id - b.id })
+	out := make([]scsitarget.SessionInfo, 0, len(nxs))
+	for _, nx := range nxs {
+		si := scsitarget.SessionInfo{Fabric: "srp", ID: "srp-" + strconv.Itoa(nx.id), Target: s.opts.Device.Name(),
+			Initiator: nx.n.InitiatorPort, Stats: nx.n.Stats(),
+			Params: map[string]string{"TargetPort": s.port.String(), "Credits": strconv.Itoa(s.opts.Credits)}}
+		nx.mu.Lock()
+		chans := make([]*channel, 0, len(nx.channels))
+		for ch := range nx.channels {
+			chans = append(chans, ch)
+		}
+		nx.mu.Unlock()
+		for i, ch := range chans {
+			ch.mu.Lock()
+			n := ch.live
+			ch.mu.Unlock()
+			si.Conns = append(si.Conns, scsitarget.ConnInfo{ID: strconv.Itoa(i), Remote: ch.remote, Transport: "srp", InFlight: n})
+		}
+		out = append(out, si)
+	}
+	return out
+}
+
+// DropSession logs out every channel of the nexus whose ID
+// (scsitarget.SessionInfo) is id; the initiator may log in again.
+func (s *Server) DropSession(id string) bool {
+	s.mu.Lock()
+	var chans []*channel
+	for _, nx := range s.nexuses {
+		if "srp-"+strconv.Itoa(nx.id) != id {
+			continue
+		}
+		nx.mu.Lock()
+		for ch := range nx.channels {
+			chans = append(chans, ch)
+		}
+		nx.mu.Unlock()
+	}
+	s.mu.Unlock()
+	for _, ch := range chans {
+		ch.logout(srp.LogoutNoReason, errors.New("dropped by the administrator"))
+	}
+	return len(chans) > 0
+}
+
 // Channels returns the number of live RDMA channels.
 func (s *Server) Channels() int {
 	s.mu.Lock()
@@ -235,19 +293,30 @@ func (s *Server) reject(req rdma.ConnRequest, lr *srp.LoginReq, reason srp.Rejec
 	_ = req.Reject(rej.Append(nil))
 }
 
-// login validates an SRP_LOGIN_REQ and sets up its channel.
-func (s *Server) login(req rdma.ConnRequest) {
-	var lr srp.LoginReq
+// decodeLogin decodes the SRP_LOGIN_REQ a connection request carries.
+func decodeLogin(req rdma.ConnRequest, lr *srp.LoginReq) error {
 	decode := lr.DecodeCM
 	if c, ok := req.(interface{ RDMACM() bool }); ok && !c.RDMACM() {
 		// An InfiniBand CM REQ to the I/O controller's own service ID
 		// carries the whole 64-byte SRP_LOGIN_REQ (seed 003 §A.2).
 		decode = lr.Decode
 	}
-	if err := decode(req.PrivateData()); err != nil {
+	return decode(req.PrivateData())
+}
+
+// login validates an SRP_LOGIN_REQ and sets up its channel.
+func (s *Server) login(req rdma.ConnRequest) {
+	var lr srp.LoginReq
+	if err := decodeLogin(req, &lr); err != nil {
 		s.reject(req, &lr, srp.RejectUnable, "%v", err)
 		return
 	}
+	s.admit(req, &lr)
+}
+
+// admit sets up the channel of a decoded login, or rejects it.
+func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
+	lr := *lr0
 	switch {
 	case lr.MaxITIULen < srp.MinITIULen:
 		s.reject(req, &lr, srp.RejectITIULen, "requested I→T IU length %d is below %d", lr.MaxITIULen, srp.MinITIULen)
@@ -322,7 +391,8 @@ func (s *Server) login(req rdma.ConnRequest) {
 		if s.opts.LUNMap != nil {
 			view = s.opts.LUNMap(lr.Initiator)
 		}
-		nx = &nexus{n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort, LUNs: view},
+		s.lastID++
+		nx = &nexus{id: s.lastID, n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort, LUNs: view},
 			channels: map[*channel]struct{}{}, io: s.opts.Budget.NewShare()}
 		nx.n.OnUnitAttention = nx.unitAttention
 		s.nexuses[lr.Initiator] = nx
@@ -397,6 +467,7 @@ type channel struct {
 	nx        *nexus
 	fulls     atomic.Int64 // commands answered TASK SET FULL
 	initiator srp.PortID
+	remote    string
 	maxIT     int
 	immOff    int // 0 without immediate data
 	credits   int
@@ -430,7 +501,8 @@ func newChannel(s *Server, lr *srp.LoginReq, maxIT int, imm bool, req rdma.ConnR
 		cq: rdma.NewCQ(4 * n), ring: make([]byte, n*maxIT), slots: make([]rdma.RecvWR, n),
 		tasks: make([]task, 2*n), byTag: map[uint64]*task{}, logoutCh: make(chan struct{})}
 	ch.idle = sync.NewCond(&ch.mu)
-	ch.log = s.log.With("initiator", lr.Initiator.String(), "remote", req.RemoteAddr())
+	ch.remote = req.RemoteAddr().String()
+	ch.log = s.log.With("initiator", lr.Initiator.String(), "remote", ch.remote)
 	if imm {
 		ch.immOff = int(lr.ImmDataOffset)
 	}

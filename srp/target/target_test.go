@@ -15,10 +15,10 @@ import (
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/srp/initiator"
 	srptarget "github.com/blockwire/blockwire/srp/target"
-	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const idExt = 0x0011223344556677

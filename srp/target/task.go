@@ -8,8 +8,8 @@ import (
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
-	"github.com/blockwire/blockwire/srp"
 	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/blockwire/blockwire/srp"
 )
 
 // task is one SRP_CMD or SRP_TSK_MGMT from receipt to its SRP_RSP. Tasks

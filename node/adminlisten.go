@@ -1,4 +1,4 @@
-package main
+package node
 
 import (
 	"crypto/rand"
@@ -76,11 +76,11 @@ func writeToken(path string) (string, error) {
 	return tok, nil
 }
 
-// defaultTokenFile is where serve writes, and admin reads, the HTTP API's
+// DefaultTokenFile is where serve writes, and admin reads, the HTTP API's
 // token unless told otherwise: the runtime directory (systemd's
 // RUNTIME_DIRECTORY, else XDG_RUNTIME_DIR), else the user's configuration
 // directory.
-func defaultTokenFile() string {
+func DefaultTokenFile() string {
 	if d := os.Getenv("RUNTIME_DIRECTORY"); d != "" {
 		return filepath.Join(d, "admin-http.token")
 	}

@@ -1,6 +1,6 @@
 //go:build !rbd
 
-package main
+package node
 
 import (
 	"errors"

@@ -1,0 +1,193 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/admin"
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/rdma/siw"
+	srpinit "github.com/blockwire/blockwire/srp/initiator"
+)
+
+const (
+	diskA = "iqn.2026-11.org.example:a"
+	diskB = "iqn.2026-11.org.example:b"
+	diskC = "iqn.2026-11.org.example:c"
+)
+
+func startNode(t *testing.T, cfg *config.Config, opts node.Options) *node.Node {
+	t.Helper()
+	n, err := node.New(cfg, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := n.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		n.Shutdown(ctx)
+	})
+	return n
+}
+
+func portal(t *testing.T, n *node.Node, transport string) string {
+	t.Helper()
+	for _, p := range n.Portals() {
+		if p.Transport == transport {
+			return p.Address
+		}
+	}
+	t.Fatalf("no %s portal in %v", transport, n.Portals())
+	return ""
+}
+
+// srpURL is a target's SRP URL on the node's SRP portal: the port ID is
+// derived from the name (config.SRPPortID).
+func srpURL(t *testing.T, cfg *config.Config, addr string, i, lun int) string {
+	hi, lo, err := cfg.SRPPortID(i)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return fmt.Sprintf("srp://%s/%016x:%016x/%d", addr, hi, lo, lun)
+}
+
+// TestSessionsOnEveryFabric: one node serves an iSCSI/TCP, an iSER and an
+// SRP session at once; the administration API and the metrics show each
+// with its fabric; SRP reaches the second target's LUNs (not only the
+// first target's), and a target added by Apply is served over SRP too.
+func TestSessionsOnEveryFabric(t *testing.T) {
+	dir := t.TempDir()
+	cfg := &config.Config{
+		Listen: []string{"127.0.0.1:0"}, SRPListen: []string{"127.0.0.1:0"},
+		Metrics: "127.0.0.1:0", AdminSocket: filepath.Join(dir, "admin.sock"),
+		Targets: []config.Target{
+			{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "8MiB"}}},
+			{Name: diskB, LUNs: []config.LUN{{ID: 0, Size: "4MiB"}, {ID: 1, Size: "2MiB"}}},
+		}}
+	n := startNode(t, cfg, node.Options{})
+	ctx := context.Background()
+	tcpAddr, srpAddr := portal(t, n, config.ISCSI), portal(t, n, config.SRP)
+
+	tcpDev, err := initiator.Open(ctx, "iscsi://"+tcpAddr+"/"+diskA+"/0", initiator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tcpDev.Close()
+	iserDev, err := initiator.Open(ctx, "iser://"+tcpAddr+"/"+diskA+"/0", initiator.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer iserDev.Close()
+	srpDev, err := srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 1, 1), srpinit.Options{Fabric: siw.New(siw.Options{})})
+	if err != nil {
+		t.Fatal("SRP to the second target:", err)
+	}
+	defer srpDev.Close()
+	if srpDev.Size() != 2<<20 {
+		t.Fatalf("SRP reached a LUN of %d bytes, want target B's LUN 1 (2 MiB)", srpDev.Size())
+	}
+	// Data written over SRP to B's LUN 1 is B's, not A's.
+	want := bytes.Repeat([]byte("srp->b"), 512/6+1)[:512]
+	if _, err := srpDev.WriteAt(want, 4096); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 512)
+	if _, err := tcpDev.ReadAt(got, 4096); err != nil || bytes.Equal(got, want) {
+		t.Fatalf("target A's LUN 0 has what went to B's LUN 1 (err %v)", err)
+	}
+
+	// The administration API (over its socket) lists all three.
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", cfg.AdminSocket)
+	}}}
+	resp, err := hc.Get("http://blockwire/sessions")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ss []admin.Session
+	err = json.NewDecoder(resp.Body).Decode(&ss)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fabrics := map[string]admin.Session{}
+	for _, s := range ss {
+		fabrics[s.Fabric] = s
+	}
+	for _, f := range []string{"iscsi", "iser", "srp"} {
+		if _, ok := fabrics[f]; !ok {
+			t.Errorf("admin sessions: no %s session in %+v", f, ss)
+		}
+	}
+	if s := fabrics["srp"]; s.Target != diskB || len(s.Connections) != 1 || s.Commands["write"] == 0 {
+		t.Errorf("SRP session %+v: want target %s, one channel, a write", s, diskB)
+	}
+
+	// The metrics carry a series per fabric.
+	mresp, err := http.Get("http://" + portal(t, n, "metrics") + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(mresp.Body)
+	mresp.Body.Close()
+	for _, f := range []string{"iscsi", "iser", "srp"} {
+		if !strings.Contains(string(body), `blockwire_sessions{fabric="`+f+`",type="normal"} 1`) {
+			t.Errorf("metrics: no blockwire_sessions of fabric %s at 1", f)
+		}
+		if !strings.Contains(string(body), `blockwire_session_commands_total{class="read",fabric="`+f+`"`) {
+			t.Errorf("metrics: no per-session series of fabric %s", f)
+		}
+	}
+
+	// A target added live is served over SRP as well; one removed ends
+	// its SRP session.
+	ncfg := n.Config()
+	ncfg.Targets = append(ncfg.Targets, config.Target{Name: diskC, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}})
+	ncfg.Targets = slices.DeleteFunc(ncfg.Targets, func(t config.Target) bool { return t.Name == diskB })
+	ch, err := n.Apply(ncfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ch.Applied) != 2 || len(ch.Restart) != 0 {
+		t.Errorf("Apply: %+v, want a target added and one removed, nothing waiting for a restart", ch)
+	}
+	cIdx := slices.IndexFunc(ncfg.Targets, func(t config.Target) bool { return t.Name == diskC })
+	srpC, err := srpinit.Open(ctx, srpURL(t, ncfg, srpAddr, cIdx, 0), srpinit.Options{Fabric: siw.New(siw.Options{})})
+	if err != nil {
+		t.Fatal("SRP to a target added by Apply:", err)
+	}
+	defer srpC.Close()
+	if srpC.Size() != 1<<20 {
+		t.Errorf("SRP reached %d bytes, want target C's 1 MiB", srpC.Size())
+	}
+	if _, err := srpDev.ReadAt(got, 0); err == nil {
+		t.Error("a read on the SRP session of a removed target succeeded")
+	}
+	for _, s := range n.Sessions() {
+		if s.Target == diskB {
+			t.Errorf("session of removed target %s still listed: %+v", diskB, s)
+		}
+	}
+	// The portal change waits for a restart, and says so.
+	ncfg = n.Config()
+	ncfg.Listen = append(ncfg.Listen, "127.0.0.1:0")
+	if ch, err = n.Apply(ncfg); err != nil || !slices.Contains(ch.Restart, "listen") {
+		t.Errorf("Apply of a new portal: %+v, %v; want listen among the restart fields", ch, err)
+	}
+}

@@ -1,0 +1,699 @@
+// Package node assembles a running blockwire from a configuration: the
+// SCSI targets and their backends, the iSCSI, iSER and SRP fabrics on their
+// portals, the administration API, the metrics and iSNS registration. It is
+// the one place where the layers meet (docs/architecture.md); the command
+// line only turns flags and files into a config.Config and calls it.
+//
+//	n, err := node.New(cfg, node.Options{Logger: log})
+//	err = n.Start()
+//	changes, err := n.Apply(newCfg) // SIGHUP, admin reload
+//	n.Sessions()                    // every fabric's
+//	err = n.Shutdown(ctx)
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/blockwire/blockwire/admin"
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/fabric"
+	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/isns"
+	"github.com/blockwire/blockwire/metrics"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/roce"
+	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/blockwire/blockwire/srp"
+	srptarget "github.com/blockwire/blockwire/srp/target"
+)
+
+// Options are what a configuration file does not say: where the node logs
+// and the surfaces only a command line sets up.
+type Options struct {
+	Logger *slog.Logger
+	// ConfigFile is the file Reload reads and Save writes by default
+	// (SIGHUP, the administration API); empty: Reload fails and Save
+	// needs a path.
+	ConfigFile string
+	// RequireHeaderDigest and RequireDataDigest make CRC32C the only
+	// iSCSI digest accepted (RFC 7143 §13.1).
+	RequireHeaderDigest, RequireDataDigest bool
+	// AdminHTTP serves the administration API over HTTP on this loopback
+	// host:port too, guarded by admin.Protect with a per-run token
+	// written to AdminTokenFile (mode 0600; removed at Shutdown).
+	AdminHTTP, AdminTokenFile string
+	// MetricsToken, when set, must be sent by every metrics scrape as a
+	// bearer token.
+	MetricsToken string
+	// RoCEUDPPort is the software RoCEv2 devices' UDP port when the
+	// configuration sets none (default 4791, RoCEv2's).
+	RoCEUDPPort int
+}
+
+// Portal is a portal as it runs: the address it was given and the one it
+// got (a port 0 picks a free port).
+type Portal struct {
+	Transport string // config.ISCSI, config.ISERRoCE, config.SRP, config.SRPRoCE
+	Address   string
+}
+
+// Node is a running blockwire.
+type Node struct {
+	opts   Options
+	log    *slog.Logger
+	budget *scsitarget.IOBudget
+	iscsi  *iscsitarget.Server
+	iwarp  *siw.Fabric
+	// iserPortal, when set, makes the iSCSI portals take iSER over the
+	// software iWARP device too.
+	iserPortal *fabric.ISERPortal
+	srpPD      *rdma.PD
+
+	// Lock order: mu, then the iSCSI server's and the SRP ports' and
+	// servers' own locks (AddTarget, UpdateTarget, Add, Sessions). mu
+	// serializes configuration changes and is held while they open
+	// backends; no fabric's I/O path takes it (SRP logins read the ACL
+	// under it).
+	mu      sync.Mutex
+	cfg     *config.Config
+	devices []*scsitarget.Device
+	srp     map[string]*srptarget.Server // by target name
+	srpOn   []srpPortal
+	roce    map[string]*roce.Device // by local address
+	iocs    map[string]bool         // IOC service IDs listened to, per RoCE device
+	portals []Portal
+	tcp     []net.Listener
+	https   []*http.Server
+	cleanup []func() // at Shutdown, last first
+	started bool
+	stopped bool
+
+	errc    chan error // a portal that failed
+	wg      sync.WaitGroup
+	isnsEnd func()
+}
+
+// srpPortal is one SRP portal: its listeners route logins to the target
+// ports it serves.
+type srpPortal struct {
+	portal config.Portal
+	ports  *srptarget.Ports
+}
+
+// New builds the targets a configuration describes (opening their
+// backends) without serving them: Start opens the portals.
+func New(cfg *config.Config, opts Options) (*Node, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.RoCEUDPPort == 0 {
+		opts.RoCEUDPPort = 4791
+	}
+	cfg = clone(cfg)
+	lim := cfg.Limits
+	ioB, sessB, err := lim.Budgets()
+	if err != nil {
+		return nil, err
+	}
+	if ioB == 0 {
+		ioB = iscsitarget.DefaultIOBudget
+	}
+	if sessB == 0 {
+		sessB = iscsitarget.DefaultSessionIOBudget
+	}
+	log := opts.Logger
+	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, iocs: map[string]bool{},
+		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
+		budget: scsitarget.NewIOBudget(ioB, sessB),
+		iwarp:  siw.New(siw.Options{Logger: log}),
+		srpPD:  rdma.NewDevice("blockwire-srp").AllocPD(),
+		errc:   make(chan error, 1)}
+	io := iscsitarget.Options{
+		LoginTimeout: lim.LoginTimeout, NopInterval: lim.NopInterval, NopTimeout: lim.NopTimeout,
+		MaxSessions: lim.MaxSessions, MaxConnections: lim.MaxConnections, MaxDiscoverySessions: lim.MaxDiscoverySessions,
+		MaxLoginsPerSource: lim.MaxLoginsPerSource, CmdWindow: uint32(lim.CmdWindow),
+		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength, Budget: n.budget,
+		RequireHeaderDigest: opts.RequireHeaderDigest, RequireDataDigest: opts.RequireDataDigest,
+	}
+	for _, t := range cfg.Targets {
+		for _, l := range t.LUNs {
+			// What this node is to seed 001's iSER connection preference.
+			io.Gateway = io.Gateway || l.Remote != ""
+			io.EndNode = io.EndNode || l.Remote == ""
+		}
+	}
+	if cfg.ISER == nil || *cfg.ISER {
+		// One port for iSCSI/TCP and iSER: the first byte tells them
+		// apart (an MPA Request or a Login PDU; fabric.Portal).
+		n.iserPortal = &fabric.ISERPortal{IWARP: n.iwarp, PD: rdma.NewDevice("blockwire").AllocPD()}
+	}
+	n.iscsi = iscsitarget.NewServer(log, io)
+	if err := setDiscovery(n.iscsi, cfg.Discovery); err != nil {
+		return nil, err
+	}
+	for i := range cfg.Targets {
+		if err := n.addTarget(cfg, i); err != nil {
+			n.closeDevices()
+			return nil, err
+		}
+	}
+	return n, nil
+}
+
+// clone copies a configuration deep enough that the caller's may change.
+func clone(c *config.Config) *config.Config {
+	d := *c
+	d.Targets = slices.Clone(c.Targets)
+	for i := range d.Targets {
+		d.Targets[i].LUNs = slices.Clone(d.Targets[i].LUNs)
+	}
+	d.Portals = slices.Clone(c.Portals)
+	return &d
+}
+
+// addTarget builds target i of cfg and serves it on every fabric the node
+// runs. Called with mu held (or before Start).
+func (n *Node) addTarget(cfg *config.Config, i int) error {
+	tc := cfg.Targets[i]
+	dev, t, err := buildTarget(tc, n.iscsiPortals(cfg, tc), n.log)
+	if err != nil {
+		return err
+	}
+	if err := n.iscsi.AddTarget(t); err != nil {
+		dev.Close()
+		return err
+	}
+	n.devices = append(n.devices, dev)
+	for _, l := range dev.LUNs() {
+		lu := dev.LU(l)
+		n.log.Info("lun ready", "target", t.Name, "lun", l, "blocks", lu.Blocks(), "block_size", lu.BlockSize(), "read_only", lu.ReadOnly())
+	}
+	if slices.Contains(cfg.SRPTargets(), i) {
+		if err := n.addSRP(cfg, i, dev); err != nil {
+			n.removeTarget(tc.Name)
+			return err
+		}
+	}
+	return nil
+}
+
+// addSRP makes target i an SRP target port on the SRP portals that serve
+// it.
+func (n *Node) addSRP(cfg *config.Config, i int, dev *scsitarget.Device) error {
+	tc := cfg.Targets[i]
+	hi, lo, err := cfg.SRPPortID(i)
+	if err != nil {
+		return err
+	}
+	name := tc.Name
+	if tc.Protected() && len(tc.SRPInitiators) == 0 && !slices.ContainsFunc(tc.ACL, func(a config.ACL) bool { return a.SRPInitiator != "" }) {
+		n.log.Warn("target has an ACL or CHAP but no SRP initiators: SRP logins to it are refused", "target", name)
+	}
+	s := srptarget.New(srptarget.Options{PD: n.srpPD, Device: dev, IDExt: hi, IOCGUID: lo,
+		Logger: n.log.With("target", name), Budget: n.budget,
+		// The target's SRP ACL as it is now (reloads and the admin API
+		// change it): SRP has no CHAP, so a protected target admits only
+		// the ports listed (config.Target.SRPAllows).
+		Allow:  func(id srp.PortID, remote net.Addr) bool { return n.srpAllows(name, id, remote) },
+		LUNMap: func(id srp.PortID) map[uint64]uint64 { return n.srpLUNMap(name, id) }})
+	for _, sp := range n.srpOn {
+		if sp.portal.Serves(name) {
+			if err := sp.ports.Add(s); err != nil {
+				n.dropSRP(name)
+				return err
+			}
+		}
+	}
+	n.srp[name] = s
+	return nil
+}
+
+// dropSRP removes a target's SRP port: logins stop, its channels are
+// logged out.
+func (n *Node) dropSRP(name string) {
+	s := n.srp[name]
+	if s == nil {
+		return
+	}
+	for _, sp := range n.srpOn {
+		sp.ports.Remove(s)
+	}
+	delete(n.srp, name)
+	s.Close()
+}
+
+// removeTarget stops serving a target on every fabric and closes its
+// backends. Called with mu held.
+func (n *Node) removeTarget(name string) error {
+	if err := n.iscsi.RemoveTarget(name); err != nil {
+		return err
+	}
+	n.dropSRP(name)
+	if d := n.device(name); d != nil {
+		d.Close()
+		n.devices = slices.DeleteFunc(n.devices, func(x *scsitarget.Device) bool { return x == d })
+	}
+	return nil
+}
+
+// iscsiPortals are the iSCSI portal addresses a target is reachable on:
+// nil for all, else those that serve it (and that its own portals list
+// names, when it has one).
+func (n *Node) iscsiPortals(cfg *config.Config, tc config.Target) []string {
+	on, restricted := []string{}, false
+	for _, p := range cfg.AllPortals() {
+		if p.Transport != config.ISCSI {
+			continue
+		}
+		if p.Serves(tc.Name) {
+			on = append(on, p.Address)
+		} else {
+			restricted = true
+		}
+	}
+	if !restricted {
+		return tc.Portals
+	}
+	if tc.Portals == nil {
+		return on
+	}
+	return slices.DeleteFunc(slices.Clone(tc.Portals), func(a string) bool { return !slices.Contains(on, a) })
+}
+
+// Start opens the portals, the administration API, the metrics endpoint
+// and iSNS registration the configuration names. On an error everything
+// it opened is closed again.
+func (n *Node) Start() error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.started {
+		return errors.New("node: already started")
+	}
+	n.started = true
+	if err := n.start(); err != nil {
+		n.mu.Unlock()
+		n.Shutdown(context.Background())
+		n.mu.Lock()
+		return err
+	}
+	return nil
+}
+
+func (n *Node) start() error {
+	cfg := n.cfg
+	for _, p := range cfg.AllPortals() {
+		var err error
+		switch p.Transport {
+		case config.ISCSI:
+			err = n.startISCSI(p)
+		case config.ISERRoCE:
+			err = n.startISERRoCE(p)
+		case config.SRP, config.SRPRoCE:
+			err = n.startSRP(p)
+		}
+		if err != nil {
+			return fmt.Errorf("%s portal %s: %w", p.Transport, p.Address, err)
+		}
+	}
+	if len(n.tcp) > 0 && !slices.ContainsFunc(n.tcp, func(l net.Listener) bool {
+		ta, ok := l.Addr().(*net.TCPAddr)
+		return !ok || !ta.IP.IsLoopback()
+	}) {
+		n.log.Info("serving on loopback only; use --listen ADDR:PORT to reach other hosts")
+	}
+	if err := n.startAdmin(); err != nil {
+		return err
+	}
+	if err := n.startMetrics(); err != nil {
+		return err
+	}
+	if cfg.ISNS != "" {
+		host, _ := os.Hostname()
+		var nodes []isns.Node
+		for _, t := range cfg.Targets {
+			tpgt := t.TPGT
+			if tpgt == 0 {
+				tpgt = 1
+			}
+			nodes = append(nodes, isns.Node{Name: t.Name, Alias: t.Alias, TPGT: tpgt})
+		}
+		c := &isns.Client{Server: cfg.ISNS, EntityID: "blockwire:" + host, Nodes: nodes, Portals: portalAddrs(n.tcp, n.log), Log: n.log}
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); c.Run(ctx) }()
+		n.isnsEnd = func() { stop(); <-done }
+	}
+	return nil
+}
+
+// serve runs a portal's accept loop; its failure ends the node (Err).
+func (n *Node) serve(what string, run func() error) {
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := run(); err != nil {
+			select {
+			case n.errc <- fmt.Errorf("%s: %w", what, err):
+			default:
+			}
+		}
+	}()
+}
+
+func (n *Node) startISCSI(p config.Portal) error {
+	l, err := net.Listen("tcp", p.Address)
+	if err != nil {
+		return err
+	}
+	n.tcp = append(n.tcp, l)
+	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: l.Addr().String()})
+	a := fabric.TCP(l)
+	if n.iserPortal != nil {
+		a = fabric.Portal(l, *n.iserPortal)
+	}
+	n.serve("iSCSI portal "+p.Address, func() error { return n.iscsi.Serve(a) })
+	return nil
+}
+
+// roceDevice returns the software RoCEv2 device of a portal's local
+// address, opening it on first use: the iSER and SRP portals on one
+// address share it (they would fight over its UDP port).
+func (n *Node) roceDevice(addr string) (*roce.Device, error) {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if d := n.roce[host]; d != nil {
+		return d, nil
+	}
+	port := n.cfg.ROCEUDPPort
+	if port == 0 {
+		port = n.opts.RoCEUDPPort
+	}
+	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log})
+	if err != nil {
+		return nil, err
+	}
+	n.roce[host] = d
+	n.cleanup = append(n.cleanup, func() { d.Close() })
+	return d, nil
+}
+
+func (n *Node) startISERRoCE(p config.Portal) error {
+	d, err := n.roceDevice(p.Address)
+	if err != nil {
+		return err
+	}
+	l, err := d.Listen(p.Address)
+	if err != nil {
+		return err
+	}
+	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: l.Addr().String()})
+	pd := d.RDMA().AllocPD()
+	// The iSCSI server closes l at Shutdown; a listener that fails is
+	// logged, not fatal (the TCP portals go on).
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		if err := n.iscsi.Serve(fabric.ISER(l, pd, iser.Options{Logger: n.log})); err != nil {
+			n.log.Error("iSER over RoCEv2", "portal", p.Address, "err", err)
+		}
+	}()
+	n.log.Info("serving iSER over RoCEv2", "portal", p.Address)
+	return nil
+}
+
+// startSRP opens an SRP portal and puts on it the target ports it serves.
+func (n *Node) startSRP(p config.Portal) error {
+	sp := srpPortal{portal: p, ports: srptarget.NewPorts(n.log)}
+	n.cleanup = append(n.cleanup, func() { sp.ports.Close() })
+	var ls []rdma.Listener
+	if p.Transport == config.SRP {
+		l, err := n.iwarp.Listen(p.Address)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+	} else {
+		d, err := n.roceDevice(p.Address)
+		if err != nil {
+			return err
+		}
+		l, err := d.Listen(p.Address)
+		if err != nil {
+			return err
+		}
+		ls = append(ls, l)
+		// Also as InfiniBand I/O controllers: REQs to a target's IOC
+		// GUID as service ID carry the whole SRP_LOGIN_REQ (seed 003
+		// §A.2), as Linux ib_srpt takes them — once per device and GUID.
+		for i, t := range n.cfg.Targets {
+			if !p.Serves(t.Name) || n.srp[t.Name] == nil {
+				continue
+			}
+			_, lo, _ := n.cfg.SRPPortID(i)
+			key := fmt.Sprintf("%p/%x", d, lo)
+			if n.iocs[key] {
+				continue
+			}
+			sl, err := d.ListenService(lo)
+			if err != nil {
+				return err
+			}
+			n.iocs[key] = true
+			ls = append(ls, sl)
+		}
+	}
+	n.srpOn = append(n.srpOn, sp)
+	for i, t := range n.cfg.Targets {
+		s := n.srp[t.Name]
+		if s == nil || !p.Serves(t.Name) {
+			continue
+		}
+		if err := sp.ports.Add(s); err != nil {
+			return err
+		}
+		hi, lo, _ := n.cfg.SRPPortID(i)
+		n.log.Info("serving SRP", "target", t.Name, "transport", p.Transport, "portal", ls[0].Addr().String(),
+			"url", fmt.Sprintf("srp://%s/%016x:%016x/0", ls[0].Addr(), hi, lo))
+	}
+	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: ls[0].Addr().String()})
+	for _, l := range ls {
+		n.serve("SRP portal "+p.Address, func() error { return sp.ports.Serve(l) })
+	}
+	return nil
+}
+
+// startAdmin serves the administration API on the configuration's Unix
+// socket and on Options.AdminHTTP.
+func (n *Node) startAdmin() error {
+	h := admin.Handler(admin.Options{Control: n, Dirs: n.cfg.AdminDirs})
+	if path := n.cfg.AdminSocket; path != "" {
+		al, err := listenAdminSocket(path)
+		if err != nil {
+			return fmt.Errorf("admin socket: %w", err)
+		}
+		n.httpServe(al, h) // closing the listener removes the socket
+		n.log.Info("administration API", "socket", path)
+	}
+	if a := n.opts.AdminHTTP; a != "" {
+		// Loopback only, and guarded against what a browser on this
+		// host can be made to send (admin.Protect): Host, Origin, JSON
+		// only, and the per-run token in a file only this user reads.
+		hl, err := net.Listen("tcp", a)
+		if err == nil {
+			if ta, ok := hl.Addr().(*net.TCPAddr); !ok || !ta.IP.IsLoopback() {
+				hl.Close()
+				err = errors.New("not a loopback address")
+			}
+		}
+		if err != nil {
+			return fmt.Errorf("admin HTTP: %w", err)
+		}
+		if n.opts.AdminTokenFile == "" {
+			hl.Close()
+			return errors.New("admin HTTP: no token file")
+		}
+		token, err := writeToken(n.opts.AdminTokenFile)
+		if err != nil {
+			hl.Close()
+			return fmt.Errorf("admin HTTP: %w", err)
+		}
+		n.cleanup = append(n.cleanup, func() { os.Remove(n.opts.AdminTokenFile) })
+		n.httpServe(hl, admin.Protect(h, hl.Addr().String(), token))
+		n.log.Info("administration API", "url", "http://"+hl.Addr().String(), "token_file", n.opts.AdminTokenFile)
+	}
+	return nil
+}
+
+func (n *Node) startMetrics() error {
+	if n.cfg.Metrics == "" {
+		return nil
+	}
+	ml, err := net.Listen("tcp", n.cfg.Metrics)
+	if err != nil {
+		return fmt.Errorf("metrics: %w", err)
+	}
+	if metricsExposed(ml.Addr(), n.opts.MetricsToken) {
+		n.log.Warn("metrics on a non-loopback address without a token: anyone who reaches it reads every target's and initiator's name; give --metrics-token-file or listen on loopback",
+			"metrics", ml.Addr().String())
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", metrics.Protect(metrics.Handler(metrics.New(n)), ml.Addr().String(), n.opts.MetricsToken))
+	n.httpServe(ml, mux)
+	n.portals = append(n.portals, Portal{Transport: "metrics", Address: ml.Addr().String()})
+	n.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+"/metrics")
+	return nil
+}
+
+func (n *Node) httpServe(l net.Listener, h http.Handler) {
+	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	n.https = append(n.https, hs)
+	go hs.Serve(l)
+}
+
+// Portals returns the portals being served, with the addresses they got.
+func (n *Node) Portals() []Portal {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.portals)
+}
+
+// Err reports a portal that stopped accepting; the node should then be
+// shut down.
+func (n *Node) Err() <-chan error { return n.errc }
+
+// Shutdown deregisters from iSNS, logs SRP channels out, asks iSCSI
+// initiators to log out and waits (up to ctx) for them, then closes the
+// devices, the API and metrics listeners and the backends.
+func (n *Node) Shutdown(ctx context.Context) error {
+	n.mu.Lock()
+	if n.stopped {
+		n.mu.Unlock()
+		return nil
+	}
+	n.stopped = true
+	isnsEnd := n.isnsEnd
+	srps := make([]*srptarget.Server, 0, len(n.srp))
+	for _, s := range n.srp {
+		srps = append(srps, s)
+	}
+	ports := slices.Clone(n.srpOn)
+	n.mu.Unlock()
+	if isnsEnd != nil {
+		isnsEnd() // deregister first: no new initiators
+	}
+	for _, sp := range ports {
+		sp.ports.Close()
+	}
+	for _, s := range srps {
+		s.Close() // SRP_T_LOGOUT to every channel
+	}
+	err := n.iscsi.Shutdown(ctx)
+	if errors.Is(err, context.Canceled) {
+		err = nil
+	}
+	n.wg.Wait()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	for _, hs := range n.https {
+		hs.Close()
+	}
+	for _, f := range slices.Backward(n.cleanup) {
+		f()
+	}
+	n.closeDevices()
+	return err
+}
+
+func (n *Node) closeDevices() {
+	for _, d := range n.devices {
+		if err := d.Close(); err != nil {
+			n.log.Error("closing backends", "target", d.Name(), "err", err)
+		}
+	}
+	n.devices = nil
+}
+
+// Devices returns the targets' SCSI devices (admin.Control, metrics).
+func (n *Node) Devices() []*scsitarget.Device {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return slices.Clone(n.devices)
+}
+
+// Sessions returns every fabric's sessions: iSCSI and iSER sessions, and
+// SRP I_T nexuses.
+func (n *Node) Sessions() []scsitarget.SessionInfo {
+	out := n.iscsi.Sessions()
+	for _, s := range n.srpServers() {
+		out = append(out, s.Sessions()...)
+	}
+	return out
+}
+
+// DropSession ends the session with this ID (scsitarget.SessionInfo.ID).
+func (n *Node) DropSession(id string) bool {
+	if strings.HasPrefix(id, "srp-") {
+		for _, s := range n.srpServers() {
+			if s.DropSession(id) {
+				return true
+			}
+		}
+		return false
+	}
+	return n.iscsi.DropSession(id)
+}
+
+// LoginFailures counts failed iSCSI logins by status class (metrics).
+func (n *Node) LoginFailures() [4]uint64 { return n.iscsi.LoginFailures() }
+
+func (n *Node) srpServers() []*srptarget.Server {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]*srptarget.Server, 0, len(n.srp))
+	for _, s := range n.srp {
+		out = append(out, s)
+	}
+	slices.SortFunc(out, func(a, b *srptarget.Server) int { return strings.Compare(a.PortID().String(), b.PortID().String()) })
+	return out
+}
+
+// Config returns the running configuration (what Save writes).
+func (n *Node) Config() *config.Config {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return clone(n.cfg)
+}
+
+// DefaultLimits returns the limits a configuration leaving them at zero
+// gets (the iSCSI target's defaults, iscsi/target.DefaultOptions).
+func DefaultLimits() config.Limits {
+	o := iscsitarget.DefaultOptions()
+	return config.Limits{LoginTimeout: o.LoginTimeout, NopInterval: o.NopInterval, NopTimeout: o.NopTimeout,
+		MaxSessions: o.MaxSessions, MaxDiscoverySessions: o.MaxDiscoverySessions, MaxLoginsPerSource: o.MaxLoginsPerSource,
+		MaxConnections: o.MaxConnections, CmdWindow: int(o.CmdWindow), MaxRecvDataSegmentLength: o.MaxRecvDataSegmentLength,
+		IOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultIOBudget>>20), SessionIOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultSessionIOBudget>>20)}
+}
+
+// metricsExposed reports whether metrics at addr without a token can be
+// read by anyone who reaches the host: a non-loopback address.
+func metricsExposed(addr net.Addr, token string) bool {
+	ta, ok := addr.(*net.TCPAddr)
+	return ok && !ta.IP.IsLoopback() && token == ""
+}
