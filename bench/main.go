@@ -33,6 +33,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
@@ -464,7 +465,7 @@ func memory(t target, d time.Duration) (base, idle, busy float64) {
 	base = rss(t.pid)
 	var devs []*initiator.Device
 	for i := 0; i < 64; i++ {
-		dev, err := initiator.Open(ctx, t.url, initiator.Options{InitiatorName: fmt.Sprintf("iqn.2026-11.org.blockwire:bench-%d", i)})
+		dev, err := initiator.Open(ctx, t.url, initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: fmt.Sprintf("iqn.2026-11.org.blockwire:bench-%d", i)})
 		if err != nil {
 			log.Printf("bench: session %d to %s: %v", i, t.name, err)
 			break

@@ -120,6 +120,8 @@ type Dialer interface {
 
 // DialParams are what a dialer needs to know of the iSCSI layer.
 type DialParams struct {
+	// ISER asks for an iSER connection rather than iSCSI/TCP.
+	ISER bool
 	// Preference, with HasPreference, is the node preference an iSER
 	// dialer sends (seed 001); other fabrics ignore it.
 	Preference    Preference

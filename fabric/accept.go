@@ -9,7 +9,6 @@ package fabric
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,7 +26,7 @@ import (
 // starts MPA on an accepted TCP connection (rdma/siw.Fabric), the
 // protection domain its connections use, and their options.
 type ISERPortal struct {
-	IWARP   iser.IWARP
+	IWARP   IWARP
 	PD      *rdma.PD
 	Options iser.Options
 }
@@ -109,7 +108,7 @@ func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) 
 		// iSCSI/TCP, which may turn into iSER after the login.
 		opt.Recvs, opt.Unexpected = receiveBudget(opt, p.Window)
 		return &datamover.Established{
-			Open:  func(st datamover.Stamper) datamover.Conn { return iser.NewUpgrade(pc, ip.IWARP, ip.PD, opt, st) },
+			Open:  func(st datamover.Stamper) datamover.Conn { return NewUpgrade(pc, ip.IWARP, ip.PD, opt, st) },
 			RDMA:  true,
 			Close: func() { in.nc.Close() },
 		}, nil
@@ -212,6 +211,3 @@ func receiveBudget(opt iser.Options, window uint32) (recvs, unexpected int) {
 	}
 	return recvs, min(unexpected, recvs-int(window))
 }
-
-// ErrNoISER is returned by a dialer asked for iSER it cannot give.
-var ErrNoISER = errors.New("fabric: no iSER dialer")

@@ -13,6 +13,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/backend/remote"
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
@@ -211,5 +212,5 @@ func openRemote(ctx context.Context, u string, log *slog.Logger) (remote.Device,
 	if strings.HasPrefix(u, "srp://") {
 		return srpinit.Open(ctx, u, srpinit.Options{Fabric: siw.New(siw.Options{Logger: log}), Logger: log})
 	}
-	return initiator.Open(ctx, u, initiator.Options{Logger: log})
+	return initiator.Open(ctx, u, initiator.Options{Dialer: &fabric.Dialer{}, Logger: log})
 }

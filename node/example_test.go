@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/node"
 )
@@ -25,7 +26,7 @@ func Example() {
 
 	// Any iSCSI initiator can now log in; here, blockwire's own.
 	portal := n.Portals()[0].Address
-	d, err := initiator.Open(context.Background(), "iscsi://"+portal+"/iqn.2026-11.org.example:disk/0", initiator.Options{})
+	d, err := initiator.Open(context.Background(), "iscsi://"+portal+"/iqn.2026-11.org.example:disk/0", initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		panic(err)
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -83,12 +84,12 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 	ctx := context.Background()
 	tcpAddr, srpAddr := portal(t, n, config.ISCSI), portal(t, n, config.SRP)
 
-	tcpDev, err := initiator.Open(ctx, "iscsi://"+tcpAddr+"/"+diskA+"/0", initiator.Options{})
+	tcpDev, err := initiator.Open(ctx, "iscsi://"+tcpAddr+"/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tcpDev.Close()
-	iserDev, err := initiator.Open(ctx, "iser://"+tcpAddr+"/"+diskA+"/0", initiator.Options{})
+	iserDev, err := initiator.Open(ctx, "iser://"+tcpAddr+"/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

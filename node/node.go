@@ -315,6 +315,14 @@ func (n *Node) Start() error {
 }
 
 func (n *Node) start() error {
+	// The API and the metrics first: once a portal accepts, the whole
+	// node is up.
+	if err := n.startAdmin(); err != nil {
+		return err
+	}
+	if err := n.startMetrics(); err != nil {
+		return err
+	}
 	cfg := n.cfg
 	for _, p := range cfg.AllPortals() {
 		var err error
@@ -335,12 +343,6 @@ func (n *Node) start() error {
 		return !ok || !ta.IP.IsLoopback()
 	}) {
 		n.log.Info("serving on loopback only; use --listen ADDR:PORT to reach other hosts")
-	}
-	if err := n.startAdmin(); err != nil {
-		return err
-	}
-	if err := n.startMetrics(); err != nil {
-		return err
 	}
 	if cfg.ISNS != "" {
 		host, _ := os.Hostname()

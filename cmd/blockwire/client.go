@@ -25,6 +25,7 @@ import (
 
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/srp"
@@ -82,7 +83,8 @@ func fail(stderr io.Writer, err error) int {
 func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Options, *string) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	o := &initiator.Options{}
+	dialer := &fabric.Dialer{}
+	o := &initiator.Options{Dialer: dialer}
 	fs.StringVar(&o.InitiatorName, "initiator-name", initiator.DefaultInitiatorName, "initiator name")
 	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
 	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
@@ -107,9 +109,9 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	fs.Func("iser-profile", "for iser:// URLs: linux (connection first, as Linux ib_iser; default) or rfc5046 (login on TCP, then RDMA)", func(v string) error {
 		switch v {
 		case "linux":
-			o.ISERProfile = iser.ProfileLinux
+			dialer.Profile = iser.ProfileLinux
 		case "rfc5046":
-			o.ISERProfile = iser.ProfileRFC5046
+			dialer.Profile = iser.ProfileRFC5046
 		default:
 			return fmt.Errorf("want linux or rfc5046, not %q", v)
 		}
@@ -135,7 +137,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		if err != nil {
 			return err
 		}
-		o.RDMA = d // lives as long as the command
+		dialer.RDMA = d // lives as long as the command
 		return nil
 	})
 	fs.Func("path", "another portal (host:port) of the same target and LUN — another gateway in front of the same shared image — to fail over to when the connection is lost (repeatable)", func(v string) error {

@@ -196,6 +196,16 @@ func serve(args []string, stderr io.Writer) int {
 		}
 		defer stop()
 	}
+	// Signals first: one that arrives while the node starts is handled
+	// once it has started.
+	hup := make(chan os.Signal, 1)
+	if opts.ConfigFile != "" {
+		signal.Notify(hup, syscall.SIGHUP)
+		defer signal.Stop(hup)
+	}
+	sig := make(chan os.Signal, 2)
+	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+	defer signal.Stop(sig)
 	n, err := node.New(cfg, opts)
 	if err == nil {
 		err = n.Start()
@@ -204,13 +214,6 @@ func serve(args []string, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "blockwire: %v\n", err)
 		return 1
 	}
-	hup := make(chan os.Signal, 1)
-	if opts.ConfigFile != "" {
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-	}
-	sig := make(chan os.Signal, 2)
-	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	code = 0
 	for code == 0 {
 		select {

@@ -82,6 +82,17 @@ type Options struct {
 	Logger     *slog.Logger
 }
 
+// WithDefaults returns the options with every zero field at its default.
+func (o Options) WithDefaults() Options {
+	o.defaults()
+	return o
+}
+
+// MaxUnexpected is the MaxOutstandingUnexpectedPDUs a connection with
+// these options declares: the unexpected PDUs its receive buffers take
+// (seed 004 §8).
+func (o Options) MaxUnexpected() int { return o.unexpected() }
+
 func (o Options) unexpected() int {
 	o.defaults()
 	if o.Unexpected > 0 {

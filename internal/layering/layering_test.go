@@ -1,6 +1,7 @@
 // Package layering holds the test that keeps the import arrows pointing
-// one way: SCSI ← iSCSI ← Datamover, codecs without I/O, and no fabric
-// imported by the SCSI target core.
+// one way: SCSI ← iSCSI ← Datamover ← fabric ← RDMA, codecs without I/O,
+// no fabric imported by the SCSI target core or by iSCSI, and one place
+// (package node) where they are all assembled.
 package layering
 
 import (
@@ -49,13 +50,25 @@ func TestImportsPointOneWay(t *testing.T) {
 		{"iscsi/text", []string{mod + "iscsi/pdu", mod + "datamover", "net", "log"}},
 		{"iscsi/auth", []string{mod + "datamover", "net", "log"}},
 		// The SCSI core knows no fabric.
-		{"scsitarget", []string{mod + "iscsi", mod + "datamover", "net"}},
+		{"scsitarget", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", "net"}},
+		// iSCSI runs over the Datamover Interface alone: no concrete
+		// datamover, no RDMA, no fabric (issue 21; package fabric holds
+		// what is a socket, an MPA exchange or a CM request).
+		{"iscsi/target", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node"}},
+		{"iscsi/initiator", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node", mod + "scsitarget"}},
+		// The fabrics know the datamovers and RDMA, never a session.
+		{"fabric", []string{mod + "iscsi/target", mod + "iscsi/initiator", mod + "scsitarget", mod + "srp", mod + "node"}},
+		// The administration API and the metrics see the SCSI core's
+		// fabric-neutral view only.
+		{"admin", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node"}},
+		{"metrics", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node"}},
 		{"backend", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover"}},
 		// A remote backend sees a block device, never the fabric behind it.
 		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 		// The datamover interface knows no concrete datamover and no session.
 		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "scsitarget"}},
-		{"datamover/tcp", []string{mod + "iscsi/target", mod + "scsitarget"}},
+		{"datamover/tcp", []string{mod + "iscsi/target", mod + "scsitarget", mod + "datamover/iser", mod + "rdma"}},
+		{"datamover/iser", []string{mod + "iscsi/target", mod + "scsitarget", mod + "datamover/tcp", mod + "rdma/"}},
 		// RDMA is the bottom layer: it knows nothing of iSCSI, SCSI or
 		// the datamover; its wire codecs do no I/O.
 		{"rdma", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover", mod + "scsi", mod + "rdma/"}},

@@ -12,7 +12,6 @@ import (
 
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover"
-	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -224,16 +223,16 @@ func (d *Device) Session() *Session { return d.s }
 func loginPreferred(ctx context.Context, u *URL, opts *Options) (*Session, error) {
 	type step struct {
 		iser bool
-		pref iser.Preference
+		pref datamover.Preference
 	}
 	var plan []step
 	switch opts.Prefer {
 	case "direct":
-		plan = []step{{true, iser.PreferEndNode}, {true, iser.PreferGateway}, {false, 0}}
+		plan = []step{{true, datamover.PreferEndNode}, {true, datamover.PreferGateway}, {false, 0}}
 	case "gateway":
-		plan = []step{{true, iser.PreferGateway}, {true, iser.PreferEndNode}, {false, 0}}
+		plan = []step{{true, datamover.PreferGateway}, {true, datamover.PreferEndNode}, {false, 0}}
 	case "any":
-		plan = []step{{true, iser.PreferEither}, {false, 0}}
+		plan = []step{{true, datamover.PreferEither}, {false, 0}}
 	default:
 		return nil, fmt.Errorf("iscsi: Prefer %q: want direct, gateway or any", opts.Prefer)
 	}
@@ -263,9 +262,6 @@ func loginPreferred(ctx context.Context, u *URL, opts *Options) (*Session, error
 		for _, p := range portals {
 			o := *opts
 			o.ISER, o.pref, o.prefSet = st.iser, st.pref, st.iser
-			if !st.iser {
-				o.ISERProfile = iser.ProfileLinux
-			}
 			s, err := Login(ctx, p, u.Target, o)
 			if err == nil {
 				o.Logger.Info("connected", "portal", p, "iser", st.iser, "preference", st.pref.String())

@@ -30,7 +30,7 @@ func exampleTarget() (string, func()) {
 func ExampleDiscover() {
 	portal, stop := exampleTarget()
 	defer stop()
-	targets, err := initiator.Discover(context.Background(), portal, initiator.Options{})
+	targets, err := initiator.Discover(context.Background(), portal, initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -45,7 +45,7 @@ func ExampleOpen() {
 	portal, stop := exampleTarget()
 	defer stop()
 	ctx := context.Background()
-	dev, err := initiator.Open(ctx, "iscsi://"+portal+"/iqn.2026-11.org.blockwire:example/0", initiator.Options{})
+	dev, err := initiator.Open(ctx, "iscsi://"+portal+"/iqn.2026-11.org.blockwire:example/0", initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -70,7 +70,7 @@ func ExampleSession_Do() {
 	portal, stop := exampleTarget()
 	defer stop()
 	ctx := context.Background()
-	s, err := initiator.Login(ctx, portal, "iqn.2026-11.org.blockwire:example", initiator.Options{})
+	s, err := initiator.Login(ctx, portal, "iqn.2026-11.org.blockwire:example", initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		fmt.Println(err)
 		return

@@ -17,10 +17,9 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/blockdev"
-	"github.com/blockwire/blockwire/datamover/iser"
+	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
-	"github.com/blockwire/blockwire/rdma"
 )
 
 // DefaultInitiatorName is used when Options.InitiatorName is empty.
@@ -51,18 +50,13 @@ type Options struct {
 	Connections int
 	// NopInterval pings an idle target (30s; negative disables).
 	NopInterval time.Duration
-	// ISER connects with iSER instead of iSCSI/TCP: the RDMA connection
-	// first, login in RDMA Sends, data by RDMA Write and Read (the
-	// connection-first profile of RFC 7145 that Linux speaks).
+	// Dialer connects to portals (package fabric: fabric.Dialer dials
+	// iSCSI/TCP, and iSER over software iWARP or another RDMA fabric).
+	// Required.
+	Dialer datamover.Dialer
+	// ISER connects with iSER instead of iSCSI/TCP (an iser:// URL): the
+	// Dialer's RDMA connection, login and data over it.
 	ISER bool
-	// RDMA is the RDMA fabric for ISER; nil uses the software iWARP
-	// device (rdma/siw) over TCP.
-	RDMA rdma.Fabric
-	// ISERProfile picks the iSER form: iser.ProfileLinux (default;
-	// connection first) or iser.ProfileRFC5046 (login on TCP, then the
-	// connection turns into an RDMA stream, Hello; RDMA must then also
-	// implement iser.IWARP, as rdma/siw does).
-	ISERProfile iser.Profile
 	// Prefer makes Open choose the connection as seed 001 lays out,
 	// instead of using the URL's transport alone: "direct" tries iSER to
 	// end nodes first (the connection-first CM header with flag 01b), then
@@ -78,8 +72,9 @@ type Options struct {
 	// commands on whichever answers (failover; reads and writes are
 	// idempotent, so nothing acknowledged is lost or done twice wrongly).
 	Paths []string
-	// pref is the connection flag dialISER sends (set by Open).
-	pref    iser.Preference
+	// pref is the node preference an iSER connection asks for (seed
+	// 001; set by Open's Prefer plan).
+	pref    datamover.Preference
 	prefSet bool
 	Logger  *slog.Logger
 }

@@ -81,14 +81,14 @@ func newTargetServer(t testing.TB, be scsitarget.LUConfig, mod func(*iscsitarget
 func TestDiscoverOpenReadWrite(t *testing.T) {
 	addr := startTarget(t, scsitarget.LUConfig{}, nil)
 	ctx := context.Background()
-	found, err := Discover(ctx, addr, Options{})
+	found, err := Discover(ctx, addr, Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(found) != 1 || found[0].Name != tIQN || len(found[0].Addresses) != 1 || found[0].Addresses[0] != addr+",1" {
 		t.Fatalf("discovered %+v", found)
 	}
-	d, err := Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	d, err := Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,7 +133,7 @@ func TestDiscoverOpenReadWrite(t *testing.T) {
 
 func TestPipelinedCommands(t *testing.T) {
 	addr := startTarget(t, scsitarget.LUConfig{}, nil)
-	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -177,7 +177,7 @@ func TestCHAP(t *testing.T) {
 		tg.MutualCHAP = &auth.Credentials{User: "tgt", Secret: "target-secret-2"}
 	})
 	ctx := context.Background()
-	ok := Options{CHAP: &auth.Credentials{User: "alice", Secret: "alice-secret-1"}, TargetCHAP: &auth.Credentials{User: "tgt", Secret: "target-secret-2"}}
+	ok := Options{Dialer: &fabric.Dialer{}, CHAP: &auth.Credentials{User: "alice", Secret: "alice-secret-1"}, TargetCHAP: &auth.Credentials{User: "tgt", Secret: "target-secret-2"}}
 	s, err := Login(ctx, addr, tIQN, ok)
 	if err != nil {
 		t.Fatalf("mutual CHAP: %v", err)
@@ -188,12 +188,12 @@ func TestCHAP(t *testing.T) {
 	if _, err := Login(ctx, addr, tIQN, bad); !errors.Is(err, ErrTargetAuth) {
 		t.Fatalf("wrong target secret: %v", err)
 	}
-	bad = Options{CHAP: &auth.Credentials{User: "alice", Secret: "wrong-secret-1"}}
+	bad = Options{Dialer: &fabric.Dialer{}, CHAP: &auth.Credentials{User: "alice", Secret: "wrong-secret-1"}}
 	var le *LoginError
 	if _, err := Login(ctx, addr, tIQN, bad); !errors.As(err, &le) || le.Class != 2 || le.Detail != 1 {
 		t.Fatalf("wrong secret: %v", err)
 	}
-	if _, err := Login(ctx, addr, "iqn.2026-11.org.blockwire:nope", Options{}); !errors.As(err, &le) || le.Detail != 3 {
+	if _, err := Login(ctx, addr, "iqn.2026-11.org.blockwire:nope", Options{Dialer: &fabric.Dialer{}}); !errors.As(err, &le) || le.Detail != 3 {
 		t.Fatalf("unknown target: %v", err)
 	}
 }
@@ -213,7 +213,7 @@ func TestCancelAbortsTask(t *testing.T) {
 	m, _ := mem.New(8 << 20)
 	be := &slowBackend{Disk: m, gate: make(chan struct{})}
 	addr := startTarget(t, scsitarget.LUConfig{Backend: be}, nil)
-	s, err := Login(context.Background(), addr, tIQN, Options{})
+	s, err := Login(context.Background(), addr, tIQN, Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -283,7 +283,7 @@ func (c *cutter) cut() {
 func TestReconnectReinstatesSession(t *testing.T) {
 	addr := startTarget(t, scsitarget.LUConfig{}, nil)
 	px := newCutter(t, addr)
-	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", px.l.Addr(), tIQN), Options{})
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", px.l.Addr(), tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +329,7 @@ func TestParseURL(t *testing.T) {
 func TestMultipleConnections(t *testing.T) {
 	addr := startTarget(t, scsitarget.LUConfig{}, nil)
 	px := newCutter(t, addr)
-	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", px.l.Addr(), tIQN), Options{Connections: 2})
+	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", px.l.Addr(), tIQN), Options{Dialer: &fabric.Dialer{}, Connections: 2})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -403,7 +403,7 @@ func TestReplayAfterCutMidCommand(t *testing.T) {
 	be := &gatedBackend{Disk: m, entered: make(chan struct{}), gate: make(chan struct{})}
 	addr := startTarget(t, scsitarget.LUConfig{Backend: be}, nil)
 	px := newCutter(t, addr)
-	s, err := Login(context.Background(), px.l.Addr().String(), tIQN, Options{})
+	s, err := Login(context.Background(), px.l.Addr().String(), tIQN, Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,12 +35,12 @@ func startISERTarget(t testing.TB) string {
 // with the Hello exchange and 12-byte headers (seed 004 §5.1).
 func TestISERRFC5046Profile(t *testing.T) {
 	addr := startISERTarget(t)
-	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{ISERProfile: iser.ProfileRFC5046})
+	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{Profile: iser.ProfileRFC5046}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	up, ok := d.s.links[0].dm.(*iser.Upgrade)
+	up, ok := d.s.links[0].dm.(*fabric.Upgrade)
 	if !ok || !up.ISER() {
 		t.Fatalf("connection did not switch to iSER (%T)", d.s.links[0].dm)
 	}
@@ -59,7 +59,7 @@ func TestISERRFC5046Profile(t *testing.T) {
 		}
 	}
 	// Without RDMAExtensions the same kind of connection stays iSCSI/TCP.
-	dt, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	dt, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +72,7 @@ func TestISERRFC5046Profile(t *testing.T) {
 func TestISERReadWrite(t *testing.T) {
 	addr := startISERTarget(t)
 	ctx := context.Background()
-	d, err := Open(ctx, fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{})
+	d, err := Open(ctx, fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,7 +131,7 @@ func TestISERReadWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The same port serves iSCSI/TCP, which sees what iSER wrote.
-	dt, err := Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{})
+	dt, err := Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,8 +168,10 @@ func TestServeISER(t *testing.T) {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(fabric.ISER(l, rdma.NewDevice("target").AllocPD(), iser.Options{})) }()
-	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", l.Addr(), tIQN), Options{})
+	go func() {
+		served <- srv.Serve(fabric.ISER(l, rdma.NewDevice("target").AllocPD(), iser.Options{}))
+	}()
+	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", l.Addr(), tIQN), Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -233,7 +235,7 @@ func TestISERUnexpectedPDULimit(t *testing.T) {
 			var logs syncBuffer
 			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN),
-				Options{ISERProfile: prof, NopInterval: 20 * time.Millisecond, Logger: log})
+				Options{Dialer: &fabric.Dialer{Profile: prof}, NopInterval: 20 * time.Millisecond, Logger: log})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -297,14 +299,14 @@ type preferCase struct {
 	refused            string // logged for a refused first try
 }
 
-// run opens the LUN at tc.addr over fabric (nil: the default software
+// run opens the LUN at tc.addr over rdmaFabric (nil: the default software
 // iWARP), checks how it connected (connection-first iSER on transport, or
 // iSCSI/TCP) and the refusal logged, then writes and reads back.
-func (tc preferCase) run(t *testing.T, fabric rdma.Fabric, transport string) {
+func (tc preferCase) run(t *testing.T, rdmaFabric rdma.Fabric, transport string) {
 	var logs syncBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", tc.addr, tIQN),
-		Options{Prefer: tc.prefer, RDMA: fabric, Logger: log, DialTimeout: 3 * time.Second})
+		Options{Dialer: &fabric.Dialer{RDMA: rdmaFabric}, Prefer: tc.prefer, Logger: log, DialTimeout: 3 * time.Second})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, logs.String())
 	}

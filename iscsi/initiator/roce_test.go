@@ -40,7 +40,7 @@ func TestISEROverRoCE(t *testing.T) {
 	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
 
 	ctx := context.Background()
-	d, err := Open(ctx, fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN), Options{RDMA: idev})
+	d, err := Open(ctx, fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN), Options{Dialer: &fabric.Dialer{RDMA: idev}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,27 +1,21 @@
 package initiator
 
 import (
-	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
-	"net/netip"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 
 	"github.com/blockwire/blockwire/datamover"
-	"github.com/blockwire/blockwire/datamover/iser"
-	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
-	"github.com/blockwire/blockwire/rdma"
-	"github.com/blockwire/blockwire/rdma/siw"
 )
 
 // ErrClosed is returned by commands on a closed session.
@@ -42,7 +36,6 @@ type Session struct {
 	links   []*link // the session's connections; links[0] is the leading one
 	rr      int     // round-robin position for new commands
 	tsih    uint16
-	pd      *rdma.PD // iSER: the protection domain of every connection
 	params  params
 	cmdSN   uint32
 	exp     uint32 // ExpCmdSN
@@ -182,29 +175,18 @@ func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*lin
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
 	l := &link{s: s, cid: cid, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
-	if s.opts.ISER && s.opts.ISERProfile == iser.ProfileRFC5046 {
-		dm, err := s.dialUpgrade(ctx)
-		if err != nil {
-			return nil, err
-		}
-		l.dm, l.rdma = dm, true
-	} else if s.opts.ISER {
-		dm, err := s.dialISER(ctx)
-		if err != nil {
-			return nil, err
-		}
-		l.dm, l.rdma = dm, true
-	} else {
-		var d net.Dialer
-		nc, err := d.DialContext(ctx, "tcp", s.portal)
-		if err != nil {
-			return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
-		}
-		l.dm = tcp.New(nc, s.stamp)
+	if s.opts.Dialer == nil {
+		return nil, errors.New("iscsi: Options.Dialer is nil (fabric.Dialer connects over TCP and iSER)")
 	}
+	est, err := s.opts.Dialer.Dial(ctx, s.portal, datamover.DialParams{ISER: s.opts.ISER, Preference: s.opts.pref,
+		HasPreference: s.opts.prefSet, Logger: s.opts.Logger})
+	if err != nil {
+		return nil, err
+	}
+	l.dm, l.rdma = est.Open(s.stamp), est.RDMA
 	go l.dm.Serve(l)
 	stop := context.AfterFunc(ctx, l.dm.ConnectionTerminate)
-	err := s.login(ctx, l, discovery)
+	err = s.login(ctx, l, discovery)
 	stop()
 	if err != nil {
 		l.dm.ConnectionTerminate()
@@ -466,85 +448,3 @@ func (l *link) exchange(ctx context.Context, req *pdu.LoginReq, kvs []text.KV) (
 }
 
 func newCond(s *Session) *sync.Cond { return sync.NewCond(&s.mu) }
-
-// dialISER makes the RDMA connection of the connection-first profile
-// (seed 001 part II, facts §2.2): the iSER CM header in the private data
-// says tagged offsets are virtual addresses; the target's answer says
-// whether it will invalidate our STags with Send with Invalidate.
-func (s *Session) dialISER(ctx context.Context) (*iser.Conn, error) {
-	f, pd := s.rdma()
-	res := iser.Prepare(pd, iser.Options{Initiator: true, Logger: s.opts.Logger})
-	hdr := iser.CMHeader{ZBVANotSupported: true}
-	if s.opts.prefSet {
-		// Seed 001: the longer header with the node preference and the
-		// addresses (the destination is what a gateway forwards to).
-		hdr.Seed001, hdr.MajVer, hdr.Pref = true, 1, s.opts.pref
-		if ap, err := netip.ParseAddrPort(s.portal); err == nil {
-			hdr.SetAddrs(netip.IPv4Unspecified(), ap.Addr())
-			if !ap.Addr().Unmap().Is4() {
-				hdr.SetAddrs(netip.IPv6Unspecified(), ap.Addr())
-			}
-		}
-	}
-	cp := res.ConnParams(hdr.Append(nil))
-	if hdr.Seed001 {
-		// On an InfiniBand CM fabric, seed 001's rules as a whole: its
-		// iSER service ID base, its private data alone in the REQ.
-		cp.ServiceIDBase = iser.ServiceIDBaseSeed001
-	}
-	qp, reply, err := f.Dial(ctx, s.portal, cp)
-	if err != nil {
-		var rj *rdma.RejectError
-		if errors.As(err, &rj) {
-			for _, why := range [][]byte{rj.ARI, rj.PrivateData} {
-				// InfiniBand pads the REJ's private data with zeros.
-				if why = bytes.TrimRight(why, "\x00"); len(why) > 0 && printable(why) {
-					return nil, fmt.Errorf("iscsi: iSER connect to %s: rejected: %s: %w", s.portal, why, err)
-				}
-			}
-		}
-		return nil, fmt.Errorf("iscsi: iSER connect to %s: %w", s.portal, err)
-	}
-	return res.Attach(qp, iser.DecodeCMHeader(reply), s.stamp), nil
-}
-
-// rdma is the session's RDMA fabric and protection domain.
-func (s *Session) rdma() (rdma.Fabric, *rdma.PD) {
-	f := s.opts.RDMA
-	if f == nil {
-		f = siw.New(siw.Options{Logger: s.opts.Logger})
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.pd == nil {
-		s.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
-	}
-	return f, s.pd
-}
-
-// dialUpgrade connects for the RFC 5046 profile: TCP, a byte-stream
-// login asking for RDMAExtensions, then MPA on the same connection and
-// the Hello exchange (seed 004 §5.1).
-func (s *Session) dialUpgrade(ctx context.Context) (*iser.Upgrade, error) {
-	f, pd := s.rdma()
-	iw, ok := f.(iser.IWARP)
-	if !ok {
-		return nil, fmt.Errorf("iscsi: the RFC 5046 iSER profile needs an iWARP fabric that can start MPA on a connection (%T cannot)", f)
-	}
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", s.portal)
-	if err != nil {
-		return nil, fmt.Errorf("iscsi: connect to %s: %w", s.portal, err)
-	}
-	return iser.NewUpgrade(nc, iw, pd, iser.Options{Initiator: true, Logger: s.opts.Logger}, s.stamp), nil
-}
-
-// printable reports whether b is text worth showing (a reject's reason).
-func printable(b []byte) bool {
-	for _, c := range b {
-		if c < 0x20 || c > 0x7e {
-			return false
-		}
-	}
-	return true
-}

@@ -34,12 +34,12 @@ func TestDiscoveryCHAP(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	_, err := initiator.Discover(ctx, ts.addr, initiator.Options{CHAP: &authCreds{User: "disc", Secret: "wrong-secret-123"}})
+	_, err := initiator.Discover(ctx, ts.addr, initiator.Options{Dialer: &fabric.Dialer{}, CHAP: &authCreds{User: "disc", Secret: "wrong-secret-123"}})
 	var le *initiator.LoginError
 	if !errors.As(err, &le) {
 		t.Fatalf("discovery with a wrong secret: %v", err)
 	}
-	got, err := initiator.Discover(ctx, ts.addr, initiator.Options{CHAP: &creds, TargetCHAP: &mutual})
+	got, err := initiator.Discover(ctx, ts.addr, initiator.Options{Dialer: &fabric.Dialer{}, CHAP: &creds, TargetCHAP: &mutual})
 	if err != nil || len(got) != 1 || got[0].Name != testIQN {
 		t.Fatalf("discovery with CHAP: %v %v", got, err)
 	}
@@ -84,7 +84,7 @@ func TestLoginRedirect(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	got, err := initiator.Discover(ctx, ts.addr, initiator.Options{InitiatorName: ini})
+	got, err := initiator.Discover(ctx, ts.addr, initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini})
 	if err != nil || len(got) != 1 {
 		t.Fatalf("discovery: %v %v", got, err)
 	}
@@ -112,10 +112,10 @@ func TestTargetOnItsPortalsOnly(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if got, err := initiator.Discover(ctx, second, initiator.Options{}); err != nil || len(got) != 0 {
+	if got, err := initiator.Discover(ctx, second, initiator.Options{Dialer: &fabric.Dialer{}}); err != nil || len(got) != 0 {
 		t.Fatalf("discovery through another portal: %v %v", got, err)
 	}
-	got, err := initiator.Discover(ctx, first, initiator.Options{})
+	got, err := initiator.Discover(ctx, first, initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil || len(got) != 1 || len(got[0].Addresses) != 1 || got[0].Addresses[0] != first+",1" {
 		t.Fatalf("discovery through its portal: %+v %v", got, err)
 	}

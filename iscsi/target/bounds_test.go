@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -125,7 +126,7 @@ func TestMaxCmdSNFollowsCompletions(t *testing.T) {
 // initiator would wait for a NOP-In.
 func TestWindowOfOneKeepsMoving(t *testing.T) {
 	ts := startServer(t, Options{CmdWindow: 1}, nil)
-	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{})
+	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +203,7 @@ func TestFloodStaysWithinTheIOBudget(t *testing.T) {
 		}
 	}
 	// A well-behaved session still works, at full speed.
-	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{InitiatorName: ini + "-good"})
+	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +337,7 @@ func TestPeerThatStopsReadingIsDropped(t *testing.T) {
 	if budget.Used() == 0 {
 		t.Fatal("the reads never held a buffer")
 	}
-	good, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{InitiatorName: ini + "-good"})
+	good, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -84,16 +84,9 @@ type doPlacement struct {
 	valid bool
 }
 
-// newConn builds the iSCSI side of a connection; mk builds its datamover
-// with the connection's sequence-number stamper (the only place a concrete
-// datamover is chosen is the portal that accepted the connection).
-func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn) *conn {
-	return newConnRDMA(s, remote, mk, false, false)
-}
-
-// newConnRDMA builds a connection whose datamover may be RDMA-assisted
+// newConn builds a connection whose datamover may be RDMA-assisted
 // (iSER): it then offers RDMAExtensions=Yes.
-func newConnRDMA(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn, rdma, iserOnly bool) *conn {
+func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn, rdma, iserOnly bool) *conn {
 	c := &conn{
 		srv:   s,
 		log:   s.log.With("remote", remote),

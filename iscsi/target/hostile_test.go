@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -76,7 +77,7 @@ func TestHostileInitiators(t *testing.T) {
 	verified := make(chan error, 1)
 	var ios int
 	go func() {
-		d, err := initiator.Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{})
+		d, err := initiator.Open(ctx, fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}})
 		if err != nil {
 			verified <- err
 			return

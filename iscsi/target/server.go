@@ -544,7 +544,7 @@ func (s *Server) establish(in datamover.Incoming, slot *loginSlot) {
 	if est.ISER {
 		remote = "iser:" + remote
 	}
-	c := newConnRDMA(s, remote, est.Open, est.RDMA, est.ISER)
+	c := newConn(s, remote, est.Open, est.RDMA, est.ISER)
 	c.slot = slot
 	s.start(c, func() { slot.release(); est.Close() })
 }

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
@@ -32,7 +33,7 @@ func TestAdminAtRuntime(t *testing.T) {
 		return out
 	}
 	ctx := context.Background()
-	dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{})
+	dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
@@ -25,7 +26,7 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 	img := filepath.Join(t.TempDir(), "durable.img")
 	d := serve(t, "--file", img, "--size", "64MiB")
 	ctx := context.Background()
-	dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{RecoveryTimeout: -1})
+	dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{Dialer: &fabric.Dialer{}, RecoveryTimeout: -1})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +83,7 @@ func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
 		t.Fatalf("only %d writes acknowledged before the kill", n)
 	}
 	d2 := serve(t, "--file", img)
-	dev2, err := initiator.Open(ctx, d2.url(defaultIQN, 0), initiator.Options{})
+	dev2, err := initiator.Open(ctx, d2.url(defaultIQN, 0), initiator.Options{Dialer: &fabric.Dialer{}})
 	if err != nil {
 		t.Fatal(err)
 	}

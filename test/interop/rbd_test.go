@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/scsi"
 )
@@ -150,7 +151,7 @@ func TestRBDTwoGateways(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	open := func(d *daemon, name string) *initiator.Device {
-		dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{InitiatorName: name})
+		dev, err := initiator.Open(ctx, d.url(defaultIQN, 0), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: name})
 		if err != nil {
 			t.Fatal(err)
 		}

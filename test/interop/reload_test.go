@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
@@ -55,7 +56,7 @@ size = "64MiB"
 		}
 	}
 	ctx := context.Background()
-	dev, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{InitiatorName: one})
+	dev, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: one})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +68,7 @@ size = "64MiB"
 		return errors.As(err, &se) && se.Sense != nil && se.Sense.ASC == asc && se.Sense.ASCQ == ascq
 	}
 	do(0, []byte{0, 0, 0, 0, 0, 0}, nil) // the power-on unit attention
-	if _, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{InitiatorName: two}); err == nil {
+	if _, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: two}); err == nil {
 		t.Fatal("an initiator outside the ACL logged in")
 	}
 
@@ -109,7 +110,7 @@ size = "8MiB"
 	if err := do(1, []byte{0, 0, 0, 0, 0, 0}, nil); err != nil && !ua(err, 0x29, 0x00) {
 		t.Fatalf("LUN 1 after the reload: %v", err)
 	}
-	d2, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{InitiatorName: two})
+	d2, err := initiator.Open(ctx, d.url(a, 0), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: two})
 	if err != nil {
 		t.Fatalf("the initiator the ACL now admits: %v", err)
 	}

@@ -1,4 +1,4 @@
-package iser
+package fabric
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/blockwire/blockwire/datamover/iser"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/tcp"
@@ -35,11 +37,11 @@ type Upgrade struct {
 	tcp   *tcp.Conn
 	iw    IWARP
 	pd    *rdma.PD
-	opt   Options
+	opt   iser.Options
 	stamp datamover.Stamper
 
 	mu        sync.Mutex
-	iser      *Conn
+	iser      *iser.Conn
 	want      bool
 	params    datamover.Params
 	switching bool
@@ -48,8 +50,8 @@ type Upgrade struct {
 }
 
 // NewUpgrade wraps an accepted or dialed TCP connection.
-func NewUpgrade(nc net.Conn, iw IWARP, pd *rdma.PD, opt Options, stamp datamover.Stamper) *Upgrade {
-	opt.Profile = ProfileRFC5046
+func NewUpgrade(nc net.Conn, iw IWARP, pd *rdma.PD, opt iser.Options, stamp datamover.Stamper) *Upgrade {
+	opt.Profile = iser.ProfileRFC5046
 	return &Upgrade{tcp: tcp.New(nc, stamp), iw: iw, pd: pd, opt: opt, stamp: stamp, ready: make(chan struct{})}
 }
 
@@ -78,13 +80,11 @@ func (u *Upgrade) ISER() bool {
 
 // RecvDataSize is the data a receive buffer holds once iSER runs.
 func (u *Upgrade) RecvDataSize() int {
-	o := u.opt
-	o.defaults()
-	return o.RecvDataSize
+	return u.opt.WithDefaults().RecvDataSize
 }
 
 // MaxOutstandingUnexpectedPDUs implements datamover.ReceiveBudget.
-func (u *Upgrade) MaxOutstandingUnexpectedPDUs() int { return u.opt.unexpected() }
+func (u *Upgrade) MaxOutstandingUnexpectedPDUs() int { return u.opt.MaxUnexpected() }
 
 // RemoteAddr implements datamover.Conn.
 func (u *Upgrade) RemoteAddr() string { return u.tcp.RemoteAddr() }
@@ -196,12 +196,12 @@ func (u *Upgrade) Serve(up datamover.Upcalls) {
 }
 
 // rdmaStream runs MPA on the connection and builds the iSER datamover.
-func (u *Upgrade) rdmaStream() (*Conn, error) {
+func (u *Upgrade) rdmaStream() (*iser.Conn, error) {
 	nc, pre := u.tcp.Handoff()
 	conn := prefixconn.New(nc, pre)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	res := Prepare(u.pd, u.opt)
+	res := iser.Prepare(u.pd, u.opt)
 	var qp rdma.QP
 	var err error
 	if u.opt.Initiator {
@@ -217,7 +217,7 @@ func (u *Upgrade) rdmaStream() (*Conn, error) {
 		return nil, errors.Join(errors.New("iser: starting the RDMA stream after login (RFC 5046 §5.1)"), err)
 	}
 	// RFC 5046 peers accept Send with Invalidate (seed 000 §9.5).
-	ic := res.Attach(qp, CMHeader{}, u.stamp)
+	ic := res.Attach(qp, iser.CMHeader{}, u.stamp)
 	ic.NoticeKeyValues(u.params)
 	ic.EnableDatamover(nil)
 	return ic, nil
@@ -226,5 +226,4 @@ func (u *Upgrade) rdmaStream() (*Conn, error) {
 var (
 	_ datamover.Conn          = (*Upgrade)(nil)
 	_ datamover.ReceiveBudget = (*Upgrade)(nil)
-	_ datamover.ReceiveBudget = (*Conn)(nil)
 )
