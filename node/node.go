@@ -140,7 +140,9 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, iocs: map[string]bool{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: scsitarget.NewIOBudget(ioB, sessB),
-		iwarp:  siw.New(siw.Options{Logger: log}),
+		// A stream that takes no bytes for the NOP timeout fails its
+		// queue pair: iSER and SRP connections are bounded like TCP ones.
+		iwarp:  siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim)}),
 		srpPD:  rdma.NewDevice("blockwire-srp").AllocPD(),
 		errc:   make(chan error, 1)}
 	io := iscsitarget.Options{
@@ -691,6 +693,15 @@ func DefaultLimits() config.Limits {
 		MaxSessions: o.MaxSessions, MaxDiscoverySessions: o.MaxDiscoverySessions, MaxLoginsPerSource: o.MaxLoginsPerSource,
 		MaxConnections: o.MaxConnections, CmdWindow: int(o.CmdWindow), MaxRecvDataSegmentLength: o.MaxRecvDataSegmentLength,
 		IOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultIOBudget>>20), SessionIOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultSessionIOBudget>>20)}
+}
+
+// nopTimeout is the NOP timeout the limits give (their default when
+// unset): also how long any connection's send may make no progress.
+func nopTimeout(lim config.Limits) time.Duration {
+	if lim.NopTimeout > 0 {
+		return lim.NopTimeout
+	}
+	return DefaultLimits().NopTimeout
 }
 
 // metricsExposed reports whether metrics at addr without a token can be

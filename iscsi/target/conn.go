@@ -49,6 +49,9 @@ type conn struct {
 	// transmit lock.
 	statSN uint32
 
+	// Lock order: session.mu, then mu, then the SCSI core's locks;
+	// Server.mu is never held with it. No datamover call is made under
+	// mu (see session.mu).
 	mu        sync.Mutex
 	tasks     map[uint32]*task // by ITT
 	byTTT     map[uint32]*task
@@ -200,7 +203,7 @@ func (c *conn) DataCompletionNotify(itt, ttt uint32) {
 	}
 	act := t.advanceLocked()
 	c.mu.Unlock()
-	t.act(act)
+	t.run(act)
 }
 
 // onRDMA reports whether the connection runs iSER now (connection first,
@@ -349,7 +352,8 @@ type nopDelivery struct {
 	data []byte
 }
 
-func (d *nopDelivery) deliver() {
+func (d *nopDelivery) enter() {}
+func (d *nopDelivery) act() {
 	if d.nop.ITT == pdu.ReservedITT {
 		return
 	}
@@ -479,10 +483,12 @@ func (d *textDelivery) drop() {}
 // funcDelivery runs fn when its command's CmdSN comes up.
 type funcDelivery struct{ fn func() }
 
-func (d *funcDelivery) deliver() { d.fn() }
-func (d *funcDelivery) drop()    {}
+func (d *funcDelivery) enter() {}
+func (d *funcDelivery) act()   { d.fn() }
+func (d *funcDelivery) drop()  {}
 
-func (d *textDelivery) deliver() {
+func (d *textDelivery) enter() {}
+func (d *textDelivery) act() {
 	c := d.c
 	var out []byte
 	for _, kv := range d.kvs {
@@ -648,8 +654,9 @@ type logoutDelivery struct {
 	req pdu.LogoutReq
 }
 
-func (d *logoutDelivery) drop()    {}
-func (d *logoutDelivery) deliver() { go d.c.logout(d.req) }
+func (d *logoutDelivery) drop()  {}
+func (d *logoutDelivery) enter() {}
+func (d *logoutDelivery) act()   { go d.c.logout(d.req) }
 
 func (c *conn) handleLogout(p *datamover.PDU) error {
 	var req pdu.LogoutReq
@@ -733,8 +740,9 @@ type tmfDelivery struct {
 	req pdu.TaskMgmtReq
 }
 
-func (d *tmfDelivery) drop()    {}
-func (d *tmfDelivery) deliver() { go d.c.taskManagement(d.req) }
+func (d *tmfDelivery) drop()  {}
+func (d *tmfDelivery) enter() {}
+func (d *tmfDelivery) act()   { go d.c.taskManagement(d.req) }
 
 func (c *conn) handleTMF(p *datamover.PDU) error {
 	var req pdu.TaskMgmtReq

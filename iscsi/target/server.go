@@ -236,6 +236,8 @@ type Server struct {
 	done        chan struct{}
 	doneOnce    sync.Once
 
+	// Lock order: mu is taken alone — never while a session's or a
+	// connection's lock is held, and neither is taken under it.
 	mu            sync.Mutex
 	targets       map[string]*Target
 	discovery     *Target  // discovery sessions' access rules (SetDiscovery)

@@ -26,9 +26,16 @@ type sessionParams struct {
 	DefaultTime2Retain  uint16
 }
 
-// deliverer is something that waits for its CmdSN turn.
+// deliverer is something that waits for its CmdSN turn. enter runs under
+// session.mu, in CmdSN order: the command takes its place (a SCSI task
+// enters the task set) and nothing is sent. act runs after session.mu is
+// released — R2Ts, answers, execution: datamover I/O, which may block on
+// a peer that stops reading and must not hold up the session's other
+// connections. drop discards a command the window refused (outside
+// session.mu).
 type deliverer interface {
-	deliver()
+	enter()
+	act()
 	drop()
 }
 
@@ -51,8 +58,14 @@ type session struct {
 	// io is the session's share of the I/O buffer budget.
 	io *scsitarget.IOShare
 
-	// Lock order: session.mu, then conn.mu (a delivery under mu takes
-	// its connection's lock); never the reverse.
+	// Lock order: session.mu, then conn.mu (enter takes its
+	// connection's lock under mu), then the SCSI core's (Device.Begin);
+	// never the reverse. Server.mu is never held with either. No
+	// datamover call — no socket or RDMA I/O — is made under session.mu
+	// or conn.mu: sequence runs the deliveries' I/O (act) after releasing
+	// mu, and a send that makes no progress fails after the NOP timeout
+	// (fabric: AcceptParams.SendTimeout), so a blocked send holds no lock
+	// and ends.
 	mu     sync.Mutex
 	window uint32
 	// busy counts SCSI tasks delivered (or accepted as immediate) whose
@@ -179,9 +192,10 @@ func (ss *session) taskDone() {
 // order.
 func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 	ss.mu.Lock()
-	defer ss.mu.Unlock()
 	if immediate {
-		d.deliver()
+		d.enter()
+		ss.mu.Unlock()
+		d.act()
 		return true
 	}
 	exp := ss.expCmdSN.Load()
@@ -190,11 +204,13 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 			ss.srv.log.Warn("ignoring a command outside the CmdSN window (RFC 7143 §4.2.2.1)",
 				"tsih", ss.tsih, "initiator", ss.initiator, "cmdsn", cmdSN, "exp_cmdsn", exp, "max_cmdsn", mx, "ignored", ss.outside)
 		}
+		ss.mu.Unlock()
 		d.drop()
 		return false
 	}
 	if cmdSN != exp {
 		if _, dup := ss.pending[cmdSN]; dup {
+			ss.mu.Unlock()
 			d.drop()
 			return false
 		}
@@ -202,6 +218,7 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 			ss.pending = map[uint32]deliverer{}
 		}
 		ss.pending[cmdSN] = d
+		ss.mu.Unlock()
 		return true
 	}
 	// Advance the window before delivering, so that every response the
@@ -217,7 +234,7 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 	}
 	// The SCSI tasks about to be delivered take their window slots
 	// first, so the window opens exactly as far as it may before any
-	// response goes out; task.deliver marks the slot as the task's, or
+	// response goes out; task.enter marks the slot as the task's, or
 	// gives it back when the task ended meanwhile.
 	take := func(x deliverer) {
 		if _, ok := x.(*task); ok {
@@ -230,11 +247,18 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 	}
 	ss.expCmdSN.Store(end)
 	ss.openWindowLocked()
-	d.deliver()
+	d.enter()
+	var later []deliverer // commands that waited for this one (MC/S, rare)
 	for sn := exp + 1; sn != end; sn++ {
 		next := ss.pending[sn]
 		delete(ss.pending, sn)
-		next.deliver()
+		next.enter()
+		later = append(later, next)
+	}
+	ss.mu.Unlock()
+	d.act()
+	for _, x := range later {
+		x.act()
 	}
 	return true
 }
@@ -258,14 +282,18 @@ func (ss *session) removeConn(c *conn) {
 		delete(ss.conns, c.cid)
 	}
 	last := len(ss.conns) == 0
+	var dropped []deliverer
 	if last {
 		ss.closed = true
 		for sn, d := range ss.pending {
 			delete(ss.pending, sn)
-			d.drop()
+			dropped = append(dropped, d)
 		}
 	}
 	ss.mu.Unlock()
+	for _, d := range dropped {
+		d.drop()
+	}
 	if last {
 		ss.srv.mu.Lock()
 		if ss.srv.sessions[ss.tsih] == ss {

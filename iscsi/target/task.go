@@ -53,6 +53,9 @@ type task struct {
 	aborted     bool
 	released    bool
 	solo        bool // delivered as the connection's only task
+	// next is what enter decided and act carries out (both on the
+	// delivering goroutine, enter under session.mu, act after it).
+	next action
 	// full: no I/O buffer could be had within the budget
 	// (Options.IOBudget): the command is answered TASK SET FULL, its
 	// data discarded. charged is the budget it holds; counted, that it
@@ -242,8 +245,10 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 	return nil
 }
 
-// deliver enters the task into the SCSI task set in CmdSN order.
-func (t *task) deliver() {
+// enter puts the task into the SCSI task set in CmdSN order (under
+// session.mu) and decides its next step, which act carries out once
+// session.mu is released.
+func (t *task) enter() {
 	c := t.c
 	c.mu.Lock()
 	if t.released || t.aborted {
@@ -264,9 +269,15 @@ func (t *task) deliver() {
 	c.sess.tgt.Device.Begin(&t.cmd)
 	t.delivered = true
 	t.solo = len(c.tasks) == 1
-	act := t.advanceLocked()
+	t.next = t.advanceLocked()
 	c.mu.Unlock()
-	t.act(act)
+}
+
+// act carries out what enter decided: R2Ts, or execution.
+func (t *task) act() {
+	a := t.next
+	t.next = action{}
+	t.run(a)
 }
 
 // drop discards a command the CmdSN window refused.
@@ -336,9 +347,9 @@ func (t *task) advanceLocked() action {
 	return a
 }
 
-// act carries out an action outside conn.mu: Get_Data for every R2T
-// (seed 002 §9.3) or execution.
-func (t *task) act(a action) {
+// run carries out an action outside conn.mu and session.mu: Get_Data for
+// every R2T (seed 002 §9.3) or execution.
+func (t *task) run(a action) {
 	for i := range a.r2ts {
 		if err := t.c.dm.GetData(&a.r2ts[i], t.buf); err != nil {
 			return
@@ -468,7 +479,7 @@ func (c *conn) handleDataOut(p *datamover.PDU) error {
 	}
 	act := t.advanceLocked()
 	c.mu.Unlock()
-	t.act(act)
+	t.run(act)
 	return nil
 }
 

@@ -56,6 +56,9 @@ type qp struct {
 	crc    bool
 	mulpdu int
 	log    *slog.Logger
+	// sendTimeout fails the queue pair when a write to the stream makes
+	// no progress this long (Options.SendTimeout); set before start.
+	sendTimeout time.Duration
 
 	mu     sync.Mutex
 	cond   *sync.Cond
@@ -576,11 +579,24 @@ func (q *qp) segments(h *ddp.Header, extra []byte, sg [][]byte, total int, at fu
 	return nil
 }
 
-// flush writes the batch with one vectored write.
-func (q *qp) flush() error {
+// flush writes the batch with one vectored write, each stretch of it bound
+// by the send timeout.
+func (q *qp) flush() error { return q.flushBy(q.sendTimeout) }
+
+// flushBy writes the batch; to > 0 renews the write deadline for every
+// stretch that makes progress (0: the deadline already set stays).
+func (q *qp) flushBy(to time.Duration) error {
 	var err error
-	if len(q.bufs) > 0 {
-		_, err = q.bufs.WriteTo(q.conn)
+	for len(q.bufs) > 0 {
+		if to > 0 {
+			_ = q.conn.SetWriteDeadline(time.Now().Add(to))
+		}
+		var n int64
+		n, err = q.bufs.WriteTo(q.conn) // consumes what it wrote
+		if err != nil && n > 0 && isTimeout(err) {
+			continue // slow, but reading: a new deadline for the rest
+		}
+		break
 	}
 	for i := range q.iovs[:cap(q.iovs)] {
 		q.iovs[:cap(q.iovs)][i] = nil
@@ -598,7 +614,7 @@ func (q *qp) sendTerminate(t *rdmap.Term) {
 	h := ddp.Header{ULP: rdmap.Ctrl(rdmap.Terminate), QN: ddp.QNTerminate, MSN: 1, Last: true}
 	q.bufs, q.ap = q.iovs[:0], 0
 	if q.segments(&h, b, nil, 0, func(int) {}) == nil {
-		_ = q.flush()
+		_ = q.flushBy(0) // within the deadline fail set
 	}
 }
 
@@ -1026,4 +1042,9 @@ func layerName(l uint8) string {
 		return "LLP"
 	}
 	return fmt.Sprintf("layer %d", l)
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -47,6 +47,11 @@ type Options struct {
 	// HandshakeTimeout bounds the MPA exchange (default 10 s, siw's
 	// active-side wait).
 	HandshakeTimeout time.Duration
+	// SendTimeout fails a queue pair whose stream takes no bytes for
+	// this long — a peer that stops reading (what TCP's retransmission
+	// limit does to a dead peer, sooner); its work requests complete in
+	// error, releasing what they hold. Zero: no bound.
+	SendTimeout time.Duration
 	// Logger gets connection-level events (default: discarded).
 	Logger *slog.Logger
 }
@@ -167,6 +172,7 @@ func (f *Fabric) Connect(ctx context.Context, c net.Conn, p rdma.ConnParams) (rd
 	}
 	crc := req.CRC || rep.CRC
 	q := newQP(c, p, crc, f.opt.MULPDU, ird, ord, f.detail(rep.Rev, crc), f.opt.Logger)
+	q.sendTimeout = f.opt.SendTimeout
 	stop()
 	_ = c.SetDeadline(time.Time{})
 	q.start()
@@ -298,6 +304,7 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 	}
 	crc := rep.CRC
 	q := newQP(r.c, p, crc, f.opt.MULPDU, ird, ord, f.detail(rep.Rev, crc), f.opt.Logger)
+	q.sendTimeout = f.opt.SendTimeout
 	_ = r.c.SetWriteDeadline(time.Now().Add(f.opt.HandshakeTimeout))
 	if _, err := r.c.Write(b); err != nil {
 		r.c.Close()
