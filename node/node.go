@@ -142,9 +142,9 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		budget: scsitarget.NewIOBudget(ioB, sessB),
 		// A stream that takes no bytes for the NOP timeout fails its
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
-		iwarp:  siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim)}),
-		srpPD:  rdma.NewDevice("blockwire-srp").AllocPD(),
-		errc:   make(chan error, 1)}
+		iwarp: siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim)}),
+		srpPD: rdma.NewDevice("blockwire-srp").AllocPD(),
+		errc:  make(chan error, 1)}
 	io := iscsitarget.Options{
 		LoginTimeout: lim.LoginTimeout, NopInterval: lim.NopInterval, NopTimeout: lim.NopTimeout,
 		MaxSessions: lim.MaxSessions, MaxConnections: lim.MaxConnections, MaxDiscoverySessions: lim.MaxDiscoverySessions,
