@@ -33,6 +33,11 @@ type LUConfig struct {
 	// Logger receives the LU's own events (shared reservation state);
 	// may be nil.
 	Logger *slog.Logger
+	// Workers run the LU's commands (Submit; default DefaultWorkers, or
+	// DefaultFastWorkers for a backend.NonBlocking backend); QueueDepth
+	// bounds the commands waiting for one (DefaultQueueDepth): beyond it
+	// the fabrics answer TASK SET FULL.
+	Workers, QueueDepth int
 }
 
 // LU is one logical unit: a block device on a backend.
@@ -43,6 +48,7 @@ type LU struct {
 	be        backend.Backend
 	flusher   backend.Flusher
 	fast      bool // the backend is backend.NonBlocking
+	q         queue
 	unmapper  backend.Unmapper
 	blockSize int
 	blockBits uint
@@ -154,6 +160,17 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	if w, ok := cfg.Backend.(backend.CapacityWatcher); ok {
 		w.WatchCapacity(lu.capacityChanged)
 	}
+	workers, depth := cfg.Workers, cfg.QueueDepth
+	if workers <= 0 {
+		workers = DefaultWorkers
+		if lu.fast {
+			workers = DefaultFastWorkers
+		}
+	}
+	if depth <= 0 {
+		depth = DefaultQueueDepth
+	}
+	lu.q.init(workers, depth)
 	lu.pr.file = cfg.PRFile
 	if err := lu.pr.load(); err != nil {
 		return nil, fmt.Errorf("target: LUN %d persistent reservations: %w", cfg.LUN, err)
@@ -237,6 +254,7 @@ func (lu *LU) flushLatched() error {
 
 // Close flushes and closes the backend.
 func (lu *LU) Close() error {
+	lu.q.close()
 	if c, ok := lu.be.(backend.Closer); ok {
 		return c.Close()
 	}

@@ -228,13 +228,6 @@ type Server struct {
 	pool  bufpool.Pool
 	tasks sync.Pool // *task
 
-	// SCSI work runs off the socket goroutines on a set of workers; when
-	// all are busy a task gets a goroutine of its own, so a slow backend
-	// never blocks another LUN's commands.
-	work        chan *task
-	workersOnce sync.Once
-	done        chan struct{}
-	doneOnce    sync.Once
 
 	// Lock order: mu is taken alone — never while a session's or a
 	// connection's lock is held, and neither is taken under it.
@@ -310,12 +303,9 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 		acceptors: map[datamover.Acceptor]struct{}{},
 		conns:     map[*conn]struct{}{},
 		sessions:  map[uint16]*session{},
-		work:      make(chan *task),
-		done:      make(chan struct{}),
 	}
 }
 
-const workers = 64
 
 // The I/O buffer budget when Options.Budget is nil.
 const (
@@ -323,26 +313,15 @@ const (
 	DefaultSessionIOBudget = 128 << 20
 )
 
-// dispatch hands a task whose data is complete to a worker.
+// dispatch hands a task whose data is complete to its LU's queue
+// (scsitarget.LU.Submit: the execution model iSCSI shares with SRP); a full
+// queue answers it TASK SET FULL.
 func (s *Server) dispatch(t *task) {
-	s.workersOnce.Do(func() {
-		for range workers {
-			go func() {
-				for {
-					select {
-					case t := <-s.work:
-						t.execute()
-					case <-s.done:
-						return
-					}
-				}
-			}()
-		}
-	})
-	select {
-	case s.work <- t:
-	default:
-		go t.execute()
+	if !t.c.sess.tgt.Device.Submit(&t.cmd, t) {
+		t.c.mu.Lock()
+		t.full = true
+		t.c.mu.Unlock()
+		t.execute()
 	}
 }
 
@@ -596,7 +575,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	defer cancel()
 	select {
 	case <-done:
-		s.doneOnce.Do(func() { close(s.done) })
 		return nil
 	case <-wait.Done():
 	}
@@ -605,7 +583,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		c.drainAndClose()
 	}
 	s.mu.Unlock()
-	defer s.doneOnce.Do(func() { close(s.done) })
 	select {
 	case <-done:
 		return nil

@@ -580,6 +580,9 @@ func (c *conn) freeSlot(t *task) {
 }
 
 // execute runs the command in the SCSI core and answers it.
+// Run implements scsitarget.Work: the LU's queue runs the task.
+func (t *task) Run() { t.execute() }
+
 func (t *task) execute() {
 	c := t.c
 	dev := c.sess.tgt.Device

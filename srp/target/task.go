@@ -144,7 +144,7 @@ func (ch *channel) command(t *task) {
 			return
 		}
 	}
-	go ch.execute(t)
+	ch.submit(t)
 }
 
 // fetchTable reads an indirect descriptor table that did not fit in the
@@ -252,8 +252,20 @@ func (ch *channel) fetched(t *task) {
 		ch.release(t)
 		return
 	}
-	go ch.execute(t)
+	ch.submit(t)
 }
+
+// submit hands a task whose data is in to its LU's queue (the execution
+// model SRP shares with iSCSI, scsitarget.LU.Submit); a full queue
+// answers it TASK SET FULL.
+func (ch *channel) submit(t *task) {
+	if !ch.s.opts.Device.Submit(&t.cmd, t) {
+		ch.taskSetFull(t)
+	}
+}
+
+// Run implements scsitarget.Work.
+func (t *task) Run() { t.ch.execute(t) }
 
 // execute runs the command in the SCSI core and answers it.
 func (ch *channel) execute(t *task) {
@@ -372,6 +384,11 @@ func (ch *channel) full(t *task, n int64) {
 		ch.log.Warn("srp: TASK SET FULL: the nexus holds its share of the I/O buffer budget (or the node all of it)",
 			"held", ch.nx.io.Held(), "want", n, "used", ch.s.opts.Budget.Used(), "io_budget", ch.s.opts.Budget.Total(), "count", k)
 	}
+	ch.taskSetFull(t)
+}
+
+// taskSetFull answers a command TASK SET FULL (SAM-5 §5.3.3).
+func (ch *channel) taskSetFull(t *task) {
 	t.cmd.Status = scsi.StatusTaskSetFull
 	r := srp.Rsp{Tag: t.tag, Status: scsi.StatusTaskSetFull}
 	ch.send(t, &r, false)
