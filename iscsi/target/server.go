@@ -228,7 +228,6 @@ type Server struct {
 	pool  bufpool.Pool
 	tasks sync.Pool // *task
 
-
 	// Lock order: mu is taken alone — never while a session's or a
 	// connection's lock is held, and neither is taken under it.
 	mu            sync.Mutex
@@ -305,7 +304,6 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 		sessions:  map[uint16]*session{},
 	}
 }
-
 
 // The I/O buffer budget when Options.Budget is nil.
 const (
