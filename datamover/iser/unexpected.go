@@ -1,8 +1,6 @@
 package iser
 
 import (
-	"encoding/binary"
-
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
@@ -105,7 +103,7 @@ func initiatorUnexpected(h *pdu.BHS) bool {
 		return h.Immediate()
 	case pdu.OpNopOut:
 		// Not the answer to a target's ping (§8.1.1.2).
-		return h.Immediate() && binary.BigEndian.Uint32(h[20:]) == pdu.ReservedTTT
+		return h.Immediate() && h.TTT() == pdu.ReservedTTT
 	}
 	return false // Data-Out and SNACK: expected, no CmdSN
 }
@@ -118,14 +116,14 @@ func initiatorUnexpected(h *pdu.BHS) bool {
 func initiatorPDU(h *pdu.BHS, init, targ *ledger) (over bool) {
 	op := h.Opcode()
 	if len(targ.sns) > 0 {
-		exp := binary.BigEndian.Uint32(h[28:])
+		exp := h.ExpStatSN()
 		pong := op == pdu.OpNopOut && h.ITT() == pdu.ReservedITT
-		ttt := binary.BigEndian.Uint32(h[20:])
+		ttt := h.TTT()
 		targ.retireWhere(func(x, t uint32) bool {
 			return serial.LessThan(x, exp) || pong && t != pdu.ReservedTTT && t == ttt
 		})
 	}
-	cmdSN := binary.BigEndian.Uint32(h[24:])
+	cmdSN := h.CmdSN()
 	switch {
 	case initiatorUnexpected(h):
 		if init.limit == 0 {
@@ -143,9 +141,9 @@ func initiatorPDU(h *pdu.BHS, init, targ *ledger) (over bool) {
 // ExpCmdSN retires the initiator's unexpected PDUs, and an unexpected one
 // is added. It reports whether the target's ledger now exceeds its limit.
 func targetPDU(h *pdu.BHS, data []byte, init, targ *ledger) (over bool) {
-	init.expCmdSN(binary.BigEndian.Uint32(h[28:]))
+	init.expCmdSN(h.ExpCmdSN())
 	if u, ttt := targetUnexpected(h, data); u && targ.limit > 0 {
-		targ.add(binary.BigEndian.Uint32(h[24:]), ttt)
+		targ.add(h.StatSN(), ttt)
 		return len(targ.sns) > targ.limit
 	}
 	return false
@@ -159,7 +157,7 @@ func targetUnexpected(h *pdu.BHS, data []byte) (bool, uint32) {
 		return true, pdu.ReservedTTT
 	case pdu.OpNopIn:
 		if h.ITT() == pdu.ReservedITT {
-			return true, binary.BigEndian.Uint32(h[20:])
+			return true, h.TTT()
 		}
 	case pdu.OpReject:
 		// A Reject in place of the response to a request (§8.1.1.1) is

@@ -5,7 +5,6 @@ package tcp
 
 import (
 	"bufio"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -240,7 +239,7 @@ func (c *Conn) enqueueLocked(h *pdu.BHS, ahs []byte, data []byte, advance, noSta
 		c.stamp(hh, advance)
 	}
 	if noStatSN {
-		hh[24], hh[25], hh[26], hh[27] = 0, 0, 0, 0
+		hh.SetStatSN(0)
 	}
 	hh.SetTotalAHSLength(len(ahs))
 	hh.SetDataSegmentLength(len(data))
@@ -587,16 +586,16 @@ func (c *Conn) sendReject(reason pdu.RejectReason, rejected *pdu.BHS) error {
 // §11.16.3: TTT names the Data-In, BegRun is the next DataSN). Any other
 // SNACK goes to the iSCSI layer.
 func (c *Conn) dataACK(h *pdu.BHS, up datamover.Upcalls) bool {
-	if h.Opcode() != pdu.OpSNACKReq || h[1]&0x0f != pdu.SNACKDataACK {
+	if h.Opcode() != pdu.OpSNACKReq || h.SNACKType() != pdu.SNACKDataACK {
 		return false
 	}
-	ttt := binary.BigEndian.Uint32(h[20:])
+	ttt := h.TTT()
 	c.wmu.Lock()
 	ok := c.acks[ttt]
 	delete(c.acks, ttt)
 	c.wmu.Unlock()
 	if ok {
-		up.DataACKNotify(ttt, binary.BigEndian.Uint32(h[40:]))
+		up.DataACKNotify(ttt, h.BufferOffset())
 	}
 	return ok
 }

@@ -26,7 +26,7 @@ func (l *link) DataBuffer(h *pdu.BHS) ([]byte, error) {
 		return nil, nil
 	}
 	s := l.s
-	off := int(binary.BigEndian.Uint32(h[40:]))
+	off := int(h.BufferOffset())
 	n := h.DataSegmentLength()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -45,7 +45,7 @@ func (l *link) ControlNotify(p *datamover.PDU) error {
 	if !l.ffp.Load() {
 		cp := &datamover.PDU{BHS: p.BHS, Data: append([]byte(nil), p.Data...)}
 		if h.Opcode() == pdu.OpLoginResp {
-			s.expStatSN.Store(binary.BigEndian.Uint32(h[24:]) + 1)
+			s.expStatSN.Store(h.StatSN() + 1)
 			l.noteLoginKeys(cp)
 		}
 		select {
@@ -83,7 +83,7 @@ func (l *link) ControlNotify(p *datamover.PDU) error {
 		delete(s.tmfs, h.ITT())
 		s.mu.Unlock()
 		if ch != nil {
-			ch <- h[2]
+			ch <- h.Response()
 		}
 	case pdu.OpTextResp:
 		cp := &datamover.PDU{BHS: p.BHS, Data: append([]byte(nil), p.Data...)}
@@ -101,7 +101,9 @@ func (l *link) ControlNotify(p *datamover.PDU) error {
 		}
 	case pdu.OpAsyncMsg:
 		var a pdu.AsyncMsg
-		a.Decode(h)
+		if err := a.Decode(h); err != nil {
+			return err // a malformed PDU from the target ends the connection
+		}
 		s.log.Info("asynchronous message from the target", "event", a.Event, "parameter3", a.Parameter3)
 		if a.Event == pdu.AsyncLogoutRequest || a.Event == pdu.AsyncDropConnection || a.Event == pdu.AsyncDropAllConnections {
 			// The target is going away: drop this connection; recovery
@@ -110,8 +112,8 @@ func (l *link) ControlNotify(p *datamover.PDU) error {
 		}
 	case pdu.OpReject:
 		if len(p.Data) >= pdu.BHSLen {
-			itt := binary.BigEndian.Uint32(p.Data[16:20])
-			s.finish(itt, nil, fmt.Errorf("iscsi: target rejected the PDU (reason %#x)", h[2]))
+			rejected := pdu.BHS(p.Data[:pdu.BHSLen])
+			s.finish(rejected.ITT(), nil, fmt.Errorf("iscsi: target rejected the PDU (reason %#x)", h.Response()))
 		}
 	}
 	return nil
@@ -177,8 +179,8 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 		pr.headerDigest, pr.dataDigest = false, false
 	}
 	l.params = pr
-	l.finalExp = binary.BigEndian.Uint32(p.BHS[28:])
-	l.finalMax = binary.BigEndian.Uint32(p.BHS[32:])
+	l.finalExp = p.BHS.ExpCmdSN()
+	l.finalMax = p.BHS.MaxCmdSN()
 	l.dm.NoticeKeyValues(dp)
 	l.dm.EnableDatamover(nil)
 	l.ffp.Store(true)
@@ -186,14 +188,13 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 
 // notePDU takes ExpCmdSN, MaxCmdSN and StatSN from a target PDU.
 func (s *Session) notePDU(h *pdu.BHS) {
-	exp := binary.BigEndian.Uint32(h[28:])
-	max := binary.BigEndian.Uint32(h[32:])
+	exp, max := h.ExpCmdSN(), h.MaxCmdSN()
 	op := h.Opcode()
 	hasStatus := op == pdu.OpSCSIResponse || op == pdu.OpTaskMgmtResp || op == pdu.OpLogoutResp ||
 		op == pdu.OpTextResp || op == pdu.OpAsyncMsg || op == pdu.OpReject ||
-		(op == pdu.OpDataIn && h[1]&0x01 != 0) || (op == pdu.OpNopIn && h.ITT() != pdu.ReservedITT)
+		h.DataInStatus() || (op == pdu.OpNopIn && h.ITT() != pdu.ReservedITT)
 	if hasStatus {
-		s.expStatSN.Store(binary.BigEndian.Uint32(h[24:]) + 1)
+		s.expStatSN.Store(h.StatSN() + 1)
 	}
 	s.mu.Lock()
 	// RFC 7143 §4.2.2.1: MaxCmdSN and ExpCmdSN only move forward, and are
@@ -555,8 +556,8 @@ func (s *Session) sendUnexpected(ctx context.Context, l *link, p *datamover.PDU,
 	if err := s.lockWindow(ctx, closing); err != nil {
 		return err
 	}
-	p.BHS[0] &^= 0x40
-	binary.BigEndian.PutUint32(p.BHS[24:], s.cmdSN)
+	p.BHS.SetImmediate(false)
+	p.BHS.SetCmdSN(s.cmdSN)
 	s.cmdSN++
 	s.mu.Unlock()
 	err = l.dm.SendControl(p, true)

@@ -2,7 +2,6 @@ package initiator
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"net"
@@ -208,10 +207,10 @@ func isLoginError(err error) bool {
 	return errors.As(err, &le) || errors.Is(err, ErrTargetAuth)
 }
 
-// stamp fills ExpStatSN (bytes 28-31) of every outgoing PDU; CmdSN is set
+// stamp fills ExpStatSN of every outgoing PDU; CmdSN is set
 // by the sender under sendMu (datamover.Stamper).
 func (s *Session) stamp(h *pdu.BHS, _ bool) {
-	binary.BigEndian.PutUint32(h[28:], s.expStatSN.Load())
+	h.SetExpStatSN(s.expStatSN.Load())
 }
 
 // login runs the login phase on l (RFC 7143 §6.3).

@@ -132,6 +132,67 @@ func (h *BHS) ITT() uint32 { return binary.BigEndian.Uint32(h[16:20]) }
 // LUN returns bytes 8-15.
 func (h *BHS) LUN() [8]byte { return [8]byte(h[8:16]) }
 
+// The places of the fields many opcodes share (RFC 7143 §11.2 and each
+// PDU's layout in §11.3–§11.18). The typed PDUs (Decode, Encode) use them;
+// the accessors below are for code that routes a PDU without decoding it
+// (a datamover counting unexpected PDUs, an initiator noting sequence
+// numbers).
+const (
+	OffFlags        = 1  // F and the opcode-specific flags
+	OffResponse     = 2  // Response, Reject reason, TMF function/response
+	OffAHSLength    = 4  // TotalAHSLength, in 4-byte words
+	OffDataLength   = 5  // DataSegmentLength, 24 bits
+	OffLUN          = 8  // LUN, or opcode-specific
+	OffITT          = 16 // Initiator Task Tag
+	OffTTT          = 20 // Target Transfer Tag (NOP, Text, Data, R2T, SNACK)
+	OffCmdSN        = 24 // CmdSN of initiator PDUs
+	OffStatSN       = 24 // StatSN of target PDUs
+	OffExpStatSN    = 28 // ExpStatSN of initiator PDUs
+	OffExpCmdSN     = 28 // ExpCmdSN of target PDUs
+	OffMaxCmdSN     = 32 // MaxCmdSN of target PDUs
+	OffBufferOffset = 40 // Buffer Offset of Data-In, Data-Out, R2T; BegRun of SNACK
+)
+
+// SetImmediate sets or clears the I bit (initiator PDUs).
+func (h *BHS) SetImmediate(on bool) {
+	if on {
+		h[0] |= 0x40
+	} else {
+		h[0] &^= 0x40
+	}
+}
+
+// Response returns byte 2: a response code, a Reject's reason, a SCSI
+// Response's or TMF Response's response.
+func (h *BHS) Response() byte { return h[OffResponse] }
+
+// TTT returns the Target Transfer Tag (bytes 20-23 of the PDUs that have
+// one).
+func (h *BHS) TTT() uint32 { return h.u32(OffTTT) }
+
+// CmdSN returns the CmdSN of an initiator PDU; SetCmdSN sets it.
+func (h *BHS) CmdSN() uint32         { return h.u32(OffCmdSN) }
+func (h *BHS) SetCmdSN(v uint32)     { h.put32(OffCmdSN, v) }
+func (h *BHS) ExpStatSN() uint32     { return h.u32(OffExpStatSN) }
+func (h *BHS) SetExpStatSN(v uint32) { h.put32(OffExpStatSN, v) }
+
+// StatSN, ExpCmdSN and MaxCmdSN are the sequence numbers of a target PDU.
+func (h *BHS) StatSN() uint32     { return h.u32(OffStatSN) }
+func (h *BHS) SetStatSN(v uint32) { h.put32(OffStatSN, v) }
+func (h *BHS) ExpCmdSN() uint32   { return h.u32(OffExpCmdSN) }
+func (h *BHS) MaxCmdSN() uint32   { return h.u32(OffMaxCmdSN) }
+
+// BufferOffset returns bytes 40-43: the Buffer Offset of Data-In,
+// Data-Out and R2T, the BegRun of a SNACK.
+func (h *BHS) BufferOffset() uint32 { return h.u32(OffBufferOffset) }
+
+// DataInStatus reports the S bit of a Data-In (byte 1 bit 0): the PDU
+// carries the command's status and a StatSN (RFC 7143 §11.7.1).
+func (h *BHS) DataInStatus() bool { return h.Opcode() == OpDataIn && h[OffFlags]&0x01 != 0 }
+
+// SNACKType returns the Type of a SNACK Request (byte 1, low 4 bits).
+func (h *BHS) SNACKType() byte { return h[OffFlags] & 0x0f }
+
 func (h *BHS) u32(off int) uint32              { return binary.BigEndian.Uint32(h[off:]) }
 func (h *BHS) put32(off int, v uint32)         { binary.BigEndian.PutUint32(h[off:], v) }
 func (h *BHS) u16(off int) uint16              { return binary.BigEndian.Uint16(h[off:]) }

@@ -314,7 +314,13 @@ func (c *Channel) receive(iu []byte) {
 		c.reply(srp.AppendAerRsp(nil, r.Tag))
 	case srp.OpTLogout:
 		var r srp.TLogout
-		_ = r.Decode(iu)
+		if err := r.Decode(iu); err != nil {
+			// The channel ends either way; say why it could not be read.
+			c.log.Warn("srp: the target logged the channel out with a malformed SRP_T_LOGOUT", "err", err)
+			c.fail(fmt.Errorf("srp: target logout: %w", err))
+			go c.qp.Close()
+			return
+		}
 		c.log.Warn("srp: the target logged the channel out", "reason", r.Reason.String())
 		c.fail(fmt.Errorf("srp: target logout: %v", r.Reason))
 		go c.qp.Close()

@@ -20,8 +20,8 @@ import (
 type Ports struct {
 	log *slog.Logger
 
-	// Lock order: Ports.mu, then a Server's mu (Sessions); no RDMA
-	// operation runs under Ports.mu.
+	// Lock order: mu is taken alone (a Server's locks are never taken
+	// under it, nor it under them); no RDMA operation runs under it.
 	mu        sync.Mutex
 	ports     map[srp.PortID]*Server
 	listeners map[rdma.Listener]struct{}
