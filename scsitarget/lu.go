@@ -33,8 +33,8 @@ type LUConfig struct {
 	// Logger receives the LU's own events (shared reservation state);
 	// may be nil.
 	Logger *slog.Logger
-	// Workers run the LU's commands (Submit; default DefaultWorkers, or
-	// DefaultFastWorkers for a backend.NonBlocking backend); QueueDepth
+	// Workers run the LU's commands (Submit; default DefaultWorkers);
+	// QueueDepth
 	// bounds the commands waiting for one (DefaultQueueDepth): beyond it
 	// the fabrics answer TASK SET FULL.
 	Workers, QueueDepth int
@@ -163,9 +163,6 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	workers, depth := cfg.Workers, cfg.QueueDepth
 	if workers <= 0 {
 		workers = DefaultWorkers
-		if lu.fast {
-			workers = DefaultFastWorkers
-		}
 	}
 	if depth <= 0 {
 		depth = DefaultQueueDepth

@@ -10,13 +10,13 @@ type Work interface{ Run() }
 
 // The queue's defaults (LUConfig.Workers, LUConfig.QueueDepth).
 const (
-	// DefaultWorkers run the commands of an LU whose backend may block
-	// (a file, a device, a remote LUN, RBD): enough to keep a disk's or a
-	// network's queue full.
-	DefaultWorkers = 32
-	// DefaultFastWorkers run those of a backend.NonBlocking one (memory),
-	// where a command is a copy and more workers than cores only contend.
-	DefaultFastWorkers = 4
+	// DefaultWorkers run an LU's commands. A worker holds a command from
+	// execution to the end of its answer — a backend that may block (a
+	// file, a remote LUN, RBD), and on iSER and SRP the RDMA completions
+	// of the data — so even a memory LU needs enough of them to keep a
+	// fabric busy (measured, bench -iser-only, 3 rounds: iSER 4k random
+	// reads at QD32 gave 50393 IOPS with 4 workers, 64561 with 64).
+	DefaultWorkers = 64
 	// DefaultQueueDepth bounds the commands waiting for a worker.
 	DefaultQueueDepth = 2048
 )

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -186,5 +188,54 @@ func TestTextContinuationConsumesItsCmdSN(t *testing.T) {
 	c.sendRaw(&h, nil, nil)
 	if rh, _ := c.must(2 * time.Second); rh.Opcode() != pdu.OpLogoutResp {
 		t.Fatalf("after the text exchange, the Logout got %s", rh.Opcode())
+	}
+}
+
+// sameAddr is an acceptor that accepts nothing at the address of another
+// portal, as an iSER portal on a RoCE device shares its TCP portal's
+// address.
+type sameAddr struct {
+	addr   string
+	closed chan struct{}
+}
+
+func (a *sameAddr) Accept(context.Context) (datamover.Incoming, error) {
+	<-a.closed
+	return nil, net.ErrClosed
+}
+func (a *sameAddr) Addr() string { return a.addr }
+func (a *sameAddr) Close() error {
+	select {
+	case <-a.closed:
+	default:
+		close(a.closed)
+	}
+	return nil
+}
+
+// TestSendTargetsListsAnAddressOnce: two portals on one address (iSCSI/TCP
+// and iSER on an RDMA device) give one TargetAddress, not two.
+func TestSendTargetsListsAnAddressOnce(t *testing.T) {
+	ts := startServer(t, Options{}, nil)
+	go ts.srv.Serve(&sameAddr{addr: ts.addr, closed: make(chan struct{})})
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		ts.srv.mu.Lock()
+		n := len(ts.srv.portals)
+		ts.srv.mu.Unlock()
+		if n == 2 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	c := dial(t, ts.addr)
+	c.mustLogin(kv("InitiatorName", ini), kv("SessionType", "Discovery"))
+	req := pdu.TextReq{Immediate: true, Final: true, ITT: 1, TTT: pdu.ReservedTTT, CmdSN: c.cmdSN}
+	var h pdu.BHS
+	req.Encode(&h)
+	c.sendRaw(&h, nil, text.Append(nil, kv("SendTargets", "All")))
+	_, data := c.must(2 * time.Second)
+	if n := strings.Count(string(data), "TargetAddress="); n != 1 {
+		t.Fatalf("%d TargetAddress keys for one address:\n%q", n, data)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -642,7 +643,11 @@ func (s *Server) portalAddrs(local string) []string {
 				host = lh
 			}
 		}
-		out = append(out, net.JoinHostPort(host, port))
+		// One address, once: an iSCSI/TCP portal and an iSER portal on an
+		// RDMA device may share it.
+		if a := net.JoinHostPort(host, port); !slices.Contains(out, a) {
+			out = append(out, a)
+		}
 	}
 	return out
 }
