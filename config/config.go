@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -468,7 +469,8 @@ func (t *Target) AllowedInitiators() []string {
 }
 
 // Secret is a CHAP user and secret. The secret comes from exactly one of
-// Secret, SecretFile or SecretEnv.
+// Secret, SecretFile (a relative path is found beside the configuration
+// file) or SecretEnv.
 type Secret struct {
 	User       string `toml:"user"`
 	Secret     string `toml:"secret,omitempty"`
@@ -600,6 +602,7 @@ func Load(path string) (*Config, error) {
 		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
+	c.resolveSecretFiles(filepath.Dir(path))
 	var errs []error
 	for _, k := range md.Undecoded() {
 		errs = append(errs, fmt.Errorf("%s: unknown key %s", path, k))
@@ -611,6 +614,31 @@ func Load(path string) (*Config, error) {
 		return nil, errors.Join(errs...)
 	}
 	return &c, nil
+}
+
+// resolveSecretFiles makes relative secret_file paths relative to dir, the
+// configuration file's directory, rather than to wherever blockwire was
+// started.
+func (c *Config) resolveSecretFiles(dir string) {
+	fix := func(s *Secret) {
+		if s != nil && s.SecretFile != "" && !filepath.IsAbs(s.SecretFile) {
+			s.SecretFile = filepath.Join(dir, s.SecretFile)
+		}
+	}
+	access := func(chap, mutual *Secret, acl []ACL) {
+		fix(chap)
+		fix(mutual)
+		for i := range acl {
+			fix(acl[i].CHAP)
+		}
+	}
+	for i := range c.Targets {
+		t := &c.Targets[i]
+		access(t.CHAP, t.MutualCHAP, t.ACL)
+	}
+	if d := c.Discovery; d != nil {
+		access(d.CHAP, d.MutualCHAP, d.ACL)
+	}
 }
 
 // Validate checks every field and returns all problems found.

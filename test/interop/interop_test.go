@@ -697,8 +697,12 @@ func TestSIGTERMDuringIO(t *testing.T) {
 }
 
 func TestConfigCheck(t *testing.T) {
-	cmd := exec.Command(binary, "config", "check", "../../examples/blockwire.toml")
-	cmd.Env = append(os.Environ(), "BLOCKWIRE_CHAP_SECRET=host-secret-123", "BLOCKWIRE_MUTUAL_CHAP_SECRET=target-secret-456", "BLOCKWIRE_BACKUP_CHAP_SECRET=backup-secret-789")
+	// The shipped example passes as it is: no environment prepared, run
+	// from another directory (issue 25).
+	example, _ := filepath.Abs("../../examples/blockwire.toml")
+	cmd := exec.Command(binary, "config", "check", example)
+	cmd.Dir = t.TempDir()
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("example configuration: %v\n%s", err, out)
 	}
