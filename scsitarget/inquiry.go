@@ -56,6 +56,10 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b[2] = 0x06 // SPC-4
 		b[3] = 0x12 // HISUP, response data format 2
 		b[4] = byte(len(b) - 5)
+		// 3PC: the copy manager takes EXTENDED COPY and RECEIVE COPY
+		// RESULTS (xcopy.go; SPC-4 §6.4.2). ESXi offloads clones (VAAI
+		// XCOPY) only to targets that set it.
+		b[5] = 0x08
 		b[7] = 0x02 // CMDQUE
 		if d := lu.device(); d != nil {
 			if groups, _, _ := d.portGroup(nil); len(groups) > 0 {

@@ -123,7 +123,12 @@ func TestInquiryAndVPD(t *testing.T) {
 	d, _ := newDev(t, false)
 	n := &Nexus{TargetPort: "iqn.2026-11.org.blockwire:test,t,0x0001", RelativePort: 1}
 	buf := make([]byte, 255)
-	c := run(d, n, []byte{scsi.OpInquiry, 1, 0x00, 0, 255, 0}, buf)
+	c := run(d, n, []byte{scsi.OpInquiry, 0, 0, 0, 96, 0}, buf)
+	good(t, c)
+	if buf[5]&0x08 == 0 {
+		t.Fatalf("standard INQUIRY byte 5 %#02x: no 3PC, though EXTENDED COPY is served", buf[5])
+	}
+	c = run(d, n, []byte{scsi.OpInquiry, 1, 0x00, 0, 255, 0}, buf)
 	good(t, c)
 	if !bytes.Equal(buf[4:c.Transfer], []byte{0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2}) {
 		t.Fatalf("VPD 00h lists % x", buf[4:c.Transfer])
