@@ -363,7 +363,7 @@ func (t *Target) Protected() bool {
 // SRPAllows reports whether the SRP initiator port id may log in to the
 // target (see SRPInitiators); an unparsable entry admits nobody.
 func (t *Target) SRPAllows(id srp.PortID, remote net.Addr) bool {
-	if !t.srpListed() {
+	if !t.SRPListed() {
 		return !t.Protected()
 	}
 	for _, s := range t.SRPInitiators {
@@ -379,8 +379,8 @@ func (t *Target) SRPAllows(id srp.PortID, remote net.Addr) bool {
 	return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
 }
 
-// srpListed reports whether the target names any SRP initiator.
-func (t *Target) srpListed() bool {
+// SRPListed reports whether the target names any SRP initiator.
+func (t *Target) SRPListed() bool {
 	if len(t.SRPInitiators) > 0 {
 		return true
 	}
@@ -416,8 +416,9 @@ func (t *Target) SRPLUNMap(id srp.PortID) map[uint64]uint64 {
 // an srp or srp-roce portal serves.
 func (c *Config) SRPTargets() []int {
 	var out []int
+	portals := c.AllPortals()
 	for i, t := range c.Targets {
-		for _, p := range c.AllPortals() {
+		for _, p := range portals {
 			if (p.Transport == SRP || p.Transport == SRPRoCE) && p.Serves(t.Name) {
 				out = append(out, i)
 				break
@@ -810,7 +811,7 @@ func (c *Config) Validate() error {
 		// A protected target that only a shorthand puts on SRP admits
 		// no SRP initiator (SRPAllows); one a portal names must say
 		// which.
-		if t := c.Targets[i]; t.Protected() && !t.srpListed() && (srpNamed[t.Name] || i == 0 && len(c.Portals) == 0) {
+		if t := c.Targets[i]; t.Protected() && !t.SRPListed() && (srpNamed[t.Name] || i == 0 && len(c.Portals) == 0) {
 			add("target[%d] (%s) is served over SRP and has an ACL or CHAP, which SRP cannot check (it has no CHAP): list the SRP initiator port IDs it admits (srp_initiators) or do not serve it over SRP", i, t.Name)
 		}
 	}

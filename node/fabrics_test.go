@@ -192,3 +192,34 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 		t.Errorf("Apply of a new portal: %+v, %v; want listen among the restart fields", ch, err)
 	}
 }
+
+// TestPortalServesOnlyItsTargets: a [[portal]] naming its targets serves
+// those and no other — a target no iSCSI portal serves is neither listed
+// by SendTargets nor reachable by a login (issue 21).
+func TestPortalServesOnlyItsTargets(t *testing.T) {
+	cfg := &config.Config{
+		Portals: []config.Portal{{Transport: config.ISCSI, Address: "127.0.0.1:0", Targets: []string{diskA}}},
+		Targets: []config.Target{
+			{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}},
+			{Name: diskB, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}},
+		}}
+	n := startNode(t, cfg, node.Options{})
+	addr := portal(t, n, config.ISCSI)
+	ctx := context.Background()
+	found, err := initiator.Discover(ctx, addr, initiator.Options{Dialer: &fabric.Dialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) != 1 || found[0].Name != diskA {
+		t.Errorf("SendTargets lists %+v, want %s alone", found, diskA)
+	}
+	if d, err := initiator.Open(ctx, "iscsi://"+addr+"/"+diskB+"/0", initiator.Options{Dialer: &fabric.Dialer{}}); err == nil {
+		d.Close()
+		t.Fatalf("logged in to %s through a portal that does not serve it", diskB)
+	}
+	d, err := initiator.Open(ctx, "iscsi://"+addr+"/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+}

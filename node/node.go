@@ -94,6 +94,8 @@ type Node struct {
 	roce    map[string]*roce.Device // by local address
 	iocs    map[string]bool         // IOC service IDs listened to, per RoCE device
 	portals []Portal
+	bound   map[string]string // iSCSI portal address as configured → as bound
+	pending []func()          // iSCSI portals' accept loops, started once access is set
 	tcp     []net.Listener
 	https   []*http.Server
 	cleanup []func() // at Shutdown, last first
@@ -110,6 +112,8 @@ type Node struct {
 type srpPortal struct {
 	portal config.Portal
 	ports  *srptarget.Ports
+	addr   string       // as bound
+	dev    *roce.Device // srp-roce: the device, for the targets' IOC service IDs
 }
 
 // New builds the targets a configuration describes (opening their
@@ -137,7 +141,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		sessB = iscsitarget.DefaultSessionIOBudget
 	}
 	log := opts.Logger
-	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, iocs: map[string]bool{},
+	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: scsitarget.NewIOBudget(ioB, sessB),
 		// A stream that takes no bytes for the NOP timeout fails its
@@ -223,7 +227,7 @@ func (n *Node) addSRP(cfg *config.Config, i int, dev *scsitarget.Device) error {
 		return err
 	}
 	name := tc.Name
-	if tc.Protected() && len(tc.SRPInitiators) == 0 && !slices.ContainsFunc(tc.ACL, func(a config.ACL) bool { return a.SRPInitiator != "" }) {
+	if tc.Protected() && !tc.SRPListed() {
 		n.log.Warn("target has an ACL or CHAP but no SRP initiators: SRP logins to it are refused", "target", name)
 	}
 	s := srptarget.New(srptarget.Options{PD: n.srpPD, Device: dev, IDExt: hi, IOCGUID: lo,
@@ -233,15 +237,38 @@ func (n *Node) addSRP(cfg *config.Config, i int, dev *scsitarget.Device) error {
 		// the ports listed (config.Target.SRPAllows).
 		Allow:  func(id srp.PortID, remote net.Addr) bool { return n.srpAllows(name, id, remote) },
 		LUNMap: func(id srp.PortID) map[uint64]uint64 { return n.srpLUNMap(name, id) }})
+	n.srp[name] = s
 	for _, sp := range n.srpOn {
-		if sp.portal.Serves(name) {
-			if err := sp.ports.Add(s); err != nil {
-				n.dropSRP(name)
-				return err
-			}
+		if err := n.servePort(sp, s, name, hi, lo); err != nil {
+			n.dropSRP(name)
+			return err
 		}
 	}
-	n.srp[name] = s
+	return nil
+}
+
+// servePort puts a target's SRP port on an SRP portal that serves it; on
+// a RoCE device also as an InfiniBand I/O controller: REQs to the target's
+// IOC GUID as service ID carry the whole SRP_LOGIN_REQ (seed 003 §A.2), as
+// Linux ib_srpt takes them — once per device and GUID.
+func (n *Node) servePort(sp srpPortal, s *srptarget.Server, name string, hi, lo uint64) error {
+	if !sp.portal.Serves(name) {
+		return nil
+	}
+	if err := sp.ports.Add(s); err != nil {
+		return err
+	}
+	if key := fmt.Sprintf("%p/%x", sp.dev, lo); sp.dev != nil && !n.iocs[key] {
+		sl, err := sp.dev.ListenService(lo)
+		if err != nil {
+			sp.ports.Remove(s)
+			return err
+		}
+		n.iocs[key] = true
+		n.serve("SRP service "+fmt.Sprintf("%016x", lo), func() error { return sp.ports.Serve(sl) })
+	}
+	n.log.Info("serving SRP", "target", name, "transport", sp.portal.Transport, "portal", sp.addr,
+		"url", fmt.Sprintf("srp://%s/%016x:%016x/0", sp.addr, hi, lo))
 	return nil
 }
 
@@ -273,28 +300,38 @@ func (n *Node) removeTarget(name string) error {
 	return nil
 }
 
-// iscsiPortals are the iSCSI portal addresses a target is reachable on:
-// nil for all, else those that serve it (and that its own portals list
-// names, when it has one).
+// iscsiPortals are the iSCSI portal addresses a target is reachable on
+// (iscsi/target.Target.Portals): nil for all, else those of its own
+// portals list that a portal serving it has — an empty list when none
+// does. A portal's address is the one it was bound to once it has been
+// (a configured port 0 becomes the port it got).
 func (n *Node) iscsiPortals(cfg *config.Config, tc config.Target) []string {
 	on, restricted := []string{}, false
 	for _, p := range cfg.AllPortals() {
-		if p.Transport != config.ISCSI {
+		if p.Transport != config.ISCSI && p.Transport != config.ISERRoCE {
 			continue
 		}
-		if p.Serves(tc.Name) {
-			on = append(on, p.Address)
-		} else {
+		if !p.Serves(tc.Name) {
 			restricted = true
+			continue
 		}
+		a := p.Address
+		if b, ok := n.bound[a]; ok {
+			a = b
+		}
+		on = append(on, a)
 	}
-	if !restricted {
-		return tc.Portals
+	own := tc.Portals
+	if len(own) == 0 {
+		own = nil // portals = [] in a file: no restriction, as documented
 	}
-	if tc.Portals == nil {
+	switch {
+	case !restricted:
+		return own
+	case own == nil:
 		return on
 	}
-	return slices.DeleteFunc(slices.Clone(tc.Portals), func(a string) bool { return !slices.Contains(on, a) })
+	return slices.DeleteFunc(slices.Clone(own), func(a string) bool { return !slices.Contains(on, a) })
 }
 
 // Start opens the portals, the administration API, the metrics endpoint
@@ -340,6 +377,21 @@ func (n *Node) start() error {
 			return fmt.Errorf("%s portal %s: %w", p.Transport, p.Address, err)
 		}
 	}
+	// The iSCSI portals are bound: the targets' portal restrictions name
+	// the addresses they got, before any of them accepts.
+	for _, tc := range n.cfg.Targets {
+		t, err := targetAccess(tc, n.iscsiPortals(n.cfg, tc))
+		if err == nil {
+			err = n.iscsi.UpdateTarget(t)
+		}
+		if err != nil {
+			return fmt.Errorf("target %s: %w", tc.Name, err)
+		}
+	}
+	for _, run := range n.pending {
+		run()
+	}
+	n.pending = nil
 	if len(n.tcp) > 0 && !slices.ContainsFunc(n.tcp, func(l net.Listener) bool {
 		ta, ok := l.Addr().(*net.TCPAddr)
 		return !ok || !ta.IP.IsLoopback()
@@ -385,12 +437,13 @@ func (n *Node) startISCSI(p config.Portal) error {
 		return err
 	}
 	n.tcp = append(n.tcp, l)
+	n.bound[p.Address] = l.Addr().String()
 	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: l.Addr().String()})
 	a := fabric.TCP(l)
 	if n.iserPortal != nil {
 		a = fabric.Portal(l, *n.iserPortal)
 	}
-	n.serve("iSCSI portal "+p.Address, func() error { return n.iscsi.Serve(a) })
+	n.pending = append(n.pending, func() { n.serve("iSCSI portal "+p.Address, func() error { return n.iscsi.Serve(a) }) })
 	return nil
 }
 
@@ -419,86 +472,64 @@ func (n *Node) roceDevice(addr string) (*roce.Device, error) {
 }
 
 func (n *Node) startISERRoCE(p config.Portal) error {
-	d, err := n.roceDevice(p.Address)
+	d, l, err := n.roceListen(p.Address)
 	if err != nil {
 		return err
 	}
-	l, err := d.Listen(p.Address)
-	if err != nil {
-		return err
-	}
+	n.bound[p.Address] = l.Addr().String()
 	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: l.Addr().String()})
-	pd := d.RDMA().AllocPD()
-	// The iSCSI server closes l at Shutdown; a listener that fails is
-	// logged, not fatal (the TCP portals go on).
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		if err := n.iscsi.Serve(fabric.ISER(l, pd, iser.Options{Logger: n.log})); err != nil {
-			n.log.Error("iSER over RoCEv2", "portal", p.Address, "err", err)
-		}
-	}()
-	n.log.Info("serving iSER over RoCEv2", "portal", p.Address)
+	a := fabric.ISER(l, d.RDMA().AllocPD(), iser.Options{Logger: n.log})
+	// A RoCE listener that fails is logged, not fatal (the TCP portals go
+	// on); the iSCSI server closes it at Shutdown.
+	n.pending = append(n.pending, func() {
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			if err := n.iscsi.Serve(a); err != nil {
+				n.log.Error("iSER over RoCEv2", "portal", p.Address, "err", err)
+			}
+		}()
+		n.log.Info("serving iSER over RoCEv2", "portal", p.Address)
+	})
 	return nil
+}
+
+// roceListen listens on addr on the software RoCEv2 device of its IP
+// address (roceDevice).
+func (n *Node) roceListen(addr string) (*roce.Device, rdma.Listener, error) {
+	d, err := n.roceDevice(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	l, err := d.Listen(addr)
+	return d, l, err
 }
 
 // startSRP opens an SRP portal and puts on it the target ports it serves.
 func (n *Node) startSRP(p config.Portal) error {
 	sp := srpPortal{portal: p, ports: srptarget.NewPorts(n.log)}
 	n.cleanup = append(n.cleanup, func() { sp.ports.Close() })
-	var ls []rdma.Listener
+	var l rdma.Listener
+	var err error
 	if p.Transport == config.SRP {
-		l, err := n.iwarp.Listen(p.Address)
-		if err != nil {
-			return err
-		}
-		ls = append(ls, l)
+		l, err = n.iwarp.Listen(p.Address)
 	} else {
-		d, err := n.roceDevice(p.Address)
-		if err != nil {
-			return err
-		}
-		l, err := d.Listen(p.Address)
-		if err != nil {
-			return err
-		}
-		ls = append(ls, l)
-		// Also as InfiniBand I/O controllers: REQs to a target's IOC
-		// GUID as service ID carry the whole SRP_LOGIN_REQ (seed 003
-		// §A.2), as Linux ib_srpt takes them — once per device and GUID.
-		for i, t := range n.cfg.Targets {
-			if !p.Serves(t.Name) || n.srp[t.Name] == nil {
-				continue
-			}
-			_, lo, _ := n.cfg.SRPPortID(i)
-			key := fmt.Sprintf("%p/%x", d, lo)
-			if n.iocs[key] {
-				continue
-			}
-			sl, err := d.ListenService(lo)
-			if err != nil {
+		sp.dev, l, err = n.roceListen(p.Address)
+	}
+	if err != nil {
+		return err
+	}
+	sp.addr = l.Addr().String()
+	n.srpOn = append(n.srpOn, sp)
+	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: sp.addr})
+	n.serve("SRP portal "+p.Address, func() error { return sp.ports.Serve(l) })
+	for i, t := range n.cfg.Targets {
+		if s := n.srp[t.Name]; s != nil {
+			hi, lo, _ := n.cfg.SRPPortID(i)
+			if err := n.servePort(sp, s, t.Name, hi, lo); err != nil {
 				return err
 			}
-			n.iocs[key] = true
-			ls = append(ls, sl)
 		}
-	}
-	n.srpOn = append(n.srpOn, sp)
-	for i, t := range n.cfg.Targets {
-		s := n.srp[t.Name]
-		if s == nil || !p.Serves(t.Name) {
-			continue
-		}
-		if err := sp.ports.Add(s); err != nil {
-			return err
-		}
-		hi, lo, _ := n.cfg.SRPPortID(i)
-		n.log.Info("serving SRP", "target", t.Name, "transport", p.Transport, "portal", ls[0].Addr().String(),
-			"url", fmt.Sprintf("srp://%s/%016x:%016x/0", ls[0].Addr(), hi, lo))
-	}
-	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: ls[0].Addr().String()})
-	for _, l := range ls {
-		n.serve("SRP portal "+p.Address, func() error { return sp.ports.Serve(l) })
 	}
 	return nil
 }

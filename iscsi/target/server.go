@@ -45,10 +45,11 @@ type Target struct {
 	// Sources, for an initiator in it, are the only addresses or
 	// networks it may log in from (others get 0202).
 	Sources map[string][]netip.Prefix
-	// Portals, when set, are the only portals ("host:port" as listened
-	// on; an unspecified host stands for any address on that port) where
-	// the target is listed by SendTargets and can be logged in to; a
-	// login through another portal gets 0203, not found.
+	// Portals, when not nil, are the only portals ("host:port" as
+	// listened on; an unspecified host stands for any address on that
+	// port) where the target is listed by SendTargets and can be logged in
+	// to — an empty list, none; a login through another portal gets 0203,
+	// not found. Nil: every portal.
 	Portals []string
 	// CHAP, when set, is required of every initiator (one-way CHAP).
 	CHAP *auth.Credentials
@@ -69,7 +70,7 @@ type Target struct {
 // onPortal reports whether a connection that reached local ("host:port")
 // may see the target.
 func (t *Target) onPortal(local string) bool {
-	if len(t.Portals) == 0 {
+	if t.Portals == nil {
 		return true
 	}
 	lh, lp, err := net.SplitHostPort(local)
