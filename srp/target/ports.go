@@ -58,17 +58,6 @@ func (p *Ports) Remove(s *Server) {
 	}
 }
 
-// Servers returns the target ports served.
-func (p *Ports) Servers() []*Server {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	out := make([]*Server, 0, len(p.ports))
-	for _, s := range p.ports {
-		out = append(out, s)
-	}
-	return out
-}
-
 // Serve accepts logins on ln until ln or p is closed.
 func (p *Ports) Serve(ln rdma.Listener) error {
 	p.mu.Lock()
@@ -90,7 +79,7 @@ func (p *Ports) Serve(ln rdma.Listener) error {
 			p.mu.Lock()
 			closed := p.closed
 			p.mu.Unlock()
-			if closed || errors.Is(err, rdma.ErrClosed) {
+			if closed {
 				return nil
 			}
 			return err

@@ -91,14 +91,14 @@ type Server struct {
 	port    srp.PortID
 	formats uint16
 
-	mu        sync.Mutex
-	nexuses   map[srp.PortID]*nexus
-	lastID    int // last nexus id given
-	channels  map[*channel]struct{}
-	reserved  int // channels being set up
-	listeners map[rdma.Listener]struct{}
-	closed    bool
-	wg        sync.WaitGroup
+	mu       sync.Mutex
+	nexuses  map[srp.PortID]*nexus
+	lastID   int // last nexus id given
+	channels map[*channel]struct{}
+	reserved int      // channels being set up
+	own      []*Ports // the listeners of Serve, each with this port alone
+	closed   bool
+	wg       sync.WaitGroup
 }
 
 // nexus is one I_T nexus: an initiator port's channels to this target
@@ -118,15 +118,20 @@ type nexus struct {
 // unitAttention announces a unit attention on every channel of the nexus
 // with SRP_AER_REQ (SRP r16a: asynchronous event reporting).
 func (nx *nexus) unitAttention(lun uint64, s scsi.Sense) {
+	for _, ch := range nx.channelList() {
+		ch.sendAER(lun, &s)
+	}
+}
+
+// channelList returns the nexus's channels (taking nexus.mu).
+func (nx *nexus) channelList() []*channel {
 	nx.mu.Lock()
+	defer nx.mu.Unlock()
 	chans := make([]*channel, 0, len(nx.channels))
 	for ch := range nx.channels {
 		chans = append(chans, ch)
 	}
-	nx.mu.Unlock()
-	for _, ch := range chans {
-		ch.sendAER(lun, &s)
-	}
+	return chans
 }
 
 // New returns a target port serving opts.Device.
@@ -154,7 +159,7 @@ func New(opts Options) *Server {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{opts: opts, log: opts.Logger, port: srp.MakePortID(opts.IDExt, opts.IOCGUID),
-		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}, listeners: map[rdma.Listener]struct{}{}}
+		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}}
 	s.formats = srp.BufDirect | srp.BufIndirect
 	if !opts.NoImmediate {
 		s.formats |= srp.BufImmediate
@@ -165,37 +170,21 @@ func New(opts Options) *Server {
 // PortID returns the target port ID logins must name.
 func (s *Server) PortID() srp.PortID { return s.port }
 
-// Serve accepts logins on ln until ln or the server is closed.
+// Serve accepts logins on ln until ln or the server is closed: this
+// target port alone on a listener of its own (Ports serves several on
+// shared listeners).
 func (s *Server) Serve(ln rdma.Listener) error {
+	p := NewPorts(s.log)
+	p.Add(s)
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
+		ln.Close()
 		return errors.New("srp: server closed")
 	}
-	s.listeners[ln] = struct{}{}
+	s.own = append(s.own, p)
 	s.mu.Unlock()
-	defer func() {
-		s.mu.Lock()
-		delete(s.listeners, ln)
-		s.mu.Unlock()
-	}()
-	for {
-		req, err := ln.Accept(context.Background())
-		if err != nil {
-			s.mu.Lock()
-			closed := s.closed
-			s.mu.Unlock()
-			if closed {
-				return nil
-			}
-			return err
-		}
-		s.wg.Add(1)
-		go func() {
-			defer s.wg.Done()
-			s.login(req)
-		}()
-	}
+	return p.Serve(ln)
 }
 
 // Close logs every channel out (SRP_T_LOGOUT), stops the listeners Serve
@@ -207,10 +196,12 @@ func (s *Server) Close() error {
 	for ch := range s.channels {
 		chans = append(chans, ch)
 	}
-	for ln := range s.listeners {
-		ln.Close()
-	}
+	own := s.own
+	s.own = nil
 	s.mu.Unlock()
+	for _, p := range own {
+		p.Close() // logins being routed see closed and are rejected
+	}
 	for _, ch := range chans {
 		ch.logout(srp.LogoutNoReason, errors.New("target shutting down"))
 	}
@@ -233,13 +224,7 @@ func (s *Server) Sessions() []scsitarget.SessionInfo {
 		si := scsitarget.SessionInfo{Fabric: "srp", ID: "srp-" + strconv.Itoa(nx.id), Target: s.opts.Device.Name(),
 			Initiator: nx.n.InitiatorPort, Stats: nx.n.Stats(),
 			Params: map[string]string{"TargetPort": s.port.String(), "Credits": strconv.Itoa(s.opts.Credits)}}
-		nx.mu.Lock()
-		chans := make([]*channel, 0, len(nx.channels))
-		for ch := range nx.channels {
-			chans = append(chans, ch)
-		}
-		nx.mu.Unlock()
-		for i, ch := range chans {
+		for i, ch := range nx.channelList() {
 			ch.mu.Lock()
 			n := ch.live
 			ch.mu.Unlock()
@@ -256,14 +241,9 @@ func (s *Server) DropSession(id string) bool {
 	s.mu.Lock()
 	var chans []*channel
 	for _, nx := range s.nexuses {
-		if "srp-"+strconv.Itoa(nx.id) != id {
-			continue
+		if "srp-"+strconv.Itoa(nx.id) == id {
+			chans = nx.channelList()
 		}
-		nx.mu.Lock()
-		for ch := range nx.channels {
-			chans = append(chans, ch)
-		}
-		nx.mu.Unlock()
 	}
 	s.mu.Unlock()
 	for _, ch := range chans {
@@ -304,16 +284,6 @@ func decodeLogin(req rdma.ConnRequest, lr *srp.LoginReq) error {
 	return decode(req.PrivateData())
 }
 
-// login validates an SRP_LOGIN_REQ and sets up its channel.
-func (s *Server) login(req rdma.ConnRequest) {
-	var lr srp.LoginReq
-	if err := decodeLogin(req, &lr); err != nil {
-		s.reject(req, &lr, srp.RejectUnable, "%v", err)
-		return
-	}
-	s.admit(req, &lr)
-}
-
 // admit sets up the channel of a decoded login, or rejects it.
 func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	lr := *lr0
@@ -348,11 +318,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	s.reserved++
 	var existing []*channel
 	if nx := s.nexuses[lr.Initiator]; nx != nil {
-		nx.mu.Lock()
-		for ch := range nx.channels {
-			existing = append(existing, ch)
-		}
-		nx.mu.Unlock()
+		existing = nx.channelList()
 	}
 	s.mu.Unlock()
 
