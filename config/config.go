@@ -59,6 +59,16 @@ type Config struct {
 	ROCEListen    []string `toml:"roce_listen,omitempty"`
 	SRPROCEListen []string `toml:"srp_roce_listen,omitempty"`
 	ROCEUDPPort   int      `toml:"roce_udp_port,omitempty"`
+	// RDMADevice chooses the RDMA device under the iser-roce and srp-roce
+	// portals: "auto" (the default: the kernel RDMA device a portal's
+	// address belongs to — an RDMA NIC, rxe, siw — when this build has
+	// verbs support and the address has one, else the software RoCEv2
+	// device), "soft" (the software device always) or a kernel device's
+	// name as rdma link lists it (mlx5_0, rxe0).
+	RDMADevice string `toml:"rdma_device,omitempty"`
+	// RDMAMemory bounds the memory registered with a kernel RDMA device
+	// (default 256MiB); the locked-memory limit must allow it.
+	RDMAMemory string `toml:"rdma_memory,omitempty"`
 	Limits        Limits   `toml:"limits,omitempty"`
 	// Discovery sets who may open discovery sessions and how they
 	// authenticate (nil: anyone, no authentication).
@@ -691,6 +701,11 @@ func (c *Config) Validate() error {
 			if !tnames[n] {
 				add("%s.targets: no target %q", where, n)
 			}
+		}
+	}
+	if c.RDMAMemory != "" {
+		if n, err := ParseSize(c.RDMAMemory); err != nil || n < 4<<20 {
+			add("rdma_memory: %q: a size of 4MiB or more", c.RDMAMemory)
 		}
 	}
 	if c.ROCEUDPPort < 0 || c.ROCEUDPPort > 65535 {

@@ -202,3 +202,13 @@ type ProtocolError struct {
 
 func (e *ProtocolError) Error() string { return e.Err.Error() }
 func (e *ProtocolError) Unwrap() error { return e.Err }
+
+// Memory is memory a datamover moves without a copy: a hardware RDMA
+// device's registered memory (rdma.Memory), outside the Go heap. A target
+// given one takes its task buffers from it while its budget lasts, so
+// data goes from the backend's buffer to the wire with no copy in
+// between; its buffers go back with Free.
+type Memory interface {
+	Alloc(n int) ([]byte, bool)
+	Free(b []byte)
+}

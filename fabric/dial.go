@@ -70,7 +70,9 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	// virtual addresses; the target's answer says whether it will
 	// invalidate our STags with Send with Invalidate.
 	res := iser.Prepare(pd, iser.Options{Initiator: true, Logger: log})
-	hdr := iser.CMHeader{ZBVANotSupported: true}
+	// A hardware device's regions are its registered memory, not an
+	// STag per I/O: nothing for a Send with Invalidate to invalidate.
+	hdr := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: pd.Memory() != nil}
 	if p.HasPreference {
 		// Seed 001: the longer header with the node preference and the
 		// addresses (the destination is what a gateway forwards to).
@@ -123,7 +125,13 @@ func (d *Dialer) rdma(log *slog.Logger) (rdma.Fabric, *rdma.PD) {
 		d.RDMA = siw.New(siw.Options{Logger: log})
 	}
 	if d.pd == nil {
-		d.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
+		// A hardware fabric (rdma/verbs) has its own protection domain
+		// with its registered memory.
+		if h, ok := d.RDMA.(interface{ PD() *rdma.PD }); ok {
+			d.pd = h.PD()
+		} else {
+			d.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
+		}
 	}
 	return d.RDMA, d.pd
 }

@@ -33,6 +33,7 @@ import (
 	"github.com/blockwire/blockwire/metrics"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
+	"github.com/blockwire/blockwire/rdma/verbs"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
@@ -80,6 +81,7 @@ type Node struct {
 	// software iWARP device too.
 	iserPortal *fabric.ISERPortal
 	srpPD      *rdma.PD
+	memory     rdma.Memory // a kernel RDMA device's, for task buffers (nil: Go's)
 
 	// Lock order: mu, then the iSCSI server's and the SRP ports' and
 	// servers' own locks (AddTarget, UpdateTarget, Add, Sessions). mu
@@ -92,6 +94,7 @@ type Node struct {
 	srp     map[string]*srptarget.Server // by target name
 	srpOn   []srpPortal
 	roce    map[string]*roce.Device // by local address
+	verbs   map[string]*verbs.Device // kernel RDMA devices, by name
 	iocs    map[string]bool         // IOC service IDs listened to, per RoCE device
 	portals []Portal
 	bound   map[string]string // iSCSI portal address as configured → as bound
@@ -141,7 +144,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		sessB = iscsitarget.DefaultSessionIOBudget
 	}
 	log := opts.Logger
-	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
+	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: scsitarget.NewIOBudget(ioB, sessB),
 		// A stream that takes no bytes for the NOP timeout fails its
@@ -163,6 +166,23 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			io.EndNode = io.EndNode || l.Remote == ""
 		}
 	}
+	// Kernel RDMA devices under the RDMA/CM portals are opened now: the
+	// task buffers come from the first one's registered memory, so iSER
+	// and SRP move them with no copy.
+	for _, p := range cfg.AllPortals() {
+		if p.Transport != config.ISERRoCE && p.Transport != config.SRPRoCE {
+			continue
+		}
+		vd, err := n.verbsDevice(p.Address)
+		if err != nil {
+			n.closeVerbs()
+			return nil, err
+		}
+		if vd != nil && io.Memory == nil {
+			io.Memory = vd.Memory()
+			n.memory = vd.Memory()
+		}
+	}
 	if cfg.ISER == nil || *cfg.ISER {
 		// One port for iSCSI/TCP and iSER: the first byte tells them
 		// apart (an MPA Request or a Login PDU; fabric.Portal).
@@ -175,6 +195,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	for i := range cfg.Targets {
 		if err := n.addTarget(cfg, i); err != nil {
 			n.closeDevices()
+			n.closeVerbs()
 			return nil, err
 		}
 	}
@@ -230,7 +251,7 @@ func (n *Node) addSRP(cfg *config.Config, i int, dev *scsitarget.Device) error {
 	if tc.Protected() && !tc.SRPListed() {
 		n.log.Warn("target has an ACL or CHAP but no SRP initiators: SRP logins to it are refused", "target", name)
 	}
-	s := srptarget.New(srptarget.Options{PD: n.srpPD, Device: dev, IDExt: hi, IOCGUID: lo,
+	s := srptarget.New(srptarget.Options{PD: n.srpPD, Memory: n.memory, Device: dev, IDExt: hi, IOCGUID: lo,
 		Logger: n.log.With("target", name), Budget: n.budget,
 		// The target's SRP ACL as it is now (reloads and the admin API
 		// change it): SRP has no CHAP, so a protected target admits only
@@ -472,13 +493,13 @@ func (n *Node) roceDevice(addr string) (*roce.Device, error) {
 }
 
 func (n *Node) startISERRoCE(p config.Portal) error {
-	d, l, err := n.roceListen(p.Address)
+	l, pd, _, err := n.rdmaListen(p.Address)
 	if err != nil {
 		return err
 	}
 	n.bound[p.Address] = l.Addr().String()
 	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: l.Addr().String()})
-	a := fabric.ISER(l, d.RDMA().AllocPD(), iser.Options{Logger: n.log})
+	a := fabric.ISER(l, pd, iser.Options{Logger: n.log})
 	// A RoCE listener that fails is logged, not fatal (the TCP portals go
 	// on); the iSCSI server closes it at Shutdown.
 	n.pending = append(n.pending, func() {
@@ -486,12 +507,78 @@ func (n *Node) startISERRoCE(p config.Portal) error {
 		go func() {
 			defer n.wg.Done()
 			if err := n.iscsi.Serve(a); err != nil {
-				n.log.Error("iSER over RoCEv2", "portal", p.Address, "err", err)
+				n.log.Error("iSER over RDMA/CM", "portal", p.Address, "device", pd.Device().Name(), "err", err)
 			}
 		}()
-		n.log.Info("serving iSER over RoCEv2", "portal", p.Address)
+		n.log.Info("serving iSER over RDMA/CM", "portal", p.Address, "device", pd.Device().Name())
 	})
 	return nil
+}
+
+// rdmaListen listens for RDMA/CM connections on addr: on the kernel RDMA
+// device rdma_device chooses for it (verbsDevice), else on the software
+// RoCEv2 device of its IP address (returned too: it serves SRP I/O
+// controller service IDs). pd is the listener's protection domain.
+func (n *Node) rdmaListen(addr string) (rdma.Listener, *rdma.PD, *roce.Device, error) {
+	vd, err := n.verbsDevice(addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if vd != nil {
+		l, err := vd.Listen(addr)
+		return l, vd.PD(), nil, err
+	}
+	d, l, err := n.roceListen(addr)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	return l, d.RDMA().AllocPD(), d, nil
+}
+
+// verbsDevice is the kernel RDMA device for an RDMA/CM portal's address
+// (config rdma_device), opened on first use; nil means the software
+// RoCEv2 device.
+func (n *Node) verbsDevice(addr string) (*verbs.Device, error) {
+	name := n.cfg.RDMADevice
+	switch name {
+	case "soft":
+		return nil, nil
+	case "", "auto":
+		if !verbs.Supported {
+			return nil, nil
+		}
+		var err error
+		if name, err = verbs.DeviceFor(addr); err != nil || name == "" {
+			return nil, nil
+		}
+	}
+	if d := n.verbs[name]; d != nil {
+		return d, nil
+	}
+	mem := 0
+	if n.cfg.RDMAMemory != "" {
+		m, err := config.ParseSize(n.cfg.RDMAMemory)
+		if err != nil {
+			return nil, err
+		}
+		mem = int(m)
+	}
+	d, err := verbs.Open(name, verbs.Options{MaxMemory: mem, Logger: n.log})
+	if err != nil {
+		return nil, fmt.Errorf("RDMA device for %s: %w", addr, err)
+	}
+	n.log.Info("RDMA device", "device", d.Info().String())
+	n.verbs[name] = d
+	return d, nil
+}
+
+// closeVerbs closes the kernel RDMA devices (at Shutdown, after every
+// connection on them).
+func (n *Node) closeVerbs() {
+	for name, d := range n.verbs {
+		d.Close()
+		delete(n.verbs, name)
+	}
 }
 
 // roceListen listens on addr on the software RoCEv2 device of its IP
@@ -514,7 +601,7 @@ func (n *Node) startSRP(p config.Portal) error {
 	if p.Transport == config.SRP {
 		l, err = n.iwarp.Listen(p.Address)
 	} else {
-		sp.dev, l, err = n.roceListen(p.Address)
+		l, _, sp.dev, err = n.rdmaListen(p.Address)
 	}
 	if err != nil {
 		return err
@@ -653,6 +740,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		f()
 	}
 	n.closeDevices()
+	n.closeVerbs()
 	return err
 }
 

@@ -22,6 +22,13 @@
 // request names them as Go byte slices. Remote access always goes through
 // an MR and is checked against its bounds, rights and PD; a violation never
 // touches memory outside the region.
+//
+// A hardware device (rdma/verbs, rdma-core's verbs through cgo) keeps the
+// same API: its PD carries the device's registered Memory (NewHardwarePD),
+// buffers taken from it (PD.Alloc) move without a copy, and a region with
+// remote rights is named by the hardware's R_Key and the buffer's virtual
+// address. A Go slice outside that memory still works, through a bounce
+// buffer (one copy).
 package rdma
 
 import (
@@ -117,10 +124,59 @@ func (d *Device) AllocPD() *PD {
 type PD struct {
 	dev *Device
 	id  uint32
+	mem Memory // a hardware device's registered memory; nil: software
 }
 
 // Device is the device the PD belongs to.
 func (pd *PD) Device() *Device { return pd.dev }
+
+// Memory is memory registered with a hardware RDMA device (rdma/verbs):
+// buffers outside the Go heap that the device reaches by DMA, pooled,
+// owned by whoever holds them between Alloc and Free. Software devices
+// have none: any Go slice will do.
+type Memory interface {
+	// Alloc returns n bytes of registered memory; ok is false when the
+	// registration budget is spent (the caller then uses Go memory, at
+	// the cost of a copy).
+	Alloc(n int) (b []byte, ok bool)
+	// Free gives back memory from Alloc; other slices are ignored.
+	Free(b []byte)
+	// RemoteKey is the R_Key and virtual address under which a peer
+	// reaches b with the given rights; ok is false when b is not
+	// registered memory with them.
+	RemoteKey(b []byte, access Access) (rkey uint32, va uint64, ok bool)
+}
+
+// NewHardwarePD returns the protection domain of a hardware device whose
+// registered memory is m. Its regions are the hardware's: Map names
+// memory by m's R_Key and the buffer's virtual address (VA-based tagged
+// offsets, seed 001 part IV: what a device without zero-based addressing
+// uses), copying through memory from m when the buffer is not in it.
+func NewHardwarePD(name string, m Memory) *PD {
+	return &PD{dev: NewDevice(name), id: 1, mem: m}
+}
+
+// Memory is the PD's registered memory (nil on a software device).
+func (pd *PD) Memory() Memory { return pd.mem }
+
+// Alloc returns a buffer of n bytes the PD's device moves without a copy:
+// registered memory on a hardware device while its budget lasts, else Go
+// memory. Give it back with Free.
+func (pd *PD) Alloc(n int) []byte {
+	if pd.mem != nil {
+		if b, ok := pd.mem.Alloc(n); ok {
+			return b
+		}
+	}
+	return make([]byte, n)
+}
+
+// Free gives back a buffer from Alloc; nobody may touch it afterwards.
+func (pd *PD) Free(b []byte) {
+	if pd.mem != nil {
+		pd.mem.Free(b)
+	}
+}
 
 // MR is a memory region.
 type MR struct {
@@ -135,6 +191,12 @@ type MR struct {
 	va     uint64
 	access Access
 	dead   bool
+
+	// A hardware region (pd.mem set): the R_Key, and the bounce buffer
+	// standing in for user when user is not registered memory.
+	rkey   uint32
+	bounce []byte
+	user   []byte
 }
 
 // Register makes buf accessible under a new STag with the given rights.
@@ -159,6 +221,11 @@ func (pd *PD) Register(buf []byte, va uint64, access Access) (*MR, error) {
 // invalidated locally (Invalidate) or remotely (Send with Invalidate).
 // This is how per-I/O STags are made without allocating per I/O.
 func (pd *PD) AllocMR() (*MR, error) {
+	if pd.mem != nil {
+		// The hardware's regions are the registered memory's; an MR
+		// is a view of it (no per-I/O registration).
+		return &MR{pd: pd}, nil
+	}
 	d := pd.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -194,9 +261,59 @@ func (mr *MR) Map(buf []byte, va uint64, access Access) (uint32, error) {
 	if mr.dead {
 		return 0, errors.New("rdma: region deregistered")
 	}
+	if mr.pd.mem != nil {
+		return mr.mapHardware(buf, va, access)
+	}
 	mr.key++
 	mr.valid, mr.buf, mr.va, mr.access = true, buf, va, access
 	return mr.index<<8 | uint32(mr.key), nil
+}
+
+// mapHardware is Map on a hardware device. A region with remote rights
+// is registered memory under its R_Key, at the buffer's virtual address
+// (va is ignored); a buffer outside registered memory is copied into
+// memory that is (in now for RemoteRead, out at Invalidate for
+// RemoteWrite). A local region needs no key: the queue pair finds the
+// local key of the memory at post time.
+func (mr *MR) mapHardware(buf []byte, va uint64, access Access) (uint32, error) {
+	mr.release()
+	mr.valid, mr.access, mr.buf, mr.va, mr.rkey = true, access, buf, va, 0
+	if access&(RemoteRead|RemoteWrite) == 0 || len(buf) == 0 {
+		return 0, nil
+	}
+	m := mr.pd.mem
+	rkey, addr, ok := m.RemoteKey(buf, access)
+	if !ok {
+		b, ok := m.Alloc(len(buf))
+		if !ok {
+			mr.valid = false
+			return 0, fmt.Errorf("rdma: no registered memory left for a %d-byte region", len(buf))
+		}
+		if access&RemoteRead != 0 {
+			copy(b, buf)
+		}
+		if rkey, addr, ok = m.RemoteKey(b, access); !ok {
+			m.Free(b)
+			mr.valid = false
+			return 0, errors.New("rdma: registered memory lacks the rights asked for")
+		}
+		mr.bounce, mr.user, mr.buf = b, buf, b
+	}
+	mr.va, mr.rkey = addr, rkey
+	return rkey, nil
+}
+
+// release ends a hardware region's bounce: what the peer wrote is copied
+// out, the bounce buffer goes back.
+func (mr *MR) release() {
+	if mr.bounce == nil {
+		return
+	}
+	if mr.valid && mr.access&(RemoteWrite|LocalWrite) != 0 {
+		copy(mr.user, mr.bounce)
+	}
+	mr.pd.mem.Free(mr.bounce)
+	mr.bounce, mr.user = nil, nil
 }
 
 // STag is the region's current STag (R_Key).
@@ -204,6 +321,9 @@ func (mr *MR) STag() uint32 {
 	d := mr.pd.dev
 	d.mu.RLock()
 	defer d.mu.RUnlock()
+	if mr.pd.mem != nil {
+		return mr.rkey
+	}
 	return mr.index<<8 | uint32(mr.key)
 }
 
@@ -233,9 +353,16 @@ func (mr *MR) Valid() bool {
 
 // Invalidate stops all access through the current STag (local
 // invalidation); Map makes the region usable again under a new STag.
+//
+// On a hardware device the R_Key stays usable by the peer (the regions
+// are the connection's registered memory, not a key per I/O); a bounce
+// buffer's contents are copied out here.
 func (mr *MR) Invalidate() {
 	d := mr.pd.dev
 	d.mu.Lock()
+	if mr.pd.mem != nil {
+		mr.release()
+	}
 	mr.valid = false
 	d.mu.Unlock()
 }
@@ -246,6 +373,11 @@ func (mr *MR) Deregister() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if mr.dead {
+		return
+	}
+	if mr.pd.mem != nil {
+		mr.release()
+		mr.dead, mr.valid, mr.buf = true, false, nil
 		return
 	}
 	mr.dead, mr.valid, mr.buf = true, false, nil

@@ -26,8 +26,10 @@ import (
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/rdma/verbs"
 	"github.com/blockwire/blockwire/srp"
 
 	"github.com/blockwire/blockwire/config"
@@ -134,6 +136,17 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 			}
 		}
 		d, err := roce.Open(ip, roce.Options{Port: port})
+		if err != nil {
+			return err
+		}
+		dialer.RDMA = d // lives as long as the command
+		return nil
+	})
+	fs.Func("rdma-device", "for iser:// and srp:// URLs: the RDMA device to connect over: soft (the default: software iWARP, or RoCEv2 with --roce), auto (the kernel RDMA device when there is exactly one) or a kernel device's name as \"blockwire rdma\" lists it (RDMA/CM, as Linux ib_iser and ib_srp connect)", func(v string) error {
+		if v == "soft" {
+			return nil
+		}
+		d, err := verbs.Open(v, verbs.Options{Remote: true})
 		if err != nil {
 			return err
 		}
@@ -273,7 +286,11 @@ func checkURL(u string) error {
 // openDevice logs in to the LUN of an iscsi://, iser:// or srp:// URL.
 func openDevice(ctx context.Context, u string, o initiator.Options) (device, error) {
 	if strings.HasPrefix(u, "srp://") {
-		return srpinit.Open(ctx, u, srpinit.Options{Fabric: siw.New(siw.Options{Logger: o.Logger}), Logger: o.Logger})
+		var f rdma.Fabric = siw.New(siw.Options{Logger: o.Logger})
+		if d, ok := o.Dialer.(*fabric.Dialer); ok && d.RDMA != nil {
+			f = d.RDMA // --rdma-device or --roce
+		}
+		return srpinit.Open(ctx, u, srpinit.Options{Fabric: f, Logger: o.Logger})
 	}
 	return initiator.Open(ctx, u, o)
 }

@@ -16,10 +16,12 @@ import (
 	"runtime/pprof"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
 
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/rdma/verbs"
 )
 
 const usage = `blockwire: block storage over the wire
@@ -34,6 +36,7 @@ Usage:
   blockwire copy SRC DST              file to LUN, LUN to file, LUN to LUN
   blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
   blockwire admin [--socket PATH] VERB  runtime administration of a running serve (see "blockwire admin")
+  blockwire rdma                      list the kernel RDMA devices (RDMA NICs, rxe, siw) this build can use
   blockwire version                   the version and build
   blockwire completion bash           bash completion (source <(blockwire completion bash))
 
@@ -86,6 +89,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return copyVerb(args[1:], stdout, stderr)
 	case "admin":
 		return adminVerb(args[1:], stdout, stderr)
+	case "rdma":
+		return rdmaDevices(args[1:], stdout, stderr)
 	case "version":
 		return version(stdout)
 	case "completion":
@@ -115,6 +120,7 @@ type serveFlags struct {
 	fs                                                            *flag.FlagSet
 	listen, portGroups, iserRoce, srp, srpRoce, adminDirs         listFlag
 	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser *string
+	rdmaDevice, rdmaMemory                                        *string
 	grow, readOnly, removable, iser                               *bool
 	tpgt                                                          *uint
 	blockSize, roceUDP                                            *int
@@ -175,6 +181,8 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.roceUDP = fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
 	fs.Var(&f.srp, "srp-listen", "also serve every target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
 	fs.Var(&f.srpRoce, "srp-roce-listen", "also serve every target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe, and to each target's IOC GUID as service ID with the whole login) on address:port (IPv4 or [IPv6]) (repeatable)")
+	f.rdmaDevice = fs.String("rdma-device", "auto", "the RDMA device under --roce-listen and --srp-roce-listen: auto (the kernel RDMA device of each address — an RDMA NIC, rxe, siw — in a build with verbs support, else the software RoCEv2 device), soft, or a device name as \"blockwire rdma\" lists it")
+	f.rdmaMemory = fs.String("rdma-memory", "256MiB", "memory registered with a kernel RDMA device at most (the locked-memory limit must allow it)")
 	f.srpID = fs.String("srp-id-ext", "", "the first target's SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
 	return f
 }
@@ -340,7 +348,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		dst  *string
 		v    string
 	}{{"srp-id-ext", &cfg.SRPIDExt, *f.srpID}, {"admin-socket", &cfg.AdminSocket, *f.adminSocket}, {"metrics", &cfg.Metrics, *f.metrics},
-		{"isns", &cfg.ISNS, *f.isns}, {"io-budget", &cfg.Limits.IOBudget, *f.ioBudget}, {"session-io-budget", &cfg.Limits.SessionIOBudget, *f.sessionIOBudget}} {
+		{"isns", &cfg.ISNS, *f.isns}, {"rdma-device", &cfg.RDMADevice, *f.rdmaDevice}, {"rdma-memory", &cfg.RDMAMemory, *f.rdmaMemory}, {"io-budget", &cfg.Limits.IOBudget, *f.ioBudget}, {"session-io-budget", &cfg.Limits.SessionIOBudget, *f.sessionIOBudget}} {
 		if isSet(fs, o.flag) {
 			*o.dst = o.v
 		}
@@ -466,7 +474,7 @@ const bashCompletion = `# bash completion for blockwire: source <(blockwire comp
 _blockwire() {
 	local cur=${COMP_WORDS[COMP_CWORD]}
 	if [ "$COMP_CWORD" -eq 1 ]; then
-		COMPREPLY=($(compgen -W "serve config discover inquiry read write copy bench admin version completion" -- "$cur"))
+		COMPREPLY=($(compgen -W "serve config discover inquiry read write copy bench admin rdma version completion" -- "$cur"))
 		return
 	fi
 	local verb=${COMP_WORDS[1]}
@@ -489,4 +497,33 @@ func isSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
+}
+
+// rdmaDevices lists the kernel RDMA devices rdma-core reports.
+func rdmaDevices(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 {
+		if args[0] == "-h" || args[0] == "--help" {
+			io.WriteString(stdout, "usage: blockwire rdma   list the kernel RDMA devices (name, kind, port 1 state, MTU, node GUID, network device)\n")
+			return 0
+		}
+		io.WriteString(stderr, "usage: blockwire rdma\n")
+		return 2
+	}
+	devs, err := verbs.Devices()
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire:", err)
+		fmt.Fprintln(stderr, "blockwire: the software devices (iWARP on every --listen portal, RoCEv2 with --roce-listen) need no RDMA device")
+		return 1
+	}
+	if len(devs) == 0 {
+		fmt.Fprintln(stdout, "no kernel RDMA device (rdma link add rxe0 type rxe netdev ETH makes a software one; the built-in software devices need none)")
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "DEVICE\tKIND\tSTATE\tMTU\tNODE GUID\tNETDEV")
+	for _, d := range devs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%016x\t%s\n", d.Name, d.Kind, d.State, d.MTU, d.NodeGUID, d.Netdev)
+	}
+	tw.Flush()
+	return 0
 }

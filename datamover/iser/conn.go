@@ -134,6 +134,8 @@ type Resources struct {
 	scq, rcq *rdma.CQ
 	hl       int
 	recvBufs [][]byte
+
+	recvBacking []byte
 }
 
 // Prepare allocates the resources of one connection.
@@ -145,7 +147,10 @@ func Prepare(pd *rdma.PD, opt Options) *Resources {
 		r.hl = HeaderLenRFC5046
 	}
 	size := r.hl + pdu.BHSLen + maxAHS + opt.RecvDataSize
-	backing := make([]byte, size*opt.Recvs)
+	// From the PD: on a hardware device, registered memory the receives
+	// land in without a bounce (given back when the connection ends).
+	backing := pd.Alloc(size * opt.Recvs)
+	r.recvBacking = backing
 	r.recvBufs = make([][]byte, opt.Recvs)
 	for i := range r.recvBufs {
 		r.recvBufs[i] = backing[i*size : (i+1)*size : (i+1)*size]
@@ -206,6 +211,10 @@ type Conn struct {
 
 	smu      sync.Mutex // transmit order
 	slots    [][]byte
+	// slotBacking holds the slots: from the PD (registered memory on a
+	// hardware device), given back with the receive buffers once the
+	// connection has ended and its dispatchers are done.
+	slotBacking []byte
 	freeSlot chan int
 	waiters  []chan rdma.Status
 
@@ -262,7 +271,8 @@ func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *
 		c.helloDone = true
 	}
 	slotSize := r.hl + pdu.BHSLen + maxAHS + max(o.RecvDataSize, 8192)
-	backing := make([]byte, slotSize*o.SendSlots)
+	backing := r.pd.Alloc(slotSize * o.SendSlots)
+	c.slotBacking = backing
 	c.slots = make([][]byte, o.SendSlots)
 	c.waiters = make([]chan rdma.Status, o.SendSlots)
 	c.freeSlot = make(chan int, o.SendSlots)
@@ -522,7 +532,9 @@ func (c *Conn) registerTask(p *datamover.PDU, h *Header) error {
 			va = vaBase(mr)
 		}
 		stag, err := mr.Map(buf, va, access)
-		return mr, stag, va, err
+		// A hardware device names the buffer by its own address
+		// (VA-based, seed 001 part IV) whatever va was asked.
+		return mr, stag, mr.VA(), err
 	}
 	if len(p.DataIn) > 0 {
 		mr, stag, va, err := register(p.DataIn, rdma.RemoteWrite)
@@ -805,6 +817,11 @@ func (c *Conn) Serve(up datamover.Upcalls) {
 	c.ConnectionTerminate()
 	<-c.qp.Done()
 	<-c.dispDone
+	// The queue pair is closed and nothing reads a receive buffer or a
+	// send slot any more (a delivered PDU is not kept past its upcall:
+	// its buffer is posted again right after).
+	c.r.pd.Free(c.r.recvBacking)
+	c.r.pd.Free(c.slotBacking)
 	if err == nil {
 		if qerr := c.qp.Err(); qerr != nil && !errors.Is(qerr, rdma.ErrDisconnected) {
 			err = qerr

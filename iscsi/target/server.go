@@ -156,6 +156,9 @@ type Options struct {
 	// fabrics). Nil: 1 GiB, 128 MiB a session. A command that finds no
 	// room gets TASK SET FULL.
 	Budget *scsitarget.IOBudget
+	// Memory, when set, supplies the task buffers (an RDMA device's
+	// registered memory: iSER moves them without a bounce copy).
+	Memory datamover.Memory
 	// MaxDiscoverySessions bounds discovery sessions, which are not
 	// counted in MaxSessions (16): clients that only ask for the target
 	// list cannot take the sessions that carry data.
@@ -296,7 +299,7 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 		log = slog.New(slog.DiscardHandler)
 	}
 	opts.defaults()
-	return &Server{
+	s := &Server{
 		log:       log,
 		opts:      opts,
 		targets:   map[string]*Target{},
@@ -304,6 +307,10 @@ func NewServer(log *slog.Logger, opts Options) *Server {
 		conns:     map[*conn]struct{}{},
 		sessions:  map[uint16]*session{},
 	}
+	if opts.Memory != nil {
+		s.pool.Source = opts.Memory
+	}
+	return s
 }
 
 // The I/O buffer budget when Options.Budget is nil.

@@ -114,7 +114,13 @@ func Dial(ctx context.Context, addr string, tgt srp.PortID, opts Options) (*Chan
 		return nil, errors.New("srp: no RDMA fabric")
 	}
 	if opts.PD == nil {
-		opts.PD = rdma.NewDevice("blockwire-srp").AllocPD()
+		// A hardware fabric (rdma/verbs) has its own protection domain
+		// with its registered memory.
+		if h, ok := opts.Fabric.(interface{ PD() *rdma.PD }); ok {
+			opts.PD = h.PD()
+		} else {
+			opts.PD = rdma.NewDevice("blockwire-srp").AllocPD()
+		}
 	}
 	if opts.Initiator == (srp.PortID{}) {
 		var ext [8]byte
@@ -409,14 +415,15 @@ func (c *Channel) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte
 			c.putRequest(q)
 			return res, err
 		}
-		cmd.Out = srp.Direct(srp.Desc{VA: va, Key: stag, Len: uint32(len(out))})
+		// A hardware device names the buffer by its own address.
+		cmd.Out = srp.Direct(srp.Desc{VA: q.mr.VA(), Key: stag, Len: uint32(len(out))})
 	case len(in) > 0:
 		stag, err := q.mr.Map(in, va, rdma.RemoteWrite|rdma.LocalWrite)
 		if err != nil {
 			c.putRequest(q)
 			return res, err
 		}
-		cmd.In = srp.Direct(srp.Desc{VA: va, Key: stag, Len: uint32(len(in))})
+		cmd.In = srp.Direct(srp.Desc{VA: q.mr.VA(), Key: stag, Len: uint32(len(in))})
 	}
 	iu, err := cmd.Append(q.iu[:0], immOffset)
 	if err == nil && len(iu) > c.maxIT {

@@ -40,6 +40,9 @@ type Options struct {
 	// PD is the protection domain of the RDMA device the listeners
 	// belong to: every channel's queue pair and memory live in it.
 	PD *rdma.PD
+	// Memory, when set, supplies the task buffers (an RDMA device's
+	// registered memory: moved without a bounce copy).
+	Memory rdma.Memory
 	// Device is the SCSI target device whose logical units are served.
 	Device *scsitarget.Device
 	// IDExt and IOCGUID make up the target port ID (SRP r16a: id_ext then
@@ -160,6 +163,9 @@ func New(opts Options) *Server {
 	}
 	s := &Server{opts: opts, log: opts.Logger, port: srp.MakePortID(opts.IDExt, opts.IOCGUID),
 		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}}
+	if opts.Memory != nil {
+		s.pool.Source = opts.Memory
+	}
 	s.formats = srp.BufDirect | srp.BufIndirect
 	if !opts.NoImmediate {
 		s.formats |= srp.BufImmediate

@@ -1,0 +1,1535 @@
+//go:build verbs && linux && cgo
+
+package verbs
+
+/*
+#cgo LDFLAGS: -libverbs -lrdmacm
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int bw_nonblock(int fd) {
+	int f = fcntl(fd, F_GETFL);
+	if (f < 0) return -1;
+	return fcntl(fd, F_SETFL, f | O_NONBLOCK);
+}
+
+// A completion as Go reads it: one cgo call polls a batch.
+typedef struct {
+	uint64_t id;
+	uint32_t len, inv, vendor_err;
+	int status, opcode, flags;
+} bw_wc;
+
+static int bw_poll(struct ibv_cq *cq, struct ibv_wc *wc, bw_wc *out, int n) {
+	int k = ibv_poll_cq(cq, n, wc);
+	for (int i = 0; i < k; i++) {
+		out[i].id = wc[i].wr_id;
+		out[i].len = wc[i].byte_len;
+		out[i].inv = wc[i].invalidated_rkey;
+		out[i].vendor_err = wc[i].vendor_err;
+		out[i].status = wc[i].status;
+		out[i].opcode = wc[i].opcode;
+		out[i].flags = wc[i].wc_flags;
+	}
+	return k;
+}
+
+static int bw_arm(struct ibv_cq *cq) { return ibv_req_notify_cq(cq, 0); }
+
+// bw_cq_event takes one event off the completion channel (non-blocking).
+static int bw_cq_event(struct ibv_comp_channel *ch) {
+	struct ibv_cq *cq;
+	void *ctx;
+	if (ibv_get_cq_event(ch, &cq, &ctx) != 0) return -1;
+	ibv_ack_cq_events(cq, 1);
+	return 0;
+}
+
+static int bw_post_send(struct ibv_qp *qp, uint64_t id, int op, int flags, uint32_t inv,
+		uint64_t raddr, uint32_t rkey, struct ibv_sge *sg, int n) {
+	struct ibv_send_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = id;
+	wr.sg_list = sg;
+	wr.num_sge = n;
+	wr.opcode = op;
+	wr.send_flags = flags;
+	if (op == IBV_WR_SEND_WITH_INV) wr.invalidate_rkey = inv;
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	return ibv_post_send(qp, &wr, &bad);
+}
+
+static int bw_post_recv(struct ibv_qp *qp, uint64_t id, struct ibv_sge *sg) {
+	struct ibv_recv_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = id;
+	wr.sg_list = sg;
+	wr.num_sge = 1;
+	return ibv_post_recv(qp, &wr, &bad);
+}
+
+static struct ibv_sge *bw_sge(struct ibv_sge *sg, int i) { return &sg[i]; }
+
+// A connection manager event as Go reads it.
+typedef struct {
+	struct rdma_cm_id *id, *listen_id;
+	int event, status;
+	uint8_t pdata[256];
+	int pdata_len;
+	int ird, ord;
+} bw_event;
+
+static int bw_get_event(struct rdma_event_channel *ch, bw_event *out) {
+	struct rdma_cm_event *ev;
+	if (rdma_get_cm_event(ch, &ev) != 0) return -1;
+	out->id = ev->id;
+	out->listen_id = ev->listen_id;
+	out->event = ev->event;
+	out->status = ev->status;
+	out->pdata_len = 0;
+	out->ird = out->ord = 0;
+	if (ev->event == RDMA_CM_EVENT_CONNECT_REQUEST || ev->event == RDMA_CM_EVENT_ESTABLISHED ||
+	    ev->event == RDMA_CM_EVENT_REJECTED || ev->event == RDMA_CM_EVENT_CONNECT_RESPONSE) {
+		int n = ev->param.conn.private_data_len;
+		if (ev->param.conn.private_data == NULL) n = 0;
+		if (n > 256) n = 256;
+		if (n) memcpy(out->pdata, ev->param.conn.private_data, n);
+		out->pdata_len = n;
+		out->ird = ev->param.conn.responder_resources;
+		out->ord = ev->param.conn.initiator_depth;
+	}
+	rdma_ack_cm_event(ev);
+	return 0;
+}
+
+static int bw_sockaddr(struct sockaddr_storage *ss, int v6, const uint8_t *ip, uint16_t port, uint32_t scope) {
+	memset(ss, 0, sizeof *ss);
+	if (v6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)ss;
+		s->sin6_family = AF_INET6;
+		s->sin6_port = htons(port);
+		memcpy(&s->sin6_addr, ip, 16);
+		s->sin6_scope_id = scope;
+	} else {
+		struct sockaddr_in *s = (struct sockaddr_in *)ss;
+		s->sin_family = AF_INET;
+		s->sin_port = htons(port);
+		memcpy(&s->sin_addr, ip, 4);
+	}
+	return 0;
+}
+
+// bw_addr reads a sockaddr: family 4 or 6 (0: none), the address into ip
+// (16 bytes), the port.
+static int bw_addr(struct sockaddr *sa, uint8_t *ip, int *port) {
+	if (sa == NULL) return 0;
+	if (sa->sa_family == AF_INET) {
+		struct sockaddr_in *s = (struct sockaddr_in *)sa;
+		memcpy(ip, &s->sin_addr, 4);
+		*port = ntohs(s->sin_port);
+		return 4;
+	}
+	if (sa->sa_family == AF_INET6) {
+		struct sockaddr_in6 *s = (struct sockaddr_in6 *)sa;
+		memcpy(ip, &s->sin6_addr, 16);
+		*port = ntohs(s->sin6_port);
+		return 6;
+	}
+	return 0;
+}
+static int bw_local_addr(struct rdma_cm_id *id, uint8_t *ip, int *port) { return bw_addr(rdma_get_local_addr(id), ip, port); }
+static int bw_peer_addr(struct rdma_cm_id *id, uint8_t *ip, int *port) { return bw_addr(rdma_get_peer_addr(id), ip, port); }
+
+static struct ibv_context *bw_id_verbs(struct rdma_cm_id *id) { return id->verbs; }
+static uint8_t bw_id_port(struct rdma_cm_id *id) { return id->port_num; }
+
+static int bw_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq *cq, int sd, int rd, int sge, int inl) {
+	struct ibv_qp_init_attr a;
+	memset(&a, 0, sizeof a);
+	a.send_cq = cq;
+	a.recv_cq = cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = sd;
+	a.cap.max_recv_wr = rd;
+	a.cap.max_send_sge = sge;
+	a.cap.max_recv_sge = 1;
+	a.cap.max_inline_data = inl;
+	a.sq_sig_all = 0;
+	return rdma_create_qp(id, pd, &a);
+}
+
+static int bw_accept(struct rdma_cm_id *id, const void *pd, int n, int ird, int ord) {
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof p);
+	p.private_data = pd;
+	p.private_data_len = n;
+	p.responder_resources = ird;
+	p.initiator_depth = ord;
+	p.rnr_retry_count = 7;
+	return rdma_accept(id, &p);
+}
+
+static int bw_connect(struct rdma_cm_id *id, const void *pd, int n, int ird, int ord) {
+	struct rdma_conn_param p;
+	memset(&p, 0, sizeof p);
+	p.private_data = pd;
+	p.private_data_len = n;
+	p.responder_resources = ird;
+	p.initiator_depth = ord;
+	p.retry_count = 7;
+	p.rnr_retry_count = 7;
+	return rdma_connect(id, &p);
+}
+
+static int bw_query(struct ibv_context *ctx, uint64_t *guid, int *transport, int *link, int *state, int *mtu,
+		int *max_qp_rd_atom, int *ports) {
+	struct ibv_device_attr da;
+	struct ibv_port_attr pa;
+	if (ibv_query_device(ctx, &da) != 0) return -1;
+	*guid = be64toh(da.node_guid);
+	*transport = ctx->device->transport_type;
+	*ports = da.phys_port_cnt;
+	*max_qp_rd_atom = da.max_qp_rd_atom;
+	if (ibv_query_port(ctx, 1, &pa) != 0) return -1;
+	*link = pa.link_layer;
+	*state = pa.state;
+	*mtu = pa.active_mtu;
+	return 0;
+}
+static const char *bw_ctx_name(struct ibv_context *ctx) { return ibv_get_device_name(ctx->device); }
+static struct ibv_context *bw_ctx_at(struct ibv_context **l, int i) { return l[i]; }
+*/
+import "C"
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/blockwire/blockwire/rdma"
+)
+
+// C handles in Go types.
+type (
+	cContext = C.struct_ibv_context
+	cPD      = C.struct_ibv_pd
+	cMR      = C.struct_ibv_mr
+	cCQ      = C.struct_ibv_cq
+	cChannel = C.struct_ibv_comp_channel
+	cID      = C.struct_rdma_cm_id
+	cEvChan  = C.struct_rdma_event_channel
+	cSGE     = C.struct_ibv_sge
+	cWC      = C.struct_ibv_wc
+	cBWWC    = C.bw_wc
+	cEvent   = C.bw_event
+)
+
+// Supported reports whether this build has the verbs device.
+const Supported = true
+
+// Devices lists the kernel's RDMA devices (rdma-core's view: what
+// ibv_devices and rdma link show).
+func Devices() ([]Info, error) {
+	var n C.int
+	l, err := C.rdma_get_devices(&n)
+	if l == nil {
+		if err == nil {
+			err = errors.New("no device list")
+		}
+		return nil, fmt.Errorf("verbs: rdma_get_devices: %w", err)
+	}
+	defer C.rdma_free_devices(l)
+	var out []Info
+	for i := 0; i < int(n); i++ {
+		out = append(out, query(C.bw_ctx_at(l, C.int(i))))
+	}
+	return out, nil
+}
+
+func query(ctx *cContext) Info {
+	in := Info{Name: C.GoString(C.bw_ctx_name(ctx))}
+	var guid C.uint64_t
+	var transport, link, state, mtu, rd, ports C.int
+	if C.bw_query(ctx, &guid, &transport, &link, &state, &mtu, &rd, &ports) != 0 {
+		in.State = "unknown (query failed)"
+		return in
+	}
+	in.NodeGUID = uint64(guid)
+	in.Ports = int(ports)
+	in.MaxReadDepth = int(rd)
+	switch {
+	case transport == C.IBV_TRANSPORT_IWARP:
+		in.Kind = "iWARP"
+	case link == C.IBV_LINK_LAYER_ETHERNET:
+		in.Kind = "RoCE"
+	default:
+		in.Kind = "InfiniBand"
+	}
+	in.State = portState(int(state))
+	if mtu >= 1 && mtu <= 5 {
+		in.MTU = 128 << int(mtu)
+	}
+	in.Netdev = netdevOf(in.Name)
+	return in
+}
+
+// Device is one kernel RDMA device opened through rdma-core: its verbs
+// context, a protection domain, the registered memory of that domain and
+// a connection manager event channel (RDMA_PS_TCP port space, the one
+// Linux ib_iser, isert, ib_srp and ib_srpt use). It implements
+// rdma.Fabric: Listen, Dial, and the queue pairs they make.
+type Device struct {
+	name string
+	opts Options
+	log  *slog.Logger
+	ctx  *cContext
+	cpd  *cPD
+	mem  *memory
+	pd   *rdma.PD
+	info Info
+
+	ech  *cEvChan
+	echf *os.File // a duplicate of the event channel's fd, in the poller
+
+	// mu guards ids and closed; it is taken alone, never across C calls
+	// that wait.
+	mu     sync.Mutex
+	ids    map[*cID]owner
+	closed bool
+	loop   chan struct{} // closed when the event loop ends
+}
+
+// owner is what an rdma_cm_id's events go to.
+type owner interface{ event(ev cmEvent) }
+
+// cmEvent is a connection manager event, copied out of librdmacm.
+type cmEvent struct {
+	typ      int
+	status   int
+	id       *cID
+	listen   *cID
+	pdata    []byte
+	ird, ord int
+}
+
+// Open opens the named RDMA device ("rxe0", "siw0", "mlx5_0"); "auto" is
+// the only device when the kernel has exactly one.
+func Open(name string, o Options) (*Device, error) {
+	o.defaults()
+	var n C.int
+	l, err := C.rdma_get_devices(&n)
+	if l == nil {
+		return nil, fmt.Errorf("verbs: rdma_get_devices: %v (is ib_uverbs loaded, /dev/infiniband present?)", err)
+	}
+	defer C.rdma_free_devices(l)
+	var ctx *cContext
+	var names []string
+	for i := 0; i < int(n); i++ {
+		c := C.bw_ctx_at(l, C.int(i))
+		nm := C.GoString(C.bw_ctx_name(c))
+		names = append(names, nm)
+		if nm == name || (name == "auto" && n == 1) {
+			ctx = c
+		}
+	}
+	if ctx == nil {
+		switch {
+		case n == 0:
+			return nil, errors.New("verbs: no RDMA device (rdma link show lists none)")
+		case name == "auto":
+			return nil, fmt.Errorf("verbs: several RDMA devices %v: name one", names)
+		}
+		return nil, fmt.Errorf("verbs: no RDMA device %q (there are %v)", name, names)
+	}
+	if err := checkMemlock(o.MaxMemory); err != nil {
+		return nil, err
+	}
+	d := &Device{opts: o, log: o.Logger, ctx: ctx, ids: map[*cID]owner{}, loop: make(chan struct{})}
+	d.info = query(ctx)
+	d.name = d.info.Name
+	if d.cpd, err = C.ibv_alloc_pd(ctx); d.cpd == nil {
+		return nil, fmt.Errorf("verbs: %s: ibv_alloc_pd: %v", d.name, err)
+	}
+	access := rdma.LocalWrite
+	if o.Remote {
+		access |= rdma.RemoteRead | rdma.RemoteWrite
+	}
+	d.mem = newMemory(d, access, o.MaxMemory)
+	// One chunk now: a limit too small to register anything shows at
+	// start, with its name, not as a later I/O error.
+	b, ok := d.mem.Alloc(1)
+	if !ok {
+		err := d.mem.growLocked(minClassShift)
+		C.ibv_dealloc_pd(d.cpd)
+		return nil, fmt.Errorf("verbs: %s: registering memory: %w", d.name, err)
+	}
+	d.mem.Free(b)
+	d.pd = rdma.NewHardwarePD(d.name, d.mem)
+	if d.ech, err = C.rdma_create_event_channel(); d.ech == nil {
+		d.mem.close()
+		C.ibv_dealloc_pd(d.cpd)
+		return nil, fmt.Errorf("verbs: rdma_create_event_channel: %v", err)
+	}
+	if d.echf, err = pollable(int(d.ech.fd), "rdma_cm"); err != nil {
+		C.rdma_destroy_event_channel(d.ech)
+		d.mem.close()
+		C.ibv_dealloc_pd(d.cpd)
+		return nil, err
+	}
+	go d.events()
+	return d, nil
+}
+
+// pollable returns the fd, made non-blocking, as a file the Go runtime's
+// poller waits on (a duplicate: the library keeps and closes its own).
+func pollable(fd int, name string) (*os.File, error) {
+	if C.bw_nonblock(C.int(fd)) != 0 {
+		return nil, fmt.Errorf("verbs: %s: cannot make the fd non-blocking", name)
+	}
+	dup, err := syscall.Dup(fd)
+	if err != nil {
+		return nil, fmt.Errorf("verbs: %s: dup: %w", name, err)
+	}
+	syscall.CloseOnExec(dup)
+	return os.NewFile(uintptr(dup), name), nil
+}
+
+// register implements registrar.
+func (d *Device) register(b []byte, access rdma.Access) (uint32, uint32, any, error) {
+	flags := C.int(0)
+	if access&rdma.LocalWrite != 0 {
+		flags |= C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if access&rdma.RemoteRead != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_READ
+	}
+	if access&rdma.RemoteWrite != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_WRITE | C.IBV_ACCESS_LOCAL_WRITE
+	}
+	mr, err := C.ibv_reg_mr(d.cpd, unsafe.Pointer(unsafe.SliceData(b)), C.size_t(len(b)), flags)
+	if mr == nil {
+		if errors.Is(err, syscall.ENOMEM) || errors.Is(err, syscall.EPERM) || errors.Is(err, syscall.EAGAIN) {
+			var rl syscall.Rlimit
+			_ = syscall.Getrlimit(memlockResource, &rl)
+			return 0, 0, nil, fmt.Errorf("verbs: %s: ibv_reg_mr of %d bytes: %v (RLIMIT_MEMLOCK is %d KiB: raise it with ulimit -l or LimitMEMLOCK=)",
+				d.name, len(b), err, rl.Cur/1024)
+		}
+		return 0, 0, nil, fmt.Errorf("verbs: %s: ibv_reg_mr of %d bytes: %v", d.name, len(b), err)
+	}
+	return uint32(mr.lkey), uint32(mr.rkey), mr, nil
+}
+
+// deregister implements registrar.
+func (d *Device) deregister(h any) { C.ibv_dereg_mr(h.(*cMR)) }
+
+// Name is the device's name.
+func (d *Device) Name() string { return d.name }
+
+// Info describes the device.
+func (d *Device) Info() Info { return d.info }
+
+// PD is the device's protection domain, with its registered memory:
+// buffers from PD().Alloc move without a copy.
+func (d *Device) PD() *rdma.PD { return d.pd }
+
+// Memory is the device's registered memory (for buffer pools: what it
+// hands out moves without a copy).
+func (d *Device) Memory() rdma.Memory { return d.mem }
+
+// Close ends the event loop and frees the device's resources; queue pairs
+// and listeners must be closed first.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.mu.Unlock()
+	// Connections still closing (their flushes drain) end first: their
+	// ids need the event channel until destroyed.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		d.mu.Lock()
+		n := len(d.ids)
+		d.mu.Unlock()
+		if n == 0 {
+			break
+		}
+	}
+	d.mu.Lock()
+	d.closed = true
+	d.mu.Unlock()
+	d.echf.Close() // wakes the event loop
+	<-d.loop
+	C.rdma_destroy_event_channel(d.ech)
+	d.mem.close()
+	C.ibv_dealloc_pd(d.cpd)
+	return nil
+}
+
+// events reads the connection manager's events and hands each to the
+// owner of its id.
+func (d *Device) events() {
+	defer close(d.loop)
+	rc, err := d.echf.SyscallConn()
+	if err != nil {
+		d.log.Error("verbs: event channel", "err", err)
+		return
+	}
+	var ev cEvent
+	for {
+		var evs []cmEvent
+		rerr := rc.Read(func(uintptr) bool {
+			for len(evs) < 16 {
+				if r, err := C.bw_get_event(d.ech, &ev); r != 0 {
+					if errors.Is(err, syscall.EAGAIN) {
+						return len(evs) > 0
+					}
+					d.log.Error("verbs: rdma_get_cm_event", "device", d.name, "err", err)
+					return true
+				}
+				e := cmEvent{typ: int(ev.event), status: int(ev.status), id: ev.id, listen: ev.listen_id,
+					ird: int(ev.ird), ord: int(ev.ord)}
+				if ev.pdata_len > 0 {
+					e.pdata = C.GoBytes(unsafe.Pointer(&ev.pdata[0]), ev.pdata_len)
+				}
+				evs = append(evs, e)
+			}
+			return true
+		})
+		for _, e := range evs {
+			d.dispatch(e)
+		}
+		if rerr != nil {
+			return // closed
+		}
+	}
+}
+
+func (d *Device) dispatch(e cmEvent) {
+	d.mu.Lock()
+	var o owner
+	if e.typ == C.RDMA_CM_EVENT_CONNECT_REQUEST {
+		o = d.ids[e.listen]
+	} else {
+		o = d.ids[e.id]
+	}
+	d.mu.Unlock()
+	if o != nil {
+		o.event(e)
+		return
+	}
+	if e.typ == C.RDMA_CM_EVENT_CONNECT_REQUEST {
+		// A request for a listener that is gone.
+		C.rdma_reject(e.id, nil, 0)
+		C.rdma_destroy_id(e.id)
+	}
+}
+
+func (d *Device) own(id *cID, o owner) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return errClosed
+	}
+	d.ids[id] = o
+	return nil
+}
+
+func (d *Device) disown(id *cID) {
+	d.mu.Lock()
+	delete(d.ids, id)
+	d.mu.Unlock()
+}
+
+var eventNames = map[int]string{
+	C.RDMA_CM_EVENT_ADDR_RESOLVED: "address resolved", C.RDMA_CM_EVENT_ADDR_ERROR: "address error",
+	C.RDMA_CM_EVENT_ROUTE_RESOLVED: "route resolved", C.RDMA_CM_EVENT_ROUTE_ERROR: "route error",
+	C.RDMA_CM_EVENT_CONNECT_REQUEST: "connect request", C.RDMA_CM_EVENT_CONNECT_RESPONSE: "connect response",
+	C.RDMA_CM_EVENT_CONNECT_ERROR: "connect error", C.RDMA_CM_EVENT_UNREACHABLE: "unreachable",
+	C.RDMA_CM_EVENT_REJECTED: "rejected", C.RDMA_CM_EVENT_ESTABLISHED: "established",
+	C.RDMA_CM_EVENT_DISCONNECTED: "disconnected", C.RDMA_CM_EVENT_DEVICE_REMOVAL: "device removal",
+	C.RDMA_CM_EVENT_TIMEWAIT_EXIT: "timewait exit", C.RDMA_CM_EVENT_ADDR_CHANGE: "address change",
+}
+
+func eventName(t int) string {
+	if n, ok := eventNames[t]; ok {
+		return n
+	}
+	return fmt.Sprintf("event %d", t)
+}
+
+// sockaddr encodes ap for librdmacm (C memory the caller frees).
+func sockaddr(ap netip.AddrPort) *C.struct_sockaddr {
+	ss := (*C.struct_sockaddr_storage)(C.calloc(1, C.size_t(unsafe.Sizeof(C.struct_sockaddr_storage{}))))
+	a := ap.Addr()
+	var ip [16]byte
+	v6 := C.int(0)
+	if a.Is4() || a.Is4In6() {
+		a4 := a.Unmap().As4()
+		copy(ip[:], a4[:])
+	} else {
+		ip = a.As16()
+		v6 = 1
+	}
+	scope := uint32(0)
+	if z := a.Zone(); z != "" {
+		if ifi, err := net.InterfaceByName(z); err == nil {
+			scope = uint32(ifi.Index)
+		}
+	}
+	cip := (*C.uint8_t)(C.CBytes(ip[:]))
+	defer C.free(unsafe.Pointer(cip))
+	C.bw_sockaddr(ss, v6, cip, C.uint16_t(ap.Port()), C.uint32_t(scope))
+	return (*C.struct_sockaddr)(unsafe.Pointer(ss))
+}
+
+func idAddr(id *cID, local bool) net.Addr {
+	var ip [16]C.uint8_t
+	var port C.int
+	var fam C.int
+	if local {
+		fam = C.bw_local_addr(id, &ip[0], &port)
+	} else {
+		fam = C.bw_peer_addr(id, &ip[0], &port)
+	}
+	b := C.GoBytes(unsafe.Pointer(&ip[0]), 16)
+	switch fam {
+	case 4:
+		return &net.TCPAddr{IP: net.IP(b[:4]), Port: int(port)}
+	case 6:
+		return &net.TCPAddr{IP: net.IP(b), Port: int(port)}
+	}
+	return nil
+}
+
+func parseAddr(addr string) (netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return netip.AddrPort{}, err
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	ap, err := netip.ParseAddrPort(net.JoinHostPort(host, port))
+	if err != nil {
+		return netip.AddrPort{}, fmt.Errorf("verbs: %q: an RDMA address is an IP address and a port: %w", addr, err)
+	}
+	return ap, nil
+}
+
+// DeviceFor names the kernel RDMA device an address belongs to ("" when
+// none: no RDMA device sits on its network interface).
+func DeviceFor(addr string) (string, error) {
+	ap, err := parseAddr(addr)
+	if err != nil {
+		return "", err
+	}
+	var id *cID
+	if r, err := C.rdma_create_id(nil, &id, nil, C.RDMA_PS_TCP); r != 0 {
+		return "", fmt.Errorf("verbs: rdma_create_id: %v (is rdma_ucm loaded?)", err)
+	}
+	defer C.rdma_destroy_id(id)
+	sa := sockaddr(netip.AddrPortFrom(ap.Addr(), 0))
+	defer C.free(unsafe.Pointer(sa))
+	if r, _ := C.rdma_bind_addr(id, sa); r != 0 {
+		return "", nil
+	}
+	if v := C.bw_id_verbs(id); v != nil {
+		return C.GoString(C.bw_ctx_name(v)), nil
+	}
+	return "", nil
+}
+
+// ---- listening ----
+
+type listener struct {
+	d    *Device
+	id   *cID
+	addr net.Addr
+	reqs chan *request
+	done chan struct{}
+	once sync.Once
+	gone error // set before done closes: the device went away
+}
+
+// Listen implements rdma.Fabric: RDMA/CM requests to addr (port space
+// TCP: the service ID is 0x0106<<16 | port) on this device. A wildcard
+// address takes requests arriving on any device; those on another device
+// are rejected.
+func (d *Device) Listen(addr string) (rdma.Listener, error) {
+	ap, err := parseAddr(addr)
+	if err != nil {
+		return nil, err
+	}
+	var id *cID
+	if r, err := C.rdma_create_id(d.ech, &id, nil, C.RDMA_PS_TCP); r != 0 {
+		return nil, fmt.Errorf("verbs: rdma_create_id: %v", err)
+	}
+	sa := sockaddr(ap)
+	defer C.free(unsafe.Pointer(sa))
+	if r, err := C.rdma_bind_addr(id, sa); r != 0 {
+		C.rdma_destroy_id(id)
+		return nil, fmt.Errorf("verbs: listen on %s: rdma_bind_addr: %v", addr, err)
+	}
+	if v := C.bw_id_verbs(id); v != nil && v != d.ctx {
+		C.rdma_destroy_id(id)
+		return nil, fmt.Errorf("verbs: %s belongs to RDMA device %s, not %s", addr, C.GoString(C.bw_ctx_name(v)), d.name)
+	}
+	l := &listener{d: d, id: id, reqs: make(chan *request, d.opts.Backlog), done: make(chan struct{})}
+	if err := d.own(id, l); err != nil {
+		C.rdma_destroy_id(id)
+		return nil, err
+	}
+	if r, err := C.rdma_listen(id, C.int(d.opts.Backlog)); r != 0 {
+		d.disown(id)
+		C.rdma_destroy_id(id)
+		return nil, fmt.Errorf("verbs: rdma_listen on %s: %v", addr, err)
+	}
+	l.addr = idAddr(id, true)
+	return l, nil
+}
+
+func (l *listener) event(e cmEvent) {
+	switch e.typ {
+	case C.RDMA_CM_EVENT_CONNECT_REQUEST:
+		if v := C.bw_id_verbs(e.id); v != l.d.ctx {
+			l.d.log.Warn("verbs: connection request on another RDMA device refused", "device", l.d.name, "on", C.GoString(C.bw_ctx_name(v)))
+			C.rdma_reject(e.id, nil, 0)
+			C.rdma_destroy_id(e.id)
+			return
+		}
+		r := &request{d: l.d, id: e.id, pdata: e.pdata, ird: e.ird, ord: e.ord}
+		r.local, r.remote = idAddr(e.id, true), idAddr(e.id, false)
+		if err := l.d.own(e.id, r); err != nil {
+			C.rdma_reject(e.id, nil, 0)
+			C.rdma_destroy_id(e.id)
+			return
+		}
+		select {
+		case l.reqs <- r:
+		default:
+			// Requests not yet taken are bounded (Options.Backlog).
+			l.d.log.Warn("verbs: connection request refused: backlog full", "from", r.remote, "backlog", l.d.opts.Backlog)
+			l.d.disown(e.id)
+			C.rdma_reject(e.id, nil, 0)
+			C.rdma_destroy_id(e.id)
+		}
+	case C.RDMA_CM_EVENT_DEVICE_REMOVAL:
+		l.gone = fmt.Errorf("verbs: RDMA device %s removed", l.d.name)
+		l.d.log.Error("verbs: RDMA device removed: the listener stops", "device", l.d.name, "addr", l.addr)
+		l.close()
+	}
+}
+
+func (l *listener) Accept(ctx context.Context) (rdma.ConnRequest, error) {
+	select {
+	case r := <-l.reqs:
+		return r, nil
+	case <-l.done:
+		if l.gone != nil {
+			return nil, l.gone
+		}
+		return nil, net.ErrClosed
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func (l *listener) Addr() net.Addr { return l.addr }
+
+func (l *listener) Close() error {
+	l.close()
+	return nil
+}
+
+func (l *listener) close() {
+	l.once.Do(func() {
+		close(l.done)
+		l.d.disown(l.id)
+		// rdma_destroy_id waits for the id's events to be acknowledged;
+		// the event loop acknowledges each at once, but may be the
+		// caller (device removal): destroy off its goroutine.
+		go C.rdma_destroy_id(l.id)
+		for {
+			select {
+			case r := <-l.reqs:
+				r.Reject(nil)
+			default:
+				return
+			}
+		}
+	})
+}
+
+// request is a connection request not yet accepted or rejected.
+type request struct {
+	d             *Device
+	id            *cID
+	pdata         []byte
+	ird, ord      int
+	local, remote net.Addr
+	once          sync.Once
+}
+
+// event: before Accept makes the queue pair (which then owns the id),
+// only a device removal or the peer giving up can come.
+func (r *request) event(cmEvent) {}
+
+func (r *request) PrivateData() []byte  { return r.pdata }
+func (r *request) PeerIRD() int         { return r.ird }
+func (r *request) PeerORD() int         { return r.ord }
+func (r *request) LocalAddr() net.Addr  { return r.local }
+func (r *request) RemoteAddr() net.Addr { return r.remote }
+
+func (r *request) Reject(privateData []byte) error {
+	r.once.Do(func() {
+		r.d.disown(r.id)
+		var p unsafe.Pointer
+		if len(privateData) > 0 {
+			p = C.CBytes(privateData)
+			defer C.free(p)
+		}
+		C.rdma_reject(r.id, p, C.uint8_t(min(len(privateData), 148)))
+		go C.rdma_destroy_id(r.id)
+	})
+	return nil
+}
+
+// Accept creates the queue pair, posts the receives and accepts; it
+// returns once the connection is established.
+func (r *request) Accept(p rdma.ConnParams) (rdma.QP, error) {
+	var q *qp
+	var err error
+	r.once.Do(func() {
+		q, err = r.d.newQP(r.id, p, r.local, r.remote)
+		if err != nil {
+			r.d.disown(r.id)
+			C.rdma_reject(r.id, nil, 0)
+			go C.rdma_destroy_id(r.id)
+			return
+		}
+		ird := min(max(p.QP.IRD, 1), r.d.info.MaxReadDepth, 255)
+		ord := min(max(p.QP.ORD, 1), max(r.ird, 1), r.d.info.MaxReadDepth, 255)
+		q.attr.IRD, q.attr.ORD = ird, ord
+		var pd unsafe.Pointer
+		if len(p.PrivateData) > 0 {
+			pd = C.CBytes(p.PrivateData)
+			defer C.free(pd)
+		}
+		if rc, cerr := C.bw_accept(r.id, pd, C.int(min(len(p.PrivateData), 196)), C.int(ird), C.int(ord)); rc != 0 {
+			err = fmt.Errorf("verbs: rdma_accept: %v", cerr)
+			q.destroy()
+			return
+		}
+		err = q.established(10*time.Second, nil)
+	})
+	if q == nil && err == nil {
+		err = errors.New("verbs: the request was already answered")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return q, nil
+}
+
+// ---- dialing ----
+
+// Dial implements rdma.Fabric: address and route resolution, then an
+// RDMA/CM connect in the TCP port space. p.ServiceIDBase other than 0
+// (seed 001's iSER base, an SRP I/O controller's service ID) needs the
+// InfiniBand CM without the RDMA/CM header, which librdmacm does not
+// offer: refused.
+func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma.QP, []byte, error) {
+	if p.ServiceIDBase != 0 {
+		return nil, nil, fmt.Errorf("verbs: service ID base %#x: librdmacm connects in the RDMA/CM port space only (0x0106<<16 | port); seed 001's iSER base and SRP I/O controller service IDs need the InfiniBand CM directly", p.ServiceIDBase)
+	}
+	ap, err := parseAddr(addr)
+	if err != nil {
+		return nil, nil, err
+	}
+	c := &dialing{ev: make(chan cmEvent, 8)}
+	var id *cID
+	if r, err := C.rdma_create_id(d.ech, &id, nil, C.RDMA_PS_TCP); r != 0 {
+		return nil, nil, fmt.Errorf("verbs: rdma_create_id: %v", err)
+	}
+	if err := d.own(id, c); err != nil {
+		C.rdma_destroy_id(id)
+		return nil, nil, err
+	}
+	fail := func(err error) (rdma.QP, []byte, error) {
+		d.disown(id)
+		C.rdma_destroy_id(id)
+		return nil, nil, err
+	}
+	sa := sockaddr(ap)
+	defer C.free(unsafe.Pointer(sa))
+	if r, err := C.rdma_resolve_addr(id, nil, sa, 2000); r != 0 {
+		return fail(fmt.Errorf("verbs: connect to %s: rdma_resolve_addr: %v", addr, err))
+	}
+	if err := c.await(ctx, C.RDMA_CM_EVENT_ADDR_RESOLVED); err != nil {
+		return fail(fmt.Errorf("verbs: connect to %s: %w", addr, err))
+	}
+	if v := C.bw_id_verbs(id); v != d.ctx {
+		return fail(fmt.Errorf("verbs: %s is reached through RDMA device %s, not %s", addr, C.GoString(C.bw_ctx_name(v)), d.name))
+	}
+	if r, err := C.rdma_resolve_route(id, 2000); r != 0 {
+		return fail(fmt.Errorf("verbs: connect to %s: rdma_resolve_route: %v", addr, err))
+	}
+	if err := c.await(ctx, C.RDMA_CM_EVENT_ROUTE_RESOLVED); err != nil {
+		return fail(fmt.Errorf("verbs: connect to %s: %w", addr, err))
+	}
+	q, err := d.newQP(id, p, idAddr(id, true), idAddr(id, false))
+	if err != nil {
+		return fail(err)
+	}
+	ird := min(max(p.QP.IRD, 1), d.info.MaxReadDepth, 255)
+	ord := min(max(p.QP.ORD, 1), d.info.MaxReadDepth, 255)
+	q.attr.IRD, q.attr.ORD = ird, ord
+	var pd unsafe.Pointer
+	if len(p.PrivateData) > 0 {
+		pd = C.CBytes(p.PrivateData)
+		defer C.free(pd)
+	}
+	if r, err := C.bw_connect(id, pd, C.int(min(len(p.PrivateData), 56)), C.int(ird), C.int(ord)); r != 0 {
+		q.destroy()
+		return nil, nil, fmt.Errorf("verbs: connect to %s: rdma_connect: %v", addr, err)
+	}
+	var reply []byte
+	if err := q.established(10*time.Second, &reply); err != nil {
+		return nil, nil, err
+	}
+	return q, reply, nil
+}
+
+// dialing is an id on its way to a connection, until newQP makes the
+// queue pair that then owns it.
+type dialing struct{ ev chan cmEvent }
+
+func (c *dialing) event(e cmEvent) {
+	select {
+	case c.ev <- e:
+	default:
+	}
+}
+
+func (c *dialing) await(ctx context.Context, want int) error {
+	select {
+	case e := <-c.ev:
+		if e.typ == want {
+			return nil
+		}
+		return fmt.Errorf("%s (status %d)", eventName(e.typ), e.status)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// ---- queue pairs ----
+
+const recvBit = 1 << 63 // wr_id of a receive; the rest is the slot
+
+type sendSlot struct {
+	id       uint64 // the consumer's
+	op       rdma.Op
+	signaled bool // a completion will come
+	user     bool // and the consumer asked for it
+	bounce   [][]byte
+	sink     []byte // a Read through a bounce buffer lands here
+	used     bool
+}
+
+type recvSlot struct {
+	id     uint64
+	user   []byte
+	bounce []byte
+	used   bool
+}
+
+// qp is a reliable connected queue pair on a Device.
+type qp struct {
+	d    *Device
+	id   *cID
+	cq   *cCQ
+	cc   *cChannel
+	ccf  *os.File
+	cfg  rdma.QPConfig
+	pd   *rdma.PD
+	attr rdma.QPAttr
+	ev   chan cmEvent // connection events until established
+	est  sync.Once
+	up   chan struct{} // closed once established
+
+	// Lock order: smu, rmu and mu are each taken alone.
+	smu    sync.Mutex // posting sends; the send slots
+	ssge   *cSGE
+	sends  []sendSlot
+	sfree  []int
+	fifo   []int // slots in posting order, oldest first
+	unsig  int   // unsignaled requests since the last signaled one
+	sigOut int   // signaled requests outstanding
+
+	rmu   sync.Mutex // posting receives; the receive slots
+	rsge  *cSGE
+	recvs []recvSlot
+	rfree []int
+
+	wc       *cWC
+	bwc      *cBWWC
+	pollDone chan struct{}
+
+	mu      sync.Mutex
+	err     error
+	done    chan struct{}
+	closing bool
+	once    sync.Once
+}
+
+const pollBatch = 32
+
+// newQP creates the completion channel, completion queue and queue pair
+// on id and posts p.Recvs; the queue pair then owns id's events.
+func (d *Device) newQP(id *cID, p rdma.ConnParams, local, remote net.Addr) (*qp, error) {
+	cfg := p.QP
+	cfg.Defaults()
+	if p.PD != nil && p.PD.Memory() != nil && p.PD.Memory() != rdma.Memory(d.mem) {
+		return nil, fmt.Errorf("verbs: the protection domain is not %s's", d.name)
+	}
+	pd := p.PD
+	if pd == nil {
+		pd = d.pd
+	}
+	q := &qp{d: d, id: id, cfg: cfg, pd: pd, ev: make(chan cmEvent, 8), up: make(chan struct{}),
+		done: make(chan struct{}), pollDone: make(chan struct{})}
+	q.attr = rdma.QPAttr{Transport: transportName(d.info.Kind), LocalAddr: local, RemoteAddr: remote}
+	var err error
+	if q.cc, err = C.ibv_create_comp_channel(d.ctx); q.cc == nil {
+		return nil, fmt.Errorf("verbs: ibv_create_comp_channel: %v", err)
+	}
+	sd, rd := cfg.SendDepth+1, cfg.RecvDepth
+	if q.cq, err = C.ibv_create_cq(d.ctx, C.int(sd+rd), nil, q.cc, 0); q.cq == nil {
+		C.ibv_destroy_comp_channel(q.cc)
+		return nil, fmt.Errorf("verbs: ibv_create_cq of %d entries: %v", sd+rd, err)
+	}
+	if r, err := C.bw_create_qp(id, d.cpd, q.cq, C.int(sd), C.int(rd), rdma.MaxSGE, 0); r != 0 {
+		C.ibv_destroy_cq(q.cq)
+		C.ibv_destroy_comp_channel(q.cc)
+		return nil, fmt.Errorf("verbs: rdma_create_qp (%d sends, %d receives): %v", sd, rd, err)
+	}
+	if q.ccf, err = pollable(int(q.cc.fd), "completion channel"); err != nil {
+		C.rdma_destroy_qp(id)
+		C.ibv_destroy_cq(q.cq)
+		C.ibv_destroy_comp_channel(q.cc)
+		return nil, err
+	}
+	q.attr.Detail = fmt.Sprintf("device %s qpn %d", d.name, id.qp.qp_num)
+	q.ssge = (*cSGE)(C.calloc(rdma.MaxSGE, C.size_t(unsafe.Sizeof(cSGE{}))))
+	q.rsge = (*cSGE)(C.calloc(1, C.size_t(unsafe.Sizeof(cSGE{}))))
+	q.wc = (*cWC)(C.calloc(pollBatch, C.size_t(unsafe.Sizeof(cWC{}))))
+	q.bwc = (*cBWWC)(C.calloc(pollBatch, C.size_t(unsafe.Sizeof(cBWWC{}))))
+	q.sends = make([]sendSlot, sd)
+	for i := range q.sends {
+		q.sfree = append(q.sfree, i)
+	}
+	q.recvs = make([]recvSlot, rd)
+	for i := range q.recvs {
+		q.rfree = append(q.rfree, i)
+	}
+	if err := d.own(id, q); err != nil {
+		q.destroy()
+		return nil, err
+	}
+	C.bw_arm(q.cq)
+	go q.poll()
+	for _, r := range p.Recvs {
+		if err := q.PostRecv(r); err != nil {
+			q.destroy()
+			return nil, err
+		}
+	}
+	return q, nil
+}
+
+func transportName(kind string) string {
+	switch kind {
+	case "RoCE":
+		return "roce"
+	case "iWARP":
+		return "iwarp"
+	}
+	return "infiniband"
+}
+
+// established waits for the connection to be up.
+func (q *qp) established(timeout time.Duration, reply *[]byte) error {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	for {
+		select {
+		case e := <-q.ev:
+			switch e.typ {
+			case C.RDMA_CM_EVENT_ESTABLISHED:
+				if reply != nil {
+					*reply = e.pdata
+				}
+				return nil
+			case C.RDMA_CM_EVENT_REJECTED:
+				q.destroy()
+				return &rdma.RejectError{Reason: e.status, PrivateData: e.pdata}
+			case C.RDMA_CM_EVENT_CONNECT_RESPONSE:
+				continue
+			}
+			q.destroy()
+			return fmt.Errorf("verbs: connection %s (status %d)", eventName(e.typ), e.status)
+		case <-t.C:
+			q.destroy()
+			return fmt.Errorf("verbs: connection not established within %v", timeout)
+		}
+	}
+}
+
+// event takes the id's connection manager events.
+func (q *qp) event(e cmEvent) {
+	if e.typ == C.RDMA_CM_EVENT_ESTABLISHED {
+		q.est.Do(func() { close(q.up) })
+	}
+	select {
+	case <-q.up:
+	default:
+		select {
+		case q.ev <- e:
+		default:
+		}
+		return
+	}
+	switch e.typ {
+	case C.RDMA_CM_EVENT_ESTABLISHED:
+		select {
+		case q.ev <- e:
+		default:
+		}
+	case C.RDMA_CM_EVENT_DISCONNECTED:
+		q.fail(rdma.ErrDisconnected)
+	case C.RDMA_CM_EVENT_DEVICE_REMOVAL:
+		err := fmt.Errorf("verbs: RDMA device %s removed", q.d.name)
+		q.d.log.Error("verbs: RDMA device removed: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr)
+		q.fail(err)
+	}
+}
+
+// fail ends the connection with err (the first reason sticks).
+func (q *qp) fail(err error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	select {
+	case <-q.done:
+		return
+	default:
+	}
+	q.err = err
+	close(q.done)
+}
+
+func (q *qp) PD() *rdma.PD          { return q.pd }
+func (q *qp) Attr() rdma.QPAttr     { return q.attr }
+func (q *qp) Done() <-chan struct{} { return q.done }
+func (q *qp) Err() error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.err
+}
+
+func (q *qp) stopped() bool {
+	select {
+	case <-q.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// local is the local key of b, or a bounce buffer of registered memory
+// holding it (copied in when in is set).
+func (q *qp) local(b []byte, in bool) (lkey uint32, buf []byte, bounce []byte, err error) {
+	if k, ok := q.d.mem.LocalKey(b); ok {
+		return k, b, nil, nil
+	}
+	nb, ok := q.d.mem.Alloc(len(b))
+	if !ok {
+		return 0, nil, nil, fmt.Errorf("verbs: no registered memory for a %d-byte bounce buffer (rdma_memory spent)", len(b))
+	}
+	if in {
+		copy(nb, b)
+	}
+	k, _ := q.d.mem.LocalKey(nb)
+	return k, nb, nb, nil
+}
+
+func setSGE(s *cSGE, b []byte, lkey uint32) {
+	s.addr = C.uint64_t(uintptr(unsafe.Pointer(unsafe.SliceData(b))))
+	s.length = C.uint32_t(len(b))
+	s.lkey = C.uint32_t(lkey)
+}
+
+// PostSend implements rdma.QP.
+func (q *qp) PostSend(wr *rdma.SendWR) error {
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.stopped() {
+		return rdma.ErrClosed
+	}
+	if len(q.sfree) == 0 {
+		return rdma.ErrQueueFull
+	}
+	i := q.sfree[len(q.sfree)-1]
+	s := &q.sends[i]
+	*s = sendSlot{id: wr.ID, op: wr.Op, user: !wr.Unsignaled, bounce: s.bounce[:0], used: true}
+	release := func() {
+		for _, b := range s.bounce {
+			q.d.mem.Free(b)
+		}
+		s.bounce, s.used = s.bounce[:0], false
+	}
+	var op C.int
+	nsge := 0
+	var raddr C.uint64_t
+	var rkey C.uint32_t
+	switch wr.Op {
+	case rdma.OpSend, rdma.OpWrite:
+		op = C.IBV_WR_SEND
+		if wr.Op == rdma.OpWrite {
+			op = C.IBV_WR_RDMA_WRITE
+			raddr, rkey = C.uint64_t(wr.RemoteTO), C.uint32_t(wr.RemoteSTag)
+		} else if wr.Invalidate {
+			op = C.IBV_WR_SEND_WITH_INV
+		}
+		if len(wr.SG) > rdma.MaxSGE {
+			release()
+			return fmt.Errorf("verbs: %d buffers in one request (at most %d)", len(wr.SG), rdma.MaxSGE)
+		}
+		for _, b := range wr.SG {
+			if len(b) == 0 {
+				continue
+			}
+			k, buf, bounce, err := q.local(b, true)
+			if err != nil {
+				release()
+				return err
+			}
+			if bounce != nil {
+				s.bounce = append(s.bounce, bounce)
+			}
+			setSGE(C.bw_sge(q.ssge, C.int(nsge)), buf, k)
+			nsge++
+		}
+	case rdma.OpRead:
+		if wr.Sink == nil || wr.Length < 0 {
+			release()
+			return errors.New("verbs: RDMA Read without a sink")
+		}
+		op = C.IBV_WR_RDMA_READ
+		raddr, rkey = C.uint64_t(wr.RemoteTO), C.uint32_t(wr.RemoteSTag)
+		if wr.Length > 0 {
+			sb := wr.Sink.Buf()
+			if wr.SinkTO > uint64(len(sb)) || uint64(wr.Length) > uint64(len(sb))-wr.SinkTO {
+				release()
+				return fmt.Errorf("verbs: RDMA Read of %d bytes at %d beyond its %d-byte sink", wr.Length, wr.SinkTO, len(sb))
+			}
+			dst := sb[wr.SinkTO : wr.SinkTO+uint64(wr.Length)]
+			k, buf, bounce, err := q.local(dst, false)
+			if err != nil {
+				release()
+				return err
+			}
+			if bounce != nil {
+				s.bounce = append(s.bounce, bounce)
+				s.sink = dst
+			}
+			setSGE(C.bw_sge(q.ssge, 0), buf, k)
+			nsge = 1
+		}
+	default:
+		release()
+		return fmt.Errorf("verbs: cannot post %v", wr.Op)
+	}
+	var flags C.int
+	if wr.Fence {
+		flags |= C.IBV_SEND_FENCE
+	}
+	if wr.Solicited {
+		flags |= C.IBV_SEND_SOLICITED
+	}
+	// Unsignaled requests hold their send queue entries until a later
+	// signaled one completes: every so often one is signaled anyway.
+	s.signaled = s.user || q.unsig >= len(q.sends)/2
+	if s.signaled {
+		flags |= C.IBV_SEND_SIGNALED
+	}
+	if r, err := C.bw_post_send(q.id.qp, C.uint64_t(i), op, flags, C.uint32_t(wr.InvalidateSTag), raddr, rkey, q.ssge, C.int(nsge)); r != 0 {
+		release()
+		if err == nil {
+			err = syscall.Errno(r)
+		}
+		return fmt.Errorf("verbs: ibv_post_send: %v", err)
+	}
+	q.sfree = q.sfree[:len(q.sfree)-1]
+	q.fifo = append(q.fifo, i)
+	if s.signaled {
+		q.unsig = 0
+		q.sigOut++
+	} else {
+		q.unsig++
+	}
+	return nil
+}
+
+// PostRecv implements rdma.QP.
+func (q *qp) PostRecv(wr rdma.RecvWR) error {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	if q.stopped() {
+		return rdma.ErrClosed
+	}
+	if len(q.rfree) == 0 {
+		return rdma.ErrQueueFull
+	}
+	k, buf, bounce, err := q.local(wr.Buf, false)
+	if err != nil {
+		return err
+	}
+	i := q.rfree[len(q.rfree)-1]
+	setSGE(q.rsge, buf, k)
+	if r, err := C.bw_post_recv(q.id.qp, C.uint64_t(recvBit|uint64(i)), q.rsge); r != 0 {
+		if bounce != nil {
+			q.d.mem.Free(bounce)
+		}
+		if err == nil {
+			err = syscall.Errno(r)
+		}
+		return fmt.Errorf("verbs: ibv_post_recv: %v", err)
+	}
+	q.rfree = q.rfree[:len(q.rfree)-1]
+	q.recvs[i] = recvSlot{id: wr.ID, user: wr.Buf, bounce: bounce, used: true}
+	return nil
+}
+
+// poll turns work completions into rdma completions. It waits on the
+// completion channel between batches (the runtime's poller: no spinning)
+// and ends once the queue pair is closing and nothing is outstanding, or
+// when the channel's file is closed.
+func (q *qp) poll() {
+	defer close(q.pollDone)
+	rc, err := q.ccf.SyscallConn()
+	if err != nil {
+		return
+	}
+	wcs := unsafe.Slice(q.bwc, pollBatch)
+	for {
+		n := int(C.bw_poll(q.cq, q.wc, q.bwc, pollBatch))
+		if n < 0 {
+			q.fail(errors.New("verbs: ibv_poll_cq failed"))
+			return
+		}
+		for i := 0; i < n; i++ {
+			q.complete(&wcs[i])
+		}
+		if n > 0 {
+			continue
+		}
+		if q.drained() {
+			return
+		}
+		// Empty: arm, look once more (a completion between the poll and
+		// the arm raises no event), then wait for the channel.
+		C.bw_arm(q.cq)
+		if n = int(C.bw_poll(q.cq, q.wc, q.bwc, pollBatch)); n > 0 {
+			for i := 0; i < n; i++ {
+				q.complete(&wcs[i])
+			}
+			continue
+		}
+		werr := rc.Read(func(uintptr) bool {
+			if r, err := C.bw_cq_event(q.cc); r != 0 && errors.Is(err, syscall.EAGAIN) {
+				return false
+			}
+			return true
+		})
+		if werr != nil {
+			return
+		}
+	}
+}
+
+// drained reports that the queue pair is closing and no request it
+// would see a completion of is outstanding.
+func (q *qp) drained() bool {
+	q.mu.Lock()
+	closing := q.closing
+	q.mu.Unlock()
+	if !closing {
+		return false
+	}
+	q.smu.Lock()
+	s := q.sigOut
+	q.smu.Unlock()
+	q.rmu.Lock()
+	r := len(q.recvs) - len(q.rfree)
+	q.rmu.Unlock()
+	return s == 0 && r == 0
+}
+
+var wcStatus = map[int]rdma.Status{
+	C.IBV_WC_SUCCESS: rdma.Success, C.IBV_WC_WR_FLUSH_ERR: rdma.Flushed,
+	C.IBV_WC_LOC_LEN_ERR: rdma.LocalLength, C.IBV_WC_LOC_PROT_ERR: rdma.LocalProtection,
+	C.IBV_WC_REM_ACCESS_ERR: rdma.RemoteAccess, C.IBV_WC_REM_OP_ERR: rdma.RemoteOperation,
+	C.IBV_WC_REM_INV_REQ_ERR: rdma.RemoteOperation, C.IBV_WC_MW_BIND_ERR: rdma.LocalProtection,
+}
+
+func (q *qp) complete(w *cBWWC) {
+	st, ok := wcStatus[int(w.status)]
+	if !ok {
+		st = rdma.TransportError
+	}
+	if st != rdma.Success && st != rdma.Flushed {
+		// The hardware moved the queue pair to the error state: the
+		// connection ends, with the reason.
+		err := fmt.Errorf("verbs: %s: work completion error: %s (vendor error %#x)", q.d.name,
+			C.GoString(C.ibv_wc_status_str(uint32(w.status))), uint32(w.vendor_err))
+		q.d.log.Warn("verbs: completion error: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr,
+			"status", C.GoString(C.ibv_wc_status_str(uint32(w.status))), "vendor_err", uint32(w.vendor_err))
+		q.fail(err)
+	}
+	if uint64(w.id)&recvBit != 0 {
+		i := int(uint64(w.id) &^ recvBit)
+		q.rmu.Lock()
+		if i >= len(q.recvs) || !q.recvs[i].used {
+			q.rmu.Unlock()
+			return
+		}
+		r := q.recvs[i]
+		q.recvs[i] = recvSlot{}
+		q.rfree = append(q.rfree, i)
+		q.rmu.Unlock()
+		n := int(w.len)
+		if r.bounce != nil {
+			if st == rdma.Success {
+				copy(r.user, r.bounce[:min(n, len(r.bounce))])
+			}
+			q.d.mem.Free(r.bounce)
+		}
+		c := rdma.Completion{ID: r.id, Op: rdma.OpRecv, Status: st, Len: n, QP: q}
+		if w.flags&C.IBV_WC_WITH_INV != 0 {
+			c.Invalidated, c.STag = true, uint32(w.inv)
+		}
+		q.cfg.RecvCQ.Push(c)
+		return
+	}
+	// A send-queue completion: every earlier request on the queue is
+	// complete too (in order), signaled or not.
+	i := int(w.id)
+	var out []rdma.Completion
+	var stack [4]rdma.Completion
+	out = stack[:0]
+	q.smu.Lock()
+	if i >= len(q.sends) || !q.sends[i].used {
+		q.smu.Unlock()
+		return
+	}
+	for len(q.fifo) > 0 {
+		j := q.fifo[0]
+		q.fifo = q.fifo[1:]
+		s := &q.sends[j]
+		sst := rdma.Success
+		if j == i {
+			sst = st
+		}
+		if s.sink != nil && sst == rdma.Success {
+			copy(s.sink, s.bounce[0])
+		}
+		for _, b := range s.bounce {
+			q.d.mem.Free(b)
+		}
+		if s.signaled {
+			q.sigOut--
+		}
+		if s.user {
+			out = append(out, rdma.Completion{ID: s.id, Op: s.op, Status: sst, QP: q})
+		}
+		*s = sendSlot{bounce: s.bounce[:0]}
+		q.sfree = append(q.sfree, j)
+		if j == i {
+			break
+		}
+	}
+	if len(q.fifo) == 0 {
+		q.fifo = q.fifo[:0:0]
+	}
+	q.smu.Unlock()
+	for _, c := range out {
+		q.cfg.SendCQ.Push(c)
+	}
+}
+
+// Close implements rdma.QP: disconnect, let the flushed completions
+// drain (at most two seconds), free everything.
+func (q *qp) Close() error {
+	q.once.Do(func() {
+		q.fail(nil)
+		q.mu.Lock()
+		q.closing = true
+		q.mu.Unlock()
+		C.rdma_disconnect(q.id)
+		// Wake the poller so it sees closing.
+		select {
+		case <-q.pollDone:
+		case <-time.After(2 * time.Second):
+		}
+		q.destroy()
+	})
+	return nil
+}
+
+// destroy frees the queue pair's resources; the poller is stopped first.
+func (q *qp) destroy() {
+	q.fail(errors.New("verbs: queue pair destroyed"))
+	q.d.disown(q.id)
+	q.ccf.Close()
+	<-q.pollDone
+	C.rdma_destroy_qp(q.id)
+	C.ibv_destroy_cq(q.cq)
+	C.ibv_destroy_comp_channel(q.cc)
+	go C.rdma_destroy_id(q.id)
+	q.smu.Lock()
+	for i := range q.sends {
+		for _, b := range q.sends[i].bounce {
+			q.d.mem.Free(b)
+		}
+		q.sends[i] = sendSlot{}
+	}
+	q.smu.Unlock()
+	q.rmu.Lock()
+	for i := range q.recvs {
+		if q.recvs[i].bounce != nil {
+			q.d.mem.Free(q.recvs[i].bounce)
+		}
+		q.recvs[i] = recvSlot{}
+	}
+	q.rmu.Unlock()
+	C.free(unsafe.Pointer(q.ssge))
+	C.free(unsafe.Pointer(q.rsge))
+	C.free(unsafe.Pointer(q.wc))
+	C.free(unsafe.Pointer(q.bwc))
+}

@@ -1,0 +1,242 @@
+package verbs
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"github.com/blockwire/blockwire/rdma"
+)
+
+// Registered memory. A device registers memory in chunks mapped outside
+// the Go heap (mmap), so the garbage collector never sees, moves or frees
+// what the hardware may be reading or writing by DMA; each chunk is cut
+// into pieces of one power-of-two size class and the pieces are pooled.
+// Ownership: a piece belongs to whoever got it from Alloc until it is
+// given to Free; a piece posted in a work request belongs to the queue
+// pair until the request completes. Chunks are kept until the device
+// closes (registration costs a system call and pins pages: it is done
+// once, not per I/O) and their total is bounded by Options.MaxMemory.
+
+const (
+	minClassShift = 12 // 4 KiB: a page
+	maxClassShift = 24 // 16 MiB: the largest task buffer pooled
+	chunkSize     = 4 << 20
+)
+
+// registrar registers a mapping with the device and deregisters it.
+type registrar interface {
+	register(b []byte, access rdma.Access) (lkey, rkey uint32, handle any, err error)
+	deregister(handle any)
+}
+
+type chunk struct {
+	start, end uintptr
+	mem        []byte
+	class      int // piece size shift
+	lkey, rkey uint32
+	handle     any
+}
+
+// memory is a device's registered memory: rdma.Memory for its PD.
+type memory struct {
+	reg    registrar
+	access rdma.Access
+	max    int
+
+	mu    sync.Mutex
+	total int
+	free  [maxClassShift + 1][][]byte
+	// chunks, sorted by address, replaced whole on growth so lookups on
+	// the I/O path take no lock.
+	chunks atomic.Pointer[[]*chunk]
+}
+
+func newMemory(reg registrar, access rdma.Access, max int) *memory {
+	m := &memory{reg: reg, access: access, max: max}
+	m.chunks.Store(&[]*chunk{})
+	return m
+}
+
+func classOf(n int) int {
+	if n <= 1<<minClassShift {
+		return minClassShift
+	}
+	return bits.Len(uint(n - 1))
+}
+
+// Alloc implements rdma.Memory.
+func (m *memory) Alloc(n int) ([]byte, bool) {
+	if n <= 0 {
+		n = 1
+	}
+	c := classOf(n)
+	if c > maxClassShift {
+		return nil, false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if k := len(m.free[c]); k > 0 {
+		b := m.free[c][k-1]
+		m.free[c] = m.free[c][:k-1]
+		return b[:n], true
+	}
+	if err := m.growLocked(c); err != nil {
+		return nil, false
+	}
+	k := len(m.free[c])
+	b := m.free[c][k-1]
+	m.free[c] = m.free[c][:k-1]
+	return b[:n], true
+}
+
+// growLocked registers a new chunk cut into pieces of class c.
+func (m *memory) growLocked(c int) error {
+	size := max(chunkSize, 1<<c)
+	if m.total+size > m.max {
+		return fmt.Errorf("verbs: registered memory budget of %d bytes spent", m.max)
+	}
+	mem, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON|syscall.MAP_POPULATE)
+	if err != nil {
+		return fmt.Errorf("verbs: mmap %d bytes: %w", size, err)
+	}
+	lkey, rkey, h, err := m.reg.register(mem, m.access)
+	if err != nil {
+		syscall.Munmap(mem)
+		return err
+	}
+	m.total += size
+	ch := &chunk{mem: mem, class: c, lkey: lkey, rkey: rkey, handle: h}
+	ch.start = addrOf(mem)
+	ch.end = ch.start + uintptr(size)
+	for off := 0; off+1<<c <= size; off += 1 << c {
+		m.free[c] = append(m.free[c], mem[off:off+1<<c:off+1<<c])
+	}
+	old := *m.chunks.Load()
+	next := append(append(make([]*chunk, 0, len(old)+1), old...), ch)
+	sort.Slice(next, func(i, j int) bool { return next[i].start < next[j].start })
+	m.chunks.Store(&next)
+	return nil
+}
+
+// find returns the chunk holding all of b, or nil.
+func (m *memory) find(b []byte) *chunk {
+	if len(b) == 0 {
+		return nil
+	}
+	a := addrOf(b)
+	cs := *m.chunks.Load()
+	i := sort.Search(len(cs), func(i int) bool { return cs[i].end > a })
+	if i == len(cs) || a < cs[i].start || a+uintptr(len(b)) > cs[i].end {
+		return nil
+	}
+	return cs[i]
+}
+
+// Free implements rdma.Memory.
+func (m *memory) Free(b []byte) {
+	ch := m.find(b[:min(1, cap(b))])
+	if ch == nil {
+		return
+	}
+	a := addrOf(b[:1])
+	if (a-ch.start)&(1<<ch.class-1) != 0 {
+		return // not the start of a piece
+	}
+	off := a - ch.start
+	m.mu.Lock()
+	m.free[ch.class] = append(m.free[ch.class], ch.mem[off:off+1<<ch.class:off+1<<ch.class])
+	m.mu.Unlock()
+}
+
+// LocalKey is the local key of registered memory holding b.
+func (m *memory) LocalKey(b []byte) (uint32, bool) {
+	ch := m.find(b)
+	if ch == nil {
+		return 0, false
+	}
+	return ch.lkey, true
+}
+
+// RemoteKey implements rdma.Memory.
+func (m *memory) RemoteKey(b []byte, access rdma.Access) (uint32, uint64, bool) {
+	ch := m.find(b)
+	if ch == nil || m.access&access != access {
+		return 0, 0, false
+	}
+	return ch.rkey, uint64(addrOf(b)), true
+}
+
+// Registered is how many bytes are registered.
+func (m *memory) Registered() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.total
+}
+
+// close deregisters and unmaps every chunk; nothing may use them after.
+func (m *memory) close() {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, ch := range *m.chunks.Load() {
+		m.reg.deregister(ch.handle)
+		syscall.Munmap(ch.mem)
+	}
+	m.chunks.Store(&[]*chunk{})
+	m.free = [maxClassShift + 1][][]byte{}
+	m.total = 0
+}
+
+// checkMemlock reports, at start, a locked-memory limit too small for
+// the registered memory the device may take: registration pins pages and
+// counts them against RLIMIT_MEMLOCK unless the process holds
+// CAP_IPC_LOCK (root does). Found here, it names the limit and the size
+// needed; found later, it would be an I/O failure.
+func checkMemlock(need int) error {
+	var rl syscall.Rlimit
+	if err := syscall.Getrlimit(memlockResource, &rl); err != nil {
+		return nil
+	}
+	return memlockError(rl.Cur, need, hasIPCLock())
+}
+
+// memlockResource is RLIMIT_MEMLOCK on Linux.
+const memlockResource = 8
+
+func memlockError(limit uint64, need int, ipcLock bool) error {
+	if ipcLock || limit == ^uint64(0) || limit >= uint64(need) {
+		return nil
+	}
+	return fmt.Errorf("verbs: the locked-memory limit RLIMIT_MEMLOCK (ulimit -l) is %d KiB, and registering RDMA buffers may need %d KiB (rdma_memory): "+
+		"raise it (ulimit -l %d; LimitMEMLOCK=infinity in the systemd unit; memlock in limits.conf) or lower rdma_memory",
+		limit/1024, need/1024, (need+1023)/1024)
+}
+
+// hasIPCLock reports whether the process holds CAP_IPC_LOCK (bit 14 of
+// the effective capabilities), which lifts the memlock limit.
+func hasIPCLock() bool {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return false
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
+			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
+			return err == nil && caps&(1<<14) != 0
+		}
+	}
+	return false
+}
+
+var errClosed = errors.New("verbs: device closed")
+
+// addrOf is the address of b's first byte (b is not empty).
+func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
