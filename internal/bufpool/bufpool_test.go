@@ -28,3 +28,38 @@ func TestReuseDoesNotAllocate(t *testing.T) {
 		t.Fatalf("%.1f allocations per Get/Put, want 0", allocs)
 	}
 }
+
+type source struct {
+	out  map[*byte]bool
+	left int
+}
+
+func (s *source) Alloc(n int) ([]byte, bool) {
+	if s.left == 0 {
+		return nil, false
+	}
+	s.left--
+	b := make([]byte, n)
+	s.out[&b[0]] = true
+	return b, true
+}
+
+func (s *source) Free(b []byte) { delete(s.out, &b[0]) }
+
+func TestSourceFirstThenHeap(t *testing.T) {
+	src := &source{out: map[*byte]bool{}, left: 1}
+	p := Pool{Source: src}
+	a := p.Get(4096)
+	if !src.out[&a.B[0]] {
+		t.Fatal("the first buffer did not come from the source")
+	}
+	b := p.Get(4096) // the source is spent: Go memory
+	if src.out[&b.B[0]] || len(b.B) != 4096 {
+		t.Fatal("the second buffer should come from the heap")
+	}
+	p.Put(a)
+	p.Put(b)
+	if len(src.out) != 0 {
+		t.Fatal("a source buffer was not given back to the source")
+	}
+}

@@ -33,6 +33,10 @@ var boots = [][]string{
 	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
 	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "linux-srp-siw-acl", "our-srp-initiator"},
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
+	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
+	// build): rxe, then siw.
+	{"verbs-rxe-linux-iser", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce"},
+	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio"},
 }
 
 // extraDebs are Debian packages unpacked into the appended archive: tgt,
@@ -203,6 +207,13 @@ func extraCPIO(t *testing.T, debs []string) string {
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("building %s: %v\n%s", bin, err, out)
 		}
+	}
+	// The verbs build: cgo against rdma-core (libibverbs, librdmacm),
+	// linked dynamically to the guest's own copies of them.
+	build := exec.Command("go", "build", "-tags", "verbs", "-o", filepath.Join(root, "lab", "bin", "blockwire-verbs"), "../../cmd/blockwire")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building blockwire-verbs (needs libibverbs-dev and librdmacm-dev): %v\n%s", err, out)
 	}
 	scripts, _ := filepath.Glob("scenarios/*.sh")
 	for _, s := range scripts {

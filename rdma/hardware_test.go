@@ -1,0 +1,114 @@
+package rdma
+
+import (
+	"bytes"
+	"testing"
+	"unsafe"
+)
+
+// arena is a Memory over one Go slice standing in for registered memory:
+// enough to check what the hardware PD does with regions and bounces.
+type arena struct {
+	mem   []byte
+	used  map[uintptr]int
+	rkey  uint32
+	right Access
+}
+
+func (a *arena) Alloc(n int) ([]byte, bool) {
+	for off := 0; off+n <= len(a.mem); off += 4096 {
+		p := uintptr(unsafe.Pointer(&a.mem[off]))
+		if _, busy := a.used[p]; !busy {
+			a.used[p] = n
+			return a.mem[off : off+n], true
+		}
+	}
+	return nil, false
+}
+
+func (a *arena) Free(b []byte) { delete(a.used, uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+func (a *arena) inside(b []byte) bool {
+	p, lo := uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(unsafe.Pointer(&a.mem[0]))
+	return len(b) > 0 && p >= lo && p+uintptr(len(b)) <= lo+uintptr(len(a.mem))
+}
+
+func (a *arena) RemoteKey(b []byte, access Access) (uint32, uint64, bool) {
+	if !a.inside(b) || a.right&access != access {
+		return 0, 0, false
+	}
+	return a.rkey, uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))), true
+}
+
+func TestHardwareRegions(t *testing.T) {
+	a := &arena{mem: make([]byte, 64<<10), used: map[uintptr]int{}, rkey: 0x1234, right: LocalWrite | RemoteRead | RemoteWrite}
+	pd := NewHardwarePD("hw0", a)
+	mr, err := pd.AllocMR()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Registered memory: the R_Key, the buffer's own address, no copy.
+	reg := pd.Alloc(1000)
+	stag, err := mr.Map(reg, 0x7000, RemoteWrite)
+	if err != nil || stag != 0x1234 || mr.STag() != 0x1234 {
+		t.Fatalf("Map = %#x, %v", stag, err)
+	}
+	if mr.VA() != uint64(uintptr(unsafe.Pointer(&reg[0]))) {
+		t.Fatalf("VA %#x is not the buffer's address", mr.VA())
+	}
+	if len(a.used) != 1 {
+		t.Fatalf("registered memory was bounced: %d pieces in use", len(a.used))
+	}
+	mr.Invalidate()
+
+	// Go memory the peer writes: a bounce, copied out at Invalidate.
+	user := make([]byte, 3000)
+	if _, err := mr.Map(user, 0, RemoteWrite|LocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	if !a.inside(mr.Buf()) || len(a.used) != 2 {
+		t.Fatal("Go memory was not bounced through registered memory")
+	}
+	copy(mr.Buf(), bytes.Repeat([]byte{0xab}, 3000)) // what the peer's RDMA Write put there
+	mr.Invalidate()
+	if !bytes.Equal(user, bytes.Repeat([]byte{0xab}, 3000)) {
+		t.Fatal("the peer's data did not reach the Go buffer at Invalidate")
+	}
+	if len(a.used) != 1 {
+		t.Fatal("the bounce buffer was not given back")
+	}
+
+	// Go memory the peer reads: copied in at Map.
+	src := bytes.Repeat([]byte{0x5c}, 2000)
+	if _, err := mr.Map(src, 0, RemoteRead); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(mr.Buf(), src) {
+		t.Fatal("the data to read was not copied into the bounce")
+	}
+	mr.Deregister()
+	if len(a.used) != 1 {
+		t.Fatal("Deregister kept the bounce buffer")
+	}
+
+	// Rights the memory was not registered with are refused, not faked.
+	ro := &arena{mem: make([]byte, 8192), used: map[uintptr]int{}, rkey: 1, right: LocalWrite}
+	mr2, _ := NewHardwarePD("hw1", ro).AllocMR()
+	if _, err := mr2.Map(make([]byte, 10), 0, RemoteWrite); err == nil {
+		t.Fatal("remote write granted on local-only memory")
+	}
+	// A local region needs no key: the queue pair finds it at post time.
+	if _, err := mr2.Map(make([]byte, 10), 0, LocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	// Budget spent: a clear error, nothing mapped.
+	full := &arena{mem: make([]byte, 4096), used: map[uintptr]int{}, right: RemoteWrite | LocalWrite}
+	mr3, _ := NewHardwarePD("hw2", full).AllocMR()
+	if _, err := mr3.Map(make([]byte, 8192), 0, RemoteWrite); err == nil || mr3.Valid() {
+		t.Fatalf("an unbackable region was mapped: %v", err)
+	}
+	// The software PD is untouched by all this.
+	if NewDevice("soft").AllocPD().Memory() != nil {
+		t.Fatal("a software PD has registered memory")
+	}
+}

@@ -1,0 +1,30 @@
+# verbs-siw-linux-iser: blockwire's verbs build serves iSER on the kernel's
+# siw (siw0 on dummy0; iWARP, so the RDMA/CM listener is a kernel TCP
+# listener: port 3261, beside blockwire's iSCSI/TCP portal on 3260, which
+# LIO cannot do on one host); the kernel's ib_iser logs in over siw0 (the
+# node record names the iSER portal); the I/O and ext4 checks.
+rdma_dev siw dummy || exit 1
+modprobe ib_iser
+/lab/bin/blockwire-verbs rdma | grep siw0 || exit 1
+rm -f /tmp/pat /tmp/rb
+/lab/bin/blockwire-verbs serve --listen $RADDR:3260 --iser=false --roce-listen $RADDR:3261 --rdma-device siw0 --iqn $IQN --size 64MiB > /tmp/bvi.log 2>&1 &
+B=$!
+sleep 2
+kill -0 $B 2>/dev/null || { say "blockwire serve did not start"; cat /tmp/bvi.log; exit 1; }
+grep -q 'serving iSER over RDMA/CM.*device=siw0' /tmp/bvi.log || { say "the portal is not on siw0"; cat /tmp/bvi.log; kill $B; exit 1; }
+rc=1
+if iscsid_up; then
+  iscsiadm -m discovery -t st -p $RADDR:3260 | grep -q $IQN || say "discovery over TCP did not list the target"
+  iscsiadm -m node -o new -T $IQN -p $RADDR:3261 -I iser >/dev/null && iscsiadm -m node -T $IQN -p $RADDR:3261 -I iser --login && {
+    for i in $(seq 1 50); do DEV=$(ls /sys/class/iscsi_session/session*/device/target*/*/block 2>/dev/null | head -1); [ -n "$DEV" ] && [ -b /dev/$DEV ] && break; sleep 0.2; done
+    iscsiadm -m session -P 3 | grep -iE 'transport|MaxRecv|FirstBurst|ImmediateData'
+    [ -b /dev/$DEV ] && io_test; rc=$?
+  }
+  grep -q 'remote=iser:' /tmp/bvi.log || { say "the session did not use iSER"; rc=1; }
+fi
+logout_all
+dmesg | grep -iE 'iser|siw' | grep -v "speed is" | tail -8
+kill $B; wait $B || rc=1
+grep -E "level=(WARN|ERROR)" /tmp/bvi.log && { say "the target logged warnings"; rc=1; }
+[ $rc = 0 ] || tail -40 /tmp/bvi.log
+exit $rc

@@ -1,0 +1,37 @@
+# verbs-siw-our-srp-lio: blockwire's SRP initiator, verbs build, on the
+# kernel's siw against LIO's ib_srpt on the same device, reached through
+# RDMA/CM on port 5557 (ib_srpt listens on [::], so an IPv6 destination):
+# the verifying benchmark at QD 1 and 16, and a 4 MiB copy in and out.
+rdma_dev siw dummy || exit 1
+modprobe target_core_mod; modprobe ib_srpt
+mkdir -p $CFG/srpt; echo 5557 > $CFG/srpt/discovery_auth/rdma_cm_port || exit 1
+if [ ! -d $CFG/core/rd_mcp_0/rd0 ]; then mkdir -p $CFG/core/rd_mcp_0/rd0; echo rd_pages=16384 > $CFG/core/rd_mcp_0/rd0/control; echo 1 > $CFG/core/rd_mcp_0/rd0/enable; fi
+GID=$(cat /sys/class/infiniband/siw0/ports/1/gids/0 | tr -d :)
+IID=$(echo $GID | cut -c17-32); IIDC=$(echo $IID | sed 's/\(....\)\(....\)\(....\)\(....\)/\1:\2:\3:\4/')
+for P in $IIDC 0x$GID; do mkdir $CFG/srpt/$P 2>/dev/null && break; done
+T=$CFG/srpt/$P/tpgt_1; [ -d $T ] || mkdir $T || exit 1
+mkdir -p $T/lun/lun_0; [ -e $T/lun/lun_0/rd0 ] || ln -s $CFG/core/rd_mcp_0/rd0 $T/lun/lun_0/rd0
+# srpt names an RDMA/CM session by its source address, fully expanded.
+A=$T/acls/2001:0db8:0000:0000:0000:0000:0077:0001
+mkdir -p $A/lun_0 && { [ -e $A/lun_0/map ] || ln -s $T/lun/lun_0 $A/lun_0/map; }
+echo 1 > $T/enable
+NG=$(cat /sys/class/infiniband/siw0/node_guid | tr -d :)   # srpt's target port ID: the node GUID, twice
+U="srp://[2001:db8::77:1]:5557/$NG:$NG/0"
+rm -f /tmp/src /tmp/back /tmp/srpi.log /tmp/pat /tmp/rb
+rc=0
+for qd in 1 16; do
+  for rw in randwrite randread; do
+    timeout 90 /lab/bin/blockwire-verbs bench --rdma-device siw0 --verify --overwrite --rw $rw --qd $qd --time 2s --size 8MiB $U > /tmp/b.out 2>&1 || rc=1
+    grep -E "IOPS=|verify|blockwire:" /tmp/b.out
+    cat /tmp/b.out >> /tmp/srpi.log
+    grep -q "verify: 0 mismatches" /tmp/b.out || { tail -5 /tmp/b.out; rc=1; }
+  done
+done
+dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null
+timeout 120 /lab/bin/blockwire-verbs copy --rdma-device siw0 /tmp/src $U 2>> /tmp/srpi.log || rc=1
+timeout 120 /lab/bin/blockwire-verbs read --rdma-device siw0 $U --length 4MiB --out /tmp/back 2>> /tmp/srpi.log || rc=1
+cmp /tmp/src /tmp/back && say "copy through ib_srpt readback OK" || rc=1
+if grep -E "level=(WARN|ERROR)" /tmp/srpi.log; then say "our initiator logged a warning"; rc=1; fi
+[ $rc = 0 ] || dmesg | grep -iE 'srp|siw|iw_' | grep -v "speed is" | tail -12
+echo 0 > $T/enable
+exit $rc
