@@ -1,5 +1,5 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test bench fuzz guestlab
+.PHONY: test bench fuzz guestlab guestlab-bench
 
 test:
 	go test -race ./...
@@ -18,3 +18,8 @@ fuzz:
 # Debian apt; the image is cached in /var/tmp/blockwire-guestlab).
 guestlab:
 	go test -tags guestlab -count=1 -v ./test/guestlab
+
+# The guest lab's benchmarks: blockwire's verbs build on kernel rxe against
+# LIO isert on kernel rxe, the same Linux initiator (docs/performance.md).
+guestlab-bench:
+	BLOCKWIRE_GUESTLAB_BENCH=1 go test -tags guestlab -count=1 -v -timeout 30m ./test/guestlab

@@ -223,3 +223,25 @@ func TestPortalServesOnlyItsTargets(t *testing.T) {
 	}
 	d.Close()
 }
+
+// An RDMA device that is not there stops the node at start with a clear
+// error (not a portal that silently never serves); "soft" and "auto" on
+// an address without a kernel RDMA device use the software RoCEv2 device.
+func TestRDMADeviceChoice(t *testing.T) {
+	cfg := &config.Config{
+		Listen: []string{"127.0.0.1:0"}, ROCEListen: []string{"127.0.0.1:3260"}, RDMADevice: "nosuch0", ROCEUDPPort: 47910,
+		Targets: []config.Target{{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}}}}
+	if _, err := node.New(cfg, node.Options{}); err == nil || !strings.Contains(err.Error(), "RDMA device") {
+		t.Fatalf("a missing RDMA device: %v", err)
+	}
+	for _, choice := range []string{"soft", "auto", ""} {
+		cfg.RDMADevice = choice
+		n := startNode(t, cfg, node.Options{})
+		if a := portal(t, n, config.ISERRoCE); a == "" {
+			t.Fatalf("rdma_device %q: no iSER RDMA/CM portal", choice)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		n.Shutdown(ctx)
+		cancel()
+	}
+}

@@ -104,6 +104,7 @@ type Node struct {
 	cleanup []func() // at Shutdown, last first
 	started bool
 	stopped bool
+	stopc   chan struct{} // closed at Shutdown
 
 	errc    chan error // a portal that failed
 	wg      sync.WaitGroup
@@ -151,7 +152,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
 		iwarp: siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim)}),
 		srpPD: rdma.NewDevice("blockwire-srp").AllocPD(),
-		errc:  make(chan error, 1)}
+		errc:  make(chan error, 1), stopc: make(chan struct{})}
 	io := iscsitarget.Options{
 		LoginTimeout: lim.LoginTimeout, NopInterval: lim.NopInterval, NopTimeout: lim.NopTimeout,
 		MaxSessions: lim.MaxSessions, MaxConnections: lim.MaxConnections, MaxDiscoverySessions: lim.MaxDiscoverySessions,
@@ -499,20 +500,83 @@ func (n *Node) startISERRoCE(p config.Portal) error {
 	}
 	n.bound[p.Address] = l.Addr().String()
 	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: l.Addr().String()})
-	a := fabric.ISER(l, pd, iser.Options{Logger: n.log})
 	// A RoCE listener that fails is logged, not fatal (the TCP portals go
 	// on); the iSCSI server closes it at Shutdown.
 	n.pending = append(n.pending, func() {
 		n.wg.Add(1)
 		go func() {
 			defer n.wg.Done()
-			if err := n.iscsi.Serve(a); err != nil {
-				n.log.Error("iSER over RDMA/CM", "portal", p.Address, "device", pd.Device().Name(), "err", err)
-			}
+			n.keepRDMA(p.Address, "iSER over RDMA/CM", l, pd, func(l rdma.Listener, pd *rdma.PD) error {
+				return n.iscsi.Serve(fabric.ISER(l, pd, iser.Options{Logger: n.log}))
+			})
 		}()
 		n.log.Info("serving iSER over RDMA/CM", "portal", p.Address, "device", pd.Device().Name())
 	})
 	return nil
+}
+
+// keepRDMA serves an RDMA/CM portal's listener. When the kernel RDMA
+// device under it goes away (rdma link delete, a NIC reset), its
+// connections have ended (each with a log line) and the portal waits for
+// the device to come back, then listens again; the other portals go on.
+func (n *Node) keepRDMA(addr, what string, l rdma.Listener, pd *rdma.PD, serve func(rdma.Listener, *rdma.PD) error) {
+	for {
+		err := serve(l, pd)
+		if err == nil {
+			return
+		}
+		if !errors.Is(err, verbs.ErrDeviceRemoved) {
+			n.log.Error(what, "portal", addr, "device", pd.Device().Name(), "err", err)
+			return
+		}
+		name := pd.Device().Name()
+		n.log.Error(what+": the RDMA device is gone; the portal waits for it to come back", "portal", addr, "device", name)
+		n.dropVerbs(name)
+		for {
+			select {
+			case <-n.stopc:
+				return
+			case <-time.After(time.Second):
+			}
+			vd, err := n.reopenVerbs(name)
+			if err != nil {
+				continue
+			}
+			if l, err = vd.Listen(addr); err != nil {
+				continue
+			}
+			pd = vd.PD()
+			n.log.Info(what+": the RDMA device is back; serving again", "portal", addr, "device", name)
+			break
+		}
+	}
+}
+
+// dropVerbs forgets a removed kernel RDMA device and frees what is left
+// of it.
+func (n *Node) dropVerbs(name string) {
+	n.mu.Lock()
+	d := n.verbs[name]
+	delete(n.verbs, name)
+	n.mu.Unlock()
+	if d != nil {
+		d.Close()
+	}
+}
+
+// reopenVerbs opens a kernel RDMA device again after it was removed.
+func (n *Node) reopenVerbs(name string) (*verbs.Device, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if d := n.verbs[name]; d != nil {
+		return d, nil
+	}
+	d, err := verbs.Open(name, n.verbsOptions())
+	if err != nil {
+		return nil, err
+	}
+	n.verbs[name] = d
+	return d, nil
 }
 
 // rdmaListen listens for RDMA/CM connections on addr: on the kernel RDMA
@@ -555,21 +619,20 @@ func (n *Node) verbsDevice(addr string) (*verbs.Device, error) {
 	if d := n.verbs[name]; d != nil {
 		return d, nil
 	}
-	mem := 0
-	if n.cfg.RDMAMemory != "" {
-		m, err := config.ParseSize(n.cfg.RDMAMemory)
-		if err != nil {
-			return nil, err
-		}
-		mem = int(m)
-	}
-	d, err := verbs.Open(name, verbs.Options{MaxMemory: mem, Logger: n.log})
+	d, err := verbs.Open(name, n.verbsOptions())
 	if err != nil {
 		return nil, fmt.Errorf("RDMA device for %s: %w", addr, err)
 	}
 	n.log.Info("RDMA device", "device", d.Info().String())
 	n.verbs[name] = d
 	return d, nil
+}
+
+// verbsOptions are a kernel RDMA device's options (the configuration was
+// validated: rdma_memory parses).
+func (n *Node) verbsOptions() verbs.Options {
+	mem, _ := config.ParseSize(n.cfg.RDMAMemory)
+	return verbs.Options{MaxMemory: int(mem), Logger: n.log}
 }
 
 // closeVerbs closes the kernel RDMA devices (at Shutdown, after every
@@ -597,11 +660,12 @@ func (n *Node) startSRP(p config.Portal) error {
 	sp := srpPortal{portal: p, ports: srptarget.NewPorts(n.log)}
 	n.cleanup = append(n.cleanup, func() { sp.ports.Close() })
 	var l rdma.Listener
+	var pd *rdma.PD
 	var err error
 	if p.Transport == config.SRP {
 		l, err = n.iwarp.Listen(p.Address)
 	} else {
-		l, _, sp.dev, err = n.rdmaListen(p.Address)
+		l, pd, sp.dev, err = n.rdmaListen(p.Address)
 	}
 	if err != nil {
 		return err
@@ -609,7 +673,17 @@ func (n *Node) startSRP(p config.Portal) error {
 	sp.addr = l.Addr().String()
 	n.srpOn = append(n.srpOn, sp)
 	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: sp.addr})
-	n.serve("SRP portal "+p.Address, func() error { return sp.ports.Serve(l) })
+	if pd != nil && pd.Memory() != nil {
+		// A kernel RDMA device: the portal outlives its removal.
+		n.wg.Add(1)
+		go func() {
+			defer n.wg.Done()
+			n.keepRDMA(p.Address, "SRP over RDMA/CM", l, pd, func(l rdma.Listener, _ *rdma.PD) error { return sp.ports.Serve(l) })
+		}()
+		n.log.Info("serving SRP over RDMA/CM", "portal", p.Address, "device", pd.Device().Name())
+	} else {
+		n.serve("SRP portal "+p.Address, func() error { return sp.ports.Serve(l) })
+	}
 	for i, t := range n.cfg.Targets {
 		if s := n.srp[t.Name]; s != nil {
 			hi, lo, _ := n.cfg.SRPPortID(i)
@@ -710,6 +784,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 		return nil
 	}
 	n.stopped = true
+	close(n.stopc)
 	isnsEnd := n.isnsEnd
 	srps := make([]*srptarget.Server, 0, len(n.srp))
 	for _, s := range n.srp {

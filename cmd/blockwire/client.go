@@ -86,7 +86,14 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dialer := &fabric.Dialer{}
-	o := &initiator.Options{Dialer: dialer}
+	// Warnings on stderr; --log-level changes the level, also of what is
+	// opened while the flags are read (an RDMA device).
+	level := new(slog.LevelVar)
+	level.Set(slog.LevelWarn)
+	o := &initiator.Options{Dialer: dialer, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+	fs.Func("log-level", "debug, info, warn (the default) or error, on stderr", func(v string) error {
+		return level.UnmarshalText([]byte(v))
+	})
 	fs.StringVar(&o.InitiatorName, "initiator-name", initiator.DefaultInitiatorName, "initiator name")
 	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
 	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
@@ -146,7 +153,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		if v == "soft" {
 			return nil
 		}
-		d, err := verbs.Open(v, verbs.Options{Remote: true})
+		d, err := verbs.Open(v, verbs.Options{Remote: true, Logger: o.Logger})
 		if err != nil {
 			return err
 		}
@@ -203,7 +210,9 @@ func finishOptions(o *initiator.Options, targetSecret string, stderr io.Writer) 
 			o.CHAP = &authCreds{Secret: v} // for a URL that names only the user
 		}
 	}
-	o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
 }
 
 func signalContext() (context.Context, context.CancelFunc) {
@@ -661,6 +670,12 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprintf(stdout, "%s: bs=%d qd=%d time=%.1fs ios=%d\n", *rw, bs, *qd, elapsed.Seconds(), n)
 	fmt.Fprintf(stdout, "  IOPS=%.0f, BW=%.1fMiB/s (%.1fMB/s)\n", iops, iops*float64(bs)/(1<<20), iops*float64(bs)/1e6)
 	fmt.Fprintf(stdout, "  lat (usec): p50=%.0f, p99=%.0f, p99.9=%.0f, max=%.0f\n", pct(50), pct(99), pct(99.9), pct(100))
+	if n == 0 {
+		// Nothing completed (a stalled target, an interrupted run): no
+		// figure, and nothing verified.
+		fmt.Fprintf(stderr, "blockwire: no I/O completed in %.1fs\n", elapsed.Seconds())
+		return exitError
+	}
 	if *verify {
 		fmt.Fprintf(stdout, "  verify: %d mismatches\n", mismatches.Load())
 		if mismatches.Load() > 0 {

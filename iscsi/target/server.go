@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -498,6 +499,14 @@ func (s *Server) Serve(a datamover.Acceptor) error {
 				time.Sleep(delay)
 				continue
 			}
+			// The portal is gone (its RDMA device removed, say): no
+			// longer listed; a new Serve may bring it back.
+			s.mu.Lock()
+			delete(s.acceptors, a)
+			if i := slices.Index(s.portals, a.Addr()); i >= 0 {
+				s.portals = slices.Delete(s.portals, i, i+1)
+			}
+			s.mu.Unlock()
 			return err
 		}
 		delay = 0

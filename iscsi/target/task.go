@@ -352,6 +352,10 @@ func (t *task) advanceLocked() action {
 func (t *task) run(a action) {
 	for i := range a.r2ts {
 		if err := t.c.dm.GetData(&a.r2ts[i], t.buf); err != nil {
+			// The datamover cannot fetch the data: the task could
+			// never finish, so the connection ends (its tasks with it).
+			t.c.log.Warn("Get_Data failed: the connection ends", "itt", fmt.Sprintf("%#x", t.itt), "err", err)
+			t.c.terminate()
 			return
 		}
 	}

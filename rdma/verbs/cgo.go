@@ -59,9 +59,14 @@ static int bw_post_send(struct ibv_qp *qp, uint64_t id, int op, int flags, uint3
 	wr.num_sge = n;
 	wr.opcode = op;
 	wr.send_flags = flags;
-	if (op == IBV_WR_SEND_WITH_INV) wr.invalidate_rkey = inv;
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
+	if (op == IBV_WR_SEND_WITH_INV) {
+		wr.invalidate_rkey = inv;
+		// rdma-core's siw provider takes the STag to invalidate from
+		// the RDMA fields (what it passes the kernel as the rkey).
+		wr.wr.rdma.rkey = inv;
+	}
 	return ibv_post_send(qp, &wr, &bad);
 }
 
@@ -215,6 +220,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -355,12 +361,12 @@ func Open(name string, o Options) (*Device, error) {
 		}
 		return nil, fmt.Errorf("verbs: no RDMA device %q (there are %v)", name, names)
 	}
-	if err := checkMemlock(o.MaxMemory); err != nil {
-		return nil, err
-	}
 	d := &Device{opts: o, log: o.Logger, ctx: ctx, ids: map[*cID]owner{}, loop: make(chan struct{})}
 	d.info = query(ctx)
 	d.name = d.info.Name
+	if err := checkMemlock(d.name, o.MaxMemory); err != nil {
+		return nil, fmt.Errorf("%w (device %s)", err, d.name)
+	}
 	if d.cpd, err = C.ibv_alloc_pd(ctx); d.cpd == nil {
 		return nil, fmt.Errorf("verbs: %s: ibv_alloc_pd: %v", d.name, err)
 	}
@@ -369,6 +375,7 @@ func Open(name string, o Options) (*Device, error) {
 		access |= rdma.RemoteRead | rdma.RemoteWrite
 	}
 	d.mem = newMemory(d, access, o.MaxMemory)
+	d.mem.log = d.log
 	// One chunk now: a limit too small to register anything shows at
 	// start, with its name, not as a later I/O error.
 	b, ok := d.mem.Alloc(1)
@@ -729,7 +736,7 @@ func (l *listener) event(e cmEvent) {
 			C.rdma_destroy_id(e.id)
 		}
 	case C.RDMA_CM_EVENT_DEVICE_REMOVAL:
-		l.gone = fmt.Errorf("verbs: RDMA device %s removed", l.d.name)
+		l.gone = fmt.Errorf("verbs: %s: %w", l.d.name, ErrDeviceRemoved)
 		l.d.log.Error("verbs: RDMA device removed: the listener stops", "device", l.d.name, "addr", l.addr)
 		l.close()
 	}
@@ -790,8 +797,8 @@ type request struct {
 func (r *request) event(cmEvent) {}
 
 func (r *request) PrivateData() []byte  { return r.pdata }
-func (r *request) PeerIRD() int         { return r.ird }
-func (r *request) PeerORD() int         { return r.ord }
+func (r *request) PeerIRD() int         { return r.ord }
+func (r *request) PeerORD() int         { return r.ird }
 func (r *request) LocalAddr() net.Addr  { return r.local }
 func (r *request) RemoteAddr() net.Addr { return r.remote }
 
@@ -822,8 +829,11 @@ func (r *request) Accept(p rdma.ConnParams) (rdma.QP, error) {
 			go C.rdma_destroy_id(r.id)
 			return
 		}
-		ird := min(max(p.QP.IRD, 1), r.d.info.MaxReadDepth, 255)
-		ord := min(max(p.QP.ORD, 1), max(r.ird, 1), r.d.info.MaxReadDepth, 255)
+		// librdmacm reports a request's depths from our side: ird is
+		// how many Reads the peer will have outstanding against us (its
+		// ORD), ord how many it will answer (its IRD).
+		ird := min(max(p.QP.IRD, r.ird, 1), r.d.info.MaxReadDepth, 255)
+		ord := min(max(p.QP.ORD, 1), max(r.ord, 1), r.d.info.MaxReadDepth, 255)
 		q.attr.IRD, q.attr.ORD = ird, ord
 		var pd unsafe.Pointer
 		if len(p.PrivateData) > 0 {
@@ -949,6 +959,7 @@ type sendSlot struct {
 	user     bool // and the consumer asked for it
 	bounce   [][]byte
 	sink     []byte // a Read through a bounce buffer lands here
+	sinkMR   *cMR   // iWARP: the Read's own sink registration
 	used     bool
 }
 
@@ -970,8 +981,11 @@ type qp struct {
 	pd   *rdma.PD
 	attr rdma.QPAttr
 	ev   chan cmEvent // connection events until established
-	est  sync.Once
-	up   chan struct{} // closed once established
+	// iwarp: an RDMA Read's sink needs remote write rights there.
+	iwarp bool
+	debug bool // log every request and completion (log level debug)
+	est   sync.Once
+	up    chan struct{} // closed once established
 
 	// Lock order: smu, rmu and mu are each taken alone.
 	smu    sync.Mutex // posting sends; the send slots
@@ -1015,6 +1029,8 @@ func (d *Device) newQP(id *cID, p rdma.ConnParams, local, remote net.Addr) (*qp,
 	q := &qp{d: d, id: id, cfg: cfg, pd: pd, ev: make(chan cmEvent, 8), up: make(chan struct{}),
 		done: make(chan struct{}), pollDone: make(chan struct{})}
 	q.attr = rdma.QPAttr{Transport: transportName(d.info.Kind), LocalAddr: local, RemoteAddr: remote}
+	q.iwarp = d.info.Kind == "iWARP"
+	q.debug = d.log.Enabled(context.Background(), slog.LevelDebug)
 	var err error
 	if q.cc, err = C.ibv_create_comp_channel(d.ctx); q.cc == nil {
 		return nil, fmt.Errorf("verbs: ibv_create_comp_channel: %v", err)
@@ -1124,7 +1140,7 @@ func (q *qp) event(e cmEvent) {
 	case C.RDMA_CM_EVENT_DISCONNECTED:
 		q.fail(rdma.ErrDisconnected)
 	case C.RDMA_CM_EVENT_DEVICE_REMOVAL:
-		err := fmt.Errorf("verbs: RDMA device %s removed", q.d.name)
+		err := fmt.Errorf("verbs: %s: %w", q.d.name, ErrDeviceRemoved)
 		q.d.log.Error("verbs: RDMA device removed: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr)
 		q.fail(err)
 	}
@@ -1169,7 +1185,7 @@ func (q *qp) local(b []byte, in bool) (lkey uint32, buf []byte, bounce []byte, e
 	}
 	nb, ok := q.d.mem.Alloc(len(b))
 	if !ok {
-		return 0, nil, nil, fmt.Errorf("verbs: no registered memory for a %d-byte bounce buffer (rdma_memory spent)", len(b))
+		return 0, nil, nil, fmt.Errorf("verbs: no registered memory for a %d-byte bounce buffer (rdma_memory spent, or the locked-memory limit reached)", len(b))
 	}
 	if in {
 		copy(nb, b)
@@ -1198,10 +1214,8 @@ func (q *qp) PostSend(wr *rdma.SendWR) error {
 	s := &q.sends[i]
 	*s = sendSlot{id: wr.ID, op: wr.Op, user: !wr.Unsignaled, bounce: s.bounce[:0], used: true}
 	release := func() {
-		for _, b := range s.bounce {
-			q.d.mem.Free(b)
-		}
-		s.bounce, s.used = s.bounce[:0], false
+		q.releaseSlot(s)
+		s.used = false
 	}
 	var op C.int
 	nsge := 0
@@ -1258,6 +1272,20 @@ func (q *qp) PostSend(wr *rdma.SendWR) error {
 				s.bounce = append(s.bounce, bounce)
 				s.sink = dst
 			}
+			if q.iwarp && !q.d.opts.Remote {
+				// iWARP places Read Responses like tagged writes: the
+				// sink needs remote write rights, under an STag the
+				// peer learns. So it gets its own registration, of
+				// just these bytes, gone when the Read completes — not
+				// the shared memory's, which no peer may write.
+				mr, err := C.ibv_reg_mr(q.d.cpd, unsafe.Pointer(unsafe.SliceData(buf)), C.size_t(len(buf)),
+					C.IBV_ACCESS_LOCAL_WRITE|C.IBV_ACCESS_REMOTE_WRITE)
+				if mr == nil {
+					release()
+					return fmt.Errorf("verbs: registering a %d-byte RDMA Read sink: %v", len(buf), err)
+				}
+				s.sinkMR, k = mr, uint32(mr.lkey)
+			}
 			setSGE(C.bw_sge(q.ssge, 0), buf, k)
 			nsge = 1
 		}
@@ -1285,6 +1313,11 @@ func (q *qp) PostSend(wr *rdma.SendWR) error {
 		}
 		return fmt.Errorf("verbs: ibv_post_send: %v", err)
 	}
+	if q.debug {
+		q.d.log.Debug("verbs: posted", "qpn", q.attr.Detail, "slot", i, "op", wr.Op, "signaled", s.signaled, "sge", nsge,
+			"remote_stag", fmt.Sprintf("%#x", wr.RemoteSTag), "remote_to", fmt.Sprintf("%#x", wr.RemoteTO), "length", wr.Length,
+			"inv", wr.Invalidate, "sink_mr", s.sinkMR != nil)
+	}
 	q.sfree = q.sfree[:len(q.sfree)-1]
 	q.fifo = append(q.fifo, i)
 	if s.signaled {
@@ -1294,6 +1327,19 @@ func (q *qp) PostSend(wr *rdma.SendWR) error {
 		q.unsig++
 	}
 	return nil
+}
+
+// releaseSlot gives back what a send request held: bounce buffers, an
+// iWARP sink registration. Called with smu held.
+func (q *qp) releaseSlot(s *sendSlot) {
+	for _, b := range s.bounce {
+		q.d.mem.Free(b)
+	}
+	s.bounce = s.bounce[:0]
+	if s.sinkMR != nil {
+		C.ibv_dereg_mr(s.sinkMR)
+		s.sinkMR = nil
+	}
 }
 
 // PostRecv implements rdma.QP.
@@ -1399,6 +1445,10 @@ var wcStatus = map[int]rdma.Status{
 }
 
 func (q *qp) complete(w *cBWWC) {
+	if q.debug {
+		q.d.log.Debug("verbs: completion", "qpn", q.attr.Detail, "wr_id", fmt.Sprintf("%#x", uint64(w.id)), "opcode", int(w.opcode),
+			"status", int(w.status), "len", uint32(w.len), "flags", int(w.flags))
+	}
 	st, ok := wcStatus[int(w.status)]
 	if !ok {
 		st = rdma.TransportError
@@ -1437,8 +1487,11 @@ func (q *qp) complete(w *cBWWC) {
 		q.cfg.RecvCQ.Push(c)
 		return
 	}
-	// A send-queue completion: every earlier request on the queue is
-	// complete too (in order), signaled or not.
+	// A send-queue completion. The unsignaled requests posted before it
+	// are complete too and are released with it. Signaled ones before it
+	// keep their place: they complete on their own — an RDMA Read can
+	// complete after Sends posted behind it (siw does so), so a Send's
+	// completion says nothing of an earlier Read.
 	i := int(w.id)
 	var out []rdma.Completion
 	var stack [4]rdma.Completion
@@ -1448,10 +1501,18 @@ func (q *qp) complete(w *cBWWC) {
 		q.smu.Unlock()
 		return
 	}
-	for len(q.fifo) > 0 {
-		j := q.fifo[0]
-		q.fifo = q.fifo[1:]
+	at := slices.Index(q.fifo, i)
+	if at < 0 {
+		q.smu.Unlock()
+		return
+	}
+	kept := q.fifo[:0]
+	for k, j := range q.fifo {
 		s := &q.sends[j]
+		if k > at || (j != i && s.signaled) {
+			kept = append(kept, j)
+			continue
+		}
 		sst := rdma.Success
 		if j == i {
 			sst = st
@@ -1459,9 +1520,7 @@ func (q *qp) complete(w *cBWWC) {
 		if s.sink != nil && sst == rdma.Success {
 			copy(s.sink, s.bounce[0])
 		}
-		for _, b := range s.bounce {
-			q.d.mem.Free(b)
-		}
+		q.releaseSlot(s)
 		if s.signaled {
 			q.sigOut--
 		}
@@ -1470,13 +1529,8 @@ func (q *qp) complete(w *cBWWC) {
 		}
 		*s = sendSlot{bounce: s.bounce[:0]}
 		q.sfree = append(q.sfree, j)
-		if j == i {
-			break
-		}
 	}
-	if len(q.fifo) == 0 {
-		q.fifo = q.fifo[:0:0]
-	}
+	q.fifo = kept
 	q.smu.Unlock()
 	for _, c := range out {
 		q.cfg.SendCQ.Push(c)
@@ -1514,9 +1568,7 @@ func (q *qp) destroy() {
 	go C.rdma_destroy_id(q.id)
 	q.smu.Lock()
 	for i := range q.sends {
-		for _, b := range q.sends[i].bounce {
-			q.d.mem.Free(b)
-		}
+		q.releaseSlot(&q.sends[i])
 		q.sends[i] = sendSlot{}
 	}
 	q.smu.Unlock()

@@ -1,13 +1,10 @@
 package verbs
 
 import (
-	"errors"
 	"fmt"
+	"log/slog"
 	"math/bits"
-	"os"
 	"sort"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -52,9 +49,12 @@ type memory struct {
 	access rdma.Access
 	max    int
 
-	mu    sync.Mutex
-	total int
-	free  [maxClassShift + 1][][]byte
+	log *slog.Logger
+
+	mu     sync.Mutex
+	total  int
+	warned bool
+	free   [maxClassShift + 1][][]byte
 	// chunks, sorted by address, replaced whole on growth so lookups on
 	// the I/O path take no lock.
 	chunks atomic.Pointer[[]*chunk]
@@ -90,6 +90,13 @@ func (m *memory) Alloc(n int) ([]byte, bool) {
 		return b[:n], true
 	}
 	if err := m.growLocked(c); err != nil {
+		if !m.warned {
+			// Once: the pools fall back to Go memory and bounce copies.
+			m.warned = true
+			if m.log != nil {
+				m.log.Warn("verbs: no more registered memory: buffers now move through copies", "err", err)
+			}
+		}
 		return nil, false
 	}
 	k := len(m.free[c])
@@ -195,22 +202,6 @@ func (m *memory) close() {
 	m.total = 0
 }
 
-// checkMemlock reports, at start, a locked-memory limit too small for
-// the registered memory the device may take: registration pins pages and
-// counts them against RLIMIT_MEMLOCK unless the process holds
-// CAP_IPC_LOCK (root does). Found here, it names the limit and the size
-// needed; found later, it would be an I/O failure.
-func checkMemlock(need int) error {
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(memlockResource, &rl); err != nil {
-		return nil
-	}
-	return memlockError(rl.Cur, need, hasIPCLock())
-}
-
-// memlockResource is RLIMIT_MEMLOCK on Linux.
-const memlockResource = 8
-
 func memlockError(limit uint64, need int, ipcLock bool) error {
 	if ipcLock || limit == ^uint64(0) || limit >= uint64(need) {
 		return nil
@@ -219,24 +210,6 @@ func memlockError(limit uint64, need int, ipcLock bool) error {
 		"raise it (ulimit -l %d; LimitMEMLOCK=infinity in the systemd unit; memlock in limits.conf) or lower rdma_memory",
 		limit/1024, need/1024, (need+1023)/1024)
 }
-
-// hasIPCLock reports whether the process holds CAP_IPC_LOCK (bit 14 of
-// the effective capabilities), which lifts the memlock limit.
-func hasIPCLock() bool {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return false
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "CapEff:"); ok {
-			caps, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64)
-			return err == nil && caps&(1<<14) != 0
-		}
-	}
-	return false
-}
-
-var errClosed = errors.New("verbs: device closed")
 
 // addrOf is the address of b's first byte (b is not empty).
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }

@@ -21,11 +21,15 @@
 package verbs
 
 import (
+	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 )
+
+// ErrDeviceRemoved is what a listener's Accept and a queue pair's Err
+// wrap when the kernel removed the RDMA device (rdma link delete, a NIC
+// reset or unplug).
+var ErrDeviceRemoved = errors.New("RDMA device removed")
 
 // Options configure a Device.
 type Options struct {
@@ -42,18 +46,6 @@ type Options struct {
 	Logger  *slog.Logger
 }
 
-func (o *Options) defaults() {
-	if o.MaxMemory <= 0 {
-		o.MaxMemory = 256 << 20
-	}
-	if o.Backlog <= 0 {
-		o.Backlog = 64
-	}
-	if o.Logger == nil {
-		o.Logger = slog.New(slog.DiscardHandler)
-	}
-}
-
 // Info describes an RDMA device.
 type Info struct {
 	Name         string
@@ -68,36 +60,4 @@ type Info struct {
 
 func (i Info) String() string {
 	return fmt.Sprintf("%s %s port 1 %s mtu %d guid %016x netdev %s", i.Name, i.Kind, i.State, i.MTU, i.NodeGUID, i.Netdev)
-}
-
-func portState(s int) string {
-	switch s {
-	case 1:
-		return "down"
-	case 2:
-		return "init"
-	case 3:
-		return "armed"
-	case 4:
-		return "active"
-	case 5:
-		return "active-defer"
-	}
-	return fmt.Sprintf("state %d", s)
-}
-
-// netdevOf is the network device of port 1 (sysfs; "" when none).
-func netdevOf(dev string) string {
-	b, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "ports/1/gid_attrs/ndevs/0"))
-	if err != nil {
-		return ""
-	}
-	return string(trimNL(b))
-}
-
-func trimNL(b []byte) []byte {
-	for len(b) > 0 && (b[len(b)-1] == '\n' || b[len(b)-1] == 0) {
-		b = b[:len(b)-1]
-	}
-	return b
 }

@@ -35,9 +35,13 @@ var boots = [][]string{
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
 	// build): rxe, then siw.
-	{"verbs-rxe-linux-iser", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce"},
+	{"verbs-rxe-linux-iser", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-remove"},
 	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio"},
 }
+
+// benchBoots are the guest lab's benchmarks (BLOCKWIRE_GUESTLAB_BENCH=1):
+// their figures are printed, not checked.
+var benchBoots = [][]string{{"bench-verbs-rxe"}}
 
 // extraDebs are Debian packages unpacked into the appended archive: tgt,
 // the Linux-side iSER target for our initiator, and tcpdump, so a failing
@@ -64,7 +68,12 @@ func TestGuestLab(t *testing.T) {
 			only[s] = true
 		}
 	}
-	for _, all := range boots {
+	groups := boots
+	if os.Getenv("BLOCKWIRE_GUESTLAB_BENCH") != "" {
+		// Benchmarks, not tests: run on request (make guestlab-bench).
+		groups = benchBoots
+	}
+	for _, all := range groups {
 		var scenarios, tests []string
 		for _, s := range all {
 			if len(only) == 0 || only[s] {

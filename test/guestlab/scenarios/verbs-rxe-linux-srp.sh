@@ -26,5 +26,5 @@ for p in /sys/class/srp_remote_ports/port-*; do [ -e $p/delete ] && echo 1 > $p/
 sleep 1
 kill $B; wait $B || rc=1
 grep -E "level=(WARN|ERROR)" /tmp/bvs.log && { say "the target logged warnings"; rc=1; }
-[ $rc = 0 ] || tail -30 /tmp/bvs.log
+[ $rc = 0 ] || { grep -m1 -A14 -E "^(SIG|panic|fatal)" /tmp/bvs.log; grep -E "level=(WARN|ERROR)|srp" /tmp/bvs.log | head -20; }
 exit $rc

@@ -3,6 +3,7 @@
 # RDMA/CM on port 5557 (ib_srpt listens on [::], so an IPv6 destination):
 # the verifying benchmark at QD 1 and 16, and a 4 MiB copy in and out.
 rdma_dev siw dummy || exit 1
+ulimit -l unlimited   # siw counts registered memory against it, root too
 modprobe target_core_mod; modprobe ib_srpt
 mkdir -p $CFG/srpt; echo 5557 > $CFG/srpt/discovery_auth/rdma_cm_port || exit 1
 if [ ! -d $CFG/core/rd_mcp_0/rd0 ]; then mkdir -p $CFG/core/rd_mcp_0/rd0; echo rd_pages=16384 > $CFG/core/rd_mcp_0/rd0/control; echo 1 > $CFG/core/rd_mcp_0/rd0/enable; fi
