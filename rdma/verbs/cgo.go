@@ -220,7 +220,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"slices"
 	"sync"
 	"syscall"
 	"time"
@@ -313,10 +312,13 @@ type Device struct {
 
 	// mu guards ids and closed; it is taken alone, never across C calls
 	// that wait.
-	mu     sync.Mutex
-	ids    map[*cID]owner
-	closed bool
-	loop   chan struct{} // closed when the event loop ends
+	mu       sync.Mutex
+	ids      map[*cID]owner
+	closing  bool          // Close was called: the last id to go releases the device
+	closed   bool          // released: no new id
+	loop     chan struct{} // closed when the event loop ends
+	relOnce  sync.Once
+	released chan struct{}
 }
 
 // owner is what an rdma_cm_id's events go to.
@@ -361,7 +363,7 @@ func Open(name string, o Options) (*Device, error) {
 		}
 		return nil, fmt.Errorf("verbs: no RDMA device %q (there are %v)", name, names)
 	}
-	d := &Device{opts: o, log: o.Logger, ctx: ctx, ids: map[*cID]owner{}, loop: make(chan struct{})}
+	d := &Device{opts: o, log: o.Logger, ctx: ctx, ids: map[*cID]owner{}, loop: make(chan struct{}), released: make(chan struct{})}
 	d.info = query(ctx)
 	d.name = d.info.Name
 	if err := checkMemlock(d.name, o.MaxMemory); err != nil {
@@ -461,30 +463,48 @@ func (d *Device) Memory() rdma.Memory { return d.mem }
 // and listeners must be closed first.
 func (d *Device) Close() error {
 	d.mu.Lock()
-	if d.closed {
+	if d.closing {
 		d.mu.Unlock()
 		return nil
 	}
-	d.mu.Unlock()
 	// Connections still closing (their flushes drain) end first: their
-	// ids need the event channel until destroyed.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		d.mu.Lock()
-		n := len(d.ids)
-		d.mu.Unlock()
-		if n == 0 {
-			break
-		}
-	}
-	d.mu.Lock()
-	d.closed = true
+	// ids need the event channel, and their queue pairs the memory and
+	// the PD, until destroyed. The last one to go releases the device.
+	d.closing = true
+	n := len(d.ids)
 	d.mu.Unlock()
-	d.echf.Close() // wakes the event loop
-	<-d.loop
-	C.rdma_destroy_event_channel(d.ech)
-	d.mem.close()
-	C.ibv_dealloc_pd(d.cpd)
+	if n == 0 {
+		d.release()
+		return nil
+	}
+	select {
+	case <-d.released:
+	case <-time.After(5 * time.Second):
+		d.log.Warn("verbs: device closed with connections still open: released when the last ends", "device", d.name, "ids", n)
+	}
 	return nil
+}
+
+// release frees the device once no id is left.
+func (d *Device) release() {
+	d.relOnce.Do(func() {
+		d.mu.Lock()
+		d.closed = true
+		d.mu.Unlock()
+		d.echf.Close() // wakes the event loop
+		<-d.loop
+		C.rdma_destroy_event_channel(d.ech)
+		d.mem.close()
+		C.ibv_dealloc_pd(d.cpd)
+		// librdmacm closes the context of a device the kernel removed
+		// once nothing uses it, when it next looks at the device list;
+		// a device being removed waits for that close.
+		var n C.int
+		if l := C.rdma_get_devices(&n); l != nil {
+			C.rdma_free_devices(l)
+		}
+		close(d.released)
+	})
 }
 
 // events reads the connection manager's events and hands each to the
@@ -542,14 +562,14 @@ func (d *Device) dispatch(e cmEvent) {
 	if e.typ == C.RDMA_CM_EVENT_CONNECT_REQUEST {
 		// A request for a listener that is gone.
 		C.rdma_reject(e.id, nil, 0)
-		C.rdma_destroy_id(e.id)
+		go C.rdma_destroy_id(e.id)
 	}
 }
 
 func (d *Device) own(id *cID, o owner) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
+	if d.closed || d.closing {
 		return errClosed
 	}
 	d.ids[id] = o
@@ -559,7 +579,18 @@ func (d *Device) own(id *cID, o owner) error {
 func (d *Device) disown(id *cID) {
 	d.mu.Lock()
 	delete(d.ids, id)
+	last := d.closing && len(d.ids) == 0
 	d.mu.Unlock()
+	if last {
+		go d.release()
+	}
+}
+
+// destroyID destroys an id and then forgets it. Not on the event loop:
+// rdma_destroy_id waits for the id's events to be acknowledged there.
+func (d *Device) destroyID(id *cID) {
+	C.rdma_destroy_id(id)
+	d.disown(id)
 }
 
 var eventNames = map[int]string{
@@ -702,8 +733,7 @@ func (d *Device) Listen(addr string) (rdma.Listener, error) {
 		return nil, err
 	}
 	if r, err := C.rdma_listen(id, C.int(d.opts.Backlog)); r != 0 {
-		d.disown(id)
-		C.rdma_destroy_id(id)
+		d.destroyID(id)
 		return nil, fmt.Errorf("verbs: rdma_listen on %s: %v", addr, err)
 	}
 	l.addr = idAddr(id, true)
@@ -716,14 +746,14 @@ func (l *listener) event(e cmEvent) {
 		if v := C.bw_id_verbs(e.id); v != l.d.ctx {
 			l.d.log.Warn("verbs: connection request on another RDMA device refused", "device", l.d.name, "on", C.GoString(C.bw_ctx_name(v)))
 			C.rdma_reject(e.id, nil, 0)
-			C.rdma_destroy_id(e.id)
+			go C.rdma_destroy_id(e.id)
 			return
 		}
 		r := &request{d: l.d, id: e.id, pdata: e.pdata, ird: e.ird, ord: e.ord}
 		r.local, r.remote = idAddr(e.id, true), idAddr(e.id, false)
 		if err := l.d.own(e.id, r); err != nil {
 			C.rdma_reject(e.id, nil, 0)
-			C.rdma_destroy_id(e.id)
+			go C.rdma_destroy_id(e.id)
 			return
 		}
 		select {
@@ -731,9 +761,8 @@ func (l *listener) event(e cmEvent) {
 		default:
 			// Requests not yet taken are bounded (Options.Backlog).
 			l.d.log.Warn("verbs: connection request refused: backlog full", "from", r.remote, "backlog", l.d.opts.Backlog)
-			l.d.disown(e.id)
 			C.rdma_reject(e.id, nil, 0)
-			C.rdma_destroy_id(e.id)
+			go l.d.destroyID(e.id)
 		}
 	case C.RDMA_CM_EVENT_DEVICE_REMOVAL:
 		l.gone = fmt.Errorf("verbs: %s: %w", l.d.name, ErrDeviceRemoved)
@@ -766,11 +795,10 @@ func (l *listener) Close() error {
 func (l *listener) close() {
 	l.once.Do(func() {
 		close(l.done)
-		l.d.disown(l.id)
 		// rdma_destroy_id waits for the id's events to be acknowledged;
 		// the event loop acknowledges each at once, but may be the
 		// caller (device removal): destroy off its goroutine.
-		go C.rdma_destroy_id(l.id)
+		go l.d.destroyID(l.id)
 		for {
 			select {
 			case r := <-l.reqs:
@@ -804,14 +832,13 @@ func (r *request) RemoteAddr() net.Addr { return r.remote }
 
 func (r *request) Reject(privateData []byte) error {
 	r.once.Do(func() {
-		r.d.disown(r.id)
 		var p unsafe.Pointer
 		if len(privateData) > 0 {
 			p = C.CBytes(privateData)
 			defer C.free(p)
 		}
 		C.rdma_reject(r.id, p, C.uint8_t(min(len(privateData), 148)))
-		go C.rdma_destroy_id(r.id)
+		go r.d.destroyID(r.id)
 	})
 	return nil
 }
@@ -824,9 +851,8 @@ func (r *request) Accept(p rdma.ConnParams) (rdma.QP, error) {
 	r.once.Do(func() {
 		q, err = r.d.newQP(r.id, p, r.local, r.remote)
 		if err != nil {
-			r.d.disown(r.id)
 			C.rdma_reject(r.id, nil, 0)
-			go C.rdma_destroy_id(r.id)
+			go r.d.destroyID(r.id)
 			return
 		}
 		// librdmacm reports a request's depths from our side: ird is
@@ -881,8 +907,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		return nil, nil, err
 	}
 	fail := func(err error) (rdma.QP, []byte, error) {
-		d.disown(id)
-		C.rdma_destroy_id(id)
+		d.destroyID(id)
 		return nil, nil, err
 	}
 	sa := sockaddr(ap)
@@ -992,9 +1017,9 @@ type qp struct {
 	ssge   *cSGE
 	sends  []sendSlot
 	sfree  []int
-	fifo   []int // slots in posting order, oldest first
-	unsig  int   // unsignaled requests since the last signaled one
-	sigOut int   // signaled requests outstanding
+	order  sendOrder
+	unsig  int // unsignaled requests since the last signaled one
+	sigOut int // signaled requests outstanding
 
 	rmu   sync.Mutex // posting receives; the receive slots
 	rsge  *cSGE
@@ -1143,6 +1168,9 @@ func (q *qp) event(e cmEvent) {
 		err := fmt.Errorf("verbs: %s: %w", q.d.name, ErrDeviceRemoved)
 		q.d.log.Error("verbs: RDMA device removed: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr)
 		q.fail(err)
+		// A removed device flushes nothing: say it for it, so a consumer
+		// waiting on its receive queue sees the end.
+		q.cfg.RecvCQ.Push(rdma.Completion{Op: rdma.OpRecv, Status: rdma.Flushed, QP: q})
 	}
 }
 
@@ -1319,7 +1347,7 @@ func (q *qp) PostSend(wr *rdma.SendWR) error {
 			"inv", wr.Invalidate, "sink_mr", s.sinkMR != nil)
 	}
 	q.sfree = q.sfree[:len(q.sfree)-1]
-	q.fifo = append(q.fifo, i)
+	q.order.post(i)
 	if s.signaled {
 		q.unsig = 0
 		q.sigOut++
@@ -1501,18 +1529,8 @@ func (q *qp) complete(w *cBWWC) {
 		q.smu.Unlock()
 		return
 	}
-	at := slices.Index(q.fifo, i)
-	if at < 0 {
-		q.smu.Unlock()
-		return
-	}
-	kept := q.fifo[:0]
-	for k, j := range q.fifo {
+	q.order.complete(i, func(j int) bool { return q.sends[j].signaled }, func(j int) {
 		s := &q.sends[j]
-		if k > at || (j != i && s.signaled) {
-			kept = append(kept, j)
-			continue
-		}
 		sst := rdma.Success
 		if j == i {
 			sst = st
@@ -1529,8 +1547,7 @@ func (q *qp) complete(w *cBWWC) {
 		}
 		*s = sendSlot{bounce: s.bounce[:0]}
 		q.sfree = append(q.sfree, j)
-	}
-	q.fifo = kept
+	})
 	q.smu.Unlock()
 	for _, c := range out {
 		q.cfg.SendCQ.Push(c)
@@ -1559,13 +1576,13 @@ func (q *qp) Close() error {
 // destroy frees the queue pair's resources; the poller is stopped first.
 func (q *qp) destroy() {
 	q.fail(errors.New("verbs: queue pair destroyed"))
-	q.d.disown(q.id)
 	q.ccf.Close()
 	<-q.pollDone
 	C.rdma_destroy_qp(q.id)
 	C.ibv_destroy_cq(q.cq)
 	C.ibv_destroy_comp_channel(q.cc)
-	go C.rdma_destroy_id(q.id)
+	// Last: the device may be closing and waiting for its last id.
+	defer q.d.destroyID(q.id)
 	q.smu.Lock()
 	for i := range q.sends {
 		q.releaseSlot(&q.sends[i])

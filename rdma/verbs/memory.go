@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/bits"
+	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -54,6 +55,8 @@ type memory struct {
 	mu     sync.Mutex
 	total  int
 	warned bool
+	out    int  // pieces handed out and not given back
+	closed bool // deregistered: Alloc hands out nothing more
 	free   [maxClassShift + 1][][]byte
 	// chunks, sorted by address, replaced whole on growth so lookups on
 	// the I/O path take no lock.
@@ -84,9 +87,13 @@ func (m *memory) Alloc(n int) ([]byte, bool) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.closed {
+		return nil, false
+	}
 	if k := len(m.free[c]); k > 0 {
 		b := m.free[c][k-1]
 		m.free[c] = m.free[c][:k-1]
+		m.out++
 		return b[:n], true
 	}
 	if err := m.growLocked(c); err != nil {
@@ -102,6 +109,7 @@ func (m *memory) Alloc(n int) ([]byte, bool) {
 	k := len(m.free[c])
 	b := m.free[c][k-1]
 	m.free[c] = m.free[c][:k-1]
+	m.out++
 	return b[:n], true
 }
 
@@ -160,6 +168,7 @@ func (m *memory) Free(b []byte) {
 	}
 	off := a - ch.start
 	m.mu.Lock()
+	m.out--
 	m.free[ch.class] = append(m.free[ch.class], ch.mem[off:off+1<<ch.class:off+1<<ch.class])
 	m.mu.Unlock()
 }
@@ -189,15 +198,25 @@ func (m *memory) Registered() int {
 	return m.total
 }
 
-// close deregisters and unmaps every chunk; nothing may use them after.
+// close deregisters every chunk: the device reaches none of it any more,
+// and Alloc hands out nothing. Pieces still held (a task's buffer while
+// the device went away) stay valid memory for their holders: the chunks
+// are unmapped only when none is held, otherwise left to the process.
 func (m *memory) close() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	for _, ch := range *m.chunks.Load() {
-		m.reg.deregister(ch.handle)
-		syscall.Munmap(ch.mem)
+	if m.closed {
+		return
 	}
+	m.closed = true
+	chunks := *m.chunks.Load()
 	m.chunks.Store(&[]*chunk{})
+	for _, ch := range chunks {
+		m.reg.deregister(ch.handle)
+		if m.out == 0 {
+			syscall.Munmap(ch.mem)
+		}
+	}
 	m.free = [maxClassShift + 1][][]byte{}
 	m.total = 0
 }
@@ -213,3 +232,30 @@ func memlockError(limit uint64, need int, ipcLock bool) error {
 
 // addrOf is the address of b's first byte (b is not empty).
 func addrOf(b []byte) uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(b))) }
+
+// sendOrder is a send queue's outstanding requests in posting order: what
+// a completion says is done. A completion covers its own request and the
+// unsignaled ones posted before it (they never complete on their own);
+// signaled ones before it keep their place, since an RDMA Read may
+// complete after Sends posted behind it (siw does).
+type sendOrder struct{ fifo []int }
+
+func (o *sendOrder) post(slot int) { o.fifo = append(o.fifo, slot) }
+
+// complete calls done for each request the completion of slot finishes,
+// oldest first; a slot not outstanding finishes nothing.
+func (o *sendOrder) complete(slot int, signaled func(int) bool, done func(int)) {
+	at := slices.Index(o.fifo, slot)
+	if at < 0 {
+		return
+	}
+	kept := o.fifo[:0]
+	for k, j := range o.fifo {
+		if k > at || (j != slot && signaled(j)) {
+			kept = append(kept, j)
+			continue
+		}
+		done(j)
+	}
+	o.fifo = kept
+}

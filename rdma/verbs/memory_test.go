@@ -1,6 +1,7 @@
 package verbs
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -64,9 +65,20 @@ func TestMemoryPoolsAndBounds(t *testing.T) {
 		t.Fatal("a piece above 16 MiB was handed out")
 	}
 	m.Free(make([]byte, 64)) // not ours: ignored
+	held, ok := m.Alloc(5000)
+	if !ok {
+		t.Fatal("no piece of a class with free pieces")
+	}
 	m.close()
 	if len(reg.live) != 0 {
 		t.Fatalf("%d registrations left after close", len(reg.live))
+	}
+	// The device went away while a task held a piece: the piece stays
+	// memory its holder may use; nothing more is handed out.
+	held[0], held[99] = 1, 2
+	m.Free(held)
+	if _, ok := m.Alloc(100); ok {
+		t.Fatal("Alloc after close")
 	}
 }
 
@@ -82,5 +94,33 @@ func TestMemlockReportedAtStart(t *testing.T) {
 		if err := memlockError(c.limit, 256<<20, c.ipc); err != nil {
 			t.Errorf("limit %d ipc %v: %v", c.limit, c.ipc, err)
 		}
+	}
+}
+
+// A Send's completion finishes the unsignaled requests before it, not a
+// signaled RDMA Read before it: siw completes Reads after later Sends, and
+// a Read taken for done there handed out a buffer the data had not reached.
+func TestSendOrderReadsCompleteOnTheirOwn(t *testing.T) {
+	var o sendOrder
+	sig := map[int]bool{0: true, 1: false, 2: true, 3: false, 4: true}
+	for i := 0; i < 5; i++ { // read, write, send, write, send
+		o.post(i)
+	}
+	var got []int
+	done := func(j int) { got = append(got, j) }
+	o.complete(2, func(j int) bool { return sig[j] }, done)
+	if fmt.Sprint(got) != "[1 2]" || fmt.Sprint(o.fifo) != "[0 3 4]" {
+		t.Fatalf("send 2 done: finished %v, left %v", got, o.fifo)
+	}
+	got = nil
+	o.complete(0, func(j int) bool { return sig[j] }, done)
+	if fmt.Sprint(got) != "[0]" || fmt.Sprint(o.fifo) != "[3 4]" {
+		t.Fatalf("read 0 done: finished %v, left %v", got, o.fifo)
+	}
+	got = nil
+	o.complete(4, func(j int) bool { return sig[j] }, done)
+	o.complete(4, func(j int) bool { return sig[j] }, done) // again: nothing
+	if fmt.Sprint(got) != "[3 4]" || len(o.fifo) != 0 {
+		t.Fatalf("send 4 done: finished %v, left %v", got, o.fifo)
 	}
 }
