@@ -69,7 +69,7 @@ type Config struct {
 	// RDMAMemory bounds the memory registered with a kernel RDMA device
 	// (default 256MiB); the locked-memory limit must allow it.
 	RDMAMemory string `toml:"rdma_memory,omitempty"`
-	Limits        Limits   `toml:"limits,omitempty"`
+	Limits     Limits `toml:"limits,omitempty"`
 	// Discovery sets who may open discovery sessions and how they
 	// authenticate (nil: anyone, no authentication).
 	Discovery *Discovery `toml:"discovery,omitempty"`

@@ -33,8 +33,8 @@ import (
 	"github.com/blockwire/blockwire/metrics"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
-	"github.com/blockwire/blockwire/rdma/verbs"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/rdma/verbs"
 	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
 	srptarget "github.com/blockwire/blockwire/srp/target"
@@ -93,9 +93,9 @@ type Node struct {
 	devices []*scsitarget.Device
 	srp     map[string]*srptarget.Server // by target name
 	srpOn   []srpPortal
-	roce    map[string]*roce.Device // by local address
+	roce    map[string]*roce.Device  // by local address
 	verbs   map[string]*verbs.Device // kernel RDMA devices, by name
-	iocs    map[string]bool         // IOC service IDs listened to, per RoCE device
+	iocs    map[string]bool          // IOC service IDs listened to, per RoCE device
 	portals []Portal
 	bound   map[string]string // iSCSI portal address as configured → as bound
 	pending []func()          // iSCSI portals' accept loops, started once access is set

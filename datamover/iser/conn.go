@@ -209,14 +209,14 @@ type Conn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 
-	smu      sync.Mutex // transmit order
-	slots    [][]byte
+	smu   sync.Mutex // transmit order
+	slots [][]byte
 	// slotBacking holds the slots: from the PD (registered memory on a
 	// hardware device), given back with the receive buffers once the
 	// connection has ended and its dispatchers are done.
 	slotBacking []byte
-	freeSlot chan int
-	waiters  []chan rdma.Status
+	freeSlot    chan int
+	waiters     []chan rdma.Status
 
 	tmu    sync.Mutex
 	tasks  map[uint32]*taskTags
