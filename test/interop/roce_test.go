@@ -19,7 +19,7 @@ func TestISEROverRoCEDecodedByTshark(t *testing.T) {
 	pcap, stop := captureFilter(t, "udp port "+udpPort)
 	d := serve(t, "--roce-listen", "127.0.0.2:3260", "--roce-udp-port", udpPort)
 	// The TCP portal answers first; the RoCEv2 one follows.
-	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(d.log.String(), "serving iSER over RoCEv2"); {
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(d.log.String(), "serving iSER over RDMA/CM"); {
 		if time.Now().After(deadline) {
 			t.Fatalf("no RoCEv2 portal:\n%s", d.log)
 		}

@@ -21,17 +21,23 @@ login() { # $1 iqn $2 port
   for i in $(seq 1 50); do DEV=$(ls /sys/class/iscsi_session/session*/device/target*/*/block 2>/dev/null | head -1); [ -n "$DEV" ] && [ -b /dev/$DEV ] && return 0; sleep 0.2; done
   return 1
 }
-mbps() { sed -n 's/.* copied, \([0-9.]*\) s, .*/\1/p' | tail -1; } # seconds
-run() { # prints: r4k1 w4k1 r4k4 w4k4 r1m w1m (IOPS, IOPS, IOPS, IOPS, MB/s, MB/s)
-  d=/dev/$DEV; n=4000
-  t=$(dd if=$d of=/dev/null bs=4k count=$n iflag=direct 2>&1 | mbps); r1=$(echo "$n $t" | awk '{printf "%d", $1/$2}')
-  t=$(dd if=/dev/zero of=$d bs=4k count=$n oflag=direct 2>&1 | mbps); w1=$(echo "$n $t" | awk '{printf "%d", $1/$2}')
-  s=$(date +%s.%N); for k in 0 1 2 3; do dd if=$d of=/dev/null bs=4k count=$n skip=$((k*4000)) iflag=direct 2>/dev/null & done; wait
-  r4=$(echo "$s $(date +%s.%N) $n" | awk '{printf "%d", 4*$3/($2-$1)}')
-  s=$(date +%s.%N); for k in 0 1 2 3; do dd if=/dev/zero of=$d bs=4k count=$n seek=$((k*4000)) oflag=direct 2>/dev/null & done; wait
-  w4=$(echo "$s $(date +%s.%N) $n" | awk '{printf "%d", 4*$3/($2-$1)}')
-  t=$(dd if=$d of=/dev/null bs=1M count=48 iflag=direct 2>&1 | mbps); rm=$(echo "$t" | awk '{printf "%.1f", 48*1.048576/$1}')
-  t=$(dd if=/dev/zero of=$d bs=1M count=48 oflag=direct 2>&1 | mbps); wm=$(echo "$t" | awk '{printf "%.1f", 48*1.048576/$1}')
+now() { cut -d' ' -f1 /proc/uptime; } # seconds, to the hundredth (busybox date has no %N)
+# timed N PROCS CMD...: runs CMD in PROCS copies (arg $k is the copy's
+# index), prints operations per second for N operations each.
+timed() {
+  n=$1; p=$2; shift 2
+  s=$(now); k=0
+  while [ $k -lt $p ]; do "$@" $k 2>/dev/null & k=$((k+1)); done; wait
+  echo "$s $(now) $n $p" | awk '{d=$2-$1; if (d<=0) d=0.01; printf "%d", $3*$4/d}'
+}
+rd4() { dd if=/dev/$DEV of=/dev/null bs=4k count=2000 skip=$(($1*2000)) iflag=direct; }
+wr4() { dd if=/dev/zero of=/dev/$DEV bs=4k count=2000 seek=$(($1*2000)) oflag=direct; }
+rd1m() { dd if=/dev/$DEV of=/dev/null bs=1M count=48 iflag=direct; }
+wr1m() { dd if=/dev/zero of=/dev/$DEV bs=1M count=48 oflag=direct; }
+run() { # prints: r4k1 w4k1 r4k4 w4k4 r1m w1m (IOPS x4, then MB/s x2)
+  r1=$(timed 2000 1 rd4); w1=$(timed 2000 1 wr4)
+  r4=$(timed 2000 4 rd4); w4=$(timed 2000 4 wr4)
+  rm=$(timed 48 1 rd1m | awk '{printf "%.1f", $1*1.048576}'); wm=$(timed 48 1 wr1m | awk '{printf "%.1f", $1*1.048576}')
   echo "$r1 $w1 $r4 $w4 $rm $wm"
 }
 rm -f /tmp/res.lio /tmp/res.bw
@@ -50,7 +56,7 @@ say "BENCH conditions: QEMU TCG, 2 vCPUs, kernel rdma_rxe on a veth, open-iscsi 
 say "BENCH | figure | LIO isert | blockwire (verbs) | blockwire / LIO |"
 i=1
 for f in "4k read QD1 IOPS" "4k write QD1 IOPS" "4k read QD4 IOPS" "4k write QD4 IOPS" "1M read QD1 MB/s" "1M write QD1 MB/s"; do
-  l=$(cut -d' ' -f$i /tmp/res.lio | med); b=$(cut -d' ' -f$i /tmp/res.bw | med)
+  l=$(awk -v f=$i '{print $f}' /tmp/res.lio | med); b=$(awk -v f=$i '{print $f}' /tmp/res.bw | med)
   say "BENCH | $f | $l | $b | $(echo "$b $l" | awk '{printf "%.2f", $1/$2}')× |"
   i=$((i+1))
 done
