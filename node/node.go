@@ -568,15 +568,7 @@ func (n *Node) dropVerbs(name string) {
 func (n *Node) reopenVerbs(name string) (*verbs.Device, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if d := n.verbs[name]; d != nil {
-		return d, nil
-	}
-	d, err := verbs.Open(name, n.verbsOptions())
-	if err != nil {
-		return nil, err
-	}
-	n.verbs[name] = d
-	return d, nil
+	return n.openVerbs(name)
 }
 
 // rdmaListen listens for RDMA/CM connections on addr: on the kernel RDMA
@@ -616,23 +608,28 @@ func (n *Node) verbsDevice(addr string) (*verbs.Device, error) {
 			return nil, nil
 		}
 	}
+	d, err := n.openVerbs(name)
+	if err != nil {
+		return nil, fmt.Errorf("RDMA device for %s: %w", addr, err)
+	}
+	return d, nil
+}
+
+// openVerbs returns the named kernel RDMA device, opening it on first use
+// (rdma_memory was validated: it parses). Called with mu held, or before
+// Start.
+func (n *Node) openVerbs(name string) (*verbs.Device, error) {
 	if d := n.verbs[name]; d != nil {
 		return d, nil
 	}
-	d, err := verbs.Open(name, n.verbsOptions())
+	mem, _ := config.ParseSize(n.cfg.RDMAMemory)
+	d, err := verbs.Open(name, verbs.Options{MaxMemory: int(mem), Logger: n.log})
 	if err != nil {
-		return nil, fmt.Errorf("RDMA device for %s: %w", addr, err)
+		return nil, err
 	}
 	n.log.Info("RDMA device", "device", d.Info().String())
 	n.verbs[name] = d
 	return d, nil
-}
-
-// verbsOptions are a kernel RDMA device's options (the configuration was
-// validated: rdma_memory parses).
-func (n *Node) verbsOptions() verbs.Options {
-	mem, _ := config.ParseSize(n.cfg.RDMAMemory)
-	return verbs.Options{MaxMemory: int(mem), Logger: n.log}
 }
 
 // closeVerbs closes the kernel RDMA devices (at Shutdown, after every
