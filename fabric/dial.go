@@ -125,13 +125,7 @@ func (d *Dialer) rdma(log *slog.Logger) (rdma.Fabric, *rdma.PD) {
 		d.RDMA = siw.New(siw.Options{Logger: log})
 	}
 	if d.pd == nil {
-		// A hardware fabric (rdma/verbs) has its own protection domain
-		// with its registered memory.
-		if h, ok := d.RDMA.(interface{ PD() *rdma.PD }); ok {
-			d.pd = h.PD()
-		} else {
-			d.pd = rdma.NewDevice("blockwire-initiator").AllocPD()
-		}
+		d.pd = rdma.FabricPD(d.RDMA, "blockwire-initiator")
 	}
 	return d.RDMA, d.pd
 }

@@ -156,6 +156,16 @@ func NewHardwarePD(name string, m Memory) *PD {
 	return &PD{dev: NewDevice(name), id: 1, mem: m}
 }
 
+// FabricPD is the protection domain a connection over f uses: a hardware
+// fabric's own (rdma/verbs, whose memory is registered in it), else a new
+// one on a software device named name.
+func FabricPD(f Fabric, name string) *PD {
+	if h, ok := f.(interface{ PD() *PD }); ok {
+		return h.PD()
+	}
+	return NewDevice(name).AllocPD()
+}
+
 // Memory is the PD's registered memory (nil on a software device).
 func (pd *PD) Memory() Memory { return pd.mem }
 

@@ -114,13 +114,7 @@ func Dial(ctx context.Context, addr string, tgt srp.PortID, opts Options) (*Chan
 		return nil, errors.New("srp: no RDMA fabric")
 	}
 	if opts.PD == nil {
-		// A hardware fabric (rdma/verbs) has its own protection domain
-		// with its registered memory.
-		if h, ok := opts.Fabric.(interface{ PD() *rdma.PD }); ok {
-			opts.PD = h.PD()
-		} else {
-			opts.PD = rdma.NewDevice("blockwire-srp").AllocPD()
-		}
+		opts.PD = rdma.FabricPD(opts.Fabric, "blockwire-srp")
 	}
 	if opts.Initiator == (srp.PortID{}) {
 		var ext [8]byte
