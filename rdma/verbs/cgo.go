@@ -169,18 +169,9 @@ static int bw_create_qp(struct rdma_cm_id *id, struct ibv_pd *pd, struct ibv_cq 
 	return rdma_create_qp(id, pd, &a);
 }
 
-static int bw_accept(struct rdma_cm_id *id, const void *pd, int n, int ird, int ord) {
-	struct rdma_conn_param p;
-	memset(&p, 0, sizeof p);
-	p.private_data = pd;
-	p.private_data_len = n;
-	p.responder_resources = ird;
-	p.initiator_depth = ord;
-	p.rnr_retry_count = 7;
-	return rdma_accept(id, &p);
-}
-
-static int bw_connect(struct rdma_cm_id *id, const void *pd, int n, int ird, int ord) {
+// bw_join accepts a connection request or connects (retry_count is
+// ignored when accepting).
+static int bw_join(struct rdma_cm_id *id, const void *pd, int n, int ird, int ord, int accept) {
 	struct rdma_conn_param p;
 	memset(&p, 0, sizeof p);
 	p.private_data = pd;
@@ -189,7 +180,7 @@ static int bw_connect(struct rdma_cm_id *id, const void *pd, int n, int ird, int
 	p.initiator_depth = ord;
 	p.retry_count = 7;
 	p.rnr_retry_count = 7;
-	return rdma_connect(id, &p);
+	return accept ? rdma_accept(id, &p) : rdma_connect(id, &p);
 }
 
 static int bw_query(struct ibv_context *ctx, uint64_t *guid, int *transport, int *link, int *state, int *mtu,
@@ -862,14 +853,7 @@ func (r *request) Accept(p rdma.ConnParams) (rdma.QP, error) {
 		// ORD), ord how many it will answer (its IRD).
 		ird := min(max(p.QP.IRD, r.ird, 1), r.d.info.MaxReadDepth, 255)
 		ord := min(max(p.QP.ORD, 1), max(r.ord, 1), r.d.info.MaxReadDepth, 255)
-		q.attr.IRD, q.attr.ORD = ird, ord
-		var pd unsafe.Pointer
-		if len(p.PrivateData) > 0 {
-			pd = C.CBytes(p.PrivateData)
-			defer C.free(pd)
-		}
-		if rc, cerr := C.bw_accept(r.id, pd, C.int(min(len(p.PrivateData), 196)), C.int(ird), C.int(ord)); rc != 0 {
-			err = fmt.Errorf("verbs: rdma_accept: %v", cerr)
+		if err = q.join(p.PrivateData, 196, ird, ord, true); err != nil {
 			q.destroy()
 			return
 		}
@@ -935,15 +919,9 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 	}
 	ird := min(max(p.QP.IRD, 1), d.info.MaxReadDepth, 255)
 	ord := min(max(p.QP.ORD, 1), d.info.MaxReadDepth, 255)
-	q.attr.IRD, q.attr.ORD = ird, ord
-	var pd unsafe.Pointer
-	if len(p.PrivateData) > 0 {
-		pd = C.CBytes(p.PrivateData)
-		defer C.free(pd)
-	}
-	if r, err := C.bw_connect(id, pd, C.int(min(len(p.PrivateData), 56)), C.int(ird), C.int(ord)); r != 0 {
+	if err := q.join(p.PrivateData, 56, ird, ord, false); err != nil {
 		q.destroy()
-		return nil, nil, fmt.Errorf("verbs: connect to %s: rdma_connect: %v", addr, err)
+		return nil, nil, fmt.Errorf("verbs: connect to %s: %w", addr, err)
 	}
 	var reply []byte
 	if err := q.established(10*time.Second, &reply); err != nil {
@@ -1114,6 +1092,26 @@ func transportName(kind string) string {
 		return "iwarp"
 	}
 	return "infiniband"
+}
+
+// join accepts (accept) or connects with the private data (at most max
+// bytes: an InfiniBand REP or, after the RDMA/CM header, REQ holds no more)
+// and the negotiated read depths.
+func (q *qp) join(data []byte, max, ird, ord int, accept bool) error {
+	q.attr.IRD, q.attr.ORD = ird, ord
+	var pd unsafe.Pointer
+	if len(data) > 0 {
+		pd = C.CBytes(data)
+		defer C.free(pd)
+	}
+	a, what := C.int(0), "rdma_connect"
+	if accept {
+		a, what = 1, "rdma_accept"
+	}
+	if r, err := C.bw_join(q.id, pd, C.int(min(len(data), max)), C.int(ird), C.int(ord), a); r != 0 {
+		return fmt.Errorf("verbs: %s: %v", what, err)
+	}
+	return nil
 }
 
 // established waits for the connection to be up.
@@ -1467,11 +1465,24 @@ func (q *qp) drained() bool {
 	return s == 0 && r == 0
 }
 
-var wcStatus = map[int]rdma.Status{
-	C.IBV_WC_SUCCESS: rdma.Success, C.IBV_WC_WR_FLUSH_ERR: rdma.Flushed,
-	C.IBV_WC_LOC_LEN_ERR: rdma.LocalLength, C.IBV_WC_LOC_PROT_ERR: rdma.LocalProtection,
-	C.IBV_WC_REM_ACCESS_ERR: rdma.RemoteAccess, C.IBV_WC_REM_OP_ERR: rdma.RemoteOperation,
-	C.IBV_WC_REM_INV_REQ_ERR: rdma.RemoteOperation, C.IBV_WC_MW_BIND_ERR: rdma.LocalProtection,
+// wcStatus maps a work completion's status (per completion: a switch,
+// not a map lookup).
+func wcStatus(s C.int) rdma.Status {
+	switch s {
+	case C.IBV_WC_SUCCESS:
+		return rdma.Success
+	case C.IBV_WC_WR_FLUSH_ERR:
+		return rdma.Flushed
+	case C.IBV_WC_LOC_LEN_ERR:
+		return rdma.LocalLength
+	case C.IBV_WC_LOC_PROT_ERR, C.IBV_WC_MW_BIND_ERR:
+		return rdma.LocalProtection
+	case C.IBV_WC_REM_ACCESS_ERR:
+		return rdma.RemoteAccess
+	case C.IBV_WC_REM_OP_ERR, C.IBV_WC_REM_INV_REQ_ERR:
+		return rdma.RemoteOperation
+	}
+	return rdma.TransportError
 }
 
 func (q *qp) complete(w *cBWWC) {
@@ -1479,10 +1490,7 @@ func (q *qp) complete(w *cBWWC) {
 		q.d.log.Debug("verbs: completion", "qpn", q.attr.Detail, "wr_id", fmt.Sprintf("%#x", uint64(w.id)), "opcode", int(w.opcode),
 			"status", int(w.status), "len", uint32(w.len), "flags", int(w.flags))
 	}
-	st, ok := wcStatus[int(w.status)]
-	if !ok {
-		st = rdma.TransportError
-	}
+	st := wcStatus(w.status)
 	if st != rdma.Success && st != rdma.Flushed {
 		// The hardware moved the queue pair to the error state: the
 		// connection ends, with the reason.

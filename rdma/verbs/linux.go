@@ -45,14 +45,8 @@ func checkMemlock(dev string, need int) error {
 
 // countsEveryone reports a device whose driver applies RLIMIT_MEMLOCK to
 // privileged processes too: siw (its registration checks the limit
-// itself), known by its driver name in sysfs.
-func countsEveryone(dev string) bool {
-	b, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "node_desc"))
-	if err == nil && strings.Contains(strings.ToLower(string(b)), "siw") {
-		return true
-	}
-	return strings.HasPrefix(dev, "siw")
-}
+// itself), by the name rdma link gives it.
+func countsEveryone(dev string) bool { return strings.HasPrefix(dev, "siw") }
 
 // memlockResource is RLIMIT_MEMLOCK on Linux.
 const memlockResource = 8
