@@ -2,6 +2,7 @@
 # rdma_rxe; the kernel's ib_srp logs in through RDMA/CM (add_target with
 # dest=: the login in the connection request's private data), the disk
 # appears, and the I/O and ext4 checks of linux-initiator-tcp run on it.
+. /lab/lib-io.sh
 . /lab/lib-roce.sh
 roce_lab || exit 1
 modprobe ib_srp; modprobe sd_mod
@@ -12,18 +13,7 @@ B=$!
 sleep 2
 kill -0 $B 2>/dev/null || { say "blockwire serve did not start"; cat /tmp/bvs.log; exit 1; }
 rc=0
-echo "id_ext=$ID,ioc_guid=$ID,dest=$LADDR:5555,initiator_ext=0000000000000002" > /sys/class/infiniband_srp/srp-rxe0-1/add_target || rc=1
-for i in $(seq 1 50); do DEV=$(ls /sys/class/scsi_host/*/device/target*/*/block 2>/dev/null | head -1); [ -n "$DEV" ] && [ -b /dev/$DEV ] && break; sleep 0.2; done
-if [ -n "$DEV" ] && [ -b /dev/$DEV ]; then
-  say "SRP block device /dev/$DEV size $(cat /sys/block/$DEV/size) sectors"
-  io_test || rc=1
-  grep -q 'srp: channel up' /tmp/bvs.log || { say "no SRP channel in the target's log"; rc=1; }
-else
-  say "no SRP block device"; rc=1
-fi
-dmesg | grep -iE 'srp|rxe' | tail -8
-for p in /sys/class/srp_remote_ports/port-*; do [ -e $p/delete ] && echo 1 > $p/delete; done
-sleep 1
+srp_disk rxe0-1 $LADDR:5555 $ID /tmp/bvs.log || rc=1
 kill $B; wait $B || rc=1
 grep -E "level=(WARN|ERROR)" /tmp/bvs.log && { say "the target logged warnings"; rc=1; }
 [ $rc = 0 ] || { grep -m1 -A14 -E "^(SIG|panic|fatal)" /tmp/bvs.log; grep -E "level=(WARN|ERROR)|srp" /tmp/bvs.log | head -20; }

@@ -2,6 +2,7 @@
 # kernel's siw against LIO's ib_srpt on the same device, reached through
 # RDMA/CM on port 5557 (ib_srpt listens on [::], so an IPv6 destination):
 # the verifying benchmark at QD 1 and 16, and a 4 MiB copy in and out.
+. /lab/lib-io.sh
 rdma_dev siw dummy || exit 1
 ulimit -l unlimited   # siw counts registered memory against it, root too
 modprobe target_core_mod; modprobe ib_srpt
@@ -20,19 +21,7 @@ NG=$(cat /sys/class/infiniband/siw0/node_guid | tr -d :)   # srpt's target port 
 U="srp://[2001:db8::77:1]:5557/$NG:$NG/0"
 rm -f /tmp/src /tmp/back /tmp/srpi.log /tmp/pat /tmp/rb
 rc=0
-for qd in 1 16; do
-  for rw in randwrite randread; do
-    timeout 90 /lab/bin/blockwire-verbs bench --rdma-device siw0 --verify --overwrite --rw $rw --qd $qd --time 2s --size 8MiB $U > /tmp/b.out 2>&1 || rc=1
-    grep -E "IOPS=|verify|blockwire:" /tmp/b.out
-    cat /tmp/b.out >> /tmp/srpi.log
-    grep -q "verify: 0 mismatches" /tmp/b.out || { tail -5 /tmp/b.out; rc=1; }
-  done
-done
-dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null
-timeout 120 /lab/bin/blockwire-verbs copy --rdma-device siw0 /tmp/src $U 2>> /tmp/srpi.log || rc=1
-timeout 120 /lab/bin/blockwire-verbs read --rdma-device siw0 $U --length 4MiB --out /tmp/back 2>> /tmp/srpi.log || rc=1
-cmp /tmp/src /tmp/back && say "copy through ib_srpt readback OK" || rc=1
-if grep -E "level=(WARN|ERROR)" /tmp/srpi.log; then say "our initiator logged a warning"; rc=1; fi
+bench_copy /tmp/srpi.log "1 16" 2s 8MiB /lab/bin/blockwire-verbs "--rdma-device siw0" && say "copy through ib_srpt readback OK" || rc=1
 [ $rc = 0 ] || dmesg | grep -iE 'srp|siw|iw_' | grep -v "speed is" | tail -12
 echo 0 > $T/enable
 exit $rc

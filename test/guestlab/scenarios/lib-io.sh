@@ -1,0 +1,47 @@
+# lib-io.sh (sourced by scenarios, not a scenario): the checks several
+# scenarios share.
+
+# srp_disk HCA DEST ID LOG: the kernel's ib_srp (through srp-HCA) logs in
+# to the SRP target port ID (id_ext and ioc_guid) at DEST; the disk
+# appears, the I/O and ext4 checks run on it, the target's LOG shows the
+# channel; the remote port is removed again. Returns 0 when all held.
+srp_disk() {
+  src=0
+  echo "id_ext=$3,ioc_guid=$3,dest=$2,initiator_ext=0000000000000002" > /sys/class/infiniband_srp/srp-$1/add_target || src=1
+  for i in $(seq 1 50); do DEV=$(ls /sys/class/scsi_host/*/device/target*/*/block 2>/dev/null | head -1); [ -n "$DEV" ] && [ -b /dev/$DEV ] && break; sleep 0.2; done
+  if [ -n "$DEV" ] && [ -b /dev/$DEV ]; then
+    say "SRP block device /dev/$DEV size $(cat /sys/block/$DEV/size) sectors"
+    io_test || src=1
+    grep -q 'srp: channel up' $4 || { say "no SRP channel in the target's log"; src=1; }
+  else
+    say "no SRP block device"; src=1
+  fi
+  dmesg | grep -iE 'srp|rxe|siw' | grep -v "speed is" | tail -8
+  for p in /sys/class/srp_remote_ports/port-*; do [ -e $p/delete ] && echo 1 > $p/delete; done
+  sleep 1
+  return $src
+}
+
+# bench_copy LOG "QDS" TIME SIZE BIN [FLAGS]: our initiator BIN (with its
+# namespace prefix, if any) with FLAGS runs the verifying benchmark on $U
+# (random writes and reads at each queue depth in QDS), then copies 4 MiB
+# in and out; its output goes to LOG, which must hold no warning. Returns
+# 0 when all held.
+bench_copy() {
+  log=$1; qds=$2; t=$3; size=$4; bin=$5; flags=$6; brc=0
+  for qd in $qds; do
+    for rw in randwrite randread; do
+      timeout 90 $bin bench $flags --verify --overwrite --rw $rw --qd $qd --time $t --size $size $U > /tmp/b.out 2>&1 || brc=1
+      grep -E "IOPS=|verify|blockwire:" /tmp/b.out
+      cat /tmp/b.out >> $log
+      grep -q "verify: 0 mismatches" /tmp/b.out || { tail -5 /tmp/b.out; brc=1; }
+    done
+  done
+  rm -f /tmp/src /tmp/back
+  dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null
+  timeout 120 $bin copy $flags /tmp/src $U 2>> $log || brc=1
+  timeout 120 $bin read $flags $U --length 4MiB --out /tmp/back 2>> $log || brc=1
+  cmp /tmp/src /tmp/back || brc=1
+  if grep -E "level=(WARN|ERROR)" $log; then say "the initiator logged a warning"; brc=1; fi
+  return $brc
+}
