@@ -287,6 +287,12 @@ func (q *RC) pumpLocked() {
 		}
 		i := int(psnDiff(q.sendPSN, w.firstPSN))
 		if w.wr.Op == rdma.OpRead {
+			if w.done {
+				// Going back over a Read answered in full: its data is
+				// in, and its key may be gone — not asked again.
+				q.sendPSN = (w.lastPSN() + 1) & psnMask
+				continue
+			}
 			if i == 0 && q.readsOutLocked() >= q.cfg.ORD {
 				break
 			}
@@ -581,6 +587,15 @@ func (q *RC) gotReadResponse(p *ib.Packet) {
 	if w == nil || w.wr.Op != rdma.OpRead || w.done {
 		return // a duplicate of something finished
 	}
+	// Responses come in order: one for this Read while an earlier Read
+	// still misses some means those were lost — ask again from there, and
+	// take nothing of this one yet. (Taking it completed this Read before
+	// the earlier one, and going back re-asked for it after its data had
+	// been used: a responder that invalidated its key by then — a memory
+	// window ended with the I/O — fails the connection.)
+	if x := q.firstUnfinishedRead(); x != nil && x != w {
+		w = x
+	}
 	if psn != w.readNext {
 		// A response was lost: ask again from the one expected (once,
 		// not for every response behind the gap).
@@ -615,6 +630,16 @@ func (q *RC) gotReadResponse(p *ib.Packet) {
 	}
 	q.progressLocked()
 	q.pumpLocked()
+}
+
+// firstUnfinishedRead is the oldest Read still waiting for responses.
+func (q *RC) firstUnfinishedRead() *wqe {
+	for _, w := range q.sq {
+		if w.wr.Op == rdma.OpRead && !w.done {
+			return w
+		}
+	}
+	return nil
 }
 
 // ---- responder ----
