@@ -117,19 +117,27 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", cfg.AdminSocket)
 	}}}
-	resp, err := hc.Get("http://blockwire/sessions")
-	if err != nil {
-		t.Fatal(err)
-	}
 	var ss []admin.Session
-	err = json.NewDecoder(resp.Body).Decode(&ss)
-	resp.Body.Close()
-	if err != nil {
-		t.Fatal(err)
-	}
 	fabrics := map[string]admin.Session{}
-	for _, s := range ss {
-		fabrics[s.Fabric] = s
+	// A command is counted once its response is out, so the initiator
+	// may hear of the write before the count moves: ask again briefly.
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := hc.Get("http://blockwire/sessions")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ss = nil
+		err = json.NewDecoder(resp.Body).Decode(&ss)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range ss {
+			fabrics[s.Fabric] = s
+		}
+		if fabrics["srp"].Commands["write"] > 0 || time.Now().After(deadline) {
+			break
+		}
 	}
 	for _, f := range []string{"iscsi", "iser", "srp"} {
 		if _, ok := fabrics[f]; !ok {
