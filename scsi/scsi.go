@@ -62,6 +62,7 @@ const (
 	OpServiceActionIn16         = 0x9e
 	OpReportLuns                = 0xa0
 	OpMaintenanceIn             = 0xa3
+	OpMaintenanceOut            = 0xa4
 	OpRead12                    = 0xa8
 	OpWrite12                   = 0xaa
 	OpWriteAndVerify12          = 0xae
@@ -75,6 +76,7 @@ const (
 	SAGetLBAStatus           = 0x12 // SERVICE ACTION IN(16)
 	SAReportSupportedOpcodes = 0x0c // MAINTENANCE IN
 	SAReportTargetPortGroups = 0x0a // MAINTENANCE IN
+	SASetTargetPortGroups    = 0x0a // MAINTENANCE OUT
 	SASanitizeOverwrite      = 0x01 // SANITIZE
 	SASanitizeBlockErase     = 0x02
 	SASanitizeExitFailure    = 0x1f

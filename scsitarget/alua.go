@@ -3,6 +3,8 @@ package scsitarget
 import (
 	"encoding/binary"
 	"fmt"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -15,7 +17,11 @@ import (
 // offers implicit ALUA only (TPGS 01b): the states are configured, and
 // REPORT TARGET PORT GROUPS tells a multipath initiator which path to
 // prefer. Each gateway is one target port group of one port, its
-// relative target port identifier (the iSCSI TPGT).
+// relative target port identifier (the iSCSI TPGT). blockwire offers
+// explicit ALUA too (TPGS 11b): SET TARGET PORT GROUPS changes states,
+// which then take the place of the configured ones; on shared storage
+// they are kept in the shared record (pr.go), so every gateway in front
+// of the image reports them.
 
 // ALUAState is a target port group's asymmetric access state (SPC-4
 // table 154).
@@ -88,16 +94,126 @@ func (d *Device) SetPortGroups(groups []PortGroup) error {
 	return nil
 }
 
-// portGroup returns the ALUA groups and the one a nexus's port is in.
+// portGroup returns the ALUA groups (their configured states) and the one
+// a nexus's port is in (its state now).
 func (d *Device) portGroup(n *Nexus) (all []PortGroup, mine PortGroup, ok bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	for _, g := range d.groups {
 		if n != nil && g.ID == n.RelativePort {
 			mine, ok = g, true
+			if s, set := d.explicit[g.ID]; set {
+				mine.State = s
+			}
 		}
 	}
 	return d.groups, mine, ok
+}
+
+// groupStates returns the groups with their states now, and which of them
+// SET TARGET PORT GROUPS set.
+func (d *Device) groupStates() ([]PortGroup, map[uint16]bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := append([]PortGroup(nil), d.groups...)
+	set := map[uint16]bool{}
+	for i, g := range out {
+		if s, ok := d.explicit[g.ID]; ok {
+			out[i].State, set[g.ID] = s, true
+		}
+	}
+	return out, set
+}
+
+// explicitLocked takes states as the explicitly set ones. Called with
+// d.mu held.
+func (d *Device) explicitLocked(states map[uint16]ALUAState) {
+	d.explicit = maps.Clone(states)
+}
+
+// setExplicit takes states as the explicitly set ones and tells every
+// nexus but sender's (SPC-4 §5.15.2.6: ASYMMETRIC ACCESS STATE CHANGED).
+func (d *Device) setExplicit(states map[uint16]ALUAState, sender *Nexus) {
+	d.mu.Lock()
+	changed := !maps.Equal(d.explicit, states)
+	d.explicitLocked(states)
+	d.mu.Unlock()
+	if !changed {
+		return
+	}
+	luns := d.LUNs()
+	d.forEachNexus(func(n *Nexus) {
+		if n == sender {
+			return
+		}
+		for _, l := range luns {
+			n.addUA(l, scsi.Sense{Key: scsi.SenseUnitAttention, ASC: 0x2a, ASCQ: 0x06, Bit: -1})
+		}
+	})
+}
+
+// cmdSetTargetPortGroups is SET TARGET PORT GROUPS (SPC-4 §6.38):
+// descriptors of a state and a target port group each; all are checked
+// before any is set. The new states are kept with every LU on shared
+// storage, for the other gateways.
+func cmdSetTargetPortGroups(lu *LU, c *Command) error {
+	d := lu.device()
+	if d == nil {
+		return scsi.InvalidOpcode()
+	}
+	groups, set := d.groupStates()
+	if len(groups) == 0 {
+		return scsi.InvalidOpcode() // TPGS 00b
+	}
+	plen := int(binary.BigEndian.Uint32(c.CDB[6:10]))
+	if plen == 0 {
+		return nil
+	}
+	c.Transfer = plen
+	if plen < 4 || plen%4 != 0 || len(c.Data) < plen {
+		return scsi.ParameterListLengthError()
+	}
+	states := map[uint16]ALUAState{}
+	for id := range set {
+		for _, g := range groups {
+			if g.ID == id {
+				states[id] = g.State
+			}
+		}
+	}
+	for off := 4; off < plen; off += 4 {
+		st, id := ALUAState(c.Data[off]&0x0f), binary.BigEndian.Uint16(c.Data[off+2:])
+		switch st {
+		case ActiveOptimized, ActiveNonOptimized, Standby, Unavailable:
+		default:
+			return scsi.InvalidFieldInParameterList(off, 3)
+		}
+		if !slices.ContainsFunc(groups, func(g PortGroup) bool { return g.ID == id }) {
+			return scsi.InvalidFieldInParameterList(off+2, -1)
+		}
+		states[id] = st
+	}
+	// Shared storage first: if the record cannot be written, nothing
+	// changed anywhere.
+	for _, l := range d.LUNs() {
+		o := d.LU(l)
+		if o == nil || o.pr.shared == nil {
+			continue
+		}
+		if err := o.prChange(func(p *prState) error {
+			p.alua = maps.Clone(states)
+			return nil
+		}); err != nil {
+			return err
+		}
+	}
+	d.setExplicit(states, c.Nexus)
+	who := ""
+	if c.Nexus != nil {
+		who = c.Nexus.InitiatorPort
+	}
+	d.log.Info("ALUA: port group states set by SET TARGET PORT GROUPS", "target", d.name, "initiator", who, "states", fmt.Sprint(states))
+	return nil
 }
 
 // aluaRefuses is the sense for a command its port's access state does
@@ -127,8 +243,9 @@ func cmdReportTargetPortGroups(lu *LU, c *Command) error {
 	alloc := int(binary.BigEndian.Uint32(c.CDB[6:10]))
 	ext := c.CDB[1]>>5 == 1 // PARAMETER DATA FORMAT 001b: extended header
 	var groups []PortGroup
+	var set map[uint16]bool
 	if d := lu.device(); d != nil {
-		groups, _, _ = d.portGroup(c.Nexus)
+		groups, set = d.groupStates()
 	}
 	if len(groups) == 0 {
 		return scsi.InvalidOpcode() // TPGS 00b: not supported
@@ -148,7 +265,10 @@ func cmdReportTargetPortGroups(lu *LU, c *Command) error {
 		d[1] = 0x08 | 0x04 | 0x02 | 0x01 // U_SUP, S_SUP, AN_SUP, AO_SUP
 		binary.BigEndian.PutUint16(d[2:], g.ID)
 		d[5] = 0x02 // STATUS CODE: altered by implicit ALUA behaviour
-		d[7] = 1    // one target port
+		if set[g.ID] {
+			d[5] = 0x01 // altered by SET TARGET PORT GROUPS
+		}
+		d[7] = 1 // one target port
 		binary.BigEndian.PutUint16(d[10:], g.ID)
 		b = append(b, d...)
 	}

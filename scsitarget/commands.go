@@ -70,6 +70,7 @@ func commandTable() []opInfo {
 		{op: scsi.OpServiceActionIn16, sa: scsi.SAGetLBAStatus, hasSA: true, name: "GET LBA STATUS", usage: u(0xff, 0x1f, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdGetLBAStatus, media: true},
 		{op: scsi.OpReportLuns, name: "REPORT LUNS", usage: u(0xff, 0, 0xff, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: nil, noUA: true, noConflict: true, prAllowed: true},
 		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportTargetPortGroups, hasSA: true, name: "REPORT TARGET PORT GROUPS", usage: u(0xff, 0xff, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportTargetPortGroups, noConflict: true, prAllowed: true},
+		{op: scsi.OpMaintenanceOut, sa: scsi.SASetTargetPortGroups, hasSA: true, name: "SET TARGET PORT GROUPS", usage: u(0xff, 0x1f, 0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdSetTargetPortGroups},
 		{op: scsi.OpMaintenanceIn, sa: scsi.SAReportSupportedOpcodes, hasSA: true, name: "REPORT SUPPORTED OPERATION CODES", usage: u(0xff, 0x1f, 0x87, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0, 0), fn: cmdReportOpcodes, prAllowed: true},
 		{op: scsi.OpRead12, name: "READ(12)", usage: u(0xff, 0x1e, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdRead, media: true},
 		{op: scsi.OpWrite12, name: "WRITE(12)", usage: u(0xff, 0x1a, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x3f, 0), fn: cmdWrite, media: true, writes: true},

@@ -26,6 +26,10 @@ type Device struct {
 	nexuses map[*Nexus]struct{}
 
 	groups []PortGroup // ALUA target port groups (alua.go); nil: no ALUA
+	// explicit are the states SET TARGET PORT GROUPS gave (here or, kept
+	// with shared storage, through another gateway): they take the place
+	// of the configured ones.
+	explicit map[uint16]ALUAState
 
 	copyMu sync.Mutex
 	copies []copyStatus // finished EXTENDED COPY operations, for COPY STATUS
@@ -53,6 +57,10 @@ func (d *Device) AddLU(lu *LU) error {
 	lu.stateMu.Lock()
 	lu.dev = d // read by capacityChanged on a backend's goroutine
 	lu.stateMu.Unlock()
+	// Port group states another gateway set, kept with shared storage.
+	if rec := lu.pr.aluaRec.Load(); rec != nil {
+		d.explicitLocked(*rec)
+	}
 	d.lus[lu.lun] = lu
 	for n := range d.nexuses {
 		n.addUA(lu.lun, scsi.UAPowerOnReset())

@@ -63,7 +63,7 @@ func cmdInquiry(lu *LU, c *Command) error {
 		b[7] = 0x02 // CMDQUE
 		if d := lu.device(); d != nil {
 			if groups, _, _ := d.portGroup(nil); len(groups) > 0 {
-				b[5] |= 0x10 // TPGS 01b: implicit ALUA (alua.go)
+				b[5] |= 0x30 // TPGS 11b: implicit and explicit ALUA (alua.go)
 			}
 		}
 		padASCII(b[8:16], lu.vendor)
@@ -78,11 +78,13 @@ func cmdInquiry(lu *LU, c *Command) error {
 	var b []byte
 	switch page {
 	case 0x00:
-		b = []byte{0, 0x00, 0, 0, 0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2}
+		b = []byte{0, 0x00, 0, 0, 0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2}
 	case 0x80:
 		b = append([]byte{0, 0x80, 0, 0}, lu.serial...)
 	case 0x83:
 		b = lu.deviceIdentification(c.Nexus)
+	case 0x8f:
+		b = thirdPartyCopyVPD()
 	case 0xb0:
 		b = make([]byte, 64)
 		b[1] = 0xb0

@@ -182,6 +182,12 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 				d.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UALUReset()) })
 			}
 		}
+		lu.pr.onALUA = func(states map[uint16]ALUAState) {
+			// SET TARGET PORT GROUPS through another gateway.
+			if d := lu.device(); d != nil {
+				d.setExplicit(states, nil)
+			}
+		}
 		if err := lu.pr.attachShared(sh, cfg.Logger); err != nil {
 			return nil, fmt.Errorf("target: LUN %d shared persistent reservations: %w", cfg.LUN, err)
 		}

@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -59,9 +61,16 @@ type prState struct {
 	// it (several gateways on one RBD image): each change is stored
 	// there, conditional on version, and the others are told (stale).
 	shared  backend.SharedState
-	version uint64        // the shared record's version this copy holds
-	resets  uint64        // logical unit resets recorded in the shared record
-	onReset func()        // called (p.mu held) when another target reset the LU
+	version uint64 // the shared record's version this copy holds
+	resets  uint64 // logical unit resets recorded in the shared record
+	onReset func() // called (p.mu held) when another target reset the LU
+	// alua: the port group states SET TARGET PORT GROUPS gave, kept in
+	// the shared record for every gateway; aluaRec is the same, readable
+	// without p.mu; onALUA is called (p.mu held) when another gateway
+	// changed them. Lock order: p.mu, then the device's mu.
+	alua    map[uint16]ALUAState
+	aluaRec atomic.Pointer[map[uint16]ALUAState]
+	onALUA  func(map[uint16]ALUAState)
 	stale   atomic.Bool   // the shared record changed: reload before use
 	known   atomic.Uint64 // version, for the watch callback
 	log     *slog.Logger
@@ -100,10 +109,23 @@ type prFile struct {
 	// record only): the others then report BUS DEVICE RESET FUNCTION
 	// OCCURRED to their nexuses too (SAM-5 §6.3.2, every I_T nexus).
 	Resets uint64 `json:"resets,omitempty"`
+	// ALUA holds the target port group states set by SET TARGET PORT
+	// GROUPS through any gateway (shared record only).
+	ALUA []aluaEntry `json:"alua,omitempty"`
+}
+
+type aluaEntry struct {
+	Group uint16 `json:"group"`
+	State uint8  `json:"state"`
 }
 
 func (p *prState) encode() prFile {
 	f := prFile{Generation: p.generation, Regs: []prFileEntry{}, APTPL: p.aptpl, Resets: p.resets}
+	if p.shared != nil {
+		for _, id := range slices.Sorted(maps.Keys(p.alua)) {
+			f.ALUA = append(f.ALUA, aluaEntry{id, uint8(p.alua[id])})
+		}
+	}
 	for _, k := range p.order {
 		f.Regs = append(f.Regs, prFileEntry{k.ip, k.tp, p.regs[k]})
 	}
@@ -124,6 +146,19 @@ func (p *prState) decode(f *prFile) {
 	}
 	p.aptpl = f.APTPL
 	p.resets = f.Resets
+	p.alua = nil
+	for _, e := range f.ALUA {
+		if p.alua == nil {
+			p.alua = map[uint16]ALUAState{}
+		}
+		p.alua[e.Group] = ALUAState(e.State)
+	}
+	if p.alua != nil {
+		rec := maps.Clone(p.alua)
+		p.aluaRec.Store(&rec)
+	} else {
+		p.aluaRec.Store(nil)
+	}
 }
 
 // freshen reloads a shared state that another target changed: at the
@@ -179,12 +214,15 @@ func (p *prState) refresh(force bool) error {
 			return fmt.Errorf("shared reservation record: %w", err)
 		}
 	}
-	before, loaded := p.resets, p.version != 0
+	before, loaded, aluaBefore := p.resets, p.version != 0, p.alua
 	p.decode(&f)
 	p.version = ver
 	p.known.Store(ver)
 	if loaded && p.resets != before && p.onReset != nil {
 		p.onReset()
+	}
+	if !maps.Equal(aluaBefore, p.alua) && p.onALUA != nil {
+		p.onALUA(p.alua)
 	}
 	return nil
 }
@@ -416,7 +454,10 @@ func cmdPRIn(lu *LU, c *Command) error {
 	case 2: // REPORT CAPABILITIES
 		b = make([]byte, 8)
 		binary.BigEndian.PutUint16(b, 8)
-		b[2] = 0x10                             // CRH: RESERVE/RELEASE(6/10) conflict-checked against PRs (SPC-4 §5.13.3)
+		b[2] = 0x10 | 0x08 | 0x04 // CRH: RESERVE/RELEASE(6/10) conflict-checked against PRs (SPC-4 §5.13.3); SIP_C; ATP_C
+		if lu.pr.canPersist() {
+			b[2] |= 0x01 // PTPL_C
+		}
 		b[3] = 0x80                             // TMV: the type mask is valid
 		b[4] = 0x80 | 0x40 | 0x20 | 0x08 | 0x02 // WR_EX_AR, EX_AC_RO, WR_EX_RO, EX_AC, WR_EX
 		b[5] = 0x01                             // EX_AC_AR
@@ -499,19 +540,37 @@ func cmdPROut(lu *LU, c *Command) error {
 	if sa == 7 {
 		return lu.registerAndMove(c, plen, typ, scope)
 	}
-	if plen != 24 {
+	if plen < 24 {
 		return scsi.ParameterListLengthError()
 	}
 	c.Transfer = plen
-	if len(c.Data) < 24 {
+	if len(c.Data) < plen {
 		return scsi.ParameterListLengthError()
 	}
 	prm := c.Data[:24]
 	resKey := binary.BigEndian.Uint64(prm[0:])
 	saKey := binary.BigEndian.Uint64(prm[8:])
 	flags := prm[20]
-	if flags&0x08 != 0 { // SPEC_I_PT: not supported
-		return scsi.InvalidFieldInParameterList(20, 3)
+	// SPEC_I_PT (SPC-4 §6.16.3): a REGISTER that also registers the
+	// initiator ports its TransportIDs name, after the basic 24 bytes.
+	var others []string
+	if flags&0x08 != 0 {
+		if sa != 0 {
+			return scsi.InvalidFieldInParameterList(20, 3)
+		}
+		if plen < 28 {
+			return scsi.ParameterListLengthError()
+		}
+		n := int(binary.BigEndian.Uint32(c.Data[24:28]))
+		if n != plen-28 {
+			return scsi.ParameterListLengthError()
+		}
+		var ok bool
+		if others, ok = splitTransportIDs(c.Data[28:plen]); !ok {
+			return scsi.InvalidFieldInParameterList(28, -1)
+		}
+	} else if plen != 24 {
+		return scsi.ParameterListLengthError()
 	}
 	allTgPt := flags&0x04 != 0
 	aptpl := flags&0x01 != 0
@@ -531,8 +590,49 @@ func cmdPROut(lu *LU, c *Command) error {
 	}
 	return lu.prChange(func(p *prState) error {
 		k, cur, registered := p.find(keyOf(c.Nexus))
+		if others != nil {
+			return p.registerSpecified(k, registered, resKey, saKey, others, allTgPt, aptpl)
+		}
 		return lu.prOut(c, sa, typ, k, cur, registered, resKey, saKey, allTgPt, aptpl)
 	})
+}
+
+// registerSpecified is REGISTER with SPEC_I_PT: the unregistered nexus k
+// and the initiator ports others name are registered with saKey — each
+// with the target port k came through, or with every target port under
+// ALL_TG_PT — all or none. Called with p.mu held.
+func (p *prState) registerSpecified(k prKey, registered bool, resKey, saKey uint64, others []string, allTgPt, aptpl bool) error {
+	if registered {
+		// Only an unregistered nexus names others (as LIO answers).
+		return scsi.InvalidFieldInParameterList(20, 3)
+	}
+	if resKey != 0 {
+		return errPRConflict
+	}
+	if saKey == 0 {
+		return nil // nothing to register
+	}
+	tp := k.tp
+	if allTgPt {
+		tp = ""
+	}
+	keys := []prKey{{k.ip, tp}}
+	for _, ip := range others {
+		o := prKey{ip, tp}
+		if slices.Contains(keys, o) {
+			continue // the sender itself, or named twice
+		}
+		if _, _, taken := p.find(o); taken {
+			return scsi.InvalidFieldInParameterList(28, -1)
+		}
+		keys = append(keys, o)
+	}
+	for _, o := range keys {
+		p.register(o, saKey)
+	}
+	p.generation++
+	p.aptpl = aptpl
+	return nil
 }
 
 // prOut carries out a PERSISTENT RESERVE OUT service action for the
@@ -743,6 +843,35 @@ func (p *prState) move(n *Nexus, dst prKey, resKey, saKey uint64, typ byte, unre
 	p.aptpl = aptpl
 	p.generation++
 	return nil
+}
+
+// splitTransportIDs reads the TransportIDs of a SPEC_I_PT list, each as
+// parseTransportID does: an iSCSI one is 4 bytes and its ADDITIONAL
+// LENGTH (a multiple of 4), an SRP one 24 bytes.
+func splitTransportIDs(b []byte) ([]string, bool) {
+	out := []string{}
+	for len(b) > 0 {
+		if len(b) < 4 {
+			return nil, false
+		}
+		n := 24
+		if b[0]&0x0f == 0x05 {
+			n = 4 + int(binary.BigEndian.Uint16(b[2:4]))
+			if n%4 != 0 {
+				return nil, false
+			}
+		}
+		if n > len(b) {
+			return nil, false
+		}
+		ip, ok := parseTransportID(b[:n])
+		if !ok {
+			return nil, false
+		}
+		out = append(out, ip)
+		b = b[n:]
+	}
+	return out, len(out) > 0
 }
 
 // parseTransportID reads an iSCSI TransportID (SPC-4 §7.6.4.6): format

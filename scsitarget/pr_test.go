@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -241,5 +242,114 @@ func TestAPTPLFileIsPrivate(t *testing.T) {
 	}
 	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
 		t.Fatalf("directory holds %d entries, want only the PR file", len(ents))
+	}
+}
+
+// iscsiTID is an iSCSI TransportID (format 00b for a name, 01b for
+// name,i,0xISID).
+func iscsiTID(name string) []byte {
+	tid := make([]byte, 4+((len(name)+1+3)&^3))
+	tid[0] = 0x05
+	if strings.Contains(name, ",i,0x") {
+		tid[0] |= 0x40
+	}
+	binary.BigEndian.PutUint16(tid[2:], uint16(len(tid)-4))
+	copy(tid[4:], name)
+	return tid
+}
+
+// specIPT is REGISTER with SPEC_I_PT naming tids.
+func specIPT(resKey, saKey uint64, flags byte, tids ...[]byte) ([]byte, []byte) {
+	var list []byte
+	for _, t := range tids {
+		list = append(list, t...)
+	}
+	prm := make([]byte, 28, 28+len(list))
+	binary.BigEndian.PutUint64(prm[0:], resKey)
+	binary.BigEndian.PutUint64(prm[8:], saKey)
+	prm[20] = 0x08 | flags
+	binary.BigEndian.PutUint32(prm[24:], uint32(len(list)))
+	prm = append(prm, list...)
+	return []byte{scsi.OpPersistentReserveOut, 0, 0, 0, 0, 0, 0, 0, byte(len(prm)), 0}, prm
+}
+
+// TestSpecIPT: one REGISTER with SPEC_I_PT registers the sending nexus
+// and the initiator ports its TransportIDs name (one by port, one by
+// name), all or nothing, only from an unregistered nexus; REPORT
+// CAPABILITIES says SIP_C.
+func TestSpecIPT(t *testing.T) {
+	d, _ := newDev(t, false)
+	a := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1", RelativePort: 1}
+	b := &Nexus{InitiatorPort: "iqn.b,i,0x2", TargetPort: "t,0x1", RelativePort: 1}
+	c3 := &Nexus{InitiatorPort: "iqn.c,i,0x3", TargetPort: "t,0x1", RelativePort: 1}
+	other := &Nexus{InitiatorPort: "iqn.b,i,0x2", TargetPort: "t,0x2", RelativePort: 2}
+	for _, n := range []*Nexus{a, b, c3, other} {
+		d.AddNexus(n)
+		run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	}
+	caps := make([]byte, 8)
+	good(t, run(d, a, []byte{scsi.OpPersistentReserveIn, 2, 0, 0, 0, 0, 0, 0, 8, 0}, caps))
+	if caps[2]&0x08 == 0 {
+		t.Fatalf("REPORT CAPABILITIES: SIP_C not set (% x)", caps)
+	}
+	// A malformed list (a TransportID cut short) registers nobody.
+	cdb, prm := specIPT(0, 0x77, 0, iscsiTID("iqn.b,i,0x2"))
+	prm = prm[:len(prm)-4]
+	binary.BigEndian.PutUint32(prm[24:], uint32(len(prm)-28))
+	cdb[8] = byte(len(prm))
+	if c := run(d, a, cdb, prm); c.Status != scsi.StatusCheckCondition {
+		t.Fatalf("a cut TransportID: status %#x", c.Status)
+	}
+	// A length that disagrees with the list.
+	cdb, prm = specIPT(0, 0x77, 0, iscsiTID("iqn.b,i,0x2"))
+	binary.BigEndian.PutUint32(prm[24:], 4)
+	if c := run(d, a, cdb, prm); c.Status != scsi.StatusCheckCondition {
+		t.Fatalf("a TransportID length that disagrees: status %#x", c.Status)
+	}
+	if keys := readKeys(t, d, a); len(keys) != 0 {
+		t.Fatalf("keys after refused lists: %x", keys)
+	}
+	cdb, prm = specIPT(0, 0x77, 0, iscsiTID("iqn.b,i,0x2"), iscsiTID("iqn.c"))
+	good(t, run(d, a, cdb, prm))
+	if keys := readKeys(t, d, a); len(keys) != 3 {
+		t.Fatalf("keys after SPEC_I_PT naming two: %x", keys)
+	}
+	// b and c are registered through the receiving target port, not
+	// through another one.
+	w := []byte{scsi.OpPersistentReserveOut, 1, prWE, 0, 0, 0, 0, 0, 24, 0}
+	cdb, p := prOut(1, prWE, 0x77, 0, 0)
+	good(t, run(d, b, cdb, p))
+	if c := run(d, other, w, p); c.Status != scsi.StatusReservationConflict {
+		t.Fatalf("the same initiator through another target port: status %#x", c.Status)
+	}
+	cdb, p = prOut(2, prWE, 0x77, 0, 0)
+	good(t, run(d, b, cdb, p))
+	cdb, p = prOut(1, prWE, 0x77, 0, 0)
+	good(t, run(d, c3, cdb, p)) // registered by name: any of its ports
+	// Only an unregistered nexus may name others; a registered one named
+	// refuses the whole list.
+	cdb, prm = specIPT(0x77, 0x88, 0, iscsiTID("iqn.d,i,0x4"))
+	if c := run(d, a, cdb, prm); c.Status != scsi.StatusCheckCondition {
+		t.Fatalf("SPEC_I_PT from a registered nexus: status %#x", c.Status)
+	}
+	cdb, prm = specIPT(0, 0x99, 0, iscsiTID("iqn.d,i,0x4"), iscsiTID("iqn.b,i,0x2"))
+	if c := run(d, other, cdb, prm); c.Status != scsi.StatusGood {
+		t.Fatalf("SPEC_I_PT through another target port: status %#x", c.Status)
+	}
+	cdb, prm = specIPT(0, 0x99, 0, iscsiTID("iqn.e,i,0x5"), iscsiTID("iqn.a,i,0x1"))
+	e := &Nexus{InitiatorPort: "iqn.f,i,0x6", TargetPort: "t,0x1", RelativePort: 1}
+	d.AddNexus(e)
+	run(d, e, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	if c := run(d, e, cdb, prm); c.Status != scsi.StatusCheckCondition {
+		t.Fatalf("SPEC_I_PT naming a registered port: status %#x", c.Status)
+	}
+	if keys := readKeys(t, d, a); len(keys) != 5 {
+		t.Fatalf("keys: %x (want a, b, c, and other with d)", keys)
+	}
+	// Only REGISTER takes SPEC_I_PT.
+	cdb, prm = specIPT(0, 0x99, 0, iscsiTID("iqn.g,i,0x7"))
+	cdb[1] = 6 // REGISTER AND IGNORE EXISTING KEY
+	if c := run(d, e, cdb, prm); c.Status != scsi.StatusCheckCondition {
+		t.Fatalf("SPEC_I_PT with REGISTER AND IGNORE EXISTING KEY: status %#x", c.Status)
 	}
 }

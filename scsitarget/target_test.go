@@ -130,8 +130,37 @@ func TestInquiryAndVPD(t *testing.T) {
 	}
 	c = run(d, n, []byte{scsi.OpInquiry, 1, 0x00, 0, 255, 0}, buf)
 	good(t, c)
-	if !bytes.Equal(buf[4:c.Transfer], []byte{0x00, 0x80, 0x83, 0xb0, 0xb1, 0xb2}) {
+	if !bytes.Equal(buf[4:c.Transfer], []byte{0x00, 0x80, 0x83, 0x8f, 0xb0, 0xb1, 0xb2}) {
 		t.Fatalf("VPD 00h lists % x", buf[4:c.Transfer])
+	}
+	// VPD 8Fh: descriptors whole (4-byte multiples) and the ones an
+	// EXTENDED COPY initiator looks for.
+	tpc := make([]byte, 255)
+	c8f := run(d, n, []byte{scsi.OpInquiry, 1, 0x8f, 0, 255, 0}, tpc)
+	good(t, c8f)
+	if l := int(binary.BigEndian.Uint16(tpc[2:])); l+4 != c8f.Transfer {
+		t.Fatalf("VPD 8Fh length %d, sent %d", l, c8f.Transfer)
+	}
+	types := map[uint16][]byte{}
+	for p := tpc[4:c8f.Transfer]; len(p) > 0; {
+		l := int(binary.BigEndian.Uint16(p[2:]))
+		if len(p) < 4+l || (4+l)%4 != 0 {
+			t.Fatalf("VPD 8Fh: a descriptor of %d bytes in % x", 4+l, tpc[4:c8f.Transfer])
+		}
+		types[binary.BigEndian.Uint16(p)] = p[4 : 4+l]
+		p = p[4+l:]
+	}
+	if cmds := types[0x0080]; len(cmds) < 1 || !bytes.Contains(cmds[1:1+cmds[0]], []byte{scsi.OpExtendedCopy, 1, 0}) {
+		t.Fatalf("VPD 8Fh: supported commands % x lack EXTENDED COPY (LID1)", cmds)
+	}
+	if pd := types[0x0085]; len(pd) != 28 || binary.BigEndian.Uint16(pd[6:]) != xcMaxSegments {
+		t.Fatalf("VPD 8Fh: parameter data % x", pd)
+	}
+	if sd := types[0x0086]; len(sd) < 3 || !bytes.Equal(sd[1:1+sd[0]], []byte{0x02, 0xe4}) {
+		t.Fatalf("VPD 8Fh: supported descriptors % x", sd)
+	}
+	if types[0x008a] == nil {
+		t.Fatal("VPD 8Fh: no general copy operations descriptor")
 	}
 	for _, page := range buf[4:c.Transfer] {
 		c := run(d, n, []byte{scsi.OpInquiry, 1, page, 0, 255, 0}, make([]byte, 255))

@@ -228,6 +228,46 @@ func cmdExtendedCopy(lu *LU, c *Command) error {
 	return nil
 }
 
+// thirdPartyCopyVPD is VPD page 8Fh (SPC-4 §7.8.17): what the copy
+// manager does, in the descriptors an initiator of EXTENDED COPY (LID1)
+// looks for — the commands, the copy parameters, the segment and CSCD
+// descriptor types, the general copy limits. The same figures as RECEIVE
+// COPY RESULTS (OPERATING PARAMETERS).
+func thirdPartyCopyVPD() []byte {
+	b := []byte{0, 0x8f, 0, 0}
+	// desc appends a descriptor of type typ with body (after its 4-byte
+	// header), padded to a multiple of 4 bytes.
+	desc := func(typ uint16, body []byte) {
+		for (4+len(body))%4 != 0 {
+			body = append(body, 0)
+		}
+		b = binary.BigEndian.AppendUint16(b, typ)
+		b = binary.BigEndian.AppendUint16(b, uint16(len(body)))
+		b = append(b, body...)
+	}
+	// Supported Commands (0080h): EXTENDED COPY (LID1), RECEIVE COPY
+	// RESULTS (COPY STATUS, OPERATING PARAMETERS).
+	cmds := []byte{scsi.OpExtendedCopy, 1, 0x00, scsi.OpReceiveCopyResults, 2, 0x00, 0x03}
+	desc(0x0080, append([]byte{byte(len(cmds))}, cmds...))
+	// Parameter Data (0085h).
+	pd := make([]byte, 28)
+	binary.BigEndian.PutUint16(pd[4:], xcMaxCSCD)
+	binary.BigEndian.PutUint16(pd[6:], xcMaxSegments)
+	binary.BigEndian.PutUint32(pd[8:], xcMaxDescList)
+	desc(0x0085, pd) // MAXIMUM INLINE DATA LENGTH 0
+	// Supported Descriptors (0086h): block→block segments, identification
+	// CSCDs.
+	desc(0x0086, []byte{2, 0x02, 0xe4})
+	// General Copy Operations (008Ah).
+	g := make([]byte, 32)
+	binary.BigEndian.PutUint32(g[0:], 1)               // TOTAL CONCURRENT COPIES
+	binary.BigEndian.PutUint32(g[4:], 1)               // MAXIMUM IDENTIFIED CONCURRENT COPIES
+	binary.BigEndian.PutUint32(g[8:], xcMaxSegmentLen) // MAXIMUM SEGMENT LENGTH
+	g[12] = 9                                          // DATA SEGMENT GRANULARITY: 2^9 bytes
+	desc(0x008a, g)
+	return b
+}
+
 func cmdReceiveCopyResults(lu *LU, c *Command) error {
 	alloc := int(binary.BigEndian.Uint32(c.CDB[10:14]))
 	switch c.CDB[1] & 0x1f {

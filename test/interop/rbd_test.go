@@ -19,6 +19,7 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // The RBD tests (issue 14) need a Ceph cluster: BLOCKWIRE_CEPH_CONF names
@@ -172,6 +173,27 @@ func TestRBDTwoGateways(t *testing.T) {
 		rtpg[16]&0x0f != 1 || be.BigEndian.Uint16(rtpg[18:]) != 2 {
 		t.Fatalf("REPORT TARGET PORT GROUPS: % x", rtpg[:28])
 	}
+
+	// Explicit ALUA: SET TARGET PORT GROUPS through A puts A's group in
+	// standby and B's optimized; B reports it (the states live in the
+	// image's shared record), set explicitly (status code 01h).
+	stpg := []byte{0, 0, 0, 0, byte(scsitarget.Standby), 0, 0, 1, byte(scsitarget.ActiveOptimized), 0, 0, 2}
+	if _, err := x.Do(ctx, []byte{scsi.OpMaintenanceOut, scsi.SASetTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, byte(len(stpg)), 0, 0}, stpg, nil); err != nil {
+		t.Fatalf("SET TARGET PORT GROUPS through A: %v", err)
+	}
+	y.Do(ctx, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil, nil) // ASYMMETRIC ACCESS STATE CHANGED
+	if _, err := y.Do(ctx, []byte{scsi.OpMaintenanceIn, scsi.SAReportTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0}, nil, rtpg); err != nil {
+		t.Fatalf("REPORT TARGET PORT GROUPS: %v", err)
+	}
+	if rtpg[4]&0x0f != byte(scsitarget.Standby) || rtpg[9] != 0x01 || rtpg[16]&0x0f != byte(scsitarget.ActiveOptimized) || rtpg[21] != 0x01 {
+		t.Fatalf("REPORT TARGET PORT GROUPS through B after SET TARGET PORT GROUPS through A: % x", rtpg[:28])
+	}
+	// And back, for what follows (A's group in standby refuses I/O).
+	stpg[4], stpg[8] = byte(scsitarget.ActiveOptimized), byte(scsitarget.ActiveNonOptimized)
+	if _, err := y.Do(ctx, []byte{scsi.OpMaintenanceOut, scsi.SASetTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, byte(len(stpg)), 0, 0}, stpg, nil); err != nil {
+		t.Fatalf("SET TARGET PORT GROUPS through B: %v", err)
+	}
+	x.Do(ctx, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil, nil)
 
 	pr := func(dev *initiator.Device, sa, typ byte, key, saKey uint64) error {
 		p := make([]byte, 24)
