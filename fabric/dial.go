@@ -70,8 +70,12 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	// virtual addresses; the target's answer says whether it will
 	// invalidate our STags with Send with Invalidate.
 	res := iser.Prepare(pd, iser.Options{Initiator: true, Logger: log})
-	// A hardware device's regions are its registered memory, not an
-	// STag per I/O: nothing for a Send with Invalidate to invalidate.
+	// On a hardware device the initiator invalidates its own keys (memory
+	// windows, or none to invalidate: its registered memory): it does not
+	// invite Send with Invalidate. rxe (Linux 6.1) reports a received
+	// invalidation in a completion flag rdma-core reads as another, and
+	// invalidating a window again crashes that kernel — so nobody but us
+	// ends our windows.
 	hdr := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: pd.Memory() != nil}
 	if p.HasPreference {
 		// Seed 001: the longer header with the node preference and the

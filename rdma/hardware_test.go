@@ -112,3 +112,89 @@ func TestHardwareRegions(t *testing.T) {
 		t.Fatal("a software PD has registered memory")
 	}
 }
+
+// fakeQP is a queue pair whose device has memory windows: it records the
+// bindings and invalidations a region asks for.
+type fakeQP struct {
+	QP
+	next  uint32
+	bound map[uint32][]byte // live keys
+	freed [][]byte          // memory handed back through Invalidate
+}
+
+type fakeWindow struct {
+	q    *fakeQP
+	key  uint32
+	addr uint64
+}
+
+func (q *fakeQP) Windows() Windows { return q }
+
+func (q *fakeQP) BindWindow(b []byte, access Access) (Window, error) {
+	q.next++
+	k := 0x500<<8 | q.next
+	q.bound[k] = b
+	return &fakeWindow{q: q, key: k, addr: uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b))))}, nil
+}
+
+func (w *fakeWindow) RKey() uint32 { return w.key }
+func (w *fakeWindow) VA() uint64   { return w.addr }
+func (w *fakeWindow) Invalidate(free []byte) {
+	delete(w.q.bound, w.key)
+	if free != nil {
+		w.q.freed = append(w.q.freed, free)
+	}
+}
+
+// With memory windows, each mapping gets a key of its own over just the
+// buffer, ended by Invalidate; a bounce buffer goes back through the
+// window (freed once the key is dead), never straight to the memory.
+func TestHardwareRegionsWithWindows(t *testing.T) {
+	// The memory itself grants no remote rights: only windows do.
+	a := &arena{mem: make([]byte, 64<<10), used: map[uintptr]int{}, rkey: 0x1234, right: LocalWrite}
+	pd := NewHardwarePD("hw0", a)
+	q := &fakeQP{bound: map[uint32][]byte{}}
+	mr, err := pd.AllocMROn(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := pd.Alloc(1000)
+	k1, err := mr.Map(reg, 0, RemoteWrite)
+	if err != nil || k1 == 0x1234 || q.bound[k1] == nil || &q.bound[k1][0] != &reg[0] {
+		t.Fatalf("Map = %#x, %v; bound %v", k1, err, q.bound)
+	}
+	if mr.VA() != uint64(uintptr(unsafe.Pointer(&reg[0]))) {
+		t.Fatalf("VA %#x is not the buffer's address", mr.VA())
+	}
+	mr.Invalidate()
+	if len(q.bound) != 0 || len(q.freed) != 0 {
+		t.Fatalf("after Invalidate: bound %v, freed %d", q.bound, len(q.freed))
+	}
+	// A Go buffer: bounced, the peer's data copied out at Invalidate,
+	// the bounce freed by the window, a new key each time.
+	user := make([]byte, 3000)
+	k2, err := mr.Map(user, 0, RemoteWrite)
+	if err != nil || k2 == k1 {
+		t.Fatalf("second Map = %#x (first %#x), %v", k2, k1, err)
+	}
+	copy(q.bound[k2], "from the peer")
+	busy := len(a.used)
+	mr.Invalidate()
+	if !bytes.HasPrefix(user, []byte("from the peer")) {
+		t.Fatalf("the peer's data was not copied out: %q", user[:13])
+	}
+	if len(q.freed) != 1 || len(a.used) != busy {
+		t.Fatalf("the bounce buffer went back %d times through the window, memory pieces %d→%d", len(q.freed), busy, len(a.used))
+	}
+	// Local access needs no window.
+	if _, err := mr.Map(user, 0, LocalWrite); err != nil || len(q.bound) != 0 {
+		t.Fatalf("a local mapping bound a window: %v %v", err, q.bound)
+	}
+	mr.Deregister()
+	// Without a queue pair offering windows, remote access needs rights
+	// the memory does not have here.
+	plain, _ := pd.AllocMR()
+	if _, err := plain.Map(reg, 0, RemoteWrite); err == nil {
+		t.Fatal("a region without windows mapped memory that grants no remote rights")
+	}
+}

@@ -99,6 +99,9 @@ func (f Fault) String() string {
 type Device struct {
 	name string
 
+	// mu guards the regions. Never held while calling out of this
+	// package (a hardware queue pair's Windows take the queue pair's
+	// locks, under which it reads regions): lock order QP → mu.
 	mu     sync.RWMutex
 	mrs    []*MR
 	free   []uint32
@@ -188,6 +191,32 @@ func (pd *PD) Free(b []byte) {
 	}
 }
 
+// Windows is what a hardware queue pair offers when its device has memory
+// windows (InfiniBand type 2; rxe and ConnectX have them, siw not): a key
+// per I/O over registered memory, bound on the queue pair ahead of what is
+// posted next and ended by the peer's Send with Invalidate or by a local
+// invalidation — so a peer reaches exactly the buffer it was given, for as
+// long as the I/O lasts. A queue pair without them (software devices,
+// devices lacking windows) does not implement it, or returns nil from its
+// Windows method.
+type Windows interface {
+	// BindWindow makes b, registered memory from the PD's Memory,
+	// reachable by the peer with the given remote rights under a new key.
+	BindWindow(b []byte, access Access) (Window, error)
+}
+
+// Window is one bound memory window.
+type Window interface {
+	RKey() uint32
+	// VA is the address the peer names b[0] by (VA-based, seed 001 IV).
+	VA() uint64
+	// Invalidate ends the key, unless the peer's Send with Invalidate
+	// already did. free, registered memory from the PD's Memory or nil,
+	// is freed once the device refuses the key: the peer can no longer
+	// reach it when it is reused.
+	Invalidate(free []byte)
+}
+
 // MR is a memory region.
 type MR struct {
 	pd          *PD
@@ -203,10 +232,14 @@ type MR struct {
 	dead   bool
 
 	// A hardware region (pd.mem set): the R_Key, and the bounce buffer
-	// standing in for user when user is not registered memory.
+	// standing in for user when user is not registered memory; with
+	// memory windows (win, from AllocMROn), the window of the current
+	// mapping.
 	rkey   uint32
 	bounce []byte
 	user   []byte
+	win    Windows
+	w      Window
 }
 
 // Register makes buf accessible under a new STag with the given rights.
@@ -258,6 +291,21 @@ func (pd *PD) AllocMR() (*MR, error) {
 	return mr, nil
 }
 
+// AllocMROn is AllocMR for regions the peer of qp reaches: on a hardware
+// device whose queue pair has memory windows, each Map binds a window over
+// just the buffer (a key per I/O, which the peer's Send with Invalidate or
+// Invalidate ends); elsewhere it is AllocMR.
+func (pd *PD) AllocMROn(qp QP) (*MR, error) {
+	mr, err := pd.AllocMR()
+	if err != nil || pd.mem == nil {
+		return mr, err
+	}
+	if h, ok := qp.(interface{ Windows() Windows }); ok {
+		mr.win = h.Windows()
+	}
+	return mr, nil
+}
+
 // Map binds buf (tagged offset va for buf[0]) with the given rights and a
 // fresh key, and returns the region's new STag. A previously advertised
 // STag of this region stops working.
@@ -265,14 +313,14 @@ func (mr *MR) Map(buf []byte, va uint64, access Access) (uint32, error) {
 	if va+uint64(len(buf)) < va {
 		return 0, fmt.Errorf("rdma: region at %#x of %d bytes wraps", va, len(buf))
 	}
+	if mr.pd.mem != nil {
+		return mr.mapHardware(buf, access)
+	}
 	d := mr.pd.dev
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if mr.dead {
 		return 0, errors.New("rdma: region deregistered")
-	}
-	if mr.pd.mem != nil {
-		return mr.mapHardware(buf, va, access)
 	}
 	mr.key++
 	mr.valid, mr.buf, mr.va, mr.access = true, buf, va, access
@@ -280,50 +328,105 @@ func (mr *MR) Map(buf []byte, va uint64, access Access) (uint32, error) {
 }
 
 // mapHardware is Map on a hardware device. A region with remote rights
-// is registered memory under its R_Key, at the buffer's virtual address
-// (va is ignored); a buffer outside registered memory is copied into
+// is registered memory named by its virtual address (the va asked for is
+// ignored) under a window's key of its own (memory windows) or else the
+// memory's R_Key; a buffer outside registered memory is copied into
 // memory that is (in now for RemoteRead, out at Invalidate for
 // RemoteWrite). A local region needs no key: the queue pair finds the
 // local key of the memory at post time.
-func (mr *MR) mapHardware(buf []byte, va uint64, access Access) (uint32, error) {
+//
+// A hardware region belongs to one owner at a time (the task using it):
+// its fields change only here, in Invalidate and in Deregister, under
+// d.mu; the window calls happen outside it.
+func (mr *MR) mapHardware(buf []byte, access Access) (uint32, error) {
 	mr.release()
-	mr.valid, mr.access, mr.buf, mr.va, mr.rkey = true, access, buf, va, 0
+	d := mr.pd.dev
+	d.mu.Lock()
+	if mr.dead {
+		d.mu.Unlock()
+		return 0, errors.New("rdma: region deregistered")
+	}
+	mr.valid, mr.access, mr.buf, mr.va, mr.rkey = true, access, buf, 0, 0
+	d.mu.Unlock()
 	if access&(RemoteRead|RemoteWrite) == 0 || len(buf) == 0 {
 		return 0, nil
 	}
 	m := mr.pd.mem
-	rkey, addr, ok := m.RemoteKey(buf, access)
+	b, bounce := buf, []byte(nil)
+	var rkey uint32
+	var addr uint64
+	ok := false
+	if mr.win == nil {
+		rkey, addr, ok = m.RemoteKey(buf, access)
+	} else {
+		// With no rights asked, RemoteKey says whether buf is
+		// registered memory at all.
+		_, _, ok = m.RemoteKey(buf, 0)
+	}
 	if !ok {
-		b, ok := m.Alloc(len(buf))
+		nb, ok := m.Alloc(len(buf))
 		if !ok {
-			mr.valid = false
+			mr.invalid()
 			return 0, fmt.Errorf("rdma: no registered memory left for a %d-byte region", len(buf))
 		}
 		if access&RemoteRead != 0 {
-			copy(b, buf)
+			copy(nb, buf)
 		}
-		if rkey, addr, ok = m.RemoteKey(b, access); !ok {
-			m.Free(b)
-			mr.valid = false
-			return 0, errors.New("rdma: registered memory lacks the rights asked for")
+		b, bounce = nb, nb
+		if mr.win == nil {
+			if rkey, addr, ok = m.RemoteKey(b, access); !ok {
+				m.Free(b)
+				mr.invalid()
+				return 0, errors.New("rdma: registered memory lacks the rights asked for")
+			}
 		}
-		mr.bounce, mr.user, mr.buf = b, buf, b
 	}
-	mr.va, mr.rkey = addr, rkey
+	var w Window
+	if mr.win != nil {
+		var err error
+		if w, err = mr.win.BindWindow(b, access&(RemoteRead|RemoteWrite)); err != nil {
+			if bounce != nil {
+				m.Free(bounce)
+			}
+			mr.invalid()
+			return 0, err
+		}
+		rkey, addr = w.RKey(), w.VA()
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if bounce != nil {
+		mr.bounce, mr.user, mr.buf = bounce, buf, bounce
+	}
+	mr.w, mr.va, mr.rkey = w, addr, rkey
 	return rkey, nil
 }
 
-// release ends a hardware region's bounce: what the peer wrote is copied
-// out, the bounce buffer goes back.
+func (mr *MR) invalid() {
+	d := mr.pd.dev
+	d.mu.Lock()
+	mr.valid = false
+	d.mu.Unlock()
+}
+
+// release ends a hardware region's mapping: what the peer wrote into a
+// bounce buffer is copied out, the window (if any) is invalidated, and the
+// bounce buffer goes back once the window's key is dead. Not under d.mu.
 func (mr *MR) release() {
-	if mr.bounce == nil {
-		return
+	d := mr.pd.dev
+	d.mu.Lock()
+	w, bounce, user := mr.w, mr.bounce, mr.user
+	if bounce != nil && mr.valid && mr.access&(RemoteWrite|LocalWrite) != 0 {
+		copy(user, bounce)
 	}
-	if mr.valid && mr.access&(RemoteWrite|LocalWrite) != 0 {
-		copy(mr.user, mr.bounce)
+	mr.w, mr.bounce, mr.user = nil, nil, nil
+	d.mu.Unlock()
+	switch {
+	case w != nil:
+		w.Invalidate(bounce)
+	case bounce != nil:
+		mr.pd.mem.Free(bounce)
 	}
-	mr.pd.mem.Free(mr.bounce)
-	mr.bounce, mr.user = nil, nil
 }
 
 // STag is the region's current STag (R_Key).
@@ -364,15 +467,17 @@ func (mr *MR) Valid() bool {
 // Invalidate stops all access through the current STag (local
 // invalidation); Map makes the region usable again under a new STag.
 //
-// On a hardware device the R_Key stays usable by the peer (the regions
-// are the connection's registered memory, not a key per I/O); a bounce
+// On a hardware device with memory windows the window's key ends (a
+// local invalidation, unless the peer's Send with Invalidate did it);
+// without them the memory's R_Key stays usable by the peer (the regions
+// are the connection's registered memory, not a key per I/O). A bounce
 // buffer's contents are copied out here.
 func (mr *MR) Invalidate() {
-	d := mr.pd.dev
-	d.mu.Lock()
 	if mr.pd.mem != nil {
 		mr.release()
 	}
+	d := mr.pd.dev
+	d.mu.Lock()
 	mr.valid = false
 	d.mu.Unlock()
 }
@@ -380,14 +485,16 @@ func (mr *MR) Invalidate() {
 // Deregister invalidates the region and frees its index.
 func (mr *MR) Deregister() {
 	d := mr.pd.dev
+	if mr.pd.mem != nil {
+		mr.release()
+		d.mu.Lock()
+		mr.dead, mr.valid, mr.buf = true, false, nil
+		d.mu.Unlock()
+		return
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if mr.dead {
-		return
-	}
-	if mr.pd.mem != nil {
-		mr.release()
-		mr.dead, mr.valid, mr.buf = true, false, nil
 		return
 	}
 	mr.dead, mr.valid, mr.buf = true, false, nil

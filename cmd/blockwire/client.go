@@ -149,11 +149,12 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		dialer.RDMA = d // lives as long as the command
 		return nil
 	})
+	windows := fs.Bool("rdma-windows", false, "with --rdma-device naming a kernel device that has memory windows (rxe, ConnectX): the target reaches each I/O's buffer through a window of its own, invalidated when the I/O ends, instead of the registered memory's one key (give it before --rdma-device)")
 	fs.Func("rdma-device", "for iser:// and srp:// URLs: the RDMA device to connect over: soft (the default: software iWARP, or RoCEv2 with --roce), auto (the kernel RDMA device when there is exactly one) or a kernel device's name as \"blockwire rdma\" lists it (RDMA/CM, as Linux ib_iser and ib_srp connect)", func(v string) error {
 		if v == "soft" {
 			return nil
 		}
-		d, err := verbs.Open(v, verbs.Options{Remote: true, Logger: o.Logger})
+		d, err := verbs.Open(v, verbs.Options{Remote: true, Windows: *windows, Logger: o.Logger})
 		if err != nil {
 			return err
 		}

@@ -583,7 +583,9 @@ func (c *Conn) mrLocked() (*rdma.MR, error) {
 		c.mrPool = c.mrPool[:n-1]
 		return mr, nil
 	}
-	return c.r.pd.AllocMR()
+	// On a hardware device with memory windows each mapping is a window
+	// of its own on this queue pair (a key per I/O).
+	return c.r.pd.AllocMROn(c.qp)
 }
 
 // DeallocateTaskResources implements datamover.Conn (seed 002 §9.9): the
@@ -805,6 +807,16 @@ func (c *Conn) dispatch() {
 func (c *Conn) Serve(up datamover.Upcalls) {
 	c.up = up
 	go c.dispatch()
+	// A queue pair can fail without flushing its receives (a kernel
+	// device after the peer broke the rules, or one removed): its end
+	// ends the wait too.
+	go func() {
+		select {
+		case <-c.qp.Done():
+			c.cancel()
+		case <-c.ctx.Done():
+		}
+	}()
 	var err error
 	if !c.helloDone && c.init {
 		// Seed 004 §5.1.3: Hello is the initiator's first iSER message.

@@ -286,3 +286,43 @@ func TestDataACK(t *testing.T) {
 		t.Fatalf("at Data_ACK_Notify the initiator's buffer held %q", placed)
 	}
 }
+
+// silentQP is a queue pair that fails without flushing its receives, as a
+// kernel device can (rxe after the peer's access violation, a removed
+// device): Done closes, nothing reaches the receive queue.
+type silentQP struct {
+	rdma.QP
+	done chan struct{}
+	once sync.Once
+}
+
+func (q *silentQP) Done() <-chan struct{} { return q.done }
+func (q *silentQP) Err() error {
+	select {
+	case <-q.done:
+		return errors.New("queue pair error: the peer's RDMA reached for memory it was not given")
+	default:
+		return nil
+	}
+}
+func (q *silentQP) fail() { q.once.Do(func() { close(q.done) }) }
+
+func TestQueuePairFailureWithoutFlushEndsTheConnection(t *testing.T) {
+	dev := rdma.NewDevice("test")
+	res := Prepare(dev.AllocPD(), Options{})
+	pp := rdma.ConnParams{PD: rdma.NewDevice("peer").AllocPD(), QP: rdma.QPConfig{SendCQ: rdma.NewCQ(16), RecvCQ: rdma.NewCQ(16)}}
+	qa, qb, err := siw.New(siw.Options{}).Pair(res.ConnParams(nil), pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qb.Close()
+	sq := &silentQP{QP: qa, done: make(chan struct{})}
+	c := res.Attach(sq, CMHeader{}, nil)
+	u := newUpcalls()
+	go c.Serve(u)
+	time.Sleep(50 * time.Millisecond)
+	sq.fail()
+	if err := ended(t, u); err == nil || !strings.Contains(err.Error(), "not given") {
+		t.Fatalf("the connection ended with %v, not the queue pair's reason", err)
+	}
+}

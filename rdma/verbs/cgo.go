@@ -61,7 +61,7 @@ static int bw_post_send(struct ibv_qp *qp, uint64_t id, int op, int flags, uint3
 	wr.send_flags = flags;
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
-	if (op == IBV_WR_SEND_WITH_INV) {
+	if (op == IBV_WR_SEND_WITH_INV || op == IBV_WR_LOCAL_INV) {
 		wr.invalidate_rkey = inv;
 		// rdma-core's siw provider takes the STag to invalidate from
 		// the RDMA fields (what it passes the kernel as the rkey).
@@ -69,6 +69,29 @@ static int bw_post_send(struct ibv_qp *qp, uint64_t id, int op, int flags, uint3
 	}
 	return ibv_post_send(qp, &wr, &bad);
 }
+
+// bw_post_bind binds a type 2 memory window over [addr, addr+len) of mr
+// under rkey (its index with a new key byte).
+static int bw_post_bind(struct ibv_qp *qp, uint64_t id, int flags, struct ibv_mw *mw, uint32_t rkey,
+		struct ibv_mr *mr, uint64_t addr, uint64_t len, int access) {
+	struct ibv_send_wr wr, *bad;
+	memset(&wr, 0, sizeof wr);
+	wr.wr_id = id;
+	wr.opcode = IBV_WR_BIND_MW;
+	wr.send_flags = flags;
+	wr.bind_mw.mw = mw;
+	wr.bind_mw.rkey = rkey;
+	wr.bind_mw.bind_info.mr = mr;
+	wr.bind_mw.bind_info.addr = addr;
+	wr.bind_mw.bind_info.length = len;
+	wr.bind_mw.bind_info.mw_access_flags = access;
+	return ibv_post_send(qp, &wr, &bad);
+}
+static struct ibv_mw *bw_alloc_mw(struct ibv_pd *pd) { return ibv_alloc_mw(pd, IBV_MW_TYPE_2); }
+static uint32_t bw_mw_rkey(struct ibv_mw *mw) { return mw->rkey; }
+// A type 2 window's rkey is the consumer's to keep: the provider names the
+// window by it in the next bind.
+static void bw_mw_set_rkey(struct ibv_mw *mw, uint32_t rkey) { mw->rkey = rkey; }
 
 static int bw_post_recv(struct ibv_qp *qp, uint64_t id, struct ibv_sge *sg) {
 	struct ibv_recv_wr wr, *bad;
@@ -184,10 +207,11 @@ static int bw_join(struct rdma_cm_id *id, const void *pd, int n, int ird, int or
 }
 
 static int bw_query(struct ibv_context *ctx, uint64_t *guid, int *transport, int *link, int *state, int *mtu,
-		int *max_qp_rd_atom, int *ports) {
+		int *max_qp_rd_atom, int *ports, int *windows) {
 	struct ibv_device_attr da;
 	struct ibv_port_attr pa;
 	if (ibv_query_device(ctx, &da) != 0) return -1;
+	*windows = da.max_mw > 0 && (da.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
 	*guid = be64toh(da.node_guid);
 	*transport = ctx->device->transport_type;
 	*ports = da.phys_port_cnt;
@@ -198,6 +222,40 @@ static int bw_query(struct ibv_context *ctx, uint64_t *guid, int *transport, int
 	*mtu = pa.active_mtu;
 	return 0;
 }
+// An asynchronous event as Go reads it: the queue pair's number for a
+// queue pair's event (hasqp), the port for a port's.
+typedef struct {
+	int type, hasqp, port;
+	uint32_t qpn;
+} bw_async;
+
+static int bw_async_event(struct ibv_context *ctx, bw_async *out) {
+	struct ibv_async_event ev;
+	if (ibv_get_async_event(ctx, &ev) != 0) return -1;
+	out->type = ev.event_type;
+	out->hasqp = 0;
+	out->port = 0;
+	out->qpn = 0;
+	switch (ev.event_type) {
+	case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST: case IBV_EVENT_SQ_DRAINED: case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR: case IBV_EVENT_QP_LAST_WQE_REACHED:
+		out->hasqp = 1;
+		out->qpn = ev.element.qp->qp_num;
+		break;
+	case IBV_EVENT_PORT_ACTIVE: case IBV_EVENT_PORT_ERR: case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE: case IBV_EVENT_SM_CHANGE: case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		out->port = ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	ibv_ack_async_event(&ev);
+	return 0;
+}
+static int bw_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }
+
 static const char *bw_ctx_name(struct ibv_context *ctx) { return ibv_get_device_name(ctx->device); }
 static struct ibv_context *bw_ctx_at(struct ibv_context **l, int i) { return l[i]; }
 */
@@ -232,6 +290,7 @@ type (
 	cWC      = C.struct_ibv_wc
 	cBWWC    = C.bw_wc
 	cEvent   = C.bw_event
+	cAsync   = C.bw_async
 )
 
 // Supported reports whether this build has the verbs device.
@@ -259,14 +318,15 @@ func Devices() ([]Info, error) {
 func query(ctx *cContext) Info {
 	in := Info{Name: C.GoString(C.bw_ctx_name(ctx))}
 	var guid C.uint64_t
-	var transport, link, state, mtu, rd, ports C.int
-	if C.bw_query(ctx, &guid, &transport, &link, &state, &mtu, &rd, &ports) != 0 {
+	var transport, link, state, mtu, rd, ports, windows C.int
+	if C.bw_query(ctx, &guid, &transport, &link, &state, &mtu, &rd, &ports, &windows) != 0 {
 		in.State = "unknown (query failed)"
 		return in
 	}
 	in.NodeGUID = uint64(guid)
 	in.Ports = int(ports)
 	in.MaxReadDepth = int(rd)
+	in.MemoryWindows = windows != 0
 	switch {
 	case transport == C.IBV_TRANSPORT_IWARP:
 		in.Kind = "iWARP"
@@ -297,9 +357,17 @@ type Device struct {
 	mem  *memory
 	pd   *rdma.PD
 	info Info
+	// windows: the initiator's memory is reached through memory windows,
+	// a key per I/O (Options.Remote on a device that has them); the
+	// memory itself is registered for local access and binding only.
+	windows bool
 
 	ech  *cEvChan
 	echf *os.File // a duplicate of the event channel's fd, in the poller
+	// A duplicate of the context's asynchronous event fd, in the poller;
+	// asyncLoop is closed when its reader ends.
+	asyncf    *os.File
+	asyncLoop chan struct{}
 
 	// mu guards ids and closed; it is taken alone, never across C calls
 	// that wait.
@@ -364,7 +432,8 @@ func Open(name string, o Options) (*Device, error) {
 		return nil, fmt.Errorf("verbs: %s: ibv_alloc_pd: %v", d.name, err)
 	}
 	access := rdma.LocalWrite
-	if o.Remote {
+	d.windows = o.Remote && o.Windows && d.info.MemoryWindows
+	if o.Remote && !d.windows {
 		access |= rdma.RemoteRead | rdma.RemoteWrite
 	}
 	d.mem = newMemory(d, access, o.MaxMemory)
@@ -390,7 +459,26 @@ func Open(name string, o Options) (*Device, error) {
 		C.ibv_dealloc_pd(d.cpd)
 		return nil, err
 	}
+	if d.asyncf, err = pollable(int(C.bw_async_fd(ctx)), "asynchronous events"); err != nil {
+		d.echf.Close()
+		C.rdma_destroy_event_channel(d.ech)
+		d.mem.close()
+		C.ibv_dealloc_pd(d.cpd)
+		return nil, err
+	}
+	d.asyncLoop = make(chan struct{})
+	if o.Remote {
+		how := "its registered memory under one key"
+		switch {
+		case d.windows:
+			how = "a memory window per I/O over just its buffer"
+		case o.Windows:
+			how += " (no memory windows on this device)"
+		}
+		d.log.Info("verbs: the peer reaches our buffers through "+how, "device", d.name)
+	}
 	go d.events()
+	go d.asyncEvents()
 	return d, nil
 }
 
@@ -419,6 +507,9 @@ func (d *Device) register(b []byte, access rdma.Access) (uint32, uint32, any, er
 	}
 	if access&rdma.RemoteWrite != 0 {
 		flags |= C.IBV_ACCESS_REMOTE_WRITE | C.IBV_ACCESS_LOCAL_WRITE
+	}
+	if d.windows {
+		flags |= C.IBV_ACCESS_MW_BIND
 	}
 	mr, err := C.ibv_reg_mr(d.cpd, unsafe.Pointer(unsafe.SliceData(b)), C.size_t(len(b)), flags)
 	if mr == nil {
@@ -486,6 +577,8 @@ func (d *Device) release() {
 		d.mu.Unlock()
 		d.echf.Close() // wakes the event loop
 		<-d.loop
+		d.asyncf.Close()
+		<-d.asyncLoop
 		C.rdma_destroy_event_channel(d.ech)
 		d.mem.close()
 		C.ibv_dealloc_pd(d.cpd)
@@ -537,6 +630,90 @@ func (d *Device) events() {
 			return // closed
 		}
 	}
+}
+
+// asyncEvents reads the device's asynchronous events. A queue pair's
+// error — the kernel moved it to the error state without a failed work
+// request of ours to say why, as when the peer's RDMA Write or Read
+// touched memory it was not given — ends that connection with the reason
+// in the log; port and device errors are logged.
+func (d *Device) asyncEvents() {
+	defer close(d.asyncLoop)
+	rc, err := d.asyncf.SyscallConn()
+	if err != nil {
+		d.log.Error("verbs: asynchronous events", "device", d.name, "err", err)
+		return
+	}
+	var ev cAsync
+	for {
+		var evs []cAsync
+		rerr := rc.Read(func(uintptr) bool {
+			for len(evs) < 16 {
+				if r, err := C.bw_async_event(d.ctx, &ev); r != 0 {
+					if errors.Is(err, syscall.EAGAIN) {
+						return len(evs) > 0
+					}
+					d.log.Error("verbs: ibv_get_async_event", "device", d.name, "err", err)
+					return true
+				}
+				evs = append(evs, ev)
+			}
+			return true
+		})
+		for _, e := range evs {
+			d.asyncEvent(e)
+		}
+		if rerr != nil {
+			return // closed
+		}
+	}
+}
+
+func (d *Device) asyncEvent(e cAsync) {
+	what := C.GoString(C.ibv_event_type_str(uint32(e._type)))
+	switch {
+	case e.hasqp != 0:
+		switch e._type {
+		case C.IBV_EVENT_QP_FATAL, C.IBV_EVENT_QP_REQ_ERR, C.IBV_EVENT_QP_ACCESS_ERR, C.IBV_EVENT_PATH_MIG_ERR:
+		default:
+			return // progress, not errors
+		}
+		q := d.qpByNum(uint32(e.qpn))
+		if q == nil {
+			return
+		}
+		hint := "the queue pair failed"
+		switch e._type {
+		case C.IBV_EVENT_QP_ACCESS_ERR:
+			hint = "the peer's RDMA operation reached for memory it was not given"
+		case C.IBV_EVENT_QP_REQ_ERR:
+			// siw reports an RDMA Write under an unknown STag so.
+			hint = "the device refused a request of the peer's (an RDMA operation outside memory it was given, or a malformed request)"
+		}
+		d.log.Warn("verbs: queue pair error: the connection ends", "device", d.name, "peer", q.attr.RemoteAddr,
+			"event", what, "reason", hint)
+		q.fail(fmt.Errorf("verbs: %s: %s (%s)", d.name, what, hint))
+	case e._type == C.IBV_EVENT_DEVICE_FATAL:
+		d.log.Error("verbs: RDMA device fatal error", "device", d.name, "event", what)
+	case e._type == C.IBV_EVENT_PORT_ERR:
+		d.log.Warn("verbs: RDMA device port down", "device", d.name, "port", int(e.port))
+	case e._type == C.IBV_EVENT_PORT_ACTIVE:
+		d.log.Info("verbs: RDMA device port active", "device", d.name, "port", int(e.port))
+	default:
+		d.log.Debug("verbs: asynchronous event", "device", d.name, "event", what, "port", int(e.port))
+	}
+}
+
+// qpByNum is the queue pair of ours with that number, if any.
+func (d *Device) qpByNum(n uint32) *qp {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, o := range d.ids {
+		if q, ok := o.(*qp); ok && q.num == n {
+			return q
+		}
+	}
+	return nil
 }
 
 func (d *Device) dispatch(e cmEvent) {
@@ -966,6 +1143,8 @@ type sendSlot struct {
 	sink     []byte // a Read through a bounce buffer lands here
 	sinkMR   *cMR   // iWARP: the Read's own sink registration
 	used     bool
+	win      *window // a window's bind, or with inv its local invalidation
+	inv      bool
 }
 
 type recvSlot struct {
@@ -979,6 +1158,7 @@ type recvSlot struct {
 type qp struct {
 	d    *Device
 	id   *cID
+	num  uint32 // the queue pair number (asynchronous events name it)
 	cq   *cCQ
 	cc   *cChannel
 	ccf  *os.File
@@ -1001,7 +1181,13 @@ type qp struct {
 	unsig  int // unsignaled requests since the last signaled one
 	sigOut int // signaled requests outstanding
 
-	rmu   sync.Mutex // posting receives; the receive slots
+	// Memory windows (Device.windows), guarded by smu: all of them, the
+	// free ones, the bound ones by key.
+	wins  []*window
+	wfree []*window
+	wkey  map[uint32]*window
+
+	rmu   sync.Mutex // posting receives; the receive slots (lock order: rmu, then smu)
 	rsge  *cSGE
 	recvs []recvSlot
 	rfree []int
@@ -1041,6 +1227,11 @@ func (d *Device) newQP(id *cID, p rdma.ConnParams, local, remote net.Addr) (*qp,
 		return nil, fmt.Errorf("verbs: ibv_create_comp_channel: %v", err)
 	}
 	sd, rd := cfg.SendDepth+1, cfg.RecvDepth
+	if d.windows {
+		// Each I/O adds up to two binds and two invalidations to the
+		// send queue.
+		sd = 4*cfg.SendDepth + 1
+	}
 	if q.cq, err = C.ibv_create_cq(d.ctx, C.int(sd+rd), nil, q.cc, 0); q.cq == nil {
 		C.ibv_destroy_comp_channel(q.cc)
 		return nil, fmt.Errorf("verbs: ibv_create_cq of %d entries: %v", sd+rd, err)
@@ -1056,11 +1247,13 @@ func (d *Device) newQP(id *cID, p rdma.ConnParams, local, remote net.Addr) (*qp,
 		C.ibv_destroy_comp_channel(q.cc)
 		return nil, err
 	}
-	q.attr.Detail = fmt.Sprintf("device %s qpn %d", d.name, id.qp.qp_num)
+	q.num = uint32(id.qp.qp_num)
+	q.attr.Detail = fmt.Sprintf("device %s qpn %d", d.name, q.num)
 	q.ssge = (*cSGE)(C.calloc(rdma.MaxSGE, C.size_t(unsafe.Sizeof(cSGE{}))))
 	q.rsge = (*cSGE)(C.calloc(1, C.size_t(unsafe.Sizeof(cSGE{}))))
 	q.wc = (*cWC)(C.calloc(pollBatch, C.size_t(unsafe.Sizeof(cWC{}))))
 	q.bwc = (*cBWWC)(C.calloc(pollBatch, C.size_t(unsafe.Sizeof(cBWWC{}))))
+	q.wkey = map[uint32]*window{}
 	q.sends = make([]sendSlot, sd)
 	for i := range q.sends {
 		q.sfree = append(q.sfree, i)
@@ -1522,6 +1715,12 @@ func (q *qp) complete(w *cBWWC) {
 		if w.flags&C.IBV_WC_WITH_INV != 0 {
 			c.Invalidated, c.STag = true, uint32(w.inv)
 		}
+		if q.d.windows && w.flags&(C.IBV_WC_WITH_INV|rxeWithInv) != 0 {
+			// A peer that invalidated one of our windows uninvited
+			// (we do not offer it): the key is dead, and must not be
+			// invalidated again.
+			q.remotelyInvalidated(uint32(w.inv))
+		}
 		q.cfg.RecvCQ.Push(c)
 		return
 	}
@@ -1547,6 +1746,11 @@ func (q *qp) complete(w *cBWWC) {
 		}
 		if s.sink != nil && sst == rdma.Success {
 			copy(s.sink, s.bounce[0])
+		}
+		if s.inv {
+			// Whatever the status: done, or flushed because the queue
+			// pair failed — either way the key reaches nothing now.
+			q.windowDead(s.win)
 		}
 		q.releaseSlot(s)
 		if s.signaled {
@@ -1588,6 +1792,16 @@ func (q *qp) destroy() {
 	q.fail(errors.New("verbs: queue pair destroyed"))
 	q.ccf.Close()
 	<-q.pollDone
+	// Windows first: a bound window holds its queue pair (rxe waits for
+	// the reference, then warns).
+	q.smu.Lock()
+	for _, w := range q.wins {
+		if w.mw != nil {
+			C.ibv_dealloc_mw(w.mw)
+			w.mw = nil
+		}
+	}
+	q.smu.Unlock()
 	C.rdma_destroy_qp(q.id)
 	C.ibv_destroy_cq(q.cq)
 	C.ibv_destroy_comp_channel(q.cc)
@@ -1597,6 +1811,9 @@ func (q *qp) destroy() {
 	for i := range q.sends {
 		q.releaseSlot(&q.sends[i])
 		q.sends[i] = sendSlot{}
+	}
+	for _, w := range q.wins {
+		q.windowDead(w)
 	}
 	q.smu.Unlock()
 	q.rmu.Lock()
@@ -1611,4 +1828,196 @@ func (q *qp) destroy() {
 	C.free(unsafe.Pointer(q.rsge))
 	C.free(unsafe.Pointer(q.wc))
 	C.free(unsafe.Pointer(q.bwc))
+}
+
+// Memory windows (InfiniBand type 2): with Device.windows, the initiator's
+// memory is registered for local access and binding only, and each I/O's
+// buffer is reached under a window bound over just that buffer on the
+// queue pair (ahead of the command that names it), ended by the target's
+// Send with Invalidate or by a local invalidation once the I/O is done.
+// So a peer reaches exactly what it was given, for as long as the I/O
+// lasts — what Linux ib_iser gets from fast registration.
+
+// rxeWithInv is how rxe's completions say "with invalidate": the kernel's
+// IB_WC_WITH_INVALIDATE (1<<2) copied as is, which rdma-core's enum calls
+// IBV_WC_IP_CSUM_OK (a flag of UD and raw queue pairs, never of ours).
+// Only a key of one of our bound windows is taken from it.
+const rxeWithInv = 1 << 2
+
+// maxWindows bounds the windows of one queue pair (each I/O holds one or
+// two while it runs).
+const maxWindows = 1024
+
+// Window states.
+const (
+	wFree         = iota // unbound: ready to bind
+	wBound               // its key reaches the buffer
+	wInvalidating        // a local invalidation is posted
+	wDead                // the peer invalidated it; its owner has not let go yet
+)
+
+// window is one memory window; guarded by its queue pair's smu.
+type window struct {
+	q     *qp
+	mw    *C.struct_ibv_mw
+	rkey  uint32
+	va    uint64
+	state int
+	free  []byte // registered memory to free once the key is dead
+}
+
+// Windows implements the hook rdma.PD.AllocMROn looks for: the queue
+// pair's memory windows, or nil when the device does not use them.
+func (q *qp) Windows() rdma.Windows {
+	if !q.d.windows {
+		return nil
+	}
+	return q
+}
+
+// BindWindow implements rdma.Windows.
+func (q *qp) BindWindow(b []byte, access rdma.Access) (rdma.Window, error) {
+	ch := q.d.mem.find(b)
+	if ch == nil || len(b) == 0 {
+		return nil, errors.New("verbs: a memory window over memory that is not registered")
+	}
+	flags := C.int(0)
+	if access&rdma.RemoteRead != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_READ
+	}
+	if access&rdma.RemoteWrite != 0 {
+		flags |= C.IBV_ACCESS_REMOTE_WRITE
+	}
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	if q.stopped() {
+		return nil, rdma.ErrClosed
+	}
+	var w *window
+	if n := len(q.wfree); n > 0 {
+		w = q.wfree[n-1]
+		q.wfree = q.wfree[:n-1]
+	} else {
+		if len(q.wins) >= maxWindows {
+			return nil, fmt.Errorf("verbs: %d memory windows in use on one connection", len(q.wins))
+		}
+		mw, err := C.bw_alloc_mw(q.d.cpd)
+		if mw == nil {
+			return nil, fmt.Errorf("verbs: %s: ibv_alloc_mw: %v", q.d.name, err)
+		}
+		w = &window{q: q, mw: mw, rkey: uint32(C.bw_mw_rkey(mw))}
+		q.wins = append(q.wins, w)
+	}
+	// A new key byte for each binding: the last one's key stays dead.
+	key := w.rkey&^0xff | (w.rkey+1)&0xff
+	addr := uint64(addrOf(b))
+	err := q.postInternal(w, false, false, func(slot int, sf C.int) (C.int, error) {
+		r, err := C.bw_post_bind(q.id.qp, C.uint64_t(slot), sf, w.mw, C.uint32_t(key), ch.handle.(*cMR),
+			C.uint64_t(addr), C.uint64_t(len(b)), flags)
+		return r, err
+	})
+	if err != nil {
+		q.wfree = append(q.wfree, w)
+		return nil, fmt.Errorf("verbs: binding a memory window: %w", err)
+	}
+	C.bw_mw_set_rkey(w.mw, C.uint32_t(key))
+	delete(q.wkey, w.rkey)
+	w.rkey, w.va, w.state = key, addr, wBound
+	q.wkey[key] = w
+	return w, nil
+}
+
+// RKey implements rdma.Window.
+func (w *window) RKey() uint32 { return w.rkey }
+
+// VA implements rdma.Window.
+func (w *window) VA() uint64 { return w.va }
+
+// Invalidate implements rdma.Window.
+func (w *window) Invalidate(free []byte) {
+	q := w.q
+	q.smu.Lock()
+	defer q.smu.Unlock()
+	w.free = free
+	if w.state == wBound && !q.stopped() {
+		err := q.postInternal(w, true, true, func(slot int, sf C.int) (C.int, error) {
+			r, err := C.bw_post_send(q.id.qp, C.uint64_t(slot), C.IBV_WR_LOCAL_INV, sf, C.uint32_t(w.rkey), 0, 0, nil, 0)
+			return r, err
+		})
+		if err == nil {
+			w.state = wInvalidating
+			return
+		}
+		// The queue pair is failing: its windows reach nothing more.
+	}
+	switch w.state {
+	case wInvalidating:
+	case wFree:
+		// Freed with its queue pair already.
+		if free != nil {
+			q.d.mem.Free(free)
+		}
+		w.free = nil
+	default:
+		q.windowDead(w)
+	}
+}
+
+// remotelyInvalidated marks the window with key dead: the peer's Send
+// with Invalidate ended it.
+func (q *qp) remotelyInvalidated(key uint32) {
+	q.smu.Lock()
+	if w := q.wkey[key]; w != nil && w.state == wBound {
+		w.state = wDead
+	}
+	q.smu.Unlock()
+}
+
+// windowDead makes w free again once its key reaches nothing, and frees
+// the memory it was holding back. Called with smu held.
+func (q *qp) windowDead(w *window) {
+	if w == nil || w.state == wFree {
+		return
+	}
+	if w.free != nil {
+		q.d.mem.Free(w.free)
+		w.free = nil
+	}
+	delete(q.wkey, w.rkey)
+	w.state = wFree
+	q.wfree = append(q.wfree, w)
+}
+
+// postInternal posts a request of the queue pair's own (a window's bind or
+// local invalidation) in a send slot, signaled when signal is set (or when
+// unsignaled ones pile up); no completion reaches the consumer. Called
+// with smu held.
+func (q *qp) postInternal(w *window, inv, signal bool, post func(slot int, flags C.int) (C.int, error)) error {
+	if len(q.sfree) == 0 {
+		return rdma.ErrQueueFull
+	}
+	i := q.sfree[len(q.sfree)-1]
+	s := &q.sends[i]
+	*s = sendSlot{bounce: s.bounce[:0], used: true, win: w, inv: inv}
+	s.signaled = signal || q.unsig >= len(q.sends)/2
+	flags := C.int(0)
+	if s.signaled {
+		flags = C.IBV_SEND_SIGNALED
+	}
+	if r, err := post(i, flags); r != 0 {
+		*s = sendSlot{bounce: s.bounce[:0]}
+		if err == nil {
+			err = syscall.Errno(r)
+		}
+		return err
+	}
+	q.sfree = q.sfree[:len(q.sfree)-1]
+	q.order.post(i)
+	if s.signaled {
+		q.unsig = 0
+		q.sigOut++
+	} else {
+		q.unsig++
+	}
+	return nil
 }

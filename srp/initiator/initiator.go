@@ -192,7 +192,9 @@ func Dial(ctx context.Context, addr string, tgt srp.PortID, opts Options) (*Chan
 	c.reqLim = int(rsp.ReqLimDelta)
 	c.reqs = make([]*request, min(opts.MaxOutstanding, c.reqLim)+1) // +1: a task management function
 	for i := range c.reqs {
-		mr, err := c.pd.AllocMR()
+		// A window per request on a hardware device that has them: the
+		// target reaches each I/O's buffer only while it runs.
+		mr, err := c.pd.AllocMROn(qp)
 		if err != nil {
 			qp.Close()
 			return nil, err

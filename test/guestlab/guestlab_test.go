@@ -30,13 +30,13 @@ import (
 
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
 var boots = [][]string{
-	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "our-initiator-to-lio"},
+	{"linux-initiator-tcp", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "linux-sg3-utils", "our-initiator-to-lio"},
 	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "linux-srp-siw-acl", "our-srp-initiator"},
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
 	// build): rxe, then siw.
-	{"verbs-rxe-linux-iser", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-remove"},
-	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio"},
+	{"verbs-rxe-linux-iser", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-remove"},
+	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile"},
 }
 
 // benchBoots are the guest lab's benchmarks (BLOCKWIRE_GUESTLAB_BENCH=1):
@@ -45,8 +45,8 @@ var benchBoots = [][]string{{"bench-verbs-rxe"}}
 
 // extraDebs are Debian packages unpacked into the appended archive: tgt,
 // the Linux-side iSER target for our initiator, and tcpdump, so a failing
-// RoCE scenario can hand its traffic to tshark on the host.
-var extraDebs = []string{"tgt", "libaio1", "tcpdump", "libpcap0.8", "libdbus-1-3"}
+// RoCE scenario can hand its traffic to tshark on the host, and sg3-utils.
+var extraDebs = []string{"tgt", "libaio1", "tcpdump", "libpcap0.8", "libdbus-1-3", "sg3-utils", "libsgutils2-1.46-2"}
 
 func TestGuestLab(t *testing.T) {
 	if os.Geteuid() != 0 {
@@ -219,10 +219,13 @@ func extraCPIO(t *testing.T, debs []string) string {
 	}
 	// The verbs build: cgo against rdma-core (libibverbs, librdmacm),
 	// linked dynamically to the guest's own copies of them.
-	build := exec.Command("go", "build", "-tags", "verbs", "-o", filepath.Join(root, "lab", "bin", "blockwire-verbs"), "../../cmd/blockwire")
-	build.Env = append(os.Environ(), "CGO_ENABLED=1")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building blockwire-verbs (needs libibverbs-dev and librdmacm-dev): %v\n%s", err, out)
+	// hostile is a hostile RDMA peer on the same device.
+	for bin, pkg := range map[string]string{"blockwire-verbs": "../../cmd/blockwire", "hostile": "./hostile"} {
+		build := exec.Command("go", "build", "-tags", "verbs", "-o", filepath.Join(root, "lab", "bin", bin), pkg)
+		build.Env = append(os.Environ(), "CGO_ENABLED=1")
+		if out, err := build.CombinedOutput(); err != nil {
+			t.Fatalf("building %s (needs libibverbs-dev and librdmacm-dev): %v\n%s", bin, err, out)
+		}
 	}
 	scripts, _ := filepath.Glob("scenarios/*.sh")
 	for _, s := range scripts {

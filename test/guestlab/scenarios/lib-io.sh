@@ -45,3 +45,25 @@ bench_copy() {
   if grep -E "level=(WARN|ERROR)" $log; then say "the initiator logged a warning"; brc=1; fi
   return $brc
 }
+
+# hostile_check LOG DEV ADDR IPORT SPORT ID: /lab/bin/hostile connects to
+# blockwire (pid $B, log LOG, run with --log-level debug) over RDMA device
+# DEV as an initiator would — 6 times to the iSER portal ADDR:IPORT, 4
+# times to the SRP portal ADDR:SPORT (target port ID:ID) — and posts RDMA
+# Writes and Reads under keys the target never advertised. Every one must
+# be refused, blockwire must still run, and it must have ended every one
+# of those connections. Returns 0 when all held.
+hostile_check() {
+  log=$1; hrc=0
+  timeout 300 /lab/bin/hostile -device $2 -a $3:$4 -n 6 -seed 1 -hold 1s > /tmp/hostile.out 2>&1 || hrc=1
+  timeout 300 /lab/bin/hostile -device $2 -a $3:$5 -n 4 -seed 2 -hold 1s -srp $6:$6 >> /tmp/hostile.out 2>&1 || hrc=1
+  cat /tmp/hostile.out
+  n=$(grep -c ': refused (' /tmp/hostile.out)
+  [ "$n" = 10 ] && say "all 10 hostile RDMA operations refused" || { say "refused: $n of 10"; hrc=1; }
+  kill -0 $B 2>/dev/null || { say "blockwire died"; grep -m1 -B2 -A30 -E "^(SIG|panic|fatal)" $log; return 1; }
+  sleep 2
+  i=$(grep -cE 'msg="connection ended" remote=iser:[^ ]+( err=.*)?$' $log)
+  s=$(grep -c 'srp: channel down.*initiator=0x0badbad' $log)
+  [ "$i" = 6 ] && [ "$s" = 4 ] && say "blockwire ended all 10 hostile connections" || { say "hostile connections ended: iSER $i of 6, SRP $s of 4"; hrc=1; }
+  return $hrc
+}

@@ -21,7 +21,8 @@ U="srp://$LADDR:5556/$NG:$NG/0"
 V="/lab/bin/blockwire-verbs"
 rm -f /tmp/src /tmp/back /tmp/vsrpi.log
 rc=0
-bench_copy /tmp/vsrpi.log "1 16" 2s 8MiB /lab/bin/blockwire-verbs "--rdma-device rxe0" && say "copy through ib_srpt over kernel rxe readback OK" || rc=1
+bench_copy /tmp/vsrpi.log "1 16" 2s 8MiB /lab/bin/blockwire-verbs "--log-level info --rdma-windows --rdma-device rxe0" && say "copy through ib_srpt over kernel rxe readback OK" || rc=1
+grep -q "a memory window per I/O" /tmp/vsrpi.log && say "the initiator used a memory window per I/O" || { say "no memory windows on rxe0"; rc=1; }
 [ $rc = 0 ] || { tail -20 /tmp/vsrpi.log; dmesg | grep -iE 'srp|rxe' | tail -12; }
 echo 0 > $T/enable
 exit $rc
