@@ -150,16 +150,16 @@ func TestInquiryAndVPD(t *testing.T) {
 		types[binary.BigEndian.Uint16(p)] = p[4 : 4+l]
 		p = p[4+l:]
 	}
-	if cmds := types[0x0080]; len(cmds) < 1 || !bytes.Contains(cmds[1:1+cmds[0]], []byte{scsi.OpExtendedCopy, 1, 0}) {
+	if cmds := types[0x0001]; len(cmds) < 1 || !bytes.Contains(cmds[1:1+cmds[0]], []byte{scsi.OpExtendedCopy, 1, 0}) {
 		t.Fatalf("VPD 8Fh: supported commands % x lack EXTENDED COPY (LID1)", cmds)
 	}
-	if pd := types[0x0085]; len(pd) != 28 || binary.BigEndian.Uint16(pd[6:]) != xcMaxSegments {
+	if pd := types[0x0004]; len(pd) != 28 || binary.BigEndian.Uint16(pd[6:]) != xcMaxSegments {
 		t.Fatalf("VPD 8Fh: parameter data % x", pd)
 	}
-	if sd := types[0x0086]; len(sd) < 3 || !bytes.Equal(sd[1:1+sd[0]], []byte{0x02, 0xe4}) {
+	if sd := types[0x0008]; len(sd) < 3 || !bytes.Equal(sd[1:1+sd[0]], []byte{0x02, 0xe4}) {
 		t.Fatalf("VPD 8Fh: supported descriptors % x", sd)
 	}
-	if types[0x008a] == nil {
+	if types[0x8001] == nil {
 		t.Fatal("VPD 8Fh: no general copy operations descriptor")
 	}
 	for _, page := range buf[4:c.Transfer] {

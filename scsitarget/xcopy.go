@@ -245,26 +245,26 @@ func thirdPartyCopyVPD() []byte {
 		b = binary.BigEndian.AppendUint16(b, uint16(len(body)))
 		b = append(b, body...)
 	}
-	// Supported Commands (0080h): EXTENDED COPY (LID1), RECEIVE COPY
+	// Supported Commands (0001h): EXTENDED COPY (LID1), RECEIVE COPY
 	// RESULTS (COPY STATUS, OPERATING PARAMETERS).
 	cmds := []byte{scsi.OpExtendedCopy, 1, 0x00, scsi.OpReceiveCopyResults, 2, 0x00, 0x03}
-	desc(0x0080, append([]byte{byte(len(cmds))}, cmds...))
-	// Parameter Data (0085h).
+	desc(0x0001, append([]byte{byte(len(cmds))}, cmds...))
+	// Parameter Data (0004h).
 	pd := make([]byte, 28)
 	binary.BigEndian.PutUint16(pd[4:], xcMaxCSCD)
 	binary.BigEndian.PutUint16(pd[6:], xcMaxSegments)
 	binary.BigEndian.PutUint32(pd[8:], xcMaxDescList)
-	desc(0x0085, pd) // MAXIMUM INLINE DATA LENGTH 0
-	// Supported Descriptors (0086h): block→block segments, identification
+	desc(0x0004, pd) // MAXIMUM INLINE DATA LENGTH 0
+	// Supported Descriptors (0008h): block→block segments, identification
 	// CSCDs.
-	desc(0x0086, []byte{2, 0x02, 0xe4})
-	// General Copy Operations (008Ah).
+	desc(0x0008, []byte{2, 0x02, 0xe4})
+	// General Copy Operations (8001h).
 	g := make([]byte, 32)
 	binary.BigEndian.PutUint32(g[0:], 1)               // TOTAL CONCURRENT COPIES
 	binary.BigEndian.PutUint32(g[4:], 1)               // MAXIMUM IDENTIFIED CONCURRENT COPIES
 	binary.BigEndian.PutUint32(g[8:], xcMaxSegmentLen) // MAXIMUM SEGMENT LENGTH
 	g[12] = 9                                          // DATA SEGMENT GRANULARITY: 2^9 bytes
-	desc(0x008a, g)
+	desc(0x8001, g)
 	return b
 }
 

@@ -597,39 +597,18 @@ func (d *Device) release() {
 // owner of its id.
 func (d *Device) events() {
 	defer close(d.loop)
-	rc, err := d.echf.SyscallConn()
-	if err != nil {
-		d.log.Error("verbs: event channel", "err", err)
-		return
-	}
 	var ev cEvent
-	for {
-		var evs []cmEvent
-		rerr := rc.Read(func(uintptr) bool {
-			for len(evs) < 16 {
-				if r, err := C.bw_get_event(d.ech, &ev); r != 0 {
-					if errors.Is(err, syscall.EAGAIN) {
-						return len(evs) > 0
-					}
-					d.log.Error("verbs: rdma_get_cm_event", "device", d.name, "err", err)
-					return true
-				}
-				e := cmEvent{typ: int(ev.event), status: int(ev.status), id: ev.id, listen: ev.listen_id,
-					ird: int(ev.ird), ord: int(ev.ord)}
-				if ev.pdata_len > 0 {
-					e.pdata = C.GoBytes(unsafe.Pointer(&ev.pdata[0]), ev.pdata_len)
-				}
-				evs = append(evs, e)
-			}
-			return true
-		})
-		for _, e := range evs {
-			d.dispatch(e)
+	drain(d, d.echf, "rdma_get_cm_event", func() (cmEvent, error) {
+		if r, err := C.bw_get_event(d.ech, &ev); r != 0 {
+			return cmEvent{}, cerr(err)
 		}
-		if rerr != nil {
-			return // closed
+		e := cmEvent{typ: int(ev.event), status: int(ev.status), id: ev.id, listen: ev.listen_id,
+			ird: int(ev.ird), ord: int(ev.ord)}
+		if ev.pdata_len > 0 {
+			e.pdata = C.GoBytes(unsafe.Pointer(&ev.pdata[0]), ev.pdata_len)
 		}
-	}
+		return e, nil
+	}, d.dispatch)
 }
 
 // asyncEvents reads the device's asynchronous events. A queue pair's
@@ -639,34 +618,55 @@ func (d *Device) events() {
 // in the log; port and device errors are logged.
 func (d *Device) asyncEvents() {
 	defer close(d.asyncLoop)
-	rc, err := d.asyncf.SyscallConn()
+	var ev cAsync
+	drain(d, d.asyncf, "ibv_get_async_event", func() (cAsync, error) {
+		if r, err := C.bw_async_event(d.ctx, &ev); r != 0 {
+			return cAsync{}, cerr(err)
+		}
+		return ev, nil
+	}, d.asyncEvent)
+}
+
+// drain waits on f, a library's fd in the runtime's poller, reads what
+// get takes off it (up to 16 at a time, until it would block) and hands
+// each to handle, until f is closed.
+func drain[T any](d *Device, f *os.File, what string, get func() (T, error), handle func(T)) {
+	rc, err := f.SyscallConn()
 	if err != nil {
-		d.log.Error("verbs: asynchronous events", "device", d.name, "err", err)
+		d.log.Error("verbs: "+what, "device", d.name, "err", err)
 		return
 	}
-	var ev cAsync
 	for {
-		var evs []cAsync
+		var items []T
 		rerr := rc.Read(func(uintptr) bool {
-			for len(evs) < 16 {
-				if r, err := C.bw_async_event(d.ctx, &ev); r != 0 {
+			for len(items) < 16 {
+				it, err := get()
+				if err != nil {
 					if errors.Is(err, syscall.EAGAIN) {
-						return len(evs) > 0
+						return len(items) > 0
 					}
-					d.log.Error("verbs: ibv_get_async_event", "device", d.name, "err", err)
+					d.log.Error("verbs: "+what, "device", d.name, "err", err)
 					return true
 				}
-				evs = append(evs, ev)
+				items = append(items, it)
 			}
 			return true
 		})
-		for _, e := range evs {
-			d.asyncEvent(e)
+		for _, it := range items {
+			handle(it)
 		}
 		if rerr != nil {
 			return // closed
 		}
 	}
+}
+
+// cerr is a failed C call's errno, never nil.
+func cerr(err error) error {
+	if err == nil {
+		return syscall.EIO
+	}
+	return err
 }
 
 func (d *Device) asyncEvent(e cAsync) {
@@ -1539,15 +1539,21 @@ func (q *qp) PostSend(wr *rdma.SendWR) error {
 			"remote_stag", fmt.Sprintf("%#x", wr.RemoteSTag), "remote_to", fmt.Sprintf("%#x", wr.RemoteTO), "length", wr.Length,
 			"inv", wr.Invalidate, "sink_mr", s.sinkMR != nil)
 	}
+	q.posted(i, s.signaled)
+	return nil
+}
+
+// posted takes send slot i out of the free list once its request is on
+// the send queue. Called with smu held.
+func (q *qp) posted(i int, signaled bool) {
 	q.sfree = q.sfree[:len(q.sfree)-1]
 	q.order.post(i)
-	if s.signaled {
+	if signaled {
 		q.unsig = 0
 		q.sigOut++
 	} else {
 		q.unsig++
 	}
-	return nil
 }
 
 // releaseSlot gives back what a send request held: bounce buffers, an
@@ -2011,13 +2017,6 @@ func (q *qp) postInternal(w *window, inv, signal bool, post func(slot int, flags
 		}
 		return err
 	}
-	q.sfree = q.sfree[:len(q.sfree)-1]
-	q.order.post(i)
-	if s.signaled {
-		q.unsig = 0
-		q.sigOut++
-	} else {
-		q.unsig++
-	}
+	q.posted(i, s.signaled)
 	return nil
 }

@@ -46,15 +46,19 @@ bench_copy() {
   return $brc
 }
 
-# hostile_check LOG DEV ADDR IPORT SPORT ID: /lab/bin/hostile connects to
-# blockwire (pid $B, log LOG, run with --log-level debug) over RDMA device
-# DEV as an initiator would — 6 times to the iSER portal ADDR:IPORT, 4
-# times to the SRP portal ADDR:SPORT (target port ID:ID) — and posts RDMA
-# Writes and Reads under keys the target never advertised. Every one must
-# be refused, blockwire must still run, and it must have ended every one
-# of those connections. Returns 0 when all held.
+# hostile_check LOG DEV ADDR IPORT SPORT ID: with a Linux session's disk
+# on /dev/$DEV holding a pattern, /lab/bin/hostile connects to blockwire
+# (pid $B, log LOG, run with --log-level debug) over RDMA device DEV as an
+# initiator would — 6 times to the iSER portal ADDR:IPORT, 4 times to the
+# SRP portal ADDR:SPORT (target port ID:ID) — and posts RDMA Writes and
+# Reads under keys the target never advertised. Every one must be
+# refused, blockwire must still run and have ended every one of those
+# connections, and the session's pattern must read back, new I/O too.
+# Returns 0 when all held.
 hostile_check() {
   log=$1; hrc=0
+  dd if=/dev/urandom of=/tmp/pat bs=64k count=32 2>/dev/null
+  dd if=/tmp/pat of=/dev/$DEV bs=64k oflag=direct 2>/dev/null || hrc=1
   timeout 300 /lab/bin/hostile -device $2 -a $3:$4 -n 6 -seed 1 -hold 1s > /tmp/hostile.out 2>&1 || hrc=1
   timeout 300 /lab/bin/hostile -device $2 -a $3:$5 -n 4 -seed 2 -hold 1s -srp $6:$6 >> /tmp/hostile.out 2>&1 || hrc=1
   cat /tmp/hostile.out
@@ -65,5 +69,9 @@ hostile_check() {
   i=$(grep -cE 'msg="connection ended" remote=iser:[^ ]+( err=.*)?$' $log)
   s=$(grep -c 'srp: channel down.*initiator=0x0badbad' $log)
   [ "$i" = 6 ] && [ "$s" = 4 ] && say "blockwire ended all 10 hostile connections" || { say "hostile connections ended: iSER $i of 6, SRP $s of 4"; hrc=1; }
+  dd if=/dev/$DEV of=/tmp/rb bs=64k count=32 iflag=direct 2>/dev/null && cmp /tmp/pat /tmp/rb && say "the Linux session survived: its data reads back unchanged" || hrc=1
+  dd if=/dev/urandom of=/tmp/pat bs=64k count=32 2>/dev/null
+  dd if=/tmp/pat of=/dev/$DEV bs=64k oflag=direct 2>/dev/null && dd if=/dev/$DEV of=/tmp/rb bs=64k count=32 iflag=direct 2>/dev/null &&
+    cmp /tmp/pat /tmp/rb && say "new I/O after the attacks: dd readback OK" || hrc=1
   return $hrc
 }

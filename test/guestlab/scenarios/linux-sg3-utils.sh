@@ -18,10 +18,11 @@ grep -E "3PC=1" /tmp/inq.txt >/dev/null && grep -E "TPGS=3" /tmp/inq.txt >/dev/n
 sg_vpd --page=tpc $D > /tmp/tpc.txt 2>&1 || { cat /tmp/tpc.txt; rc=1; }
 cat /tmp/tpc.txt | head -40
 grep -qi "supported commands" /tmp/tpc.txt && grep -qi "parameter data" /tmp/tpc.txt && grep -qi "general copy" /tmp/tpc.txt && say "sg_vpd decodes the third-party copy page" || { say "sg_vpd: third-party copy page not decoded"; rc=1; }
-# SPEC_I_PT: register this nexus and a second initiator port at once.
+# SPEC_I_PT: register this nexus and a second initiator port at once
+# (sg_persist sets SPEC_I_PT when REGISTER is given a TransportID).
 ME=$(cat /sys/class/iscsi_session/session*/initiatorname)
 OTHER="iqn.2004-10.org.guestlab:other,i,0x23d000000001"
-sg_persist --out --register --param-sark=0xabc --param-spec_i_pt --transport-id="$OTHER" $D || { say "sg_persist SPEC_I_PT failed"; rc=1; }
+sg_persist --out --register --param-sark=0xabc --transport-id="$OTHER" $D || { say "sg_persist SPEC_I_PT failed"; rc=1; }
 sg_persist --in --read-full-status $D > /tmp/fs.txt 2>&1
 cat /tmp/fs.txt
 n=$(grep -c "Key=0xabc" /tmp/fs.txt)
