@@ -23,7 +23,7 @@ import (
 	"github.com/blockwire/blockwire/node"
 )
 
-const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] VERB
+const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] [--json] VERB
   sessions                          every fabric's sessions (iSCSI, iSER, SRP), connections, commands in flight
   drop ID                           end a session (its ID: an iSCSI TSIH, srp-N)
   luns                              every target's LUNs
@@ -40,7 +40,8 @@ The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET; default
 /run/blockwire/admin.sock, the systemd unit's); --url is
 serve's --admin-http, with the token serve wrote to its --admin-http-token file.
 File paths (add-lun --file, save FILE) must lie in a directory serve was given
-with --admin-dir (admin_dirs).
+with --admin-dir (admin_dirs). With --json, sessions and luns print the API's
+JSON (docs/json.md); the other verbs always answer in JSON.
 `
 
 // defaultAdminSocket is where the systemd unit (packaging/) puts the
@@ -69,6 +70,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
 	shrink := fs.Bool("shrink", false, "resize: allow a smaller size (the data past it is lost)")
 	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
+	asJSON := fs.Bool("json", false, "sessions, luns: print the API's JSON instead of a table")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		io.WriteString(stdout, adminUsage)
@@ -141,7 +143,11 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	switch pos[0] {
 	case "sessions":
 		var ss []admin.Session
-		if err = call("GET", "/sessions", nil, &ss); err == nil {
+		if err = call("GET", "/sessions", nil, &ss); err == nil && *asJSON {
+			writeJSON(stdout, append([]admin.Session{}, ss...))
+			return exitOK
+		}
+		if err == nil {
 			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "ID\tFABRIC\tTARGET\tINITIATOR\tPORT\tCONNECTIONS\tIN FLIGHT\tREADS\tWRITES")
 			for _, s := range ss {
@@ -170,7 +176,11 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		err = call("DELETE", "/sessions/"+url.PathEscape(pos[1]), nil, &res)
 	case "luns":
 		var ls []admin.LUN
-		if err = call("GET", "/luns", nil, &ls); err == nil {
+		if err = call("GET", "/luns", nil, &ls); err == nil && *asJSON {
+			writeJSON(stdout, append([]admin.LUN{}, ls...))
+			return exitOK
+		}
+		if err == nil {
 			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TARGET\tLUN\tSIZE\tBLOCK SIZE")
 			for _, l := range ls {

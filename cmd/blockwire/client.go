@@ -222,6 +222,7 @@ func signalContext() (context.Context, context.CancelFunc) {
 
 func discover(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("discover", stderr)
+	asJSON := fs.Bool("json", false, "print the targets as JSON (docs/json.md)")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -254,6 +255,14 @@ func discover(args []string, stdout, stderr io.Writer) int {
 	found, err := initiator.Discover(ctx, portal, *o)
 	if err != nil {
 		return fail(stderr, err)
+	}
+	if *asJSON {
+		out := []discovered{}
+		for _, t := range found {
+			out = append(out, discovered{Name: t.Name, Addresses: append([]string{}, t.Addresses...)})
+		}
+		writeJSON(stdout, out)
+		return exitOK
 	}
 	for _, t := range found {
 		for _, a := range t.Addresses {
@@ -320,6 +329,7 @@ func openURL(ctx context.Context, url string, o *initiator.Options, ts string, s
 
 func inquiry(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("inquiry", stderr)
+	asJSON := fs.Bool("json", false, "print the answer as JSON (docs/json.md)")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -350,9 +360,15 @@ func inquiry(args []string, stdout, stderr io.Writer) int {
 	if r, err := d.Do(ctx, []byte{scsi.OpInquiry, 1, 0x80, 0, 255, 0}, nil, sbuf); err == nil && r.In > 4 {
 		serialNo = strings.TrimSpace(string(sbuf[4:r.In]))
 	}
+	in := inquired{Vendor: strings.TrimSpace(string(buf[8:16])), Product: strings.TrimSpace(string(buf[16:32])),
+		Revision: strings.TrimSpace(string(buf[32:36])), DeviceType: int(buf[0] & 0x1f), Serial: serialNo,
+		BlockSize: d.BlockSize(), CapacityBytes: d.Size(), CapacityBlocks: d.Size() / int64(d.BlockSize())}
+	if *asJSON {
+		writeJSON(stdout, in)
+		return exitOK
+	}
 	fmt.Fprintf(stdout, "vendor: %s\nproduct: %s\nrevision: %s\ndevice type: %#02x\nserial: %s\nblock size: %d\ncapacity: %d bytes (%d blocks)\n",
-		strings.TrimSpace(string(buf[8:16])), strings.TrimSpace(string(buf[16:32])), strings.TrimSpace(string(buf[32:36])),
-		buf[0]&0x1f, serialNo, d.BlockSize(), d.Size(), d.Size()/int64(d.BlockSize()))
+		in.Vendor, in.Product, in.Revision, in.DeviceType, in.Serial, in.BlockSize, in.CapacityBytes, in.CapacityBlocks)
 	return exitOK
 }
 
@@ -510,6 +526,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	verify := fs.Bool("verify", false, "check data: reads see a known pattern, writes are read back and compared")
 	overwrite := fs.Bool("overwrite", false, "with --verify on a read workload: let it first write its pattern over the region (destroying the data there)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (go tool pprof) to this file")
+	asJSON := fs.Bool("json", false, "print the result as JSON (docs/json.md)")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -668,6 +685,20 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	n := ios.Load()
 	iops := float64(n) / elapsed.Seconds()
+	if *asJSON && n > 0 {
+		r := benchResult{RW: *rw, BlockSize: bs, QueueDepth: *qd, Seconds: elapsed.Seconds(), IOs: n, IOPS: iops,
+			MiBPerSec: iops * float64(bs) / (1 << 20)}
+		r.LatencyUS.P50, r.LatencyUS.P99, r.LatencyUS.P999, r.LatencyUS.Max = pct(50), pct(99), pct(99.9), pct(100)
+		if *verify {
+			m := mismatches.Load()
+			r.Mismatches = &m
+		}
+		writeJSON(stdout, r)
+		if m := r.Mismatches; m != nil && *m > 0 {
+			return exitMismatch
+		}
+		return exitOK
+	}
 	fmt.Fprintf(stdout, "%s: bs=%d qd=%d time=%.1fs ios=%d\n", *rw, bs, *qd, elapsed.Seconds(), n)
 	fmt.Fprintf(stdout, "  IOPS=%.0f, BW=%.1fMiB/s (%.1fMB/s)\n", iops, iops*float64(bs)/(1<<20), iops*float64(bs)/1e6)
 	fmt.Fprintf(stdout, "  lat (usec): p50=%.0f, p99=%.0f, p99.9=%.0f, max=%.0f\n", pct(50), pct(99), pct(99.9), pct(100))
