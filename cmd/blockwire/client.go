@@ -608,6 +608,8 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	var mismatches, ios atomic.Int64
 	var firstErr atomic.Value
 	lat := make([][]time.Duration, *qd)
+	// I/Os completed in each second of the run (the last may be short).
+	perSecond := make([]atomic.Int64, int(*dur/time.Second)+2)
 	deadline := time.Now().Add(*dur)
 	var wg sync.WaitGroup
 	start := time.Now()
@@ -647,6 +649,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 					return
 				}
 				ios.Add(1)
+				perSecond[min(int(time.Since(start)/time.Second), len(perSecond)-1)].Add(1)
 				if *verify {
 					if write {
 						if _, err := d.ReadAtContext(ctx, check, off); err != nil {
@@ -685,10 +688,20 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	n := ios.Load()
 	iops := float64(n) / elapsed.Seconds()
+	secs := make([]int64, 0, len(perSecond))
+	for i := range perSecond {
+		if float64(i) >= elapsed.Seconds() {
+			break
+		}
+		secs = append(secs, perSecond[i].Load())
+	}
 	if *asJSON && n > 0 {
 		r := benchResult{RW: *rw, BlockSize: bs, QueueDepth: *qd, Seconds: elapsed.Seconds(), IOs: n, IOPS: iops,
-			MiBPerSec: iops * float64(bs) / (1 << 20)}
+			MiBPerSec: iops * float64(bs) / (1 << 20), IOsBySecond: secs}
 		r.LatencyUS.P50, r.LatencyUS.P99, r.LatencyUS.P999, r.LatencyUS.Max = pct(50), pct(99), pct(99.9), pct(100)
+		for _, p := range latencyPercentiles() {
+			r.LatencyDistribution = append(r.LatencyDistribution, latencyPoint{p, pct(p)})
+		}
 		if *verify {
 			m := mismatches.Load()
 			r.Mismatches = &m

@@ -4,6 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"encoding/xml"
+	"io"
+	"math"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -11,6 +15,7 @@ import (
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/internal/benchplot"
 	"github.com/blockwire/blockwire/node"
 )
 
@@ -30,7 +35,8 @@ func decodeStrict(t *testing.T, what string, b []byte, v any) {
 
 // TestJSONOutputs: discover, inquiry, bench and admin sessions/luns with
 // --json against a live node print their documented shapes (docs/json.md)
-// with the values the node has.
+// with the values the node has; blockwire-plot draws the bench result as
+// a valid SVG.
 func TestJSONOutputs(t *testing.T) {
 	const iqn = "iqn.2026-11.org.example:json"
 	sock := filepath.Join(t.TempDir(), "admin.sock")
@@ -81,11 +87,37 @@ func TestJSONOutputs(t *testing.T) {
 	}
 
 	var br benchResult
-	decodeStrict(t, "bench", cli("bench", "--json", "--rw", "randwrite", "--verify", "--qd", "2", "--time", "300ms", "--size", "1MiB", url), &br)
+	benchOut := cli("bench", "--json", "--rw", "randwrite", "--verify", "--qd", "2", "--time", "1200ms", "--size", "1MiB", url)
+	decodeStrict(t, "bench", benchOut, &br)
 	if br.RW != "randwrite" || br.BlockSize != 4096 || br.QueueDepth != 2 || br.IOs <= 0 || br.IOPS <= 0 || br.Seconds <= 0 ||
 		br.LatencyUS.P50 <= 0 || br.LatencyUS.Max < br.LatencyUS.P99 || br.Mismatches == nil || *br.Mismatches != 0 {
 		t.Errorf("bench --json: %+v", br)
 	}
+	var sum int64
+	for _, n := range br.IOsBySecond {
+		sum += n
+	}
+	if len(br.IOsBySecond) != int(math.Ceil(br.Seconds)) || len(br.IOsBySecond) < 2 || sum != br.IOs {
+		t.Errorf("bench --json: ios_by_second %v over %.2fs, %d I/Os", br.IOsBySecond, br.Seconds, br.IOs)
+	}
+	if l := br.LatencyDistribution; len(l) != 104 || l[0].Percentile != 1 || l[len(l)-1].Percentile != 100 || l[len(l)-1].US != br.LatencyUS.Max {
+		t.Errorf("bench --json: latency_distribution_us %+v", l)
+	}
+	// blockwire-plot's drawing of this very output is a valid SVG.
+	res, err := benchplot.Decode(bytes.NewReader(benchOut))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svgFile := filepath.Join(t.TempDir(), "bench.svg")
+	f, err := os.Create(svgFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := benchplot.Draw(f, res); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	checkSVG(t, svgFile)
 	var plain benchResult
 	decodeStrict(t, "bench without --verify", cli("bench", "--json", "--qd", "1", "--time", "200ms", "--size", "1MiB", url), &plain)
 	if plain.Mismatches != nil || plain.RW != "randread" {
@@ -101,5 +133,37 @@ func TestJSONOutputs(t *testing.T) {
 	decodeStrict(t, "admin sessions", cli("admin", "--socket", sock, "--json", "sessions"), &ss)
 	if ss == nil {
 		t.Error("admin --json sessions: null, want an array")
+	}
+}
+
+// checkSVG: the file is well-formed XML whose root is an svg element and
+// which draws lines (the latency distribution and the rate).
+func checkSVG(t *testing.T, file string) {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := xml.NewDecoder(bytes.NewReader(b))
+	root, paths := "", 0
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("%s is not well-formed XML: %v", file, err)
+		}
+		if se, ok := tok.(xml.StartElement); ok {
+			if root == "" {
+				root = se.Name.Local
+			}
+			if se.Name.Local == "path" {
+				paths++
+			}
+		}
+	}
+	if root != "svg" || paths < 2 || !bytes.Contains(b, []byte("latency distribution")) || !bytes.Contains(b, []byte("IOPS over time")) {
+		t.Fatalf("%s: root <%s>, %d paths: not the bench's SVG", file, root, paths)
 	}
 }

@@ -46,6 +46,27 @@ type benchResult struct {
 	} `json:"latency_us"`
 	// Mismatches is present with --verify only.
 	Mismatches *int64 `json:"mismatches,omitempty"`
+	// IOsBySecond counts the I/Os completed in each second of the run
+	// (the last second may be partial).
+	IOsBySecond []int64 `json:"ios_by_second"`
+	// LatencyDistribution is the latency (µs) at each of
+	// latencyPercentiles: what blockwire-plot draws.
+	LatencyDistribution []latencyPoint `json:"latency_distribution_us"`
+}
+
+type latencyPoint struct {
+	Percentile float64 `json:"percentile"`
+	US         float64 `json:"us"`
+}
+
+// latencyPercentiles are the points of bench's latency distribution:
+// every percent, then finer towards the tail.
+func latencyPercentiles() []float64 {
+	var ps []float64
+	for p := 1; p <= 99; p++ {
+		ps = append(ps, float64(p))
+	}
+	return append(ps, 99.5, 99.9, 99.95, 99.99, 100)
 }
 
 // writeJSON prints v as indented JSON and a newline.

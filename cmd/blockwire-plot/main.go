@@ -1,0 +1,61 @@
+// Command blockwire-plot draws a run of blockwire bench as SVG: the
+// latency distribution and the I/Os per second over the run.
+//
+//	blockwire bench --json iscsi://HOST/IQN/0 > run.json
+//	blockwire-plot -o run.svg run.json
+//
+// It reads bench's --json output (docs/json.md) from the file named, or
+// from standard input. A tool of its own, so blockwire itself carries no
+// plotting library.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/blockwire/blockwire/internal/benchplot"
+)
+
+func main() {
+	out := flag.String("o", "bench.svg", "the SVG file to write")
+	flag.Usage = func() {
+		fmt.Fprintln(os.Stderr, "usage: blockwire-plot [-o FILE.svg] [BENCH.json]   (blockwire bench --json output; standard input without a file)")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if err := run(*out, flag.Args()); err != nil {
+		fmt.Fprintln(os.Stderr, "blockwire-plot:", err)
+		os.Exit(1)
+	}
+}
+
+func run(out string, args []string) error {
+	var in io.Reader = os.Stdin
+	switch len(args) {
+	case 0:
+	case 1:
+		f, err := os.Open(args[0])
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		in = f
+	default:
+		return fmt.Errorf("one bench result at a time, not %d", len(args))
+	}
+	r, err := benchplot.Decode(in)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	if err := benchplot.Draw(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
