@@ -1,5 +1,5 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test bench fuzz guestlab guestlab-bench
+.PHONY: test bench fuzz guestlab guestlab-bench deb
 
 test:
 	go test -race ./...
@@ -23,3 +23,7 @@ guestlab:
 # LIO isert on kernel rxe, the same Linux initiator (docs/performance.md).
 guestlab-bench:
 	BLOCKWIRE_GUESTLAB_BENCH=1 go test -tags guestlab -count=1 -v -timeout 30m ./test/guestlab
+
+# The Debian package: dist/blockwire_*.deb (packaging/deb.sh, nfpm).
+deb:
+	packaging/deb.sh

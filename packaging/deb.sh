@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# deb.sh: builds dist/blockwire_VERSION_ARCH.deb — the static binary, its
+# man page (from its own help), bash completion, the systemd unit and a
+# configuration that serves nothing until edited — with nfpm.
+# Usage: packaging/deb.sh   (or: make deb)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rm -rf dist && mkdir -p dist
+v=$(git describe --tags --always --dirty 2>/dev/null || echo unknown)
+case $v in [0-9]*) ;; *) v="0.0.0~git.$v" ;; esac
+export BLOCKWIRE_VERSION=${v//-/.}
+export BLOCKWIRE_ARCH=$(go env GOARCH)
+CGO_ENABLED=0 go build -trimpath -o dist/blockwire ./cmd/blockwire
+go run ./packaging/man dist/blockwire | gzip -9n > dist/blockwire.1.gz
+dist/blockwire completion bash > dist/blockwire.bash
+go run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2 pkg --packager deb --config packaging/nfpm.yaml --target dist/
+ls dist/*.deb

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# check.sh DEB: installs the package on this machine (apt), checks what it
+# put where, starts the service with a test configuration — through
+# systemctl when systemd runs, else as the unit's ExecStartPre/ExecStart
+# lines say — reaches it with libiscsi's iscsi-ls and the admin socket,
+# stops it (SIGTERM: clean exit), and purges the package again.
+set -euo pipefail
+deb=$(realpath "$1")
+fail() { echo "packaging: $*" >&2; exit 1; }
+apt-get install -y -qq "$deb" >/dev/null
+trap 'apt-get purge -y -qq blockwire >/dev/null 2>&1 || true; rm -rf /etc/blockwire /var/lib/blockwire' EXIT
+for f in /usr/bin/blockwire /usr/lib/systemd/system/blockwire.service /etc/blockwire/blockwire.toml \
+	/usr/share/man/man1/blockwire.1.gz /usr/share/bash-completion/completions/blockwire \
+	/usr/share/doc/blockwire/examples/blockwire.toml; do
+	[ -e "$f" ] || fail "$f not installed"
+done
+zcat /usr/share/man/man1/blockwire.1.gz | grep -q '^\.SS serve' || fail "the man page lacks serve"
+grep -q '_blockwire' /usr/share/bash-completion/completions/blockwire || grep -q 'complete' /usr/share/bash-completion/completions/blockwire || fail "no completion"
+# As installed, the configuration serves nothing: the unit's check refuses it.
+if blockwire config check /etc/blockwire/blockwire.toml >/tmp/pkgcheck.out 2>&1; then
+	fail "the installed configuration passed config check (it should serve nothing until edited)"
+fi
+grep -q "serves nothing" /tmp/pkgcheck.out || { cat /tmp/pkgcheck.out; fail "config check gave another reason"; }
+echo "packaging: installed; the default configuration serves nothing until edited"
+# A test configuration: one file LUN where the unit may write.
+cat > /etc/blockwire/blockwire.toml <<'TOML'
+listen = ["127.0.0.1:3260"]
+[[target]]
+name = "iqn.2026-11.org.example:packaged"
+[[target.lun]]
+id = 0
+file = "/var/lib/blockwire/disk0.img"
+size = "16MiB"
+TOML
+unit=/usr/lib/systemd/system/blockwire.service
+if [ -d /run/systemd/system ]; then
+	systemctl daemon-reload
+	systemctl start blockwire
+	stop() { systemctl stop blockwire; }
+else
+	# No systemd here: what the unit runs, as it runs it.
+	install -d -m 0750 /run/blockwire /var/lib/blockwire
+	pre=$(sed -n 's/^ExecStartPre=//p' $unit)
+	start=$(sed -n 's/^ExecStart=//p' $unit)
+	$pre || fail "ExecStartPre failed: $pre"
+	$start > /tmp/pkgserve.log 2>&1 &
+	pid=$!
+	stop() { kill -TERM $pid; wait $pid || { tail -20 /tmp/pkgserve.log; fail "the service did not stop cleanly"; }; }
+fi
+for i in $(seq 1 50); do blockwire admin luns >/dev/null 2>&1 && break; sleep 0.2; done
+out=$(iscsi-ls -s iscsi://127.0.0.1:3260) || fail "iscsi-ls failed"
+echo "$out"
+echo "$out" | grep -q "iqn.2026-11.org.example:packaged" || fail "iscsi-ls does not list the target"
+echo "$out" | grep -q "Lun:0" || fail "iscsi-ls does not list LUN 0"
+blockwire admin --json luns | grep -q '"size": 16777216' || fail "admin luns over the installed socket"
+stop
+echo "packaging: the packaged service served, iscsi-ls reached it, it stopped cleanly"
