@@ -8,13 +8,16 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync/atomic"
 	"syscall"
 )
 
 // File is a file-backed disk. It is safe for concurrent use.
 type File struct {
-	f    *os.File
-	size int64
+	f        *os.File
+	size     atomic.Int64 // read on every I/O, changed by Resize
+	regular  bool         // a regular file (not a block device): it can be resized
+	readOnly bool
 }
 
 // Options say how to open a file.
@@ -91,16 +94,45 @@ func Open(path string, o Options) (*File, error) {
 		f.Close()
 		return nil, fmt.Errorf("file: %s is empty", path)
 	}
-	return &File{f: f, size: size}, nil
+	b := &File{f: f, regular: st.Mode().IsRegular(), readOnly: o.ReadOnly}
+	b.size.Store(size)
+	return b, nil
 }
 
 // Size returns the capacity in bytes.
-func (b *File) Size() int64 { return b.size }
+func (b *File) Size() int64 { return b.size.Load() }
+
+// Resize changes a regular file's capacity (backend.Resizer): it grows
+// sparse (new space reads as zeroes) or is cut, and the new size holds
+// for I/O from then on. Whether a shrink is wanted is the caller's to ask
+// (admin resize --shrink); a block device keeps its size.
+func (b *File) Resize(size int64) error {
+	switch {
+	case !b.regular:
+		return errors.New("file: a block device keeps its size (resize the device itself)")
+	case b.readOnly:
+		return errors.New("file: opened read-only")
+	case size <= 0:
+		return fmt.Errorf("file: size %d", size)
+	}
+	if size < b.size.Load() {
+		b.size.Store(size) // no I/O beyond the new end from now on
+		if err := b.f.Truncate(size); err != nil {
+			return fmt.Errorf("file: shrink: %w", err)
+		}
+		return nil
+	}
+	if err := b.f.Truncate(size); err != nil {
+		return fmt.Errorf("file: grow: %w", err)
+	}
+	b.size.Store(size)
+	return nil
+}
 
 // ReadAt implements io.ReaderAt.
 func (b *File) ReadAt(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > b.size {
-		return 0, fmt.Errorf("file: read [%d,%d) outside %d bytes", off, off+int64(len(p)), b.size)
+	if size := b.size.Load(); off < 0 || off+int64(len(p)) > size {
+		return 0, fmt.Errorf("file: read [%d,%d) outside %d bytes", off, off+int64(len(p)), size)
 	}
 	n, err := b.f.ReadAt(p, off)
 	if n == len(p) {
@@ -111,8 +143,8 @@ func (b *File) ReadAt(p []byte, off int64) (int, error) {
 
 // WriteAt implements io.WriterAt.
 func (b *File) WriteAt(p []byte, off int64) (int, error) {
-	if off < 0 || off+int64(len(p)) > b.size {
-		return 0, fmt.Errorf("file: write [%d,%d) outside %d bytes", off, off+int64(len(p)), b.size)
+	if size := b.size.Load(); off < 0 || off+int64(len(p)) > size {
+		return 0, fmt.Errorf("file: write [%d,%d) outside %d bytes", off, off+int64(len(p)), size)
 	}
 	return b.f.WriteAt(p, off)
 }
@@ -149,20 +181,21 @@ func (b *File) Close() error {
 // Mapped implements backend.Mapper with SEEK_DATA / SEEK_HOLE.
 func (b *File) Mapped(off int64) (bool, int64, error) {
 	const seekData, seekHole = 3, 4
+	size := b.size.Load()
 	fd := int(b.f.Fd())
 	data, err := syscall.Seek(fd, off, seekData)
 	if err == syscall.ENXIO {
-		return false, b.size, nil // no data after off
+		return false, size, nil // no data after off
 	}
 	if err != nil {
-		return true, b.size, nil // no hole support: all mapped
+		return true, size, nil // no hole support: all mapped
 	}
 	if data > off {
-		return false, min(data, b.size), nil
+		return false, min(data, size), nil
 	}
 	hole, err := syscall.Seek(fd, off, seekHole)
 	if err != nil {
-		return true, b.size, nil
+		return true, size, nil
 	}
-	return true, min(hole, b.size), nil
+	return true, min(hole, size), nil
 }

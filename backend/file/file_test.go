@@ -79,3 +79,47 @@ func TestMissingFileIsCreatedSparse(t *testing.T) {
 		t.Fatal("read-only grow")
 	}
 }
+
+// TestResize: a regular file grows sparse (new space reads as zeroes)
+// and shrinks; I/O follows the new size; read-only files do not change.
+func TestResize(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "r.img")
+	b, err := Open(path, Options{Size: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if _, err := b.WriteAt([]byte("end"), 1<<20-3); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Resize(2 << 20); err != nil || b.Size() != 2<<20 {
+		t.Fatalf("grow: %v, size %d", err, b.Size())
+	}
+	if st, _ := os.Stat(path); st.Size() != 2<<20 {
+		t.Fatalf("the file holds %d bytes after growing", st.Size())
+	}
+	got := make([]byte, 6)
+	if _, err := b.ReadAt(got, 1<<20-3); err != nil || string(got) != "end\x00\x00\x00" {
+		t.Fatalf("across the old end: %q %v", got, err)
+	}
+	if _, err := b.WriteAt([]byte("new"), 2<<20-3); err != nil {
+		t.Fatalf("a write in the new space: %v", err)
+	}
+	if err := b.Resize(512 << 10); err != nil || b.Size() != 512<<10 {
+		t.Fatalf("shrink: %v, size %d", err, b.Size())
+	}
+	if _, err := b.ReadAt(got, 1<<20-3); err == nil {
+		t.Fatal("a read past the new end succeeded")
+	}
+	if st, _ := os.Stat(path); st.Size() != 512<<10 {
+		t.Fatalf("the file holds %d bytes after shrinking", st.Size())
+	}
+	ro, err := Open(path, Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if err := ro.Resize(1 << 20); err == nil {
+		t.Fatal("a read-only file was resized")
+	}
+}
