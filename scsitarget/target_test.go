@@ -411,7 +411,16 @@ func FuzzParameterLists(f *testing.F) {
 	f.Add([]byte{scsi.OpUnmap, 0, 0, 0, 0, 0, 0, 0, 24, 0}, []byte{0, 22, 0, 16, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 8, 0, 0, 0, 0})
 	f.Add([]byte{scsi.OpModeSelect10, 0x10, 0, 0, 0, 0, 0, 0, 20, 0}, make([]byte, 20))
 	f.Add([]byte{scsi.OpCompareAndWrite, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0}, make([]byte, 1024))
+	// REGISTER with SPEC_I_PT naming two initiator ports (TransportIDs).
+	cdb, prm := specIPT(0, 0x77, 0, iscsiTID("iqn.b,i,0x2"), iscsiTID("iqn.c"))
+	f.Add(cdb, prm)
+	// SET TARGET PORT GROUPS.
+	cdb, prm = stpg(PortGroup{1, Standby}, PortGroup{2, ActiveOptimized})
+	f.Add(cdb, prm)
 	d, _ := newDev(f, false)
+	if err := d.SetPortGroups([]PortGroup{{1, ActiveOptimized}, {2, ActiveNonOptimized}}); err != nil {
+		f.Fatal(err)
+	}
 	n := &Nexus{InitiatorPort: "i", TargetPort: "t"}
 	f.Fuzz(func(t *testing.T, cdb []byte, data []byte) {
 		if len(data) > 1<<16 {
