@@ -6,8 +6,13 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rm -rf dist && mkdir -p dist
-v=$(git describe --tags --always --dirty 2>/dev/null || echo unknown)
-case $v in [0-9]*) ;; *) v="0.0.0~git.$v" ;; esac
+# A release tag (v1.2.3) gives 1.2.3 (1.2.3.4.gSHA past it); without one,
+# 0.0.0~git.SHA, which any release sorts above.
+if v=$(git describe --tags --match 'v[0-9]*' --dirty 2>/dev/null); then
+	v=${v#v}
+else
+	v="0.0.0~git.$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+fi
 export BLOCKWIRE_VERSION=${v//-/.}
 export BLOCKWIRE_ARCH=$(go env GOARCH)
 CGO_ENABLED=0 go build -trimpath -o dist/blockwire ./cmd/blockwire

@@ -7,6 +7,11 @@
 set -euo pipefail
 deb=$(realpath "$1")
 fail() { echo "packaging: $*" >&2; exit 1; }
+# It installs and purges the package and removes /etc/blockwire: never on
+# a machine where blockwire is in use.
+if [ -e /etc/blockwire ] || dpkg -s blockwire >/dev/null 2>&1; then
+	fail "blockwire is installed or configured here already: run this on a scratch machine (CI's)"
+fi
 apt-get install -y -qq "$deb" >/dev/null
 trap 'apt-get purge -y -qq blockwire >/dev/null 2>&1 || true; rm -rf /etc/blockwire /var/lib/blockwire' EXIT
 for f in /usr/bin/blockwire /usr/lib/systemd/system/blockwire.service /etc/blockwire/blockwire.toml \
