@@ -717,6 +717,21 @@ func (d *Device) qpByNum(n uint32) *qp {
 }
 
 func (d *Device) dispatch(e cmEvent) {
+	if e.typ == C.RDMA_CM_EVENT_DEVICE_REMOVAL {
+		// Every connection on the device ends now, with its line in the
+		// log, not only those whose own event comes.
+		d.mu.Lock()
+		var qs []*qp
+		for _, o := range d.ids {
+			if q, ok := o.(*qp); ok {
+				qs = append(qs, q)
+			}
+		}
+		d.mu.Unlock()
+		for _, q := range qs {
+			q.deviceRemoved()
+		}
+	}
 	d.mu.Lock()
 	var o owner
 	if e.typ == C.RDMA_CM_EVENT_CONNECT_REQUEST {
@@ -1156,16 +1171,18 @@ type recvSlot struct {
 
 // qp is a reliable connected queue pair on a Device.
 type qp struct {
-	d    *Device
-	id   *cID
-	num  uint32 // the queue pair number (asynchronous events name it)
-	cq   *cCQ
-	cc   *cChannel
-	ccf  *os.File
-	cfg  rdma.QPConfig
-	pd   *rdma.PD
-	attr rdma.QPAttr
-	ev   chan cmEvent // connection events until established
+	d   *Device
+	id  *cID
+	num uint32 // the queue pair number (asynchronous events name it)
+	// removed: the device-removal end happened (deviceRemoved).
+	removed sync.Once
+	cq      *cCQ
+	cc      *cChannel
+	ccf     *os.File
+	cfg     rdma.QPConfig
+	pd      *rdma.PD
+	attr    rdma.QPAttr
+	ev      chan cmEvent // connection events until established
 	// iwarp: an RDMA Read's sink needs remote write rights there.
 	iwarp bool
 	debug bool // log every request and completion (log level debug)
@@ -1358,13 +1375,23 @@ func (q *qp) event(e cmEvent) {
 	case C.RDMA_CM_EVENT_DISCONNECTED:
 		q.fail(rdma.ErrDisconnected)
 	case C.RDMA_CM_EVENT_DEVICE_REMOVAL:
+		q.deviceRemoved()
+	}
+}
+
+// deviceRemoved ends the connection because its device is going away,
+// saying so once — whichever id of the device hears of the removal first
+// (a connection's own event may come after its queue pair already saw
+// its receives flushed and began to close).
+func (q *qp) deviceRemoved() {
+	q.removed.Do(func() {
 		err := fmt.Errorf("verbs: %s: %w", q.d.name, ErrDeviceRemoved)
 		q.d.log.Error("verbs: RDMA device removed: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr)
 		q.fail(err)
 		// A removed device flushes nothing: say it for it, so a consumer
 		// waiting on its receive queue sees the end.
 		q.cfg.RecvCQ.Push(rdma.Completion{Op: rdma.OpRecv, Status: rdma.Flushed, QP: q})
-	}
+	})
 }
 
 // fail ends the connection with err (the first reason sticks).
