@@ -19,6 +19,7 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/node/nodetest"
 	"github.com/blockwire/blockwire/rdma/siw"
 	srpinit "github.com/blockwire/blockwire/srp/initiator"
 )
@@ -30,31 +31,11 @@ const (
 )
 
 func startNode(t *testing.T, cfg *config.Config, opts node.Options) *node.Node {
-	t.Helper()
-	n, err := node.New(cfg, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		n.Shutdown(ctx)
-	})
-	return n
+	return nodetest.Start(t, cfg, opts)
 }
 
 func portal(t *testing.T, n *node.Node, transport string) string {
-	t.Helper()
-	for _, p := range n.Portals() {
-		if p.Transport == transport {
-			return p.Address
-		}
-	}
-	t.Fatalf("no %s portal in %v", transport, n.Portals())
-	return ""
+	return nodetest.Portal(t, n, transport)
 }
 
 // srpURL is a target's SRP URL on the node's SRP portal: the port ID is

@@ -337,9 +337,64 @@ func (mr *MR) Map(buf []byte, va uint64, access Access) (uint32, error) {
 //
 // A hardware region belongs to one owner at a time (the task using it):
 // its fields change only here, in Invalidate and in Deregister, under
-// d.mu; the window calls happen outside it.
+// d.mu. Without windows that is one locked section per call; with
+// windows the window calls (which take the queue pair's locks) happen
+// outside it (mapWindow).
 func (mr *MR) mapHardware(buf []byte, access Access) (uint32, error) {
-	mr.release()
+	if mr.win != nil {
+		return mr.mapWindow(buf, access)
+	}
+	d := mr.pd.dev
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if mr.dead {
+		return 0, errors.New("rdma: region deregistered")
+	}
+	mr.releaseBounce()
+	mr.valid, mr.access, mr.buf, mr.va, mr.rkey = true, access, buf, 0, 0
+	if access&(RemoteRead|RemoteWrite) == 0 || len(buf) == 0 {
+		return 0, nil
+	}
+	m := mr.pd.mem
+	rkey, addr, ok := m.RemoteKey(buf, access)
+	if !ok {
+		b, ok := m.Alloc(len(buf))
+		if !ok {
+			mr.valid = false
+			return 0, fmt.Errorf("rdma: no registered memory left for a %d-byte region", len(buf))
+		}
+		if access&RemoteRead != 0 {
+			copy(b, buf)
+		}
+		if rkey, addr, ok = m.RemoteKey(b, access); !ok {
+			m.Free(b)
+			mr.valid = false
+			return 0, errors.New("rdma: registered memory lacks the rights asked for")
+		}
+		mr.bounce, mr.user, mr.buf = b, buf, b
+	}
+	mr.va, mr.rkey = addr, rkey
+	return rkey, nil
+}
+
+// releaseBounce ends a window-less hardware region's bounce: what the
+// peer wrote is copied out, the bounce buffer goes back. Called with d.mu
+// held.
+func (mr *MR) releaseBounce() {
+	if mr.bounce == nil {
+		return
+	}
+	if mr.valid && mr.access&(RemoteWrite|LocalWrite) != 0 {
+		copy(mr.user, mr.bounce)
+	}
+	mr.pd.mem.Free(mr.bounce)
+	mr.bounce, mr.user = nil, nil
+}
+
+// mapWindow is mapHardware with memory windows: the buffer (or its
+// bounce) is reached under a window bound over just it.
+func (mr *MR) mapWindow(buf []byte, access Access) (uint32, error) {
+	mr.releaseWindow()
 	d := mr.pd.dev
 	d.mu.Lock()
 	if mr.dead {
@@ -353,17 +408,9 @@ func (mr *MR) mapHardware(buf []byte, access Access) (uint32, error) {
 	}
 	m := mr.pd.mem
 	b, bounce := buf, []byte(nil)
-	var rkey uint32
-	var addr uint64
-	ok := false
-	if mr.win == nil {
-		rkey, addr, ok = m.RemoteKey(buf, access)
-	} else {
-		// With no rights asked, RemoteKey says whether buf is
-		// registered memory at all.
-		_, _, ok = m.RemoteKey(buf, 0)
-	}
-	if !ok {
+	// With no rights asked, RemoteKey says whether buf is registered
+	// memory at all.
+	if _, _, ok := m.RemoteKey(buf, 0); !ok {
 		nb, ok := m.Alloc(len(buf))
 		if !ok {
 			mr.invalid()
@@ -373,33 +420,22 @@ func (mr *MR) mapHardware(buf []byte, access Access) (uint32, error) {
 			copy(nb, buf)
 		}
 		b, bounce = nb, nb
-		if mr.win == nil {
-			if rkey, addr, ok = m.RemoteKey(b, access); !ok {
-				m.Free(b)
-				mr.invalid()
-				return 0, errors.New("rdma: registered memory lacks the rights asked for")
-			}
-		}
 	}
-	var w Window
-	if mr.win != nil {
-		var err error
-		if w, err = mr.win.BindWindow(b, access&(RemoteRead|RemoteWrite)); err != nil {
-			if bounce != nil {
-				m.Free(bounce)
-			}
-			mr.invalid()
-			return 0, err
+	w, err := mr.win.BindWindow(b, access&(RemoteRead|RemoteWrite))
+	if err != nil {
+		if bounce != nil {
+			m.Free(bounce)
 		}
-		rkey, addr = w.RKey(), w.VA()
+		mr.invalid()
+		return 0, err
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if bounce != nil {
 		mr.bounce, mr.user, mr.buf = bounce, buf, bounce
 	}
-	mr.w, mr.va, mr.rkey = w, addr, rkey
-	return rkey, nil
+	mr.w, mr.va, mr.rkey = w, w.VA(), w.RKey()
+	return mr.rkey, nil
 }
 
 func (mr *MR) invalid() {
@@ -409,10 +445,10 @@ func (mr *MR) invalid() {
 	d.mu.Unlock()
 }
 
-// release ends a hardware region's mapping: what the peer wrote into a
-// bounce buffer is copied out, the window (if any) is invalidated, and the
+// releaseWindow ends a windowed region's mapping: what the peer wrote
+// into a bounce buffer is copied out, the window is invalidated, and the
 // bounce buffer goes back once the window's key is dead. Not under d.mu.
-func (mr *MR) release() {
+func (mr *MR) releaseWindow() {
 	d := mr.pd.dev
 	d.mu.Lock()
 	w, bounce, user := mr.w, mr.bounce, mr.user
@@ -473,11 +509,14 @@ func (mr *MR) Valid() bool {
 // are the connection's registered memory, not a key per I/O). A bounce
 // buffer's contents are copied out here.
 func (mr *MR) Invalidate() {
-	if mr.pd.mem != nil {
-		mr.release()
+	if mr.win != nil {
+		mr.releaseWindow()
 	}
 	d := mr.pd.dev
 	d.mu.Lock()
+	if mr.pd.mem != nil && mr.win == nil {
+		mr.releaseBounce()
+	}
 	mr.valid = false
 	d.mu.Unlock()
 }
@@ -485,16 +524,19 @@ func (mr *MR) Invalidate() {
 // Deregister invalidates the region and frees its index.
 func (mr *MR) Deregister() {
 	d := mr.pd.dev
-	if mr.pd.mem != nil {
-		mr.release()
-		d.mu.Lock()
-		mr.dead, mr.valid, mr.buf = true, false, nil
-		d.mu.Unlock()
-		return
+	if mr.win != nil {
+		mr.releaseWindow()
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if mr.dead {
+		return
+	}
+	if mr.pd.mem != nil {
+		if mr.win == nil {
+			mr.releaseBounce()
+		}
+		mr.dead, mr.valid, mr.buf = true, false, nil
 		return
 	}
 	mr.dead, mr.valid, mr.buf = true, false, nil

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"encoding/xml"
 	"io"
@@ -11,12 +10,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/internal/benchplot"
 	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/node/nodetest"
 )
 
 // decodeStrict decodes b into v refusing fields the documented shape
@@ -43,27 +42,8 @@ func TestJSONOutputs(t *testing.T) {
 	iser := false
 	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, AdminSocket: sock, ISER: &iser,
 		Targets: []config.Target{{Name: iqn, LUNs: []config.LUN{{ID: 0, Size: "8MiB"}}}}}
-	n, err := node.New(cfg, node.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := n.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		n.Shutdown(ctx)
-	})
-	addr := ""
-	for _, p := range n.Portals() {
-		if p.Transport == "iscsi" {
-			addr = p.Address
-		}
-	}
-	if addr == "" {
-		t.Fatalf("no iSCSI portal in %v", n.Portals())
-	}
+	n := nodetest.Start(t, cfg, node.Options{})
+	addr := nodetest.Portal(t, n, "iscsi")
 	url := "iscsi://" + addr + "/" + iqn + "/0"
 	cli := func(args ...string) []byte {
 		t.Helper()

@@ -207,10 +207,11 @@ static int bw_join(struct rdma_cm_id *id, const void *pd, int n, int ird, int or
 }
 
 static int bw_query(struct ibv_context *ctx, uint64_t *guid, int *transport, int *link, int *state, int *mtu,
-		int *max_qp_rd_atom, int *ports, int *windows) {
+		int *max_qp_rd_atom, int *ports, int *windows, uint32_t *vendor) {
 	struct ibv_device_attr da;
 	struct ibv_port_attr pa;
 	if (ibv_query_device(ctx, &da) != 0) return -1;
+	*vendor = da.vendor_id;
 	*windows = da.max_mw > 0 && (da.device_cap_flags & (IBV_DEVICE_MEM_WINDOW_TYPE_2A | IBV_DEVICE_MEM_WINDOW_TYPE_2B)) != 0;
 	*guid = be64toh(da.node_guid);
 	*transport = ctx->device->transport_type;
@@ -319,7 +320,8 @@ func query(ctx *cContext) Info {
 	in := Info{Name: C.GoString(C.bw_ctx_name(ctx))}
 	var guid C.uint64_t
 	var transport, link, state, mtu, rd, ports, windows C.int
-	if C.bw_query(ctx, &guid, &transport, &link, &state, &mtu, &rd, &ports, &windows) != 0 {
+	var vendor C.uint32_t
+	if C.bw_query(ctx, &guid, &transport, &link, &state, &mtu, &rd, &ports, &windows, &vendor) != 0 {
 		in.State = "unknown (query failed)"
 		return in
 	}
@@ -327,6 +329,7 @@ func query(ctx *cContext) Info {
 	in.Ports = int(ports)
 	in.MaxReadDepth = int(rd)
 	in.MemoryWindows = windows != 0
+	in.VendorID = uint32(vendor)
 	switch {
 	case transport == C.IBV_TRANSPORT_IWARP:
 		in.Kind = "iWARP"
@@ -432,7 +435,7 @@ func Open(name string, o Options) (*Device, error) {
 		return nil, fmt.Errorf("verbs: %s: ibv_alloc_pd: %v", d.name, err)
 	}
 	access := rdma.LocalWrite
-	d.windows = o.Remote && o.Windows && d.info.MemoryWindows
+	d.windows = o.Remote && o.Windows && d.info.WindowsUsable()
 	if o.Remote && !d.windows {
 		access |= rdma.RemoteRead | rdma.RemoteWrite
 	}
@@ -472,6 +475,8 @@ func Open(name string, o Options) (*Device, error) {
 		switch {
 		case d.windows:
 			how = "a memory window per I/O over just its buffer"
+		case o.Windows && d.info.MemoryWindows:
+			how += " (memory windows are not used on " + d.info.windowsCaveat() + ")"
 		case o.Windows:
 			how += " (no memory windows on this device)"
 		}

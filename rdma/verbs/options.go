@@ -41,9 +41,8 @@ type Options struct {
 	// I/O's buffer on a device that has them, so a peer reaches only that
 	// buffer and only until the I/O ends; the memory itself is then
 	// registered for local access and binding only. Off, the peer reaches
-	// Remote memory under its R_Key. Opt-in for now: against blockwire's
-	// own software RoCE target over rxe, the initiator stalled now and
-	// then with windows (not yet understood); LIO's targets run clean.
+	// Remote memory under its R_Key. Not used on rxe, whose windows break
+	// when it retransmits (Info.WindowsUsable).
 	Windows bool
 	// MaxMemory bounds the registered memory (default 256 MiB). Beyond
 	// it, buffers come from the Go heap and move through a bounce buffer.
@@ -66,12 +65,40 @@ type Info struct {
 	Netdev       string // the network device under a RoCE or iWARP port
 	// MemoryWindows: the device has type 2 memory windows.
 	MemoryWindows bool
+	// VendorID is the device's IEEE vendor ID (0xFFFFFF: the kernel's
+	// rxe).
+	VendorID uint32
+}
+
+// rxeVendorID is the vendor ID the kernel's rdma_rxe reports (its
+// rxe_param.h: RXE_VENDOR_ID).
+const rxeVendorID = 0xFFFFFF
+
+// WindowsUsable reports whether the device's memory windows can carry
+// I/O. rxe's cannot: when its requester goes back to retransmit
+// (req_retry in rxe_req.c: a timeout or a NAK), it starts again at the
+// oldest request not yet completed and executes every request from there
+// once more — memory window binds and local invalidations included,
+// though they were done already. A repeated bind finds its window bound
+// and fails (IBV_WC_MW_BIND_ERR: the connection ends; seen in the guest
+// lab's SRP runs against LIO), and a repeated invalidation of a window
+// its peer already invalidated crashes the 6.1 kernel (rxe_invalidate_mw).
+// Memory registration without windows is not affected.
+func (i Info) WindowsUsable() bool {
+	return i.MemoryWindows && i.VendorID != rxeVendorID
+}
+
+func (i Info) windowsCaveat() string {
+	return i.Name + ": rxe repeats window binds when it retransmits, which ends the connection"
 }
 
 func (i Info) String() string {
 	w := "no memory windows"
-	if i.MemoryWindows {
+	switch {
+	case i.WindowsUsable():
 		w = "memory windows"
+	case i.MemoryWindows:
+		w = "memory windows, not used (rxe repeats window binds when it retransmits)"
 	}
 	return fmt.Sprintf("%s %s port 1 %s mtu %d guid %016x netdev %s, %s", i.Name, i.Kind, i.State, i.MTU, i.NodeGUID, i.Netdev, w)
 }

@@ -1,0 +1,28 @@
+# verbs-rxe-loss: blockwire's software RoCEv2 target (namespace bw) and
+# its verbs initiator on the kernel's rxe0, with netem dropping 0.3% of
+# the packets leaving vb, so rxe goes back and retransmits: the verifying
+# benchmark and a copy in and out must hold with no warning. The
+# initiator asks for memory windows (--rdma-windows), which are not used
+# on rxe: rxe repeats window binds when it retransmits (with windows, this
+# run lost its connection and ran 3-4x slower).
+. /lab/lib-io.sh
+. /lab/lib-roce.sh
+roce_lab || exit 1
+V="/lab/bin/blockwire-verbs"
+rm -f /tmp/vloss.log
+$BW /lab/bin/blockwire serve --listen 127.0.0.1:3267 --iser=false --roce-listen $BADDR:3268 --iqn $IQN --size 64MiB > /tmp/lt.log 2>&1 &
+S=$!
+sleep 2
+kill -0 $S 2>/dev/null || { say "software serve did not start"; cat /tmp/lt.log; exit 1; }
+modprobe sch_netem && $IP netns exec bw tc qdisc add dev vb root netem loss 0.3% || { say "no netem"; kill $S; exit 1; }
+U=iser://$BADDR:3268/$IQN/0
+rc=0
+bench_copy /tmp/vloss.log 8 3s 8MiB "$V" "--log-level info --rdma-windows --rdma-device rxe0" && say "0.3% loss, software RoCE target, kernel rxe initiator: copy readback OK" || rc=1
+grep -q "memory windows are not used on rxe0" /tmp/vloss.log && say "the initiator refused rxe's memory windows" || { say "no word of rxe's memory windows"; rc=1; }
+D=$($IP netns exec bw tc -s qdisc show dev vb | sed -n 's/.*dropped \([0-9]*\).*/\1/p')
+[ "${D:-0}" -gt 0 ] && say "netem dropped $D packets" || { say "netem dropped nothing"; rc=1; }
+$IP netns exec bw tc qdisc del dev vb root
+kill $S; wait $S || rc=1
+grep -E "level=(WARN|ERROR)" /tmp/lt.log && { say "the software target logged warnings"; rc=1; }
+[ $rc = 0 ] || { tail -20 /tmp/vloss.log; tail -20 /tmp/lt.log; dmesg | grep -i rxe | tail -5; }
+exit $rc
