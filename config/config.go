@@ -513,6 +513,10 @@ type LUN struct {
 	ReadOnly    bool   `toml:"read_only,omitempty,omitzero"`
 	Removable   bool   `toml:"removable,omitempty,omitzero"`
 	Serial      string `toml:"serial,omitempty"`
+	// WriteCache false starts the LU with its write cache disabled (WCE
+	// 0 in the caching mode page, SBC-4 §4.15): every write is flushed to
+	// stable storage before it is acknowledged, as with FUA. Unset: on.
+	WriteCache *bool `toml:"write_cache,omitempty"`
 }
 
 // validateAccess checks the access rules of a target, or of discovery

@@ -65,7 +65,8 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*scsitarget.LU
 		prFile = lc.File + ".pr" // persistent reservations with APTPL live beside the data
 	}
 	lu, err := scsitarget.NewLU(targetName, scsitarget.LUConfig{LUN: lc.ID, Backend: be, BlockSize: blockSize, ReadOnly: lc.ReadOnly,
-		Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile, Logger: log.With("lun", lc.ID)})
+		Removable: lc.Removable, Serial: lc.Serial, PRFile: prFile, Logger: log.With("lun", lc.ID),
+		WriteThrough: lc.WriteCache != nil && !*lc.WriteCache})
 	if err != nil {
 		if c, ok := be.(backend.Closer); ok {
 			c.Close()

@@ -62,3 +62,51 @@ func TestFailedFlushLatches(t *testing.T) {
 	// Reads still work: the data that is there can be copied off.
 	good(t, run(d, n, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
 }
+
+// countingFlush counts the backend's flushes.
+type countingFlush struct {
+	*mem.Disk
+	n atomic.Int32
+}
+
+func (c *countingFlush) Flush() error { c.n.Add(1); return nil }
+
+// TestWriteThrough: a LU configured without a write cache reports WCE 0
+// in the caching mode page and flushes every write before answering it;
+// with the cache on, only FUA writes flush.
+func TestWriteThrough(t *testing.T) {
+	for _, wt := range []bool{false, true} {
+		m, err := mem.New(8 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		be := &countingFlush{Disk: m}
+		d := NewDevice("iqn.2026-11.org.blockwire:test", nil)
+		lu, err := NewLU(d.Name(), LUConfig{Backend: be, WriteThrough: wt})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.AddLU(lu)
+		n := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
+		d.AddNexus(n)
+		clearUA(t, d, n)
+		// MODE SENSE(6), caching page (08h): WCE is bit 2 of its byte 2.
+		page := make([]byte, 64)
+		good(t, run(d, n, []byte{scsi.OpModeSense6, 0x08, 0x08, 0, 64, 0}, page))
+		if wce := page[4+2]&0x04 != 0; wce == wt {
+			t.Errorf("write-through %v: WCE %v", wt, wce)
+		}
+		good(t, run(d, n, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
+		want := int32(0)
+		if wt {
+			want = 1
+		}
+		if got := be.n.Load(); got != want {
+			t.Errorf("write-through %v: %d flushes after a plain write, want %d", wt, got, want)
+		}
+		good(t, run(d, n, []byte{scsi.OpWrite10, 0x08, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
+		if got := be.n.Load(); got != want+1 {
+			t.Errorf("write-through %v: %d flushes after a FUA write, want %d", wt, got, want+1)
+		}
+	}
+}

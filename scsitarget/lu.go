@@ -26,6 +26,10 @@ type LUConfig struct {
 	// Removable makes the medium removable (RMB): START STOP UNIT with
 	// LOEJ ejects and loads it, PREVENT ALLOW MEDIUM REMOVAL holds it in.
 	Removable bool
+	// WriteThrough starts the LU with its write cache disabled (WCE 0):
+	// every write is made durable (the backend's Flush) before it is
+	// acknowledged. MODE SELECT may change it; a LU reset restores it.
+	WriteThrough bool
 	// PRFile, when set, is where persistent reservations are kept when an
 	// initiator asks for them to survive power loss (APTPL, SPC-4
 	// §5.13.4); they are loaded from it here. Empty: APTPL is refused.
@@ -117,7 +121,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		serial:    cfg.Serial,
 		vendor:    cfg.VendorID,
 		product:   cfg.ProductID,
-		wce:       true,
+		wce:       !cfg.WriteThrough,
 	}
 	for 1<<lu.blockBits != bs {
 		lu.blockBits++

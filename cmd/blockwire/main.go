@@ -121,7 +121,7 @@ type serveFlags struct {
 	listen, portGroups, iserRoce, srp, srpRoce, adminDirs         listFlag
 	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser *string
 	rdmaDevice, rdmaMemory                                        *string
-	grow, readOnly, removable, iser                               *bool
+	grow, readOnly, removable, iser, writeCache                   *bool
 	tpgt                                                          *uint
 	blockSize, roceUDP                                            *int
 	cfgPath, logLevel, logFormat, cpuprofile, metrics             *string
@@ -152,6 +152,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.blockSize = fs.Int("block-size", 512, "logical block size (512 or 4096)")
 	f.readOnly = fs.Bool("read-only", false, "write-protect LUN 0 (writes fail with DATA PROTECT)")
 	f.removable = fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
+	f.writeCache = fs.Bool("write-cache", true, "LUN 0's write cache; false: every write is flushed to stable storage before it is acknowledged (WCE 0)")
 	f.cfgPath = fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	f.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	f.logFormat = fs.String("log-format", "text", "text or json (log/slog, on stderr)")
@@ -423,6 +424,9 @@ func (f *serveFlags) defaultTarget(stderr io.Writer) (*config.Config, int) {
 			LUNs: []config.LUN{{ID: 0, Size: size, File: *f.file, Remote: *f.remote, RBD: *f.rbd, CephConf: *f.cephConf,
 				CephKeyring: *f.cephKeyring, CephUser: *f.cephUser, BlockSize: *f.blockSize, ReadOnly: *f.readOnly, Removable: *f.removable, Grow: *f.grow}},
 		}},
+	}
+	if !*f.writeCache {
+		cfg.Targets[0].LUNs[0].WriteCache = f.writeCache
 	}
 	if err := cfg.Validate(); err != nil {
 		// Name the flags, not the places in a file the user has not

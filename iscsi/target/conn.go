@@ -63,7 +63,7 @@ type conn struct {
 	// logoutAsked is the logout wait (seconds) requested by Shutdown
 	// during login, or -1.
 	logoutAsked int
-	inflight    sync.WaitGroup
+	inflight    inflight
 
 	// Receive-goroutine state between DataBuffer and ControlNotify.
 	pendingTask *task

@@ -228,7 +228,7 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 		return &datamover.ProtocolError{Err: fmt.Errorf("iscsi: %d tasks on one connection, twice the command window of %d", n, c.sess.window)}
 	}
 	c.tasks[t.itt] = t
-	c.inflight.Add(1)
+	c.inflight.Add()
 	c.mu.Unlock()
 	// A lone command on a LU that never blocks runs here, on the
 	// receiving goroutine, rather than after a hand-off to a worker (the

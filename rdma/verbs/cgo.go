@@ -476,7 +476,7 @@ func Open(name string, o Options) (*Device, error) {
 		case d.windows:
 			how = "a memory window per I/O over just its buffer"
 		case o.Windows && d.info.MemoryWindows:
-			how += " (memory windows are not used on " + d.info.windowsCaveat() + ")"
+			how += " (memory windows are not used on " + d.name + ": rxe repeats window binds when it retransmits, which ends the connection)"
 		case o.Windows:
 			how += " (no memory windows on this device)"
 		}

@@ -88,10 +88,6 @@ func (i Info) WindowsUsable() bool {
 	return i.MemoryWindows && i.VendorID != rxeVendorID
 }
 
-func (i Info) windowsCaveat() string {
-	return i.Name + ": rxe repeats window binds when it retransmits, which ends the connection"
-}
-
 func (i Info) String() string {
 	w := "no memory windows"
 	switch {

@@ -1,0 +1,615 @@
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/scsitarget"
+)
+
+const iqn = "iqn.2026-11.org.blockwire:torture"
+
+// Config is one run.
+type Config struct {
+	Duration time.Duration
+	Seed     uint64
+	Clients  int // sessions writing and reading at once (4)
+	Blocks   int // blocks they share (16), 4 KiB each
+	// FaultEvery is the mean time between faults (1s); each fault's
+	// kind and moment come from the seed.
+	FaultEvery time.Duration
+	// Faults are the kinds injected: "crash" (power lost under the
+	// target: its unflushed cache is gone; it restarts), "reset" (every
+	// connection reset), "partition" (all traffic held, then reset),
+	// "delay" (every segment delayed). Empty: all of them.
+	Faults []string
+	// Fabric is "tcp" (iSCSI/TCP) or "iser" (iSER over the software
+	// iWARP device, which runs over TCP: the proxy's faults apply).
+	Fabric string
+	// Connections per session (1); more is MC/S, and the "reset-one"
+	// fault ends one connection of a session while its others live on.
+	Connections int
+	// WriteThrough runs the LU with its write cache off: every write
+	// acknowledged is durable, FUA or not.
+	WriteThrough bool
+	// Binary, when set, is a blockwire executable run as the target
+	// (serve --file on a file in a temporary directory): "crash" is then
+	// SIGKILL and a restart. Without it the target runs in this process
+	// on storage with a volatile cache, and "crash" is power lost under
+	// it (the cache's unflushed blocks are gone).
+	Binary string
+	// Dir holds the binary's file and log (a temporary directory).
+	Dir string
+	// LieAboutFlush makes the storage acknowledge FUA and SYNCHRONIZE
+	// CACHE without making anything durable: the deliberate bug the
+	// checker must catch.
+	LieAboutFlush bool
+	// Pause is each client's pause between operations (1ms), which
+	// keeps the history small enough to check in seconds.
+	Pause time.Duration
+	// Artifact, when set, is the file the checker's HTML visualization of
+	// a failing history is written to.
+	Artifact string
+	Log      *slog.Logger
+}
+
+// AllFaults are the fault kinds.
+var AllFaults = []string{"crash", "reset", "reset-one", "partition", "delay"}
+
+func (c *Config) defaults() {
+	if c.Clients == 0 {
+		c.Clients = 4
+	}
+	if c.Blocks == 0 {
+		c.Blocks = 16
+	}
+	if c.Pause == 0 {
+		c.Pause = time.Millisecond
+	}
+	if c.FaultEvery == 0 {
+		c.FaultEvery = time.Second
+	}
+	if len(c.Faults) == 0 {
+		c.Faults = AllFaults
+	}
+	if c.Fabric == "" {
+		c.Fabric = "tcp"
+	}
+	if c.Connections == 0 {
+		c.Connections = 1
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+}
+
+const blockSize = 4096
+
+// Report is what a run found.
+type Report struct {
+	Seed     uint64
+	Duration time.Duration
+	// Ops counts the operations by kind and outcome ("write ok",
+	// "write failed", "read ok", …; "read torn": reads that saw parts of
+	// two writes).
+	Ops map[string]int
+	// Faults counts the faults injected by kind.
+	Faults map[string]int
+	// Recovery is, per fault kind, the times from each fault's end to the
+	// first operation that completed after it.
+	Recovery map[string][]time.Duration
+	Verdict  porcupine.CheckResult
+	// Window is, for a failing history, the block and the operations on
+	// it up to the first moment the history breaks the model.
+	Window []string
+}
+
+// Run runs the clients against a target while faults are injected, then
+// checks the history.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	cfg.defaults()
+	rep := &Report{Seed: cfg.Seed, Ops: map[string]int{}, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}}
+	if cfg.Fabric != "tcp" && cfg.Fabric != "iser" {
+		return nil, fmt.Errorf("fabric %q: tcp or iser", cfg.Fabric)
+	}
+	var tg targetRunner
+	if cfg.Binary != "" {
+		tg = &process{cfg: &cfg}
+	} else {
+		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, cfg.LieAboutFlush)}
+	}
+	addr, err := tg.start()
+	if err != nil {
+		return nil, err
+	}
+	defer tg.stop()
+	px, err := newProxy(addr)
+	if err != nil {
+		return nil, err
+	}
+	defer px.Close()
+
+	start := time.Now()
+	now := func() int64 { return int64(time.Since(start)) }
+	rec := &recorder{}
+	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
+	defer cancel()
+
+	var wg sync.WaitGroup
+	for c := 0; c < cfg.Clients; c++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cl := &client{id: c, cfg: &cfg, portal: px.Addr(), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec}
+			cl.run(runCtx)
+		}()
+	}
+	// Faults, from the seed.
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0))
+	type fault struct {
+		kind string
+		end  int64
+	}
+	var faults []fault
+loop:
+	for {
+		wait := time.Duration(float64(cfg.FaultEvery) * (0.5 + rng.Float64()))
+		select {
+		case <-runCtx.Done():
+			break loop
+		case <-time.After(wait):
+		}
+		kind := cfg.Faults[rng.IntN(len(cfg.Faults))]
+		rep.Faults[kind]++
+		switch kind {
+		case "crash":
+			call := now()
+			tg.crash()
+			addr, err := tg.start()
+			if err != nil {
+				cancel()
+				wg.Wait()
+				return nil, fmt.Errorf("restarting the target: %w", err)
+			}
+			px.SetTarget(addr)
+			px.Reset()
+			rec.add(porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opCrash}, Call: call, Return: now()})
+		case "reset":
+			px.Reset()
+		case "reset-one":
+			px.ResetOne(rng)
+		case "partition":
+			px.Partition(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
+		case "delay":
+			px.Delay(time.Duration(1+rng.IntN(20))*time.Millisecond, time.Duration(200+rng.IntN(800))*time.Millisecond)
+		}
+		faults = append(faults, fault{kind, now()})
+		cfg.Log.Info("fault", "kind", kind, "at", time.Duration(now()))
+	}
+	wg.Wait()
+	rep.Duration = time.Since(start)
+
+	h := rec.ops
+	// Recovery: from a fault's end until every client has completed an
+	// operation again (clients that completed none before the run ended
+	// leave the fault out).
+	for _, f := range faults {
+		first := make([]int64, cfg.Clients)
+		for i := range first {
+			first[i] = math.MaxInt64
+		}
+		for _, op := range h {
+			if op.ClientId < cfg.Clients && op.Return >= f.end && op.Return < first[op.ClientId] {
+				first[op.ClientId] = op.Return
+			}
+		}
+		if last := slices.Max(first); last != math.MaxInt64 {
+			rep.Recovery[f.kind] = append(rep.Recovery[f.kind], time.Duration(last-f.end))
+		}
+	}
+	for k, v := range rec.counts {
+		rep.Ops[k] = v
+	}
+	rep.Verdict, rep.Window = check(h, cfg.Artifact)
+	return rep, nil
+}
+
+// check runs the checker. For an illegal history it finds the first
+// failing block and the shortest prefix of its history (by invocation)
+// that already breaks the model, lists that prefix's last operations
+// (flushes left out), and writes the checker's visualization of the
+// prefix to artifact.
+func check(h []porcupine.Operation, artifact string) (porcupine.CheckResult, []string) {
+	res := porcupine.CheckOperationsTimeout(blockModel.ToModel(), h, 10*time.Minute)
+	if res != porcupine.Illegal {
+		return res, nil
+	}
+	single := blockModel
+	single.Partition = nil
+	m := single.ToModel()
+	for _, part := range partition(h) {
+		if porcupine.CheckOperationsTimeout(m, part, time.Minute) != porcupine.Illegal {
+			continue
+		}
+		slices.SortFunc(part, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
+		lo, hi := 1, len(part)
+		for lo < hi {
+			mid := (lo + hi) / 2
+			if porcupine.CheckOperationsTimeout(m, clipped(part[:mid]), 20*time.Second) != porcupine.Illegal {
+				lo = mid + 1
+			} else {
+				hi = mid
+			}
+		}
+		prefix := clipped(part[:lo])
+		var out []string
+		if artifact != "" {
+			_, info := porcupine.CheckOperationsVerbose(m, prefix, time.Minute)
+			if err := porcupine.VisualizePath(m, info, artifact); err != nil {
+				out = append(out, "visualization: "+err.Error())
+			}
+		}
+		var shown []porcupine.Operation
+		syncs := 0
+		for i := len(prefix) - 1; i >= 0 && len(shown) < 16; i-- {
+			if prefix[i].Input.(input).kind == opSync {
+				syncs++
+				continue
+			}
+			shown = append(shown, prefix[i])
+		}
+		slices.Reverse(shown)
+		for _, op := range shown {
+			ret := "never returned"
+			if op.Return != math.MaxInt64 {
+				ret = time.Duration(op.Return).String()
+			}
+			out = append(out, fmt.Sprintf("client %d  %-30s  %v .. %s", op.ClientId,
+				single.DescribeOperation(op.Input, op.Output), time.Duration(op.Call), ret))
+		}
+		out = append(out, fmt.Sprintf("(%d acknowledged SYNCHRONIZE CACHE among them not shown)", syncs))
+		return res, out
+	}
+	return res, nil
+}
+
+// clipped is a prefix of a history whose operations returning after the
+// prefix's last call are left open (they may take effect later, or not).
+func clipped(p []porcupine.Operation) []porcupine.Operation {
+	out := slices.Clone(p)
+	last := p[len(p)-1].Call
+	var keep []porcupine.Operation
+	for _, op := range out {
+		if op.Return > last && op.Input.(input).kind == opRead {
+			continue // a read's value only counts once it returned
+		}
+		keep = append(keep, op)
+	}
+	return keep
+}
+
+// recorder collects the history.
+type recorder struct {
+	mu     sync.Mutex
+	ops    []porcupine.Operation
+	counts map[string]int
+}
+
+func (r *recorder) add(op porcupine.Operation) {
+	r.mu.Lock()
+	r.ops = append(r.ops, op)
+	r.mu.Unlock()
+}
+
+func (r *recorder) count(what string) {
+	r.mu.Lock()
+	if r.counts == nil {
+		r.counts = map[string]int{}
+	}
+	r.counts[what]++
+	r.mu.Unlock()
+}
+
+// targetRunner runs the target: start (again, after a crash) returns its
+// address; crash ends it as a power loss or SIGKILL would; stop ends it.
+type targetRunner interface {
+	start() (string, error)
+	crash()
+	stop()
+}
+
+// incarnation is the target in this process as it runs between two
+// crashes: an LU on a fresh view of the disk, an iSCSI server, a
+// listener.
+type incarnation struct {
+	cfg  *Config
+	disk *volatileDisk
+	srv  *target.Server
+}
+
+func (t *incarnation) start() (string, error) {
+	log := t.cfg.Log
+	dev := scsitarget.NewDevice(iqn, log)
+	lu, err := scsitarget.NewLU(iqn, scsitarget.LUConfig{Backend: t.disk.View(), BlockSize: blockSize, WriteThrough: t.cfg.WriteThrough})
+	if err != nil {
+		return "", err
+	}
+	dev.AddLU(lu)
+	t.srv = target.NewServer(log, target.Options{})
+	if err := t.srv.AddTarget(&target.Target{Name: iqn, Device: dev}); err != nil {
+		return "", err
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	a := fabric.TCP(l)
+	if t.cfg.Fabric == "iser" {
+		a = fabric.Portal(l, fabric.ISERPortal{IWARP: siw.New(siw.Options{}), PD: rdma.NewDevice("torture").AllocPD()})
+	}
+	go t.srv.Serve(a)
+	return l.Addr().String(), nil
+}
+
+// crash loses power under the target: the disk's cache goes first, then
+// the server (nothing of it reaches the disk again).
+func (t *incarnation) crash() {
+	t.disk.Crash()
+	t.stop()
+}
+
+// stop ends the server at once (no logout asked for).
+func (t *incarnation) stop() {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	t.srv.Shutdown(ctx)
+}
+
+// process is the target as a blockwire process serving a file.
+type process struct {
+	cfg  *Config
+	addr string
+	cmd  *exec.Cmd
+	log  *os.File
+}
+
+func (p *process) start() (string, error) {
+	if p.addr == "" {
+		// A port of our own, kept across restarts.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		p.addr = l.Addr().String()
+		l.Close()
+		if p.log, err = os.Create(filepath.Join(p.cfg.Dir, "target.log")); err != nil {
+			return "", err
+		}
+	}
+	args := []string{"serve", "--listen", p.addr, "--iqn", iqn, "--file", filepath.Join(p.cfg.Dir, "lun.img"),
+		"--size", strconv.Itoa(p.cfg.Blocks * blockSize), "--block-size", strconv.Itoa(blockSize),
+		"--iser=" + strconv.FormatBool(p.cfg.Fabric == "iser"), "--log-level", "warn",
+		"--write-cache=" + strconv.FormatBool(!p.cfg.WriteThrough)}
+	p.cmd = exec.Command(p.cfg.Binary, args...)
+	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
+	if err := p.cmd.Start(); err != nil {
+		return "", err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if c, err := net.Dial("tcp", p.addr); err == nil {
+			c.Close()
+			return p.addr, nil
+		}
+	}
+	p.crash()
+	return "", fmt.Errorf("%s serve did not listen on %s within 10s (log: %s)", p.cfg.Binary, p.addr, p.log.Name())
+}
+
+func (p *process) crash() {
+	p.cmd.Process.Signal(syscall.SIGKILL)
+	p.cmd.Wait()
+}
+
+func (p *process) stop() {
+	p.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+	}
+	p.log.Close()
+}
+
+// client is one initiator session doing operations.
+type client struct {
+	id     int
+	cfg    *Config
+	portal string
+	rng    *rand.Rand
+	now    func() int64
+	rec    *recorder
+	seq    uint64
+	s      *initiator.Session
+}
+
+func (c *client) login(ctx context.Context) error {
+	s, err := initiator.Login(ctx, c.portal, iqn, initiator.Options{
+		InitiatorName:   fmt.Sprintf("iqn.2026-11.org.blockwire:torture-client-%d", c.id),
+		Dialer:          &fabric.Dialer{},
+		ISER:            c.cfg.Fabric == "iser",
+		Connections:     c.cfg.Connections,
+		DialTimeout:     2 * time.Second,
+		RecoveryTimeout: 15 * time.Second,
+		NopInterval:     time.Second,
+	})
+	if err != nil {
+		return err
+	}
+	c.s = s
+	return nil
+}
+
+func (c *client) run(ctx context.Context) {
+	defer func() {
+		if c.s != nil {
+			c.s.Close()
+		}
+	}()
+	buf := make([]byte, blockSize)
+	for ctx.Err() == nil {
+		if c.s == nil {
+			if err := c.login(ctx); err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+		}
+		block := c.rng.IntN(c.cfg.Blocks)
+		op := porcupine.Operation{ClientId: c.id}
+		octx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		switch p := c.rng.IntN(100); {
+		case p < 45:
+			c.seq++
+			v := uint64(c.id+1)<<48 | c.seq
+			fua := c.rng.IntN(3) == 0
+			fill(buf, v)
+			// Write-through: every write is durable once acknowledged.
+			op.Input = input{kind: opWrite, block: block, value: v, fua: fua || c.cfg.WriteThrough}
+			op.Call = c.now()
+			_, err := c.do(octx, rw16(0x8a, block, fua), buf, nil)
+			op.Return = c.now()
+			if err != nil {
+				op.Return = math.MaxInt64 // it may have happened, or not
+				c.rec.count("write failed")
+			} else {
+				c.rec.count("write ok")
+			}
+			c.rec.add(op)
+		case p < 95:
+			op.Input = input{kind: opRead, block: block}
+			op.Call = c.now()
+			_, err := c.do(octx, rw16(0x88, block, false), nil, buf)
+			op.Return = c.now()
+			if err != nil {
+				c.rec.count("read failed")
+				break
+			}
+			c.rec.count("read ok")
+			vs := values(buf)
+			if len(vs) > 1 {
+				// A read overlapping a write of the block may see part
+				// of each (model.go): every part must be a value the
+				// block held while the read ran.
+				c.rec.count("read torn")
+				c.cfg.Log.Info("torn read", "block", block, "at", time.Duration(op.Call), "words", tornWords(buf))
+			}
+			for _, v := range vs {
+				op.Output = output{value: v}
+				c.rec.add(op)
+			}
+		default:
+			op.Input = input{kind: opSync}
+			op.Call = c.now()
+			_, err := c.do(octx, []byte{0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil)
+			op.Return = c.now()
+			if err != nil {
+				c.rec.count("sync failed")
+				break
+			}
+			c.rec.count("sync ok")
+			c.rec.add(op)
+		}
+		cancel()
+		time.Sleep(c.cfg.Pause)
+	}
+}
+
+// do runs one command; a session that ended is dropped (the next
+// operation logs in again).
+func (c *client) do(ctx context.Context, cdb, out, in []byte) (initiator.Result, error) {
+	r, err := c.s.Do(ctx, 0, cdb, out, in)
+	if err == nil {
+		return r, nil
+	}
+	c.cfg.Log.Debug("operation failed", "client", c.id, "err", err)
+	var se *initiator.SCSIError
+	if !errors.As(err, &se) {
+		// The session failed (recovery gave up) or the command was
+		// aborted: start again with a new one.
+		c.s.Close()
+		c.s = nil
+	}
+	return r, err
+}
+
+// rw16 is READ(16) (0x88) or WRITE(16) (0x8a) of one block.
+func rw16(op byte, block int, fua bool) []byte {
+	cdb := make([]byte, 16)
+	cdb[0] = op
+	if fua {
+		cdb[1] = 0x08
+	}
+	binary.BigEndian.PutUint64(cdb[2:], uint64(block))
+	binary.BigEndian.PutUint32(cdb[10:], 1)
+	return cdb
+}
+
+// fill writes v into every 8-byte word of b.
+func fill(b []byte, v uint64) {
+	for i := 0; i+8 <= len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], v)
+	}
+}
+
+// values reads back what fill wrote: one value, or for a torn block
+// each value found in it.
+func values(b []byte) []uint64 {
+	var vs []uint64
+	for i := 0; i+8 <= len(b); i += 8 {
+		if v := binary.LittleEndian.Uint64(b[i:]); !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// tornWords describes a torn block: each run of equal words as
+// "value@first-byte".
+func tornWords(b []byte) string {
+	var out []string
+	prev := uint64(0)
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := binary.LittleEndian.Uint64(b[i:])
+		if i == 0 || v != prev {
+			out = append(out, fmt.Sprintf("%x@%d", v, i))
+		}
+		prev = v
+	}
+	return strings.Join(out, " ")
+}

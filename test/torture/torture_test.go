@@ -1,0 +1,154 @@
+package main
+
+import (
+	"context"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// op is a history entry for the model tests: times in milliseconds, ret
+// < 0 for a write that never returned.
+func op(client int, in input, out uint64, call, ret int64) porcupine.Operation {
+	r := ret * int64(time.Millisecond)
+	if ret < 0 {
+		r = math.MaxInt64
+	}
+	return porcupine.Operation{ClientId: client, Input: in, Output: output{value: out}, Call: call * int64(time.Millisecond), Return: r}
+}
+
+func w(b int, v uint64, fua bool) input { return input{kind: opWrite, block: b, value: v, fua: fua} }
+func rd(b int) input                    { return input{kind: opRead, block: b} }
+
+var (
+	syncOp  = input{kind: opSync}
+	crashOp = input{kind: opCrash}
+)
+
+// TestModel: the durability rules on small histories, each legal or not.
+func TestModel(t *testing.T) {
+	for _, c := range []struct {
+		name  string
+		h     []porcupine.Operation
+		legal bool
+	}{
+		{"a FUA write survives a crash", []porcupine.Operation{
+			op(0, w(0, 1, true), 0, 0, 1), op(9, crashOp, 0, 2, 3), op(0, rd(0), 1, 4, 5)}, true},
+		{"a FUA write lost by a crash", []porcupine.Operation{
+			op(0, w(0, 1, true), 0, 0, 1), op(9, crashOp, 0, 2, 3), op(0, rd(0), 0, 4, 5)}, false},
+		{"a plain write may be lost by a crash", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(9, crashOp, 0, 2, 3), op(0, rd(0), 0, 4, 5)}, true},
+		{"a plain write may survive a crash", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(9, crashOp, 0, 2, 3), op(0, rd(0), 1, 4, 5)}, true},
+		{"a synchronized write lost by a crash", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(1, syncOp, 0, 2, 3), op(9, crashOp, 0, 4, 5), op(0, rd(0), 0, 6, 7)}, false},
+		{"an older value comes back after a newer durable write", []porcupine.Operation{
+			op(0, w(0, 1, true), 0, 0, 1), op(0, w(0, 2, true), 0, 2, 3), op(9, crashOp, 0, 4, 5), op(0, rd(0), 1, 6, 7)}, false},
+		{"a plain write over a durable one: either survives", []porcupine.Operation{
+			op(0, w(0, 1, true), 0, 0, 1), op(0, w(0, 2, false), 0, 2, 3), op(9, crashOp, 0, 4, 5), op(0, rd(0), 1, 6, 7)}, true},
+		{"a value never written", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(0, rd(0), 7, 2, 3)}, false},
+		{"a stale read after a completed write", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(0, w(0, 2, false), 0, 2, 3), op(1, rd(0), 1, 4, 5)}, false},
+		{"a read concurrent with a write sees either", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(0, w(0, 2, false), 0, 2, 6), op(1, rd(0), 1, 3, 4), op(2, rd(0), 2, 4, 5)}, true},
+		{"a write that never returned may happen late", []porcupine.Operation{
+			op(0, w(0, 1, true), 0, 0, -1), op(1, rd(0), 0, 2, 3), op(1, rd(0), 1, 4, 5)}, true},
+		{"a write that never returned takes effect once", []porcupine.Operation{
+			op(0, w(0, 1, true), 0, 0, -1), op(1, rd(0), 1, 2, 3), op(1, w(0, 2, true), 0, 4, 5), op(1, rd(0), 2, 6, 7),
+			op(1, rd(0), 1, 8, 9)}, false},
+		{"blocks are independent, crashes and flushes reach all", []porcupine.Operation{
+			op(0, w(0, 1, false), 0, 0, 1), op(1, w(1, 2, false), 0, 0, 1), op(2, syncOp, 0, 2, 3),
+			op(9, crashOp, 0, 4, 5), op(0, rd(0), 1, 6, 7), op(1, rd(1), 0, 6, 7)}, false},
+	} {
+		if got := porcupine.CheckOperations(blockModel.ToModel(), c.h); got != c.legal {
+			t.Errorf("%s: linearizable %v, want %v", c.name, got, c.legal)
+		}
+	}
+}
+
+// short runs the harness for d (less with -short) and fails the test on
+// an error or a verdict other than want.
+func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
+	t.Helper()
+	if testing.Short() {
+		cfg.Duration /= 3
+	}
+	rep, err := Run(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	rep.Print(&b)
+	t.Logf("\n%s", b.String())
+	if rep.Verdict != want {
+		t.Fatalf("verdict %s, want %s", rep.Verdict, want)
+	}
+	if rep.Ops["write ok"] == 0 || rep.Ops["read ok"] == 0 {
+		t.Fatalf("too few operations: %v", rep.Ops)
+	}
+	return rep
+}
+
+// TestTortureTCP: a fixed-seed run over iSCSI/TCP, two connections per
+// session (MC/S), every fault, against the target in this process whose
+// storage loses its unflushed cache on a crash.
+func TestTortureTCP(t *testing.T) {
+	rep := short(t, Config{Duration: 45 * time.Second, Seed: 1, Connections: 2, FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
+	if rep.Faults["crash"] == 0 {
+		t.Errorf("no crash injected: %v", rep.Faults)
+	}
+}
+
+// TestTortureISER: the same over iSER on the software iWARP device.
+func TestTortureISER(t *testing.T) {
+	short(t, Config{Duration: 45 * time.Second, Seed: 2, Fabric: "iser", FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
+}
+
+// TestTortureWriteThrough: with the write cache off, every acknowledged
+// write must survive a crash, FUA or not.
+func TestTortureWriteThrough(t *testing.T) {
+	short(t, Config{Duration: 20 * time.Second, Seed: 3, WriteThrough: true, Faults: []string{"crash", "reset"},
+		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+}
+
+// TestTortureKill: the blockwire executable serving a file, SIGKILLed
+// and restarted, with the write cache on and off.
+func TestTortureKill(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "blockwire")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	for _, wt := range []bool{false, true} {
+		dir := t.TempDir()
+		rep := short(t, Config{Duration: 20 * time.Second, Seed: 4, Binary: bin, Dir: dir, WriteThrough: wt,
+			Faults: []string{"crash", "reset", "partition"}, FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
+		if rep.Faults["crash"] == 0 {
+			t.Errorf("no kill: %v", rep.Faults)
+		}
+		if log, _ := os.ReadFile(filepath.Join(dir, "target.log")); strings.Contains(string(log), "panic") {
+			t.Errorf("the target panicked:\n%s", log)
+		}
+	}
+}
+
+// TestCheckerCatchesLostFUA: storage that acknowledges FUA and
+// SYNCHRONIZE CACHE without making anything durable must fail the check,
+// with the breaking operations listed and the visualization written.
+func TestCheckerCatchesLostFUA(t *testing.T) {
+	html := filepath.Join(t.TempDir(), "history.html")
+	rep := short(t, Config{Duration: 9 * time.Second, Seed: 5, LieAboutFlush: true, Faults: []string{"crash"},
+		FaultEvery: 300 * time.Millisecond, Artifact: html}, porcupine.Illegal)
+	if len(rep.Window) < 2 {
+		t.Errorf("no operations shown for the failure: %q", rep.Window)
+	}
+	if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
+		t.Errorf("no visualization: %v", err)
+	}
+}
