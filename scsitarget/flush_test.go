@@ -35,15 +35,7 @@ func TestFailedFlushLatches(t *testing.T) {
 		t.Fatal(err)
 	}
 	be := &flakyFlush{Disk: m}
-	d := NewDevice("iqn.2026-11.org.blockwire:test", nil)
-	lu, err := NewLU(d.Name(), LUConfig{Backend: be})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.AddLU(lu)
-	n := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
-	d.AddNexus(n)
-	clearUA(t, d, n)
+	d, n := devOn(t, LUConfig{Backend: be})
 	sync10 := []byte{scsi.OpSynchronizeCache10, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 	write10 := []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}
 	good(t, run(d, n, write10, make([]byte, 512)))
@@ -81,15 +73,7 @@ func TestWriteThrough(t *testing.T) {
 			t.Fatal(err)
 		}
 		be := &countingFlush{Disk: m}
-		d := NewDevice("iqn.2026-11.org.blockwire:test", nil)
-		lu, err := NewLU(d.Name(), LUConfig{Backend: be, WriteThrough: wt})
-		if err != nil {
-			t.Fatal(err)
-		}
-		d.AddLU(lu)
-		n := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
-		d.AddNexus(n)
-		clearUA(t, d, n)
+		d, n := devOn(t, LUConfig{Backend: be, WriteThrough: wt})
 		// MODE SENSE(6), caching page (08h): WCE is bit 2 of its byte 2.
 		page := make([]byte, 64)
 		good(t, run(d, n, []byte{scsi.OpModeSense6, 0x08, 0x08, 0, 64, 0}, page))
@@ -109,4 +93,20 @@ func TestWriteThrough(t *testing.T) {
 			t.Errorf("write-through %v: %d flushes after a FUA write, want %d", wt, got, want+1)
 		}
 	}
+}
+
+// devOn is a device with one LU of cfg and a nexus past its power-on unit
+// attention.
+func devOn(t *testing.T, cfg LUConfig) (*Device, *Nexus) {
+	t.Helper()
+	d := NewDevice("iqn.2026-11.org.blockwire:test", nil)
+	lu, err := NewLU(d.Name(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.AddLU(lu)
+	n := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1"}
+	d.AddNexus(n)
+	clearUA(t, d, n)
+	return d, n
 }

@@ -588,13 +588,23 @@ func cmdPROut(lu *LU, c *Command) error {
 			return scsi.InvalidFieldInCDB(2, 3)
 		}
 	}
-	return lu.prChange(func(p *prState) error {
+	// PREEMPT AND ABORT ends the preempted nexuses' tasks before it
+	// completes (SPC-4, PREEMPT AND ABORT), but waits for them only once the
+	// state's lock is released: a task being aborted may be waiting for
+	// that lock itself (its reservation check, prConflict), and waiting
+	// under it deadlocked the LU (found by test/torture).
+	var aborted []*sync.WaitGroup
+	err := lu.prChange(func(p *prState) error {
 		k, cur, registered := p.find(keyOf(c.Nexus))
 		if others != nil {
 			return p.registerSpecified(k, registered, resKey, saKey, others, allTgPt, aptpl)
 		}
-		return lu.prOut(c, sa, typ, k, cur, registered, resKey, saKey, allTgPt, aptpl)
+		return lu.prOut(c, sa, typ, k, cur, registered, resKey, saKey, allTgPt, aptpl, &aborted)
 	})
+	for _, wg := range aborted {
+		wg.Wait()
+	}
+	return err
 }
 
 // registerSpecified is REGISTER with SPEC_I_PT: the unregistered nexus k
@@ -638,7 +648,11 @@ func (p *prState) registerSpecified(k prKey, registered bool, resKey, saKey uint
 // prOut carries out a PERSISTENT RESERVE OUT service action for the
 // registration k (the nexus's own or its ALL_TG_PT one). Called with
 // lu.pr.mu held.
-func (lu *LU) prOut(c *Command, sa, typ byte, k prKey, cur uint64, registered bool, resKey, saKey uint64, allTgPt, aptpl bool) error {
+//
+// The tasks a PREEMPT AND ABORT aborted are added to aborted, for the
+// caller to wait for once p.mu is released.
+func (lu *LU) prOut(c *Command, sa, typ byte, k prKey, cur uint64, registered bool, resKey, saKey uint64, allTgPt, aptpl bool,
+	aborted *[]*sync.WaitGroup) error {
 	p := &lu.pr
 	switch sa {
 	case 0, 6: // REGISTER, REGISTER AND IGNORE EXISTING KEY
@@ -751,13 +765,13 @@ func (lu *LU) prOut(c *Command, sa, typ byte, k prKey, cur uint64, registered bo
 		p.generation++
 		lu.prUA(victims, k, uaRegistrationsPreempted)
 		if sa == 5 && len(victims) > 0 {
-			lu.abortMatching(func(t *Command) bool {
+			*aborted = append(*aborted, lu.abortMatching(func(t *Command) bool {
 				if t.Nexus == nil {
 					return false
 				}
 				k := keyOf(t.Nexus)
 				return victims[k] || victims[prKey{ip: k.ip}]
-			}, c).Wait()
+			}, c))
 		}
 		return nil
 	}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/scsi"
@@ -351,5 +352,61 @@ func TestSpecIPT(t *testing.T) {
 	cdb[1] = 6 // REGISTER AND IGNORE EXISTING KEY
 	if c := run(d, e, cdb, prm); c.Status != scsi.StatusCheckCondition {
 		t.Fatalf("SPEC_I_PT with REGISTER AND IGNORE EXISTING KEY: status %#x", c.Status)
+	}
+}
+
+// TestPreemptAndAbortDoesNotDeadlock: a PREEMPT AND ABORT whose victim
+// task is about to check the reservation completes, and so does the
+// task. The preemption used to wait for its victims while holding the
+// reservation state's lock, which the victim needs for its check: the LU
+// stopped for good (found by test/torture).
+func TestPreemptAndAbortDoesNotDeadlock(t *testing.T) {
+	d, lu := newDev(t, false)
+	admin := &Nexus{InitiatorPort: "iqn.admin,i,0x1", TargetPort: "t,0x1"}
+	victim := &Nexus{InitiatorPort: "iqn.victim,i,0x1", TargetPort: "t,0x1"}
+	for _, n := range []*Nexus{admin, victim} {
+		d.AddNexus(n)
+		clearUA(t, d, n)
+	}
+	cdb, p := prOut(0, 0, 0, 0xad, 0)
+	good(t, run(d, admin, cdb, p))
+	cdb, p = prOut(0, 0, 0, 0x77, 0)
+	good(t, run(d, victim, cdb, p))
+	cdb, p = prOut(1, prWERO, 0xad, 0, 0)
+	good(t, run(d, admin, cdb, p))
+
+	// The preemption takes the reservation state's lock while the
+	// victim's write, past its abort check, waits for the same lock to
+	// check the reservation. The test holds the lock until both wait
+	// for it, the preemption first.
+	lu.pr.mu.Lock()
+	preempted := make(chan *Command)
+	go func() {
+		cdb, p := prOut(5, prWERO, 0xad, 0x77, 0)
+		preempted <- run(d, admin, cdb, p)
+	}()
+	time.Sleep(50 * time.Millisecond)
+	ran := make(chan *Command)
+	go func() {
+		ran <- run(d, victim, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512))
+	}()
+	time.Sleep(50 * time.Millisecond)
+	lu.pr.mu.Unlock()
+	select {
+	case c := <-preempted:
+		good(t, c)
+	case <-time.After(5 * time.Second):
+		t.Fatal("PREEMPT AND ABORT did not complete: it holds the reservation state while it waits for a task that needs it")
+	}
+	select {
+	case c := <-ran:
+		if c.Status == scsi.StatusGood && !c.Aborted() {
+			t.Errorf("the preempted nexus's write succeeded after its preemption")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the victim's write never ended")
+	}
+	if keys := readKeys(t, d, admin); len(keys) != 1 || keys[0] != 0xad {
+		t.Errorf("registered keys after the preemption: %x, want only ad", keys)
 	}
 }

@@ -40,7 +40,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Blocks, "blocks", 16, "4 KiB blocks they share")
 	fs.DurationVar(&cfg.Pause, "pause", time.Millisecond, "each client's pause between operations")
 	fs.DurationVar(&cfg.FaultEvery, "fault-every", time.Second, "mean time between faults")
-	faults := fs.String("faults", strings.Join(AllFaults, ","), "fault kinds: "+strings.Join(AllFaults, ", "))
+	faults := fs.String("faults", strings.Join(AllFaults, ","), "fault kinds: "+strings.Join(KnownFaults, ", ")+` ("preempt" not with "crash")`)
 	fs.BoolVar(&cfg.LieAboutFlush, "lie-about-flush", false, "storage that acknowledges FUA and SYNCHRONIZE CACHE without making anything durable (the checker must fail)")
 	fs.StringVar(&cfg.Fabric, "fabric", "tcp", "tcp (iSCSI/TCP) or iser (iSER over the software iWARP device)")
 	fs.IntVar(&cfg.Connections, "connections", 1, "connections per session (MC/S above 1)")
@@ -56,8 +56,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		if f = strings.TrimSpace(f); f == "" {
 			continue
 		}
-		if !slices.Contains(AllFaults, f) {
-			fmt.Fprintf(stderr, "torture: unknown fault %q (%s)\n", f, strings.Join(AllFaults, ", "))
+		if !slices.Contains(KnownFaults, f) {
+			fmt.Fprintf(stderr, "torture: unknown fault %q (%s)\n", f, strings.Join(KnownFaults, ", "))
 			return 2
 		}
 		cfg.Faults = append(cfg.Faults, f)

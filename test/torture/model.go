@@ -33,6 +33,14 @@ import (
 // of time). Reads and flushes that failed are left out (they say
 // nothing). Crashes and flushes concern every block: the history is cut
 // per block with a copy of each in every part.
+//
+// With persistent reservations (the "preempt" fault; SPC-4 §5.13), the
+// LU has a Write Exclusive – Registrants Only reservation and every
+// client registers its key on each of its sessions (I_T nexuses). A write
+// takes effect only while its nexus is registered: after a PREEMPT AND
+// ABORT of the client's key completed, no write of it sent before — in
+// flight, queued, delayed in the network — may land, until that nexus
+// registers again.
 
 // opKind is what an operation does.
 type opKind uint8
@@ -40,8 +48,10 @@ type opKind uint8
 const (
 	opRead opKind = iota
 	opWrite
-	opSync  // SYNCHRONIZE CACHE, acknowledged
-	opCrash // the target lost power and came back
+	opSync     // SYNCHRONIZE CACHE, acknowledged
+	opCrash    // the target lost power and came back
+	opPreempt  // PERSISTENT RESERVE OUT PREEMPT AND ABORT of victim's key
+	opRegister // the client registered its key on nexus
 )
 
 // input is an operation's input.
@@ -50,11 +60,17 @@ type input struct {
 	block int
 	value uint64 // written
 	fua   bool
+	// nexus is the session a write came on or a registration was made
+	// on (0: reservations are not in play); victim is the client whose
+	// key a preemption removed.
+	nexus, victim int
 }
 
-// output is an operation's result: the value a read returned.
+// output is an operation's result: the value a read returned; unknown
+// for an operation that ended in an error (it happened or not).
 type output struct {
-	value uint64
+	value   uint64
+	unknown bool
 }
 
 // regState is one block's state. vol lists the values written since the
@@ -62,6 +78,22 @@ type output struct {
 type regState struct {
 	cur, durable uint64
 	vol          string
+	reg          string // registered nexuses: byte n is 1 when n is
+}
+
+func (s regState) registered(n int) bool { return n < len(s.reg) && s.reg[n] == 1 }
+
+func (s regState) withRegistration(n int, on bool) regState {
+	b := []byte(s.reg)
+	for len(b) <= n {
+		b = append(b, 0)
+	}
+	b[n] = 0
+	if on {
+		b[n] = 1
+	}
+	s.reg = string(b)
+	return s
 }
 
 func (s regState) volatile() []uint64 {
@@ -90,36 +122,79 @@ func withVolatile(s regState, v uint64) regState {
 	return s
 }
 
-// blockModel is the model the checker runs (per block; see partition).
-var blockModel = porcupine.NondeterministicModel{
-	Partition: partition,
-	Init:      func() []any { return []any{regState{}} },
-	Step: func(st, in, out any) []any {
+// blockModel is the model the checker runs (per block; see partition),
+// for a history without reservations.
+var blockModel = newModel(nil)
+
+// newModel is the model; owner names the client of each nexus (for
+// preemptions).
+func newModel(owner map[int]int) porcupine.NondeterministicModel {
+	m := modelDescriptions
+	m.Partition = partition
+	m.Init = func() []any { return []any{regState{}} }
+	m.Step = func(st, in, out any) []any {
 		s, i := st.(regState), in.(input)
+		o, _ := out.(output) // nil for an operation that returns nothing
+		// maybe is the states after an operation that happened or, when
+		// its outcome is unknown, may not have.
+		maybe := func(next regState) []any {
+			if o.unknown {
+				return []any{s, next}
+			}
+			return []any{next}
+		}
 		switch i.kind {
 		case opRead:
-			if out.(output).value == s.cur {
+			if o.value == s.cur {
 				return []any{s}
 			}
 			return nil
 		case opWrite:
-			if i.fua {
-				return []any{regState{cur: i.value, durable: i.value}}
+			if i.nexus != 0 && !s.registered(i.nexus) {
+				if o.unknown {
+					return []any{s} // it cannot have happened now
+				}
+				return nil // acknowledged while not registered
 			}
-			n := withVolatile(s, i.value)
-			n.cur = i.value
-			return []any{n}
+			n := s
+			if i.fua {
+				n.cur, n.durable, n.vol = i.value, i.value, ""
+			} else {
+				n = withVolatile(s, i.value)
+				n.cur = i.value
+			}
+			return maybe(n)
 		case opSync:
-			return []any{regState{cur: s.cur, durable: s.cur}}
+			n := s
+			n.durable, n.vol = s.cur, ""
+			return []any{n}
 		case opCrash:
-			next := []any{regState{cur: s.durable, durable: s.durable}}
-			for _, v := range s.volatile() {
-				next = append(next, regState{cur: v, durable: v})
+			var next []any
+			for _, v := range append([]uint64{s.durable}, s.volatile()...) {
+				n := s
+				n.cur, n.durable, n.vol = v, v, ""
+				next = append(next, n)
 			}
 			return next
+		case opPreempt:
+			n := s
+			for nx, c := range owner {
+				if c == i.victim && n.registered(nx) {
+					n = n.withRegistration(nx, false)
+				}
+			}
+			return maybe(n)
+		case opRegister:
+			return maybe(s.withRegistration(i.nexus, true))
 		}
 		return nil
-	},
+	}
+	return m
+}
+
+// modelDescriptions is how the checker's messages and visualization
+// name operations and states.
+var modelDescriptions = porcupine.NondeterministicModel{
 	DescribeOperation: func(in, out any) string {
 		i := in.(input)
 		switch i.kind {
@@ -132,6 +207,10 @@ var blockModel = porcupine.NondeterministicModel{
 			return fmt.Sprintf("write b%d %x", i.block, i.value)
 		case opSync:
 			return "sync cache"
+		case opPreempt:
+			return fmt.Sprintf("preempt and abort client %d", i.victim)
+		case opRegister:
+			return fmt.Sprintf("register on nexus %d", i.nexus)
 		default:
 			return "crash"
 		}
@@ -149,7 +228,7 @@ func partition(h []porcupine.Operation) [][]porcupine.Operation {
 	per := map[int][]porcupine.Operation{}
 	for _, op := range h {
 		i := op.Input.(input)
-		if i.kind == opSync || i.kind == opCrash {
+		if i.kind == opSync || i.kind == opCrash || i.kind == opPreempt || i.kind == opRegister {
 			global = append(global, op)
 			continue
 		}

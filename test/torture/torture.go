@@ -45,7 +45,11 @@ type Config struct {
 	// Faults are the kinds injected: "crash" (power lost under the
 	// target: its unflushed cache is gone; it restarts), "reset" (every
 	// connection reset), "partition" (all traffic held, then reset),
-	// "delay" (every segment delayed). Empty: all of them.
+	// "delay" (every segment delayed), and, when named (not with
+	// "crash": reservations do not survive a power loss without APTPL),
+	// "preempt" (PERSISTENT RESERVE OUT PREEMPT AND ABORT of a client's
+	// key: none of its writes sent before may land after it). Empty:
+	// all but "preempt".
 	Faults []string
 	// Fabric is "tcp" (iSCSI/TCP) or "iser" (iSER over the software
 	// iWARP device, which runs over TCP: the proxy's faults apply).
@@ -68,6 +72,9 @@ type Config struct {
 	// CACHE without making anything durable: the deliberate bug the
 	// checker must catch.
 	LieAboutFlush bool
+	// OpTimeout bounds each operation (10s); one that takes longer is
+	// aborted and counts as failed.
+	OpTimeout time.Duration
 	// Pause is each client's pause between operations (1ms), which
 	// keeps the history small enough to check in seconds.
 	Pause time.Duration
@@ -77,8 +84,12 @@ type Config struct {
 	Log      *slog.Logger
 }
 
-// AllFaults are the fault kinds.
-var AllFaults = []string{"crash", "reset", "reset-one", "partition", "delay"}
+// AllFaults are the fault kinds a run injects by default; KnownFaults
+// adds "preempt", which is named on its own.
+var (
+	AllFaults   = []string{"crash", "reset", "reset-one", "partition", "delay"}
+	KnownFaults = append(slices.Clone(AllFaults), "preempt")
+)
 
 func (c *Config) defaults() {
 	if c.Clients == 0 {
@@ -86,6 +97,9 @@ func (c *Config) defaults() {
 	}
 	if c.Blocks == 0 {
 		c.Blocks = 16
+	}
+	if c.OpTimeout == 0 {
+		c.OpTimeout = 10 * time.Second
 	}
 	if c.Pause == 0 {
 		c.Pause = time.Millisecond
@@ -136,6 +150,10 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Fabric != "tcp" && cfg.Fabric != "iser" {
 		return nil, fmt.Errorf("fabric %q: tcp or iser", cfg.Fabric)
 	}
+	pr := slices.Contains(cfg.Faults, "preempt")
+	if pr && slices.Contains(cfg.Faults, "crash") {
+		return nil, errors.New(`"preempt" and "crash" do not mix: registrations do not survive a power loss`)
+	}
 	var tg targetRunner
 	if cfg.Binary != "" {
 		tg = &process{cfg: &cfg}
@@ -155,7 +173,17 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	start := time.Now()
 	now := func() int64 { return int64(time.Since(start)) }
-	rec := &recorder{}
+	rec := &recorder{owner: map[int]int{}}
+	var admin *initiator.Session
+	if pr {
+		// The preemptor: a session straight to the target (no proxy
+		// fault reaches it) holding a Write Exclusive – Registrants
+		// Only reservation.
+		if admin, err = reserve(ctx, addr); err != nil {
+			return nil, fmt.Errorf("reserving: %w", err)
+		}
+		defer admin.Close()
+	}
 	runCtx, cancel := context.WithTimeout(ctx, cfg.Duration)
 	defer cancel()
 
@@ -164,7 +192,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl := &client{id: c, cfg: &cfg, portal: px.Addr(), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec}
+			cl := &client{id: c, cfg: &cfg, portal: px.Addr(), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr}
 			cl.run(runCtx)
 		}()
 	}
@@ -206,6 +234,21 @@ loop:
 			px.Partition(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
 		case "delay":
 			px.Delay(time.Duration(1+rng.IntN(20))*time.Millisecond, time.Duration(200+rng.IntN(800))*time.Millisecond)
+		case "preempt":
+			victim := rng.IntN(cfg.Clients)
+			op := porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opPreempt, victim: victim}, Call: now()}
+			octx, ocancel := context.WithTimeout(ctx, cfg.OpTimeout)
+			_, err := admin.Do(octx, 0, prOut(5), prParams(adminKey, clientKey(victim)), nil)
+			ocancel()
+			op.Return = now()
+			if err != nil {
+				cfg.Log.Warn("preempt failed", "victim", victim, "after", time.Duration(op.Return-op.Call), "err", err)
+				op.Return, op.Output = math.MaxInt64, output{unknown: true}
+				rec.count("preempt failed")
+			} else {
+				rec.count("preempt ok")
+			}
+			rec.add(op)
 		}
 		faults = append(faults, fault{kind, now()})
 		cfg.Log.Info("fault", "kind", kind, "at", time.Duration(now()))
@@ -234,7 +277,7 @@ loop:
 	for k, v := range rec.counts {
 		rep.Ops[k] = v
 	}
-	rep.Verdict, rep.Window = check(h, cfg.Artifact)
+	rep.Verdict, rep.Window = check(newModel(rec.owner), h, cfg.Artifact)
 	return rep, nil
 }
 
@@ -243,12 +286,12 @@ loop:
 // that already breaks the model, lists that prefix's last operations
 // (flushes left out), and writes the checker's visualization of the
 // prefix to artifact.
-func check(h []porcupine.Operation, artifact string) (porcupine.CheckResult, []string) {
-	res := porcupine.CheckOperationsTimeout(blockModel.ToModel(), h, 10*time.Minute)
+func check(model porcupine.NondeterministicModel, h []porcupine.Operation, artifact string) (porcupine.CheckResult, []string) {
+	res := porcupine.CheckOperationsTimeout(model.ToModel(), h, 10*time.Minute)
 	if res != porcupine.Illegal {
 		return res, nil
 	}
-	single := blockModel
+	single := model
 	single.Partition = nil
 	m := single.ToModel()
 	for _, part := range partition(h) {
@@ -317,6 +360,17 @@ type recorder struct {
 	mu     sync.Mutex
 	ops    []porcupine.Operation
 	counts map[string]int
+	nexus  int         // the last nexus number given out
+	owner  map[int]int // the client of each nexus
+}
+
+// newNexus numbers a client's new session.
+func (r *recorder) newNexus(client int) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.nexus++
+	r.owner[r.nexus] = client
+	return r.nexus
 }
 
 func (r *recorder) add(op porcupine.Operation) {
@@ -457,6 +511,8 @@ type client struct {
 	rec    *recorder
 	seq    uint64
 	s      *initiator.Session
+	pr     bool // reservations in play: register on every session
+	nexus  int  // the session's number (with pr)
 }
 
 func (c *client) login(ctx context.Context) error {
@@ -473,7 +529,28 @@ func (c *client) login(ctx context.Context) error {
 		return err
 	}
 	c.s = s
+	if c.pr {
+		c.nexus = c.rec.newNexus(c.id)
+		c.register()
+	}
 	return nil
+}
+
+// register registers the client's key on its session (REGISTER AND
+// IGNORE EXISTING KEY).
+func (c *client) register() {
+	op := porcupine.Operation{ClientId: c.id, Input: input{kind: opRegister, nexus: c.nexus}, Call: c.now()}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
+	defer cancel()
+	_, err := c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
+	op.Return = c.now()
+	if err != nil {
+		op.Return, op.Output = math.MaxInt64, output{unknown: true}
+		c.rec.count("register failed")
+	} else {
+		c.rec.count("register ok")
+	}
+	c.rec.add(op)
 }
 
 func (c *client) run(ctx context.Context) {
@@ -492,7 +569,7 @@ func (c *client) run(ctx context.Context) {
 		}
 		block := c.rng.IntN(c.cfg.Blocks)
 		op := porcupine.Operation{ClientId: c.id}
-		octx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		octx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
 		switch p := c.rng.IntN(100); {
 		case p < 45:
 			c.seq++
@@ -500,17 +577,27 @@ func (c *client) run(ctx context.Context) {
 			fua := c.rng.IntN(3) == 0
 			fill(buf, v)
 			// Write-through: every write is durable once acknowledged.
-			op.Input = input{kind: opWrite, block: block, value: v, fua: fua || c.cfg.WriteThrough}
+			op.Input = input{kind: opWrite, block: block, value: v, fua: fua || c.cfg.WriteThrough, nexus: c.nexus}
 			op.Call = c.now()
 			_, err := c.do(octx, rw16(0x8a, block, fua), buf, nil)
 			op.Return = c.now()
-			if err != nil {
-				op.Return = math.MaxInt64 // it may have happened, or not
+			var se *initiator.SCSIError
+			switch {
+			case errors.As(err, &se) && se.Status == statusReservationConflict:
+				// Refused before it ran: it did not happen. Register
+				// again (a preemption, or a new session).
+				c.rec.count("write refused: reservation conflict")
+				if c.s != nil {
+					c.register()
+				}
+			case err != nil:
+				op.Return, op.Output = math.MaxInt64, output{unknown: true} // it may have happened, or not
 				c.rec.count("write failed")
-			} else {
+				c.rec.add(op)
+			default:
 				c.rec.count("write ok")
+				c.rec.add(op)
 			}
-			c.rec.add(op)
 		case p < 95:
 			op.Input = input{kind: opRead, block: block}
 			op.Call = c.now()
@@ -612,4 +699,59 @@ func tornWords(b []byte) string {
 		prev = v
 	}
 	return strings.Join(out, " ")
+}
+
+// Persistent reservations (SPC-4 §6.16, PERSISTENT RESERVE OUT).
+const (
+	statusReservationConflict = 0x18
+	adminKey                  = 0xAD
+	prTypeWERO                = 5 // Write Exclusive – Registrants Only
+)
+
+func clientKey(c int) uint64 { return 0x1000 + uint64(c) + 1 }
+
+// prOut is a PERSISTENT RESERVE OUT CDB: service action sa (1 RESERVE, 5
+// PREEMPT AND ABORT, 6 REGISTER AND IGNORE EXISTING KEY), type WERO, 24
+// bytes of parameters.
+func prOut(sa byte) []byte {
+	cdb := make([]byte, 10)
+	cdb[0], cdb[1], cdb[2] = 0x5f, sa, prTypeWERO
+	binary.BigEndian.PutUint32(cdb[5:], 24)
+	return cdb
+}
+
+// prParams is its parameter list: the reservation key and the service
+// action reservation key.
+func prParams(key, saKey uint64) []byte {
+	p := make([]byte, 24)
+	binary.BigEndian.PutUint64(p[0:], key)
+	binary.BigEndian.PutUint64(p[8:], saKey)
+	return p
+}
+
+// reserve logs in to the target at addr as the preemptor, registers its
+// key and takes the reservation.
+func reserve(ctx context.Context, addr string) (*initiator.Session, error) {
+	s, err := initiator.Login(ctx, addr, iqn, initiator.Options{
+		InitiatorName: "iqn.2026-11.org.blockwire:torture-preemptor", Dialer: &fabric.Dialer{}, NopInterval: time.Second})
+	if err != nil {
+		return nil, err
+	}
+	for _, step := range []struct {
+		sa         byte
+		key, saKey uint64
+	}{{6, 0, adminKey}, {1, adminKey, 0}} {
+		// The first command may meet the LU's power-on unit attention.
+		for try := 0; ; try++ {
+			_, err = s.Do(ctx, 0, prOut(step.sa), prParams(step.key, step.saKey), nil)
+			if err == nil || try == 2 {
+				break
+			}
+		}
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
 }

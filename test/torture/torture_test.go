@@ -16,22 +16,28 @@ import (
 // op is a history entry for the model tests: times in milliseconds, ret
 // < 0 for a write that never returned.
 func op(client int, in input, out uint64, call, ret int64) porcupine.Operation {
-	r := ret * int64(time.Millisecond)
+	r, o := ret*int64(time.Millisecond), output{value: out}
 	if ret < 0 {
-		r = math.MaxInt64
+		r, o.unknown = math.MaxInt64, true
 	}
-	return porcupine.Operation{ClientId: client, Input: in, Output: output{value: out}, Call: call * int64(time.Millisecond), Return: r}
+	return porcupine.Operation{ClientId: client, Input: in, Output: o, Call: call * int64(time.Millisecond), Return: r}
 }
 
 func w(b int, v uint64, fua bool) input { return input{kind: opWrite, block: b, value: v, fua: fua} }
 func rd(b int) input                    { return input{kind: opRead, block: b} }
+func wn(b int, v uint64, nexus int) input {
+	return input{kind: opWrite, block: b, value: v, nexus: nexus}
+}
+func reg(nexus int) input      { return input{kind: opRegister, nexus: nexus} }
+func preempt(client int) input { return input{kind: opPreempt, victim: client} }
 
 var (
 	syncOp  = input{kind: opSync}
 	crashOp = input{kind: opCrash}
 )
 
-// TestModel: the durability rules on small histories, each legal or not.
+// TestModel: the durability and reservation rules on small histories,
+// each legal or not.
 func TestModel(t *testing.T) {
 	for _, c := range []struct {
 		name  string
@@ -66,8 +72,27 @@ func TestModel(t *testing.T) {
 		{"blocks are independent, crashes and flushes reach all", []porcupine.Operation{
 			op(0, w(0, 1, false), 0, 0, 1), op(1, w(1, 2, false), 0, 0, 1), op(2, syncOp, 0, 2, 3),
 			op(9, crashOp, 0, 4, 5), op(0, rd(0), 1, 6, 7), op(1, rd(1), 0, 6, 7)}, false},
+		// Reservations: client 0 has nexus 1, client 1 nexus 2.
+		{"a write acknowledged after its key was preempted", []porcupine.Operation{
+			op(0, reg(1), 0, 0, 1), op(1, reg(2), 0, 0, 1), op(9, preempt(0), 0, 2, 3),
+			op(0, wn(0, 5, 1), 0, 4, 5)}, false},
+		{"a write acknowledged once registered again", []porcupine.Operation{
+			op(0, reg(1), 0, 0, 1), op(9, preempt(0), 0, 2, 3), op(0, reg(1), 0, 4, 5),
+			op(0, wn(0, 5, 1), 0, 6, 7), op(1, rd(0), 5, 8, 9)}, true},
+		{"an aborted write that lands after the preemption", []porcupine.Operation{
+			op(0, reg(1), 0, 0, 1), op(1, reg(2), 0, 0, 1),
+			op(0, wn(0, 5, 1), 0, 2, -1), op(9, preempt(0), 0, 3, 4),
+			op(1, wn(0, 6, 2), 0, 5, 6), op(1, rd(0), 5, 7, 8)}, false},
+		{"an aborted write that landed before the preemption", []porcupine.Operation{
+			op(0, reg(1), 0, 0, 1), op(1, reg(2), 0, 0, 1),
+			op(0, wn(0, 5, 1), 0, 2, -1), op(1, rd(0), 5, 3, 4), op(9, preempt(0), 0, 5, 6),
+			op(1, rd(0), 5, 7, 8)}, true},
+		{"an aborted write may never land", []porcupine.Operation{
+			op(0, reg(1), 0, 0, 1), op(0, wn(0, 5, 1), 0, 2, -1), op(9, preempt(0), 0, 3, 4),
+			op(1, rd(0), 0, 5, 6)}, true},
 	} {
-		if got := porcupine.CheckOperations(blockModel.ToModel(), c.h); got != c.legal {
+		m := newModel(map[int]int{1: 0, 2: 1})
+		if got := porcupine.CheckOperations(m.ToModel(), c.h); got != c.legal {
 			t.Errorf("%s: linearizable %v, want %v", c.name, got, c.legal)
 		}
 	}
@@ -150,5 +175,16 @@ func TestCheckerCatchesLostFUA(t *testing.T) {
 	}
 	if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
 		t.Errorf("no visualization: %v", err)
+	}
+}
+
+// TestTorturePreempt: PREEMPT AND ABORT of a client's key at random
+// times while it writes, with resets, partitions and delays: none of its
+// writes sent before a preemption may land after it.
+func TestTorturePreempt(t *testing.T) {
+	rep := short(t, Config{Duration: 30 * time.Second, Seed: 6, Faults: []string{"preempt", "reset", "partition", "delay"},
+		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+	if rep.Ops["preempt ok"] == 0 || rep.Ops["write refused: reservation conflict"] == 0 {
+		t.Errorf("no preemption took effect: %v", rep.Ops)
 	}
 }
