@@ -166,3 +166,44 @@ func (p *proxy) pipe(dst, src net.Conn) {
 	delete(p.conns, dst)
 	p.mu.Unlock()
 }
+
+// proxies are the proxies of several targets (gateways); a fault aimed
+// at "the network" hits them all.
+type proxies []*proxy
+
+// others are the addresses of every proxy but i.
+func (ps proxies) others(i int) []string {
+	var out []string
+	for j, p := range ps {
+		if j != i {
+			out = append(out, p.Addr())
+		}
+	}
+	return out
+}
+
+func (ps proxies) Reset() {
+	for _, p := range ps {
+		p.Reset()
+	}
+}
+
+// Partition holds every proxy's traffic for d at once.
+func (ps proxies) Partition(d time.Duration) {
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.Partition(d) }()
+	}
+	wg.Wait()
+}
+
+// Delay delays every proxy's traffic.
+func (ps proxies) Delay(d, how time.Duration) {
+	var wg sync.WaitGroup
+	for _, p := range ps {
+		wg.Add(1)
+		go func() { defer wg.Done(); p.Delay(d, how) }()
+	}
+	wg.Wait()
+}

@@ -68,6 +68,14 @@ type Config struct {
 	Binary string
 	// Dir holds the binary's file and log (a temporary directory).
 	Dir string
+	// RBD, with Binary (built with the rbd tag) and CephConf, runs
+	// Gateways (2) blockwire processes serving this Ceph RBD image
+	// ("pool/image") as one LU with a target port group each; every
+	// client logs in through one gateway with the others as its failover
+	// paths, and "crash" SIGKILLs one gateway (restarted at once) while
+	// its clients fail over.
+	RBD, CephConf string
+	Gateways      int
 	// LieAboutFlush makes the storage acknowledge FUA and SYNCHRONIZE
 	// CACHE without making anything durable: the deliberate bug the
 	// checker must catch.
@@ -155,9 +163,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, errors.New(`"preempt" and "crash" do not mix: registrations do not survive a power loss`)
 	}
 	var tg targetRunner
-	if cfg.Binary != "" {
+	switch {
+	case cfg.RBD != "":
+		if cfg.Binary == "" || cfg.CephConf == "" {
+			return nil, errors.New("an RBD image needs Binary (built with the rbd tag) and CephConf")
+		}
+		if cfg.Gateways == 0 {
+			cfg.Gateways = 2
+		}
+		tg = &gateways{cfg: &cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
+	case cfg.Binary != "":
 		tg = &process{cfg: &cfg}
-	} else {
+	default:
 		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, cfg.LieAboutFlush)}
 	}
 	addr, err := tg.start()
@@ -165,11 +182,21 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, err
 	}
 	defer tg.stop()
-	px, err := newProxy(addr)
-	if err != nil {
-		return nil, err
+	// One proxy per target address (gateways: one each).
+	addrs := []string{addr}
+	if g, ok := tg.(*gateways); ok {
+		addrs = g.addrs()
 	}
-	defer px.Close()
+	var pxs proxies
+	for _, a := range addrs {
+		px, err := newProxy(a)
+		if err != nil {
+			return nil, err
+		}
+		defer px.Close()
+		pxs = append(pxs, px)
+	}
+	px := pxs
 
 	start := time.Now()
 	now := func() int64 { return int64(time.Since(start)) }
@@ -192,7 +219,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl := &client{id: c, cfg: &cfg, portal: px.Addr(), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr}
+			cl := &client{id: c, cfg: &cfg, portal: px[c%len(px)].Addr(), paths: px.others(c % len(px)), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr}
 			cl.run(runCtx)
 		}()
 	}
@@ -223,13 +250,15 @@ loop:
 				wg.Wait()
 				return nil, fmt.Errorf("restarting the target: %w", err)
 			}
-			px.SetTarget(addr)
-			px.Reset()
+			if _, ok := tg.(*gateways); !ok {
+				px[0].SetTarget(addr)
+				px[0].Reset()
+			}
 			rec.add(porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opCrash}, Call: call, Return: now()})
 		case "reset":
 			px.Reset()
 		case "reset-one":
-			px.ResetOne(rng)
+			px[rng.IntN(len(px))].ResetOne(rng)
 		case "partition":
 			px.Partition(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
 		case "delay":
@@ -443,9 +472,12 @@ func (t *incarnation) stop() {
 	t.srv.Shutdown(ctx)
 }
 
-// process is the target as a blockwire process serving a file.
+// process is the target as a blockwire process serving a file, or one
+// gateway of an RBD image.
 type process struct {
 	cfg  *Config
+	name string   // its log's name in Dir ("target")
+	lun  []string // serve's flags for LUN 0 (default: a file in Dir)
 	addr string
 	cmd  *exec.Cmd
 	log  *os.File
@@ -460,27 +492,33 @@ func (p *process) start() (string, error) {
 		}
 		p.addr = l.Addr().String()
 		l.Close()
-		if p.log, err = os.Create(filepath.Join(p.cfg.Dir, "target.log")); err != nil {
+		if p.name == "" {
+			p.name = "target"
+		}
+		if p.log, err = os.Create(filepath.Join(p.cfg.Dir, p.name+".log")); err != nil {
 			return "", err
 		}
 	}
-	args := []string{"serve", "--listen", p.addr, "--iqn", iqn, "--file", filepath.Join(p.cfg.Dir, "lun.img"),
-		"--size", strconv.Itoa(p.cfg.Blocks * blockSize), "--block-size", strconv.Itoa(blockSize),
+	lun := p.lun
+	if lun == nil {
+		lun = []string{"--file", filepath.Join(p.cfg.Dir, "lun.img"), "--size", strconv.Itoa(p.cfg.Blocks * blockSize)}
+	}
+	args := append([]string{"serve", "--listen", p.addr, "--iqn", iqn, "--block-size", strconv.Itoa(blockSize),
 		"--iser=" + strconv.FormatBool(p.cfg.Fabric == "iser"), "--log-level", "warn",
-		"--write-cache=" + strconv.FormatBool(!p.cfg.WriteThrough)}
+		"--write-cache=" + strconv.FormatBool(!p.cfg.WriteThrough)}, lun...)
 	p.cmd = exec.Command(p.cfg.Binary, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {
 		return "", err
 	}
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("tcp", p.addr); err == nil {
 			c.Close()
 			return p.addr, nil
 		}
 	}
 	p.crash()
-	return "", fmt.Errorf("%s serve did not listen on %s within 10s (log: %s)", p.cfg.Binary, p.addr, p.log.Name())
+	return "", fmt.Errorf("%s serve did not listen on %s within 20s (log: %s)", p.cfg.Binary, p.addr, p.log.Name())
 }
 
 func (p *process) crash() {
@@ -501,11 +539,66 @@ func (p *process) stop() {
 	p.log.Close()
 }
 
+// gateways are blockwire processes serving one RBD image as one LU, a
+// target port group each (all active/optimized); a crash is one of them
+// SIGKILLed and started again on its port.
+type gateways struct {
+	cfg *Config
+	rng *rand.Rand
+	ps  []*process
+}
+
+func (g *gateways) start() (string, error) {
+	if g.ps == nil {
+		var groups []string
+		for i := range g.cfg.Gateways {
+			groups = append(groups, fmt.Sprintf("%d=active-optimized", i+1))
+		}
+		for i := range g.cfg.Gateways {
+			g.ps = append(g.ps, &process{cfg: g.cfg, name: fmt.Sprintf("gateway%d", i+1),
+				lun: []string{"--rbd", g.cfg.RBD, "--ceph-conf", g.cfg.CephConf, "--tpgt", strconv.Itoa(i + 1),
+					"--port-groups", strings.Join(groups, ",")}})
+		}
+		for _, p := range g.ps {
+			if _, err := p.start(); err != nil {
+				return "", err
+			}
+		}
+		return g.ps[0].addr, nil
+	}
+	// After a crash: the one that died.
+	for _, p := range g.ps {
+		if p.cmd.ProcessState != nil {
+			return p.start()
+		}
+	}
+	return g.ps[0].addr, nil
+}
+
+func (g *gateways) crash() { g.ps[g.rng.IntN(len(g.ps))].crash() }
+
+func (g *gateways) stop() {
+	for _, p := range g.ps {
+		if p.cmd.ProcessState == nil {
+			p.stop()
+		}
+	}
+}
+
+func (g *gateways) addrs() []string {
+	var out []string
+	for _, p := range g.ps {
+		out = append(out, p.addr)
+	}
+	return out
+}
+
 // client is one initiator session doing operations.
 type client struct {
 	id     int
 	cfg    *Config
 	portal string
+	paths  []string // failover portals (gateways)
 	rng    *rand.Rand
 	now    func() int64
 	rec    *recorder
@@ -524,6 +617,7 @@ func (c *client) login(ctx context.Context) error {
 		DialTimeout:     2 * time.Second,
 		RecoveryTimeout: 15 * time.Second,
 		NopInterval:     time.Second,
+		Paths:           c.paths,
 	})
 	if err != nil {
 		return err

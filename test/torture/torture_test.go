@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -186,5 +187,36 @@ func TestTorturePreempt(t *testing.T) {
 		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
 	if rep.Ops["preempt ok"] == 0 || rep.Ops["write refused: reservation conflict"] == 0 {
 		t.Errorf("no preemption took effect: %v", rep.Ops)
+	}
+}
+
+// TestTortureCephGateways: two blockwire gateways (the rbd build) serve
+// one Ceph RBD image; clients log in through one with the other as a
+// failover path while a gateway is SIGKILLed now and then, with resets,
+// partitions and delays. Needs a cluster: BLOCKWIRE_CEPH_CONF names its
+// ceph.conf (.ci/run's Ceph stage sets it; test/ceph/up.sh starts one).
+func TestTortureCephGateways(t *testing.T) {
+	conf := os.Getenv("BLOCKWIRE_CEPH_CONF")
+	if conf == "" {
+		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "blockwire-rbd")
+	if out, err := exec.Command("go", "build", "-tags", "rbd", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags rbd: %v\n%s", err, out)
+	}
+	if out, err := exec.Command("ceph", "-c", conf, "osd", "pool", "ls").CombinedOutput(); err != nil || !strings.Contains(string(out), "rbd\n") {
+		exec.Command("ceph", "-c", conf, "osd", "pool", "create", "rbd", "8").Run()
+		exec.Command("rbd", "-c", conf, "pool", "init", "rbd").Run()
+	}
+	img := "rbd/torture-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if out, err := exec.Command("rbd", "-c", conf, "create", "--size", "64M", img).CombinedOutput(); err != nil {
+		t.Fatalf("rbd create: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("rbd", "-c", conf, "rm", "--no-progress", img).Run() })
+	rep := short(t, Config{Duration: 45 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
+		Faults: []string{"crash", "reset", "partition", "delay"}}, porcupine.Ok)
+	if rep.Faults["crash"] == 0 {
+		t.Errorf("no gateway killed: %v", rep.Faults)
 	}
 }
