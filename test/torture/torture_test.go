@@ -106,6 +106,10 @@ func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
 	if testing.Short() {
 		cfg.Duration /= 3
 	}
+	if cfg.Artifact == "" {
+		// Kept after the test for a failing history (CI prints where).
+		cfg.Artifact = filepath.Join(os.TempDir(), "blockwire-torture-"+t.Name()+".html")
+	}
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -114,6 +118,9 @@ func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
 	rep.Print(&b)
 	t.Logf("\n%s", b.String())
 	if rep.Verdict != want {
+		if rep.Verdict == porcupine.Illegal {
+			t.Logf("the checker's visualization of the failing history: %s", cfg.Artifact)
+		}
 		t.Fatalf("verdict %s, want %s", rep.Verdict, want)
 	}
 	if rep.Ops["write ok"] == 0 || rep.Ops["read ok"] == 0 {
