@@ -122,10 +122,6 @@ func withVolatile(s regState, v uint64) regState {
 	return s
 }
 
-// blockModel is the model the checker runs (per block; see partition),
-// for a history without reservations.
-var blockModel = newModel(nil)
-
 // newModel is the model; owner names the client of each nexus (for
 // preemptions).
 func newModel(owner map[int]int) porcupine.NondeterministicModel {
