@@ -74,13 +74,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "torture:", err)
 			return 1
 		}
-		defer os.RemoveAll(dir)
 		cfg.Dir = dir
 	}
 	rep, err := Run(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "torture:", err)
+		if cfg.Dir != "" {
+			fmt.Fprintln(stderr, "torture: the target's logs are kept in", cfg.Dir)
+		}
 		return 1
+	}
+	if cfg.Dir != "" && rep.Verdict == porcupine.Ok {
+		os.RemoveAll(cfg.Dir)
 	}
 	if *asJSON {
 		e := json.NewEncoder(stdout)

@@ -511,14 +511,16 @@ func (p *process) start() (string, error) {
 	if err := p.cmd.Start(); err != nil {
 		return "", err
 	}
-	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+	// A gateway opens its image first: under load, or while the cluster
+	// still holds a killed gateway's lock, that takes a while.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		if c, err := net.Dial("tcp", p.addr); err == nil {
 			c.Close()
 			return p.addr, nil
 		}
 	}
 	p.crash()
-	return "", fmt.Errorf("%s serve did not listen on %s within 20s (log: %s)", p.cfg.Binary, p.addr, p.log.Name())
+	return "", fmt.Errorf("%s serve did not listen on %s within a minute (log: %s)", p.cfg.Binary, p.addr, p.log.Name())
 }
 
 func (p *process) crash() {

@@ -160,6 +160,7 @@ func TestTortureKill(t *testing.T) {
 	}
 	for _, wt := range []bool{false, true} {
 		dir := t.TempDir()
+		logsOnFailure(t, dir)
 		rep := short(t, Config{Duration: 20 * time.Second, Seed: 4, Binary: bin, Dir: dir, WriteThrough: wt,
 			Faults: []string{"crash", "reset", "partition"}, FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
 		if rep.Faults["crash"] == 0 {
@@ -208,6 +209,7 @@ func TestTortureCephGateways(t *testing.T) {
 		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
 	}
 	dir := t.TempDir()
+	logsOnFailure(t, dir)
 	bin := filepath.Join(dir, "blockwire-rbd")
 	if out, err := exec.Command("go", "build", "-tags", "rbd", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
 		t.Fatalf("go build -tags rbd: %v\n%s", err, out)
@@ -226,4 +228,22 @@ func TestTortureCephGateways(t *testing.T) {
 	if rep.Faults["crash"] == 0 {
 		t.Errorf("no gateway killed: %v", rep.Faults)
 	}
+}
+
+// logsOnFailure prints the end of every target log in dir when the test
+// failed (dir goes with the test).
+func logsOnFailure(t *testing.T, dir string) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		logs, _ := filepath.Glob(filepath.Join(dir, "*.log"))
+		for _, l := range logs {
+			b, _ := os.ReadFile(l)
+			if len(b) > 4000 {
+				b = b[len(b)-4000:]
+			}
+			t.Logf("%s:\n%s", filepath.Base(l), b)
+		}
+	})
 }
