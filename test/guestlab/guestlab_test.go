@@ -37,6 +37,8 @@ var boots = [][]string{
 	// build): rxe, then siw.
 	{"verbs-rxe-linux-iser", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-remove", "verbs-rxe-loss"},
 	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile"},
+	// The fault-injection harness with netem's faults (test/torture).
+	{"torture-netem"},
 }
 
 // benchBoots are the guest lab's benchmarks (BLOCKWIRE_GUESTLAB_BENCH=1):
@@ -210,7 +212,7 @@ func extraCPIO(t *testing.T, debs []string) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("arranging the extra packages: %v\n%s", err, out)
 	}
-	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping"} {
+	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping", "torture": "../torture"} {
 		build := exec.Command("go", "build", "-o", filepath.Join(root, "lab", "bin", bin), pkg)
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {

@@ -46,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Connections, "connections", 1, "connections per session (MC/S above 1)")
 	fs.BoolVar(&cfg.WriteThrough, "write-through", false, "the LU's write cache off: every acknowledged write must survive")
 	fs.StringVar(&cfg.Binary, "binary", "", "run this blockwire executable as the target (crash = SIGKILL) instead of one in this process")
+	fs.StringVar(&cfg.TargetAddr, "target-addr", "", "with -binary: the address it serves on (default a free port on 127.0.0.1)")
+	netem := fs.String("netem", "", `network devices ("dev" or "dev@netns", comma-separated) on the path to the target for the faults loss, reorder, jitter and blackhole (tc netem)`)
 	fs.StringVar(&cfg.RBD, "rbd", "", "with -binary (an rbd build) and -ceph-conf: gateways serving this RBD image (pool/image); crash kills one")
 	fs.StringVar(&cfg.CephConf, "ceph-conf", "", "the cluster's ceph.conf")
 	fs.IntVar(&cfg.Gateways, "gateways", 2, "with -rbd: how many gateways")
@@ -64,6 +66,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 		cfg.Faults = append(cfg.Faults, f)
+	}
+	if *netem != "" {
+		cfg.Netem = strings.Split(*netem, ",")
 	}
 	if *verbose {
 		cfg.Log = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -117,6 +122,12 @@ func (r *Report) Print(w io.Writer) {
 		slices.Sort(d)
 		fmt.Fprintf(w, "recovery after %s: p50 %s  p99 %s  max %s  (%d)\n", k,
 			pct(d, 50), pct(d, 99), d[len(d)-1].Round(time.Millisecond), len(d))
+	}
+	if r.NetemDropped > 0 {
+		fmt.Fprintf(w, "netem: %d packets dropped\n", r.NetemDropped)
+	}
+	if r.Checked != "" {
+		fmt.Fprintf(w, "checker: %s\n", r.Checked)
 	}
 	fmt.Fprintf(w, "verdict: %s\n", verdictText(r.Verdict))
 	for _, l := range r.Window {

@@ -71,6 +71,10 @@ type input struct {
 type output struct {
 	value   uint64
 	unknown bool
+	// failed is when the client saw an unknown operation fail (0: not
+	// known); the checker of stretches bounds its effect by the first
+	// crash after it (segments.go).
+	failed int64
 }
 
 // regState is one block's state. vol lists the values written since the

@@ -68,6 +68,14 @@ type Config struct {
 	Binary string
 	// Dir holds the binary's file and log (a temporary directory).
 	Dir string
+	// TargetAddr, with Binary, is the address it serves on (default: a
+	// free port on 127.0.0.1) — one in another network namespace when
+	// Binary is a wrapper that runs blockwire there (ip netns exec).
+	TargetAddr string
+	// Netem lists the network devices ("dev", or "dev@netns") on the
+	// path to the target that the "loss", "reorder", "jitter" and
+	// "blackhole" faults act on with tc netem (netem.go).
+	Netem []string
 	// RBD, with Binary (built with the rbd tag) and CephConf, runs
 	// Gateways (2) blockwire processes serving this Ceph RBD image
 	// ("pool/image") as one LU with a target port group each; every
@@ -93,10 +101,11 @@ type Config struct {
 }
 
 // AllFaults are the fault kinds a run injects by default; KnownFaults
-// adds "preempt", which is named on its own.
+// adds "preempt" and the network's (netem.go), which are named on their
+// own.
 var (
 	AllFaults   = []string{"crash", "reset", "reset-one", "partition", "delay"}
-	KnownFaults = append(slices.Clone(AllFaults), "preempt")
+	KnownFaults = append(append(slices.Clone(AllFaults), "preempt"), NetFaults...)
 )
 
 func (c *Config) defaults() {
@@ -145,9 +154,13 @@ type Report struct {
 	// first operation that completed after it.
 	Recovery map[string][]time.Duration
 	Verdict  porcupine.CheckResult
+	// Checked says how: whole, or stretch by stretch (segments.go).
+	Checked string
 	// Window is, for a failing history, the block and the operations on
 	// it up to the first moment the history breaks the model.
 	Window []string
+	// NetemDropped counts the packets netem dropped (netem.go).
+	NetemDropped int
 }
 
 // Run runs the clients against a target while faults are injected, then
@@ -162,6 +175,18 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if pr && slices.Contains(cfg.Faults, "crash") {
 		return nil, errors.New(`"preempt" and "crash" do not mix: registrations do not survive a power loss`)
 	}
+	devs, err := parseNetDevs(cfg.Netem)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range cfg.Faults {
+		if slices.Contains(NetFaults, f) && len(devs) == 0 {
+			return nil, fmt.Errorf("fault %q needs the network devices netem acts on (Netem)", f)
+		}
+	}
+	if cfg.TargetAddr != "" && (cfg.Binary == "" || cfg.RBD != "") {
+		return nil, errors.New("TargetAddr is the address of a target run from Binary (not gateways)")
+	}
 	var tg targetRunner
 	switch {
 	case cfg.RBD != "":
@@ -173,7 +198,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		tg = &gateways{cfg: &cfg, rng: rand.New(rand.NewPCG(cfg.Seed, 99))}
 	case cfg.Binary != "":
-		tg = &process{cfg: &cfg}
+		tg = &process{cfg: &cfg, addr: cfg.TargetAddr}
 	default:
 		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, cfg.LieAboutFlush)}
 	}
@@ -263,6 +288,14 @@ loop:
 			px.Partition(time.Duration(200+rng.IntN(1800)) * time.Millisecond)
 		case "delay":
 			px.Delay(time.Duration(1+rng.IntN(20))*time.Millisecond, time.Duration(200+rng.IntN(800))*time.Millisecond)
+		case "loss", "reorder", "jitter", "blackhole":
+			n, err := netFault(devs, netemSpec(kind, rng), time.Duration(300+rng.IntN(2700))*time.Millisecond)
+			if err != nil {
+				cancel()
+				wg.Wait()
+				return nil, err
+			}
+			rep.NetemDropped += n
 		case "preempt":
 			victim := rng.IntN(cfg.Clients)
 			op := porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opPreempt, victim: victim}, Call: now()}
@@ -272,7 +305,7 @@ loop:
 			op.Return = now()
 			if err != nil {
 				cfg.Log.Warn("preempt failed", "victim", victim, "after", time.Duration(op.Return-op.Call), "err", err)
-				op.Return, op.Output = math.MaxInt64, output{unknown: true}
+				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}
 				rec.count("preempt failed")
 			} else {
 				rec.count("preempt ok")
@@ -289,84 +322,131 @@ loop:
 	// Recovery: from a fault's end until every client has completed an
 	// operation again (clients that completed none before the run ended
 	// leave the fault out).
+	returns := make([][]int64, cfg.Clients) // each client's, sorted
+	for _, op := range h {
+		if op.ClientId < cfg.Clients && op.Return != math.MaxInt64 {
+			returns[op.ClientId] = append(returns[op.ClientId], op.Return)
+		}
+	}
+	for _, r := range returns {
+		slices.Sort(r)
+	}
 	for _, f := range faults {
-		first := make([]int64, cfg.Clients)
-		for i := range first {
-			first[i] = math.MaxInt64
-		}
-		for _, op := range h {
-			if op.ClientId < cfg.Clients && op.Return >= f.end && op.Return < first[op.ClientId] {
-				first[op.ClientId] = op.Return
+		last := int64(0)
+		for _, r := range returns {
+			k, _ := slices.BinarySearch(r, f.end)
+			if k == len(r) {
+				last = math.MaxInt64
+				break
 			}
+			last = max(last, r[k])
 		}
-		if last := slices.Max(first); last != math.MaxInt64 {
+		if last != math.MaxInt64 {
 			rep.Recovery[f.kind] = append(rep.Recovery[f.kind], time.Duration(last-f.end))
 		}
 	}
 	for k, v := range rec.counts {
 		rep.Ops[k] = v
 	}
-	rep.Verdict, rep.Window = check(newModel(rec.owner), h, cfg.Artifact)
+	// A crash ends every operation of the target unless it kills one
+	// gateway of several.
+	_, gw := tg.(*gateways)
+	var st stretchStats
+	rep.Verdict, rep.Window, st = check(newModel(rec.owner), h, cfg.Artifact, !gw)
+	rep.Checked = st.String()
 	return rep, nil
 }
 
-// check runs the checker. For an illegal history it finds the first
-// failing block and the shortest prefix of its history (by invocation)
-// that already breaks the model, lists that prefix's last operations
-// (flushes left out), and writes the checker's visualization of the
-// prefix to artifact.
-func check(model porcupine.NondeterministicModel, h []porcupine.Operation, artifact string) (porcupine.CheckResult, []string) {
-	res := porcupine.CheckOperationsTimeout(model.ToModel(), h, 10*time.Minute)
-	if res != porcupine.Illegal {
-		return res, nil
-	}
+// check runs the checker: stretch by stretch where the history can be
+// cut (segments.go), else whole. For an illegal history it finds the
+// first failing block (or stretch) and the shortest prefix of it (by
+// invocation) that already breaks the model, lists that prefix's last
+// operations (flushes left out), and writes the checker's visualization
+// of the prefix to artifact.
+func check(model porcupine.NondeterministicModel, h []porcupine.Operation, artifact string, cut bool) (porcupine.CheckResult, []string, stretchStats) {
 	single := model
 	single.Partition = nil
-	m := single.ToModel()
+	if cut {
+		res, fail, st, ok := checkStretches(model, h, 2*time.Minute)
+		if ok {
+			if fail == nil {
+				return res, nil, st
+			}
+			from := make([]string, len(fail.init))
+			for k, s := range fail.init {
+				from[k] = fmt.Sprintf("%x", s.cur)
+			}
+			m := single
+			m.Init = func() []any {
+				out := make([]any, len(fail.init))
+				for k, s := range fail.init {
+					out[k] = s
+				}
+				return out
+			}
+			out := []string{fmt.Sprintf("block %d, in the stretch from %v, which starts holding one of [%s]:",
+				fail.block, time.Duration(slices.MinFunc(fail.ops, byCall).Call), strings.Join(from, " "))}
+			return res, append(out, explain(m, fail.ops, artifact)...), st
+		}
+	}
+	res := porcupine.CheckOperationsTimeout(model.ToModel(), h, 10*time.Minute)
+	if res != porcupine.Illegal {
+		return res, nil, stretchStats{}
+	}
 	for _, part := range partition(h) {
-		if porcupine.CheckOperationsTimeout(m, part, time.Minute) != porcupine.Illegal {
+		if porcupine.CheckOperationsTimeout(single.ToModel(), part, time.Minute) == porcupine.Illegal {
+			return res, explain(single, part, artifact), stretchStats{}
+		}
+	}
+	return res, nil, stretchStats{}
+}
+
+func byCall(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) }
+
+// explain finds the shortest prefix (by invocation) of an illegal part
+// of a history that already breaks the model, lists its last operations
+// (flushes left out), and writes the checker's visualization of it to
+// artifact.
+func explain(model porcupine.NondeterministicModel, part []porcupine.Operation, artifact string) []string {
+	m := model.ToModel()
+	part = slices.Clone(part)
+	slices.SortFunc(part, byCall)
+	lo, hi := 1, len(part)
+	for lo < hi {
+		mid := (lo + hi) / 2
+		if porcupine.CheckOperationsTimeout(m, clipped(part[:mid]), 20*time.Second) != porcupine.Illegal {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	prefix := clipped(part[:lo])
+	var out []string
+	if artifact != "" {
+		_, info := porcupine.CheckOperationsVerbose(m, prefix, time.Minute)
+		if err := porcupine.VisualizePath(m, info, artifact); err != nil {
+			out = append(out, "visualization: "+err.Error())
+		}
+	}
+	var shown []porcupine.Operation
+	syncs := 0
+	for i := len(prefix) - 1; i >= 0 && len(shown) < 16; i-- {
+		if prefix[i].Input.(input).kind == opSync {
+			syncs++
 			continue
 		}
-		slices.SortFunc(part, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
-		lo, hi := 1, len(part)
-		for lo < hi {
-			mid := (lo + hi) / 2
-			if porcupine.CheckOperationsTimeout(m, clipped(part[:mid]), 20*time.Second) != porcupine.Illegal {
-				lo = mid + 1
-			} else {
-				hi = mid
-			}
-		}
-		prefix := clipped(part[:lo])
-		var out []string
-		if artifact != "" {
-			_, info := porcupine.CheckOperationsVerbose(m, prefix, time.Minute)
-			if err := porcupine.VisualizePath(m, info, artifact); err != nil {
-				out = append(out, "visualization: "+err.Error())
-			}
-		}
-		var shown []porcupine.Operation
-		syncs := 0
-		for i := len(prefix) - 1; i >= 0 && len(shown) < 16; i-- {
-			if prefix[i].Input.(input).kind == opSync {
-				syncs++
-				continue
-			}
-			shown = append(shown, prefix[i])
-		}
-		slices.Reverse(shown)
-		for _, op := range shown {
-			ret := "never returned"
-			if op.Return != math.MaxInt64 {
-				ret = time.Duration(op.Return).String()
-			}
-			out = append(out, fmt.Sprintf("client %d  %-30s  %v .. %s", op.ClientId,
-				single.DescribeOperation(op.Input, op.Output), time.Duration(op.Call), ret))
-		}
-		out = append(out, fmt.Sprintf("(%d acknowledged SYNCHRONIZE CACHE among them not shown)", syncs))
-		return res, out
+		shown = append(shown, prefix[i])
 	}
-	return res, nil
+	slices.Reverse(shown)
+	for _, op := range shown {
+		ret := "never returned"
+		if op.Return != math.MaxInt64 {
+			ret = time.Duration(op.Return).String()
+		}
+		out = append(out, fmt.Sprintf("client %d  %-30s  %v .. %s", op.ClientId,
+			model.DescribeOperation(op.Input, op.Output), time.Duration(op.Call), ret))
+	}
+	return append(out, fmt.Sprintf("(%d acknowledged SYNCHRONIZE CACHE among them not shown)", syncs))
 }
 
 // clipped is a prefix of a history whose operations returning after the
@@ -484,17 +564,20 @@ type process struct {
 }
 
 func (p *process) start() (string, error) {
-	if p.addr == "" {
-		// A port of our own, kept across restarts.
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return "", err
+	if p.log == nil {
+		if p.addr == "" {
+			// A port of our own, kept across restarts.
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				return "", err
+			}
+			p.addr = l.Addr().String()
+			l.Close()
 		}
-		p.addr = l.Addr().String()
-		l.Close()
 		if p.name == "" {
 			p.name = "target"
 		}
+		var err error
 		if p.log, err = os.Create(filepath.Join(p.cfg.Dir, p.name+".log")); err != nil {
 			return "", err
 		}
@@ -641,7 +724,7 @@ func (c *client) register() {
 	_, err := c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
 	op.Return = c.now()
 	if err != nil {
-		op.Return, op.Output = math.MaxInt64, output{unknown: true}
+		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}
 		c.rec.count("register failed")
 	} else {
 		c.rec.count("register ok")
@@ -687,7 +770,7 @@ func (c *client) run(ctx context.Context) {
 					c.register()
 				}
 			case err != nil:
-				op.Return, op.Output = math.MaxInt64, output{unknown: true} // it may have happened, or not
+				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return} // it may have happened, or not
 				c.rec.count("write failed")
 				c.rec.add(op)
 			default:

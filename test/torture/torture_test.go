@@ -137,6 +137,11 @@ func TestTortureTCP(t *testing.T) {
 	if rep.Faults["crash"] == 0 {
 		t.Errorf("no crash injected: %v", rep.Faults)
 	}
+	// Crashes end every operation of this target: the history is
+	// checked stretch by stretch (segments.go), as a long run's must be.
+	if !strings.HasPrefix(rep.Checked, "checked in") || strings.Contains(rep.Checked, "failed") {
+		t.Errorf("checker: %s", rep.Checked)
+	}
 }
 
 // TestTortureISER: the same over iSER on the software iWARP device.
@@ -179,8 +184,8 @@ func TestCheckerCatchesLostFUA(t *testing.T) {
 	html := filepath.Join(t.TempDir(), "history.html")
 	rep := short(t, Config{Duration: 9 * time.Second, Seed: 5, LieAboutFlush: true, Faults: []string{"crash"},
 		FaultEvery: 300 * time.Millisecond, Artifact: html}, porcupine.Illegal)
-	if len(rep.Window) < 2 {
-		t.Errorf("no operations shown for the failure: %q", rep.Window)
+	if len(rep.Window) < 2 || !strings.Contains(rep.Window[0], "in the stretch from") {
+		t.Errorf("no operations shown for the failure, or not its stretch: %q", rep.Window)
 	}
 	if fi, err := os.Stat(html); err != nil || fi.Size() == 0 {
 		t.Errorf("no visualization: %v", err)
@@ -246,4 +251,21 @@ func logsOnFailure(t *testing.T, dir string) {
 			t.Logf("%s:\n%s", filepath.Base(l), b)
 		}
 	})
+}
+
+// TestNetemNeedsDevices: the network's faults are refused without the
+// devices netem acts on, and device names parse as dev or dev@netns
+// (the faults themselves run in the guest lab's torture-netem scenario:
+// the host kernel has no netem).
+func TestNetemNeedsDevices(t *testing.T) {
+	if _, err := Run(context.Background(), Config{Duration: time.Second, Faults: []string{"loss"}}); err == nil || !strings.Contains(err.Error(), "Netem") {
+		t.Fatalf("loss without devices: %v", err)
+	}
+	devs, err := parseNetDevs([]string{"ta", "tb@tor"})
+	if err != nil || len(devs) != 2 || devs[0] != (netDev{"ta", ""}) || devs[1] != (netDev{"tb", "tor"}) {
+		t.Fatalf("parsed %+v, %v", devs, err)
+	}
+	if _, err := parseNetDevs([]string{"@tor"}); err == nil {
+		t.Fatal("a device with no name parsed")
+	}
 }
