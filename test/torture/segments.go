@@ -51,7 +51,7 @@ import (
 // stretchStats says how a history was checked.
 type stretchStats struct {
 	Blocks, Stretches, Largest, States int
-	Fault                                 string // the checker's own, if any
+	Fault                              string // the checker's own, if any
 }
 
 func (s stretchStats) String() string {
