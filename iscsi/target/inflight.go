@@ -13,9 +13,14 @@ import (
 // forbids that (Add from zero concurrent with Wait), and the race
 // detector caught it under the torture run (test/torture).
 //
-// mu is a leaf lock: nothing is taken under it.
+// mu is a leaf lock: nothing is taken under it. Done takes it only when
+// someone waits: a Wait counts itself in nwait before it reads n, and
+// Done reads nwait after it brought n to zero, so (atomics being
+// sequentially consistent) either Wait sees the zero or Done sees the
+// waiter — the common case, no waiter, stays two atomic operations.
 type inflight struct {
 	n       atomic.Int64
+	nwait   atomic.Int32
 	mu      sync.Mutex
 	waiters []chan struct{} // closed at the next zero
 }
@@ -25,7 +30,7 @@ func (f *inflight) Add() { f.n.Add(1) }
 
 // Done counts a task out; at zero it wakes the waiters.
 func (f *inflight) Done() {
-	if f.n.Add(-1) != 0 {
+	if f.n.Add(-1) != 0 || f.nwait.Load() == 0 {
 		return
 	}
 	f.mu.Lock()
@@ -36,6 +41,7 @@ func (f *inflight) Done() {
 	}
 	ws := f.waiters
 	f.waiters = nil
+	f.nwait.Add(-int32(len(ws)))
 	f.mu.Unlock()
 	for _, w := range ws {
 		close(w)
@@ -45,7 +51,9 @@ func (f *inflight) Done() {
 // Wait returns when no task is counted, or at the next zero.
 func (f *inflight) Wait() {
 	f.mu.Lock()
+	f.nwait.Add(1)
 	if f.n.Load() == 0 {
+		f.nwait.Add(-1)
 		f.mu.Unlock()
 		return
 	}

@@ -39,3 +39,23 @@ func TestInflightAddWhileWaiting(t *testing.T) {
 	}
 	f.Wait() // nothing counted: returns at once
 }
+
+// TestInflightNoLostWakeup: a Wait that races the count's fall to zero
+// returns (Done skips the lock when nobody waits; run with -race).
+func TestInflightNoLostWakeup(t *testing.T) {
+	var f inflight
+	for i := 0; i < 20000; i++ {
+		f.Add()
+		done := make(chan struct{})
+		go func() { f.Wait(); close(done) }()
+		if i%100 == 0 {
+			time.Sleep(200 * time.Microsecond) // the waiter most likely blocked
+		}
+		f.Done()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("round %d: Wait missed the zero", i)
+		}
+	}
+}
