@@ -149,18 +149,9 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		dialer.RDMA = d // lives as long as the command
 		return nil
 	})
-	windows := fs.Bool("rdma-windows", false, "with --rdma-device naming a kernel device that has memory windows (rxe, ConnectX): the target reaches each I/O's buffer through a window of its own, invalidated when the I/O ends, instead of the registered memory's one key (give it before --rdma-device)")
-	fs.Func("rdma-device", "for iser:// and srp:// URLs: the RDMA device to connect over: soft (the default: software iWARP, or RoCEv2 with --roce), auto (the kernel RDMA device when there is exactly one) or a kernel device's name as \"blockwire rdma\" lists it (RDMA/CM, as Linux ib_iser and ib_srp connect)", func(v string) error {
-		if v == "soft" {
-			return nil
-		}
-		d, err := verbs.Open(v, verbs.Options{Remote: true, Windows: *windows, Logger: o.Logger})
-		if err != nil {
-			return err
-		}
-		dialer.RDMA = d // lives as long as the command
-		return nil
-	})
+	dev := &deviceFlag{dialer: dialer, logger: o.Logger}
+	fs.BoolVar(&dev.windows, "rdma-windows", false, "with --rdma-device naming a kernel device that has memory windows (rxe, ConnectX): the target reaches each I/O's buffer through a window of its own, invalidated when the I/O ends, instead of the registered memory's one key")
+	fs.Var(dev, "rdma-device", "for iser:// and srp:// URLs: the RDMA device to connect over: soft (the default: software iWARP, or RoCEv2 with --roce), auto (the kernel RDMA device when there is exactly one) or a kernel device's name as \"blockwire rdma\" lists it (RDMA/CM, as Linux ib_iser and ib_srp connect)")
 	fs.Func("path", "another portal (host:port) of the same target and LUN — another gateway in front of the same shared image — to fail over to when the connection is lost (repeatable)", func(v string) error {
 		o.Paths = append(o.Paths, v)
 		return nil
@@ -170,6 +161,8 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 
 // parse parses flags that may come before or after the positional
 // arguments ("blockwire write URL --in FILE"), returning the positionals.
+// A flag whose value acts on others (afterParse) acts once all are read,
+// whatever their order.
 func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
@@ -177,11 +170,54 @@ func parse(fs *flag.FlagSet, args []string) ([]string, error) {
 			return nil, err
 		}
 		if fs.NArg() == 0 {
-			return pos, nil
+			break
 		}
 		pos = append(pos, fs.Arg(0))
 		args = fs.Args()[1:]
 	}
+	var err error
+	fs.Visit(func(f *flag.Flag) {
+		if a, ok := f.Value.(afterParser); ok && err == nil {
+			if err = a.afterParse(); err != nil {
+				err = fmt.Errorf("--%s: %w", f.Name, err)
+				fmt.Fprintln(fs.Output(), "blockwire:", err)
+			}
+		}
+	})
+	return pos, err
+}
+
+// afterParser is a flag's value that acts once every flag is read.
+type afterParser interface{ afterParse() error }
+
+// deviceFlag is --rdma-device: the device is opened after the flags are
+// read, with --rdma-windows and --log-level as given anywhere on the line.
+type deviceFlag struct {
+	name    string
+	windows bool
+	dialer  *fabric.Dialer
+	logger  *slog.Logger
+}
+
+func (d *deviceFlag) String() string {
+	if d == nil {
+		return ""
+	}
+	return d.name
+}
+
+func (d *deviceFlag) Set(v string) error { d.name = v; return nil }
+
+func (d *deviceFlag) afterParse() error {
+	if d.name == "soft" || d.name == "" {
+		return nil
+	}
+	dev, err := verbs.Open(d.name, verbs.Options{Remote: true, Windows: d.windows, Logger: d.logger})
+	if err != nil {
+		return err
+	}
+	d.dialer.RDMA = dev // lives as long as the command
+	return nil
 }
 
 // parseOffset parses --offset, where 0 is allowed (ParseSize wants a

@@ -854,15 +854,40 @@ func fill(b []byte, v uint64) {
 }
 
 // values reads back what fill wrote: one value, or for a torn block
-// each value found in it.
+// each value found in it. The tear itself may fall inside a word (a copy
+// by bytes, as Linux's page cache and an emulated CPU do): a word whose
+// every byte is that of the word before or of the word after, those two
+// differing, is where one value gives way to the other and is no value
+// of its own. Only such a word is passed over: a word of bytes from
+// anything else counts as the value it spells, and breaks the model.
 func values(b []byte) []uint64 {
+	n := len(b) / 8
+	word := func(i int) uint64 { return binary.LittleEndian.Uint64(b[i*8:]) }
 	var vs []uint64
-	for i := 0; i+8 <= len(b); i += 8 {
-		if v := binary.LittleEndian.Uint64(b[i:]); !slices.Contains(vs, v) {
+	for i := 0; i < n; i++ {
+		v := word(i)
+		if i > 0 && i+1 < n && tornBetween(v, word(i-1), word(i+1)) {
+			continue
+		}
+		if !slices.Contains(vs, v) {
 			vs = append(vs, v)
 		}
 	}
 	return vs
+}
+
+// tornBetween reports whether v, differing from both a and b (which
+// differ), has each byte of a or of b.
+func tornBetween(v, a, b uint64) bool {
+	if a == b || v == a || v == b {
+		return false
+	}
+	for k := 0; k < 64; k += 8 {
+		if x := v >> k & 0xff; x != a>>k&0xff && x != b>>k&0xff {
+			return false
+		}
+	}
+	return true
 }
 
 // tornWords describes a torn block: each run of equal words as

@@ -20,7 +20,7 @@ chmod +x /tmp/bw-tor
 rc=0
 for fab in tcp iser; do
   extra=""; [ $fab = tcp ] && extra="-connections 2"
-  /lab/bin/torture -duration 45s -seed 11 -fabric $fab $extra -clients 3 -binary /tmp/bw-tor \
+  /lab/bin/torture -duration 45s -seed 13 -fabric $fab $extra -clients 3 -binary /tmp/bw-tor \
     -target-addr 169.254.79.2:3260 -netem ta,tb@tor -fault-every 1500ms \
     -faults crash,reset,partition,loss,reorder,jitter,blackhole > /tmp/tor-$fab.log 2>&1
   r=$?

@@ -2,7 +2,8 @@
 # its verbs initiator on the kernel's rxe0, with netem dropping 0.3% of
 # the packets leaving vb, so rxe goes back and retransmits: the verifying
 # benchmark and a copy in and out must hold with no warning. The
-# initiator asks for memory windows (--rdma-windows), which are not used
+# initiator asks for memory windows (--rdma-windows, given after
+# --rdma-device: the device opens once every flag is read), which are not used
 # on rxe: rxe repeats window binds when it retransmits (with windows, this
 # run lost its connection and ran 3-4x slower).
 . /lab/lib-io.sh
@@ -17,7 +18,7 @@ kill -0 $S 2>/dev/null || { say "software serve did not start"; cat /tmp/lt.log;
 modprobe sch_netem && $IP netns exec bw tc qdisc add dev vb root netem loss 0.3% || { say "no netem"; kill $S; exit 1; }
 U=iser://$BADDR:3268/$IQN/0
 rc=0
-bench_copy /tmp/vloss.log 8 3s 8MiB "$V" "--log-level info --rdma-windows --rdma-device rxe0" && say "0.3% loss, software RoCE target, kernel rxe initiator: copy readback OK" || rc=1
+bench_copy /tmp/vloss.log 8 3s 8MiB "$V" "--rdma-device rxe0 --log-level info --rdma-windows" && say "0.3% loss, software RoCE target, kernel rxe initiator: copy readback OK" || rc=1
 grep -q "memory windows are not used on rxe0" /tmp/vloss.log && say "the initiator refused rxe's memory windows" || { say "no word of rxe's memory windows"; rc=1; }
 D=$($IP netns exec bw tc -s qdisc show dev vb | sed -n 's/.*dropped \([0-9]*\).*/\1/p')
 [ "${D:-0}" -gt 0 ] && say "netem dropped $D packets" || { say "netem dropped nothing"; rc=1; }
