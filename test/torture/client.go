@@ -1,0 +1,300 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/iscsi/initiator"
+)
+
+// client is one initiator session doing operations.
+type client struct {
+	id     int
+	cfg    *Config
+	portal string
+	paths  []string // failover portals (gateways)
+	rng    *rand.Rand
+	now    func() int64
+	rec    *recorder
+	seq    uint64
+	s      *initiator.Session
+	pr     bool // reservations in play: register on every session
+	nexus  int  // the session's number (with pr)
+}
+
+func (c *client) login(ctx context.Context) error {
+	s, err := initiator.Login(ctx, c.portal, iqn, initiator.Options{
+		InitiatorName:   fmt.Sprintf("iqn.2026-11.org.blockwire:torture-client-%d", c.id),
+		Dialer:          &fabric.Dialer{},
+		ISER:            c.cfg.Fabric == "iser",
+		Connections:     c.cfg.Connections,
+		DialTimeout:     2 * time.Second,
+		RecoveryTimeout: 15 * time.Second,
+		NopInterval:     time.Second,
+		Paths:           c.paths,
+	})
+	if err != nil {
+		return err
+	}
+	c.s = s
+	if c.pr {
+		c.nexus = c.rec.newNexus(c.id)
+		c.register()
+	}
+	return nil
+}
+
+// register registers the client's key on its session (REGISTER AND
+// IGNORE EXISTING KEY).
+func (c *client) register() {
+	op := porcupine.Operation{ClientId: c.id, Input: input{kind: opRegister, nexus: c.nexus}, Call: c.now()}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
+	defer cancel()
+	_, err := c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
+	op.Return = c.now()
+	if err != nil {
+		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}
+		c.rec.count("register failed")
+	} else {
+		c.rec.count("register ok")
+	}
+	c.rec.add(op)
+}
+
+func (c *client) run(ctx context.Context) {
+	defer func() {
+		if c.s != nil {
+			c.s.Close()
+		}
+	}()
+	buf := make([]byte, blockSize)
+	for ctx.Err() == nil {
+		if c.s == nil {
+			if err := c.login(ctx); err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+		}
+		block := c.rng.IntN(c.cfg.Blocks)
+		op := porcupine.Operation{ClientId: c.id}
+		octx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
+		switch p := c.rng.IntN(100); {
+		case p < 45:
+			c.seq++
+			v := uint64(c.id+1)<<48 | c.seq
+			fua := c.rng.IntN(3) == 0
+			fill(buf, v)
+			// Write-through: every write is durable once acknowledged.
+			op.Input = input{kind: opWrite, block: block, value: v, fua: fua || c.cfg.WriteThrough, nexus: c.nexus}
+			op.Call = c.now()
+			_, err := c.do(octx, rw16(0x8a, block, fua), buf, nil)
+			op.Return = c.now()
+			var se *initiator.SCSIError
+			switch {
+			case errors.As(err, &se) && se.Status == statusReservationConflict:
+				// Refused before it ran: it did not happen. Register
+				// again (a preemption, or a new session).
+				c.rec.count("write refused: reservation conflict")
+				if c.s != nil {
+					c.register()
+				}
+			case err != nil:
+				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return} // it may have happened, or not
+				c.rec.count("write failed")
+				c.rec.add(op)
+			default:
+				c.rec.count("write ok")
+				c.rec.add(op)
+			}
+		case p < 95:
+			op.Input = input{kind: opRead, block: block}
+			op.Call = c.now()
+			_, err := c.do(octx, rw16(0x88, block, false), nil, buf)
+			op.Return = c.now()
+			if err != nil {
+				c.rec.count("read failed")
+				break
+			}
+			c.rec.count("read ok")
+			vs := values(buf)
+			if len(vs) > 1 {
+				// A read overlapping a write of the block may see part
+				// of each (model.go): every part must be a value the
+				// block held while the read ran.
+				c.rec.count("read torn")
+				c.cfg.Log.Info("torn read", "block", block, "at", time.Duration(op.Call), "words", tornWords(buf))
+			}
+			for _, v := range vs {
+				op.Output = output{value: v}
+				c.rec.add(op)
+			}
+		default:
+			op.Input = input{kind: opSync}
+			op.Call = c.now()
+			_, err := c.do(octx, []byte{0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil)
+			op.Return = c.now()
+			if err != nil {
+				c.rec.count("sync failed")
+				break
+			}
+			c.rec.count("sync ok")
+			c.rec.add(op)
+		}
+		cancel()
+		time.Sleep(c.cfg.Pause)
+	}
+}
+
+// do runs one command; a session that ended is dropped (the next
+// operation logs in again).
+func (c *client) do(ctx context.Context, cdb, out, in []byte) (initiator.Result, error) {
+	r, err := c.s.Do(ctx, 0, cdb, out, in)
+	if err == nil {
+		return r, nil
+	}
+	c.cfg.Log.Debug("operation failed", "client", c.id, "err", err)
+	var se *initiator.SCSIError
+	if !errors.As(err, &se) {
+		// The session failed (recovery gave up) or the command was
+		// aborted: start again with a new one.
+		c.s.Close()
+		c.s = nil
+	}
+	return r, err
+}
+
+// rw16 is READ(16) (0x88) or WRITE(16) (0x8a) of one block.
+func rw16(op byte, block int, fua bool) []byte {
+	cdb := make([]byte, 16)
+	cdb[0] = op
+	if fua {
+		cdb[1] = 0x08
+	}
+	binary.BigEndian.PutUint64(cdb[2:], uint64(block))
+	binary.BigEndian.PutUint32(cdb[10:], 1)
+	return cdb
+}
+
+// fill writes v into every 8-byte word of b.
+func fill(b []byte, v uint64) {
+	for i := 0; i+8 <= len(b); i += 8 {
+		binary.LittleEndian.PutUint64(b[i:], v)
+	}
+}
+
+// values reads back what fill wrote: one value, or for a torn block
+// each value found in it. The tear itself may fall inside a word (a copy
+// by bytes, as Linux's page cache and an emulated CPU do): a word whose
+// every byte is that of the word before or of the word after, those two
+// differing, is where one value gives way to the other and is no value
+// of its own. Only such a word is passed over: a word of bytes from
+// anything else counts as the value it spells, and breaks the model.
+func values(b []byte) []uint64 {
+	n := len(b) / 8
+	word := func(i int) uint64 { return binary.LittleEndian.Uint64(b[i*8:]) }
+	var vs []uint64
+	for i := 0; i < n; i++ {
+		v := word(i)
+		if i > 0 && i+1 < n && tornBetween(v, word(i-1), word(i+1)) {
+			continue
+		}
+		if !slices.Contains(vs, v) {
+			vs = append(vs, v)
+		}
+	}
+	return vs
+}
+
+// tornBetween reports whether v, differing from both a and b (which
+// differ), has each byte of a or of b.
+func tornBetween(v, a, b uint64) bool {
+	if a == b || v == a || v == b {
+		return false
+	}
+	for k := 0; k < 64; k += 8 {
+		if x := v >> k & 0xff; x != a>>k&0xff && x != b>>k&0xff {
+			return false
+		}
+	}
+	return true
+}
+
+// tornWords describes a torn block: each run of equal words as
+// "value@first-byte".
+func tornWords(b []byte) string {
+	var out []string
+	prev := uint64(0)
+	for i := 0; i+8 <= len(b); i += 8 {
+		v := binary.LittleEndian.Uint64(b[i:])
+		if i == 0 || v != prev {
+			out = append(out, fmt.Sprintf("%x@%d", v, i))
+		}
+		prev = v
+	}
+	return strings.Join(out, " ")
+}
+
+// Persistent reservations (SPC-4 §6.16, PERSISTENT RESERVE OUT).
+const (
+	statusReservationConflict = 0x18
+	adminKey                  = 0xAD
+	prTypeWERO                = 5 // Write Exclusive – Registrants Only
+)
+
+func clientKey(c int) uint64 { return 0x1000 + uint64(c) + 1 }
+
+// prOut is a PERSISTENT RESERVE OUT CDB: service action sa (1 RESERVE, 5
+// PREEMPT AND ABORT, 6 REGISTER AND IGNORE EXISTING KEY), type WERO, 24
+// bytes of parameters.
+func prOut(sa byte) []byte {
+	cdb := make([]byte, 10)
+	cdb[0], cdb[1], cdb[2] = 0x5f, sa, prTypeWERO
+	binary.BigEndian.PutUint32(cdb[5:], 24)
+	return cdb
+}
+
+// prParams is its parameter list: the reservation key and the service
+// action reservation key.
+func prParams(key, saKey uint64) []byte {
+	p := make([]byte, 24)
+	binary.BigEndian.PutUint64(p[0:], key)
+	binary.BigEndian.PutUint64(p[8:], saKey)
+	return p
+}
+
+// reserve logs in to the target at addr as the preemptor, registers its
+// key and takes the reservation.
+func reserve(ctx context.Context, addr string) (*initiator.Session, error) {
+	s, err := initiator.Login(ctx, addr, iqn, initiator.Options{
+		InitiatorName: "iqn.2026-11.org.blockwire:torture-preemptor", Dialer: &fabric.Dialer{}, NopInterval: time.Second})
+	if err != nil {
+		return nil, err
+	}
+	for _, step := range []struct {
+		sa         byte
+		key, saKey uint64
+	}{{6, 0, adminKey}, {1, adminKey, 0}} {
+		// The first command may meet the LU's power-on unit attention.
+		for try := 0; ; try++ {
+			_, err = s.Do(ctx, 0, prOut(step.sa), prParams(step.key, step.saKey), nil)
+			if err == nil || try == 2 {
+				break
+			}
+		}
+		if err != nil {
+			s.Close()
+			return nil, err
+		}
+	}
+	return s, nil
+}
