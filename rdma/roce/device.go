@@ -65,7 +65,9 @@ type Device struct {
 	lastSweep time.Time
 	maxReqs   int
 	reqTTL    time.Duration
-	sendBuf   []byte
+	// sendBufs hold datagrams being sent (*[]byte): no lock is held
+	// across the socket write, and a warm pool allocates nothing.
+	sendBufs sync.Pool
 }
 
 type connection struct {
@@ -249,15 +251,20 @@ func udpHeader(sport, dport, length int) [8]byte {
 	return u
 }
 
-// send adds the ICRC to pkt and sends it to peer.
+// send adds the ICRC to pkt and sends it to peer. It takes no lock of
+// the device: receiving (which looks queue pairs up under d.mu) never
+// waits for a send's system call.
 func (d *Device) send(peer netip.Addr, pkt []byte) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	n := len(pkt) + ib.ICRCLen
 	ip := ipHeader(d.ip, peer, 8+n)
 	udp := udpHeader(d.port, d.port, 8+n)
-	d.sendBuf = ib.AppendICRC(ip.bytes(), udp[:], append(d.sendBuf[:0], pkt...))
-	d.conn.WriteToUDPAddrPort(d.sendBuf, netip.AddrPortFrom(peer, uint16(d.port)))
+	bp, _ := d.sendBufs.Get().(*[]byte)
+	if bp == nil {
+		bp = new([]byte)
+	}
+	*bp = ib.AppendICRC(ip.bytes(), udp[:], append((*bp)[:0], pkt...))
+	d.conn.WriteToUDPAddrPort(*bp, netip.AddrPortFrom(peer, uint16(d.port)))
+	d.sendBufs.Put(bp)
 }
 
 func (d *Device) receive(raw *os.File) {

@@ -107,10 +107,18 @@ type RC struct {
 	link Link
 	dev  *rdma.Device
 
-	mu     sync.Mutex
-	failed bool
-	err    error
-	done   chan struct{}
+	// mu guards the queue pair's state. Packets are built under it
+	// (emit) but sent after it is released (unlock): one goroutine at a
+	// time sends, in the order they were built, while others go on.
+	// Lock order: mu, then the device's locks (a Close tells the device);
+	// nothing is sent on a socket while mu is held.
+	mu      sync.Mutex
+	out     [][]byte // built, not yet sent; their buffers are reused
+	spare   [][]byte // the batch last sent, for its buffers
+	sending bool     // a goroutine is sending out
+	failed  bool
+	err     error
+	done    chan struct{}
 
 	// Requester.
 	sq        []*wqe // posted, not yet completed, in order
@@ -138,7 +146,6 @@ type RC struct {
 	curOff  int
 	wdst    []byte // the remainder of the region a multi-packet Write fills
 	scratch []byte
-	pktBuf  []byte
 }
 
 // Stats count the transport's recoveries.
@@ -155,7 +162,7 @@ type Stats struct {
 // Stats returns the counters.
 func (q *RC) Stats() Stats {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	return q.stats
 }
 
@@ -172,7 +179,7 @@ func NewRC(cfg RCConfig, link Link) *RC {
 	cfg.defaults()
 	q := &RC{cfg: cfg, link: link, dev: cfg.PD.Device(), done: make(chan struct{}),
 		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask, ePSN: cfg.RecvPSN & psnMask,
-		scratch: make([]byte, cfg.MTU), pktBuf: make([]byte, 0, cfg.MTU+64)}
+		scratch: make([]byte, cfg.MTU)}
 	q.timer = time.AfterFunc(time.Hour, q.timeout)
 	q.timer.Stop()
 	return q
@@ -193,7 +200,7 @@ func (q *RC) Done() <-chan struct{} { return q.done }
 // Err implements rdma.QP.
 func (q *RC) Err() error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	return q.err
 }
 
@@ -201,14 +208,14 @@ func (q *RC) Err() error {
 func (q *RC) Close() error {
 	q.mu.Lock()
 	q.failLocked(nil)
-	q.mu.Unlock()
+	q.unlock()
 	return nil
 }
 
 // PostRecv implements rdma.QP.
 func (q *RC) PostRecv(wr rdma.RecvWR) error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if q.failed {
 		return rdma.ErrClosed
 	}
@@ -245,7 +252,7 @@ func (q *RC) PostSend(wr *rdma.SendWR) error {
 	}
 	w.npkts = max(1, (w.total+q.cfg.MTU-1)/q.cfg.MTU)
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if q.failed {
 		return rdma.ErrClosed
 	}
@@ -378,11 +385,41 @@ func (q *RC) ackedTo(psn uint32) {
 }
 
 func (q *RC) emit(p *ib.Packet) {
-	b, err := p.Append(q.pktBuf[:0])
+	var buf []byte
+	if n := len(q.out); n < cap(q.out) {
+		buf = q.out[:n+1][n][:0] // a buffer of an earlier batch
+	}
+	b, err := p.Append(buf)
 	if err != nil {
 		return
 	}
-	q.link.Send(b)
+	q.out = append(q.out, b)
+}
+
+// unlock releases mu and sends what was built under it, unless another
+// goroutine is sending: that one sends it after its own, so packets
+// leave in the order they were built.
+func (q *RC) unlock() {
+	if q.sending || len(q.out) == 0 {
+		q.mu.Unlock()
+		return
+	}
+	q.sending = true
+	for len(q.out) > 0 {
+		// Each buffer lives in one of the two arrays only: the one being
+		// filled takes the spare's, and the spare is gone until the
+		// batch comes back as the next spare.
+		batch := q.out
+		q.out, q.spare = q.spare[:0], nil
+		q.mu.Unlock()
+		for _, b := range batch {
+			q.link.Send(b)
+		}
+		q.mu.Lock()
+		q.spare = batch[:0]
+	}
+	q.sending = false
+	q.mu.Unlock()
 }
 
 // readsOutLocked counts the Reads asked for and not yet answered in full.
@@ -425,7 +462,7 @@ func (q *RC) progressLocked() {
 // unacknowledged packet, or fail after RetryCount tries.
 func (q *RC) timeout() {
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	q.armed = false
 	if q.failed || len(q.sq) == 0 {
 		return
@@ -473,7 +510,7 @@ func (q *RC) goBackLocked(psn uint32) {
 func (q *RC) Input(b []byte) {
 	p, err := ib.Decode(b)
 	q.mu.Lock()
-	defer q.mu.Unlock()
+	defer q.unlock()
 	if q.failed {
 		return
 	}
