@@ -22,8 +22,10 @@ import (
 	srpinit "github.com/blockwire/blockwire/srp/initiator"
 )
 
-// buildLU makes the logical unit a configuration's LUN describes.
-func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*scsitarget.LU, error) {
+// buildLU makes the logical unit a configuration's LUN describes, on the
+// storage open gives (Options.Backend; nil, or a nil result: the built-in
+// backends).
+func buildLU(targetName string, lc config.LUN, open BackendOpener, log *slog.Logger) (*scsitarget.LU, error) {
 	var size int64
 	if lc.Size != "" {
 		var err error
@@ -34,7 +36,14 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*scsitarget.LU
 	var be backend.Backend
 	var err error
 	blockSize := lc.BlockSize
+	if open != nil {
+		if be, err = open(targetName, lc); err != nil {
+			return nil, fmt.Errorf("%s LUN %d: %w", targetName, lc.ID, err)
+		}
+	}
 	switch {
+	case be != nil:
+		// The embedding program's storage.
 	case lc.Remote != "":
 		// A gateway LUN (issue 13): another target's LUN through our
 		// initiator, which reconnects for up to 30 s before commands fail
@@ -78,14 +87,14 @@ func buildLU(targetName string, lc config.LUN, log *slog.Logger) (*scsitarget.LU
 
 // buildTarget makes a target's device with its LUNs and its iSCSI
 // description (reachable on portals: nil for every one).
-func buildTarget(tc config.Target, portals []string, log *slog.Logger) (*scsitarget.Device, *iscsitarget.Target, error) {
+func buildTarget(tc config.Target, portals []string, open BackendOpener, log *slog.Logger) (*scsitarget.Device, *iscsitarget.Target, error) {
 	t, err := targetAccess(tc, portals)
 	if err != nil {
 		return nil, nil, err
 	}
 	dev := scsitarget.NewDevice(tc.Name, log.With("target", tc.Name))
 	for _, lc := range tc.LUNs {
-		lu, err := buildLU(tc.Name, lc, log)
+		lu, err := buildLU(tc.Name, lc, open, log)
 		if err == nil {
 			if err = dev.AddLU(lu); err != nil {
 				lu.Close()

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/admin"
+	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
@@ -61,7 +62,18 @@ type Options struct {
 	// RoCEUDPPort is the software RoCEv2 devices' UDP port when the
 	// configuration sets none (default 4791, RoCEv2's).
 	RoCEUDPPort int
+	// Backend, when set, is asked first for the storage of every LUN the
+	// node builds (from the configuration, a reload or the administration
+	// API): a program that embeds the node serves its own storage this
+	// way. A nil result with no error leaves the LUN to the built-in
+	// backends (memory, file, RBD, remote); an error fails the LUN as
+	// theirs would. The LU owns what it returns and closes it
+	// (backend.Closer) when the LUN goes.
+	Backend BackendOpener
 }
+
+// BackendOpener opens the storage of a target's LUN (Options.Backend).
+type BackendOpener func(target string, lun config.LUN) (backend.Backend, error)
 
 // Portal is a portal as it runs: the address it was given and the one it
 // got (a port 0 picks a free port).
@@ -218,7 +230,7 @@ func clone(c *config.Config) *config.Config {
 // runs. Called with mu held (or before Start).
 func (n *Node) addTarget(cfg *config.Config, i int) error {
 	tc := cfg.Targets[i]
-	dev, t, err := buildTarget(tc, n.iscsiPortals(cfg, tc), n.log)
+	dev, t, err := buildTarget(tc, n.iscsiPortals(cfg, tc), n.opts.Backend, n.log)
 	if err != nil {
 		return err
 	}
