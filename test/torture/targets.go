@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -13,11 +14,9 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/blockwire/blockwire/fabric"
-	"github.com/blockwire/blockwire/iscsi/target"
-	"github.com/blockwire/blockwire/rdma"
-	"github.com/blockwire/blockwire/rdma/siw"
-	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/node"
 )
 
 // targetRunner runs the target: start (again, after a crash) returns its
@@ -29,36 +28,36 @@ type targetRunner interface {
 }
 
 // incarnation is the target in this process as it runs between two
-// crashes: an LU on a fresh view of the disk, an iSCSI server, a
-// listener.
+// crashes: a node (node.New, as blockwire serve assembles it) whose LU
+// sits on a fresh view of the disk, given through Options.Backend.
 type incarnation struct {
 	cfg  *Config
 	disk *volatileDisk
-	srv  *target.Server
+	n    *node.Node
 }
 
 func (t *incarnation) start() (string, error) {
-	log := t.cfg.Log
-	dev := scsitarget.NewDevice(iqn, log)
-	lu, err := scsitarget.NewLU(iqn, scsitarget.LUConfig{Backend: t.disk.View(), BlockSize: blockSize, WriteThrough: t.cfg.WriteThrough})
+	iser := t.cfg.Fabric == "iser"
+	writeCache := !t.cfg.WriteThrough
+	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, ISER: &iser, Targets: []config.Target{{Name: iqn,
+		LUNs: []config.LUN{{ID: 0, Size: strconv.FormatInt(t.disk.View().Size(), 10), BlockSize: blockSize, WriteCache: &writeCache}}}}}
+	n, err := node.New(cfg, node.Options{Logger: t.cfg.Log, Backend: func(string, config.LUN) (backend.Backend, error) {
+		return t.disk.View(), nil
+	}})
 	if err != nil {
 		return "", err
 	}
-	dev.AddLU(lu)
-	t.srv = target.NewServer(log, target.Options{})
-	if err := t.srv.AddTarget(&target.Target{Name: iqn, Device: dev}); err != nil {
+	if err := n.Start(); err != nil {
 		return "", err
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
+	t.n = n
+	for _, p := range n.Portals() {
+		if p.Transport == config.ISCSI {
+			return p.Address, nil
+		}
 	}
-	a := fabric.TCP(l)
-	if t.cfg.Fabric == "iser" {
-		a = fabric.Portal(l, fabric.ISERPortal{IWARP: siw.New(siw.Options{}), PD: rdma.NewDevice("torture").AllocPD()})
-	}
-	go t.srv.Serve(a)
-	return l.Addr().String(), nil
+	t.stop()
+	return "", errors.New("the node has no iSCSI portal")
 }
 
 // crash loses power under the target: the disk's cache goes first, then
@@ -68,11 +67,11 @@ func (t *incarnation) crash() {
 	t.stop()
 }
 
-// stop ends the server at once (no logout asked for).
+// stop ends the node at once (no logout waited for).
 func (t *incarnation) stop() {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	t.srv.Shutdown(ctx)
+	t.n.Shutdown(ctx)
 }
 
 // process is the target as a blockwire process serving a file, or one
