@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/auth"
@@ -14,6 +15,10 @@ import (
 	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/scsitarget"
 )
+
+// reinstateWait bounds how long a session reinstatement waits for the
+// old session to end (its connections' tasks to finish).
+const reinstateWait = 10 * time.Second
 
 // loginState is the login phase of one connection (RFC 7143 §6).
 type loginState struct {
@@ -440,6 +445,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			srv: s, tsih: s.allocTSIH(), isid: ls.isid, initiator: ls.initiator, alias: ls.alias,
 			targetName: ls.targetName, tgt: ls.tgt, discovery: ls.discovery,
 			window: s.opts.CmdWindow, conns: map[uint16]*conn{}, io: s.opts.Budget.NewShare(),
+			ended: make(chan struct{}),
 		}
 		ss.params = sessionParams{
 			InitialR2T:          neg.Bool("InitialR2T"),
@@ -502,8 +508,19 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	ss.conns[ls.cid] = c
 	ss.mu.Unlock()
 	if old != nil {
+		// The old session ends before the new one answers (RFC 7143
+		// §6.3.5): its tasks aborted, its I_T nexus gone with what it
+		// held (medium removal preventions, reservations without
+		// APTPL), so the new session's first command sees the nexus
+		// loss — libiscsi's PreventAllow.ITNexusLoss raced this. Bounded:
+		// past reinstateWait the login goes on, and says so.
 		c.log.Info("reinstating session", "old_tsih", old.tsih)
 		old.close("session reinstatement")
+		select {
+		case <-old.ended:
+		case <-time.After(reinstateWait):
+			c.log.Warn("the reinstated session has not ended yet; going on", "old_tsih", old.tsih, "waited", reinstateWait)
+		}
 	}
 	if oldConn != nil {
 		c.log.Info("reinstating connection", "cid", ls.cid)

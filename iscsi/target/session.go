@@ -52,6 +52,9 @@ type session struct {
 	discovery  bool
 	nexus      *scsitarget.Nexus
 	params     sessionParams
+	// ended is closed once the session's last connection is gone and its
+	// I_T nexus with it (removeConn): a reinstatement waits for it.
+	ended chan struct{}
 
 	expCmdSN atomic.Uint32
 	maxCmdSN atomic.Uint32
@@ -281,7 +284,9 @@ func (ss *session) removeConn(c *conn) {
 	if ss.conns[c.cid] == c {
 		delete(ss.conns, c.cid)
 	}
-	last := len(ss.conns) == 0
+	// The session ends once, with its last connection (a connection
+	// removed again finds it closed).
+	last := len(ss.conns) == 0 && !ss.closed
 	var dropped []deliverer
 	if last {
 		ss.closed = true
@@ -303,6 +308,7 @@ func (ss *session) removeConn(c *conn) {
 		if ss.nexus != nil {
 			ss.tgt.Device.RemoveNexus(ss.nexus)
 		}
+		close(ss.ended)
 		ss.srv.log.Info("session closed", "tsih", ss.tsih, "initiator", ss.initiator, "target", ss.targetName)
 	}
 }
