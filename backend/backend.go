@@ -29,6 +29,16 @@ type Flusher interface {
 	Flush() error
 }
 
+// DurableWriter writes data that is durable once the call returns — a
+// write with FUA, or with the write cache off — without waiting for
+// every other write as Flush does (backend/file: RWF_DSYNC). A failure
+// means as much as a failed Flush: the storage may have dropped other
+// acknowledged writes' errors with it (an fdatasync error is reported
+// once per file).
+type DurableWriter interface {
+	WriteAtDurable(p []byte, off int64) (int, error)
+}
+
 // Unmapper releases a byte range so that it reads back as zeroes.
 type Unmapper interface {
 	Unmap(off, length int64) error

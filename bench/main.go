@@ -12,6 +12,7 @@
 //	go run ./bench -iser-only   # iSER and SRP versus iSCSI/TCP
 //	go run ./bench -gateway     # tgt directly versus through the gateway
 //	go run ./bench -rbd         # RBD LUNs: tgt-rbd versus backend/rbd (root, Ceph)
+//	go run ./bench -file        # file LUNs: pread, io_uring, O_DIRECT versus fio on the file
 package main
 
 import (
@@ -59,6 +60,7 @@ var (
 	bwBin    = flag.String("blockwire", "", "blockwire binary (default: build it)")
 	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
+	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
 	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
 )
 
@@ -72,8 +74,8 @@ func main() {
 	if *gwOnly {
 		tools = []string{"tgtd", "tgtadm"}
 	}
-	if *rbdOnly {
-		tools = nil // rbdBench checks its own
+	if *rbdOnly || *fileOnly {
+		tools = nil // rbdBench and fileBench check their own
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -95,6 +97,10 @@ func main() {
 	}
 	if *gwOnly {
 		gateway(bin, dir)
+		return
+	}
+	if *fileOnly {
+		fileBench(bin)
 		return
 	}
 	bw, stopBw := startBlockwire(bin)

@@ -513,6 +513,14 @@ type LUN struct {
 	ReadOnly    bool   `toml:"read_only,omitempty,omitzero"`
 	Removable   bool   `toml:"removable,omitempty,omitzero"`
 	Serial      string `toml:"serial,omitempty"`
+	// IOEngine is how a File LUN's reads and writes reach the kernel:
+	// "auto" (or empty: io_uring where the kernel allows it, else
+	// pread/pwrite), "io_uring" (fail where it is refused) or "pread".
+	IOEngine string `toml:"io_engine,omitempty"`
+	// Direct opens File with O_DIRECT, bypassing the page cache; the
+	// block size must be a multiple of the file's direct-I/O alignment
+	// (checked at start).
+	Direct bool `toml:"direct,omitempty"`
 	// WriteCache false starts the LU with its write cache disabled (WCE
 	// 0 in the caching mode page, SBC-4 §4.15): every write is flushed to
 	// stable storage before it is acknowledged, as with FUA. Unset: on.
@@ -806,6 +814,14 @@ func (c *Config) Validate() error {
 			}
 			if bs := l.BlockSize; bs != 0 && bs != 512 && bs != 4096 {
 				add("%s.block_size: %d (512 or 4096)", lw, bs)
+			}
+			switch l.IOEngine {
+			case "", "auto", "io_uring", "pread":
+			default:
+				add("%s.io_engine: %q (auto, io_uring or pread)", lw, l.IOEngine)
+			}
+			if (l.Direct || l.IOEngine != "") && l.File == "" {
+				add("%s: direct and io_engine are for a file LUN (set file)", lw)
 			}
 		}
 	}

@@ -56,6 +56,11 @@ id = 0
 id = 0
 size = "1G"
 block_size = 1024
+direct = true
+[[target.lun]]
+id = 2
+file = "/dev/null"
+io_engine = "aio"
 [[target]]
 name = "iqn.2026-11.org.blockwire:a"
 unknown_key = true
@@ -70,7 +75,8 @@ secret = "too-short"
 		t.Fatal("invalid file accepted")
 	}
 	for _, want := range []string{"listen[1]", "target[0].chap: exactly one of", "target[0].lun[0]: an in-memory LUN needs a size",
-		"target[0].lun[1].id: duplicate LUN 0", "target[0].lun[1].block_size", "target[1].name: duplicate", "unknown_key",
+		"target[0].lun[1].id: duplicate LUN 0", "target[0].lun[1].block_size",
+		"target[0].lun[1]: direct and io_engine are for a file LUN", "target[0].lun[2].io_engine: \"aio\"", "target[1].name: duplicate", "unknown_key",
 		"target[1].acl[0].initiator", "target[1]: no lun", "target[1].acl[0].chap: a 9-byte secret is too short",
 		"roce_listen[1]", "roce_udp_port: 70000"} {
 		if !strings.Contains(err.Error(), want) {

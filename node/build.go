@@ -62,7 +62,17 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, log *slog.Log
 		// Ceph RBD (issue 14): needs a build with the rbd tag (rbd.go).
 		be, err = openRBD(lc, log)
 	case lc.File != "":
-		be, err = file.Open(lc.File, file.Options{Size: size, Grow: lc.Grow, ReadOnly: lc.ReadOnly})
+		var f *file.File
+		f, err = file.Open(lc.File, file.Options{Size: size, Grow: lc.Grow, ReadOnly: lc.ReadOnly,
+			Engine: lc.IOEngine, Direct: lc.Direct, BlockSize: blockSize})
+		if err == nil {
+			engine, why := f.Engine()
+			if why != "" {
+				log.Warn("file LUN on pread/pwrite: the kernel refuses io_uring", "target", targetName, "lun", lc.ID, "file", lc.File, "reason", why)
+			}
+			log.Info("file LUN", "target", targetName, "lun", lc.ID, "file", lc.File, "io_engine", engine, "direct", f.Direct())
+			be = f
+		}
 	default:
 		be, err = mem.New(size)
 	}

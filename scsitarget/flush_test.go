@@ -3,6 +3,7 @@ package scsitarget
 import (
 	"errors"
 	"sync/atomic"
+	"syscall"
 	"testing"
 
 	"github.com/blockwire/blockwire/backend/mem"
@@ -109,4 +110,74 @@ func devOn(t *testing.T, cfg LUConfig) (*Device, *Nexus) {
 	d.AddNexus(n)
 	clearUA(t, d, n)
 	return d, n
+}
+
+// durableDisk is a memory backend with a durable write of its own
+// (backend.DurableWriter, as a file's RWF_DSYNC write), which counts its
+// calls and can fail.
+type durableDisk struct {
+	*mem.Disk
+	flushes, durable atomic.Int32
+	fail             atomic.Pointer[error]
+}
+
+func (d *durableDisk) Flush() error { d.flushes.Add(1); return nil }
+
+func (d *durableDisk) WriteAtDurable(p []byte, off int64) (int, error) {
+	d.durable.Add(1)
+	if e := d.fail.Load(); e != nil {
+		return 0, *e
+	}
+	return d.WriteAt(p, off)
+}
+
+// TestFUAIsADurableWrite: where the backend writes durably by itself, a
+// FUA write (or any write with the write cache off) is that write alone
+// — no flush of everything else after it; a plain write is not. A failed
+// durable write latches like a failed flush, except out of space (no
+// sync ran).
+func TestFUAIsADurableWrite(t *testing.T) {
+	m, err := mem.New(8 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	be := &durableDisk{Disk: m}
+	d, n := devOn(t, LUConfig{Backend: be})
+	write10 := func(fua bool, lba byte) []byte {
+		c := []byte{scsi.OpWrite10, 0, 0, 0, 0, lba, 0, 0, 1, 0}
+		if fua {
+			c[1] = 0x08
+		}
+		return c
+	}
+	data := []byte("durable!")
+	data = append(data, make([]byte, 504)...)
+	good(t, run(d, n, write10(false, 1), make([]byte, 512)))
+	good(t, run(d, n, write10(true, 2), data))
+	if be.durable.Load() != 1 || be.flushes.Load() != 0 {
+		t.Fatalf("after a plain and a FUA write: %d durable writes, %d flushes; want 1, 0", be.durable.Load(), be.flushes.Load())
+	}
+	got := make([]byte, 512)
+	be.ReadAt(got, 2*512)
+	if string(got[:8]) != "durable!" {
+		t.Fatalf("the FUA write's data is not there: %q", got[:8])
+	}
+
+	nospc := error(syscall.ENOSPC)
+	be.fail.Store(&nospc)
+	if s := sense(t, run(d, n, write10(true, 3), data)); s.Key != scsi.SenseMediumError {
+		t.Fatalf("durable write out of space: sense %v", s)
+	}
+	be.fail.Store(nil)
+	good(t, run(d, n, write10(false, 3), data)) // not latched
+
+	eio := error(syscall.EIO)
+	be.fail.Store(&eio)
+	if s := sense(t, run(d, n, write10(true, 4), data)); s.Key != scsi.SenseMediumError {
+		t.Fatalf("failed durable write: sense %v", s)
+	}
+	be.fail.Store(nil)
+	if s := sense(t, run(d, n, write10(false, 5), data)); s.Key != scsi.SenseMediumError || s.ASC != 0x0c {
+		t.Fatalf("write after a failed durable write: sense %v, want MEDIUM ERROR / WRITE ERROR (latched)", s)
+	}
 }

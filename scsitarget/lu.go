@@ -51,6 +51,7 @@ type LU struct {
 	lun       uint64
 	be        backend.Backend
 	flusher   backend.Flusher
+	durable   backend.DurableWriter // nil: FUA is a write and a Flush
 	fast      bool // the backend is backend.NonBlocking
 	q         queue
 	unmapper  backend.Unmapper
@@ -127,6 +128,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		lu.blockBits++
 	}
 	lu.flusher, _ = cfg.Backend.(backend.Flusher)
+	lu.durable, _ = cfg.Backend.(backend.DurableWriter)
 	if nb, ok := cfg.Backend.(backend.NonBlocking); ok {
 		lu.fast = nb.NonBlocking()
 	}
@@ -239,11 +241,16 @@ func (lu *LU) Flush() error {
 	if lu.flusher == nil {
 		return nil
 	}
-	err := lu.flusher.Flush()
+	return lu.latch("flush", lu.flusher.Flush())
+}
+
+// latch records a failed flush or durable write (what failed) in
+// flushErr and returns err.
+func (lu *LU) latch(what string, err error) error {
 	if err != nil && !errors.Is(err, backend.ErrUnavailable) {
 		if lu.flushErr.CompareAndSwap(nil, &err) {
 			if d := lu.device(); d != nil {
-				d.log.Error("flush failed: writes acknowledged before it may be lost; the LU now fails every write and flush until it is removed and added again (admin remove-lun/add-lun, reload or restart)",
+				d.log.Error(what+" failed: writes acknowledged before it may be lost; the LU now fails every write and flush until it is removed and added again (admin remove-lun/add-lun, reload or restart)",
 					"lun", lu.lun, "err", err)
 			}
 		}

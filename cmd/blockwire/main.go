@@ -120,8 +120,8 @@ type serveFlags struct {
 	fs                                                            *flag.FlagSet
 	listen, portGroups, iserRoce, srp, srpRoce, adminDirs         listFlag
 	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser *string
-	rdmaDevice, rdmaMemory                                        *string
-	grow, readOnly, removable, iser, writeCache                   *bool
+	rdmaDevice, rdmaMemory, ioEngine                              *string
+	grow, readOnly, removable, iser, writeCache, direct           *bool
 	tpgt                                                          *uint
 	blockSize, roceUDP                                            *int
 	cfgPath, logLevel, logFormat, cpuprofile, metrics             *string
@@ -142,6 +142,8 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.size = fs.String("size", "1GiB", "LUN 0 size")
 	f.file = fs.String("file", "", "back LUN 0 with this file or block device, served at its own size (a missing file is created sparse, of --size)")
 	f.grow = fs.Bool("grow", false, "with --file: grow an existing file to --size (never shrinks)")
+	f.ioEngine = fs.String("io-engine", "auto", "with --file: auto (io_uring where the kernel allows it, else pread), io_uring or pread")
+	f.direct = fs.Bool("direct", false, "with --file: O_DIRECT, bypassing the page cache (the block size must suit the file's direct-I/O alignment)")
 	f.remote = fs.String("remote", "", "back LUN 0 with another target's LUN (iscsi://, iser:// or srp:// URL): serve as a gateway")
 	f.rbd = fs.String("rbd", "", "back LUN 0 with a Ceph RBD image, pool/image or pool/namespace/image (a build with -tags rbd)")
 	f.cephConf = fs.String("ceph-conf", "", "with --rbd: the cluster's ceph.conf (default: librados's search)")
@@ -283,7 +285,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		// The file describes the targets: flags that would describe
 		// LUN 0 of a default target are refused, not silently ignored.
 		var clash []string
-		for _, n := range []string{"iqn", "size", "file", "grow", "remote", "rbd", "ceph-conf", "ceph-keyring", "ceph-user", "tpgt", "port-groups", "block-size", "read-only", "removable"} {
+		for _, n := range []string{"iqn", "size", "file", "grow", "io-engine", "direct", "remote", "rbd", "ceph-conf", "ceph-keyring", "ceph-user", "tpgt", "port-groups", "block-size", "read-only", "removable"} {
 			if isSet(fs, n) {
 				clash = append(clash, "--"+n)
 			}
@@ -422,7 +424,8 @@ func (f *serveFlags) defaultTarget(stderr io.Writer) (*config.Config, int) {
 		Targets: []config.Target{{
 			Name: *f.iqn, TPGT: uint16(*f.tpgt), PortGroups: groups,
 			LUNs: []config.LUN{{ID: 0, Size: size, File: *f.file, Remote: *f.remote, RBD: *f.rbd, CephConf: *f.cephConf,
-				CephKeyring: *f.cephKeyring, CephUser: *f.cephUser, BlockSize: *f.blockSize, ReadOnly: *f.readOnly, Removable: *f.removable, Grow: *f.grow}},
+				CephKeyring: *f.cephKeyring, CephUser: *f.cephUser, BlockSize: *f.blockSize, ReadOnly: *f.readOnly, Removable: *f.removable, Grow: *f.grow,
+				Direct: *f.direct, IOEngine: fileEngine(*f.file, *f.ioEngine)}},
 		}},
 	}
 	if !*f.writeCache {
@@ -530,4 +533,13 @@ func rdmaDevices(args []string, stdout, stderr io.Writer) int {
 	}
 	tw.Flush()
 	return 0
+}
+
+// fileEngine is --io-engine as LUN 0's io_engine: its default says
+// nothing for a LUN without a file.
+func fileEngine(file, engine string) string {
+	if file == "" && engine == "auto" {
+		return ""
+	}
+	return engine
 }

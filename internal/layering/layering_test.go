@@ -66,6 +66,9 @@ func TestImportsPointOneWay(t *testing.T) {
 		{"admin", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node"}},
 		{"metrics", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node"}},
 		{"backend", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover"}},
+		// The io_uring ring is a system-call layer under the file backend:
+		// nothing of ours, no network, no logging.
+		{"internal/uring", []string{mod, "net", "log"}},
 		// A remote backend sees a block device, never the fabric behind it.
 		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 		// The datamover interface knows no concrete datamover and no session.

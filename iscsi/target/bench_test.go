@@ -3,16 +3,25 @@ package target
 import (
 	"encoding/binary"
 	"io"
+	"log/slog"
+	"path/filepath"
 	"testing"
 
+	"github.com/blockwire/blockwire/backend/file"
 	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // ioLoop returns a function that runs one QD1 READ(10) or WRITE(10) of
 // size bytes through a real TCP connection with an allocation-free client,
 // so that allocations per call are what the target spends per I/O.
 func ioLoop(tb testing.TB, write bool, size int) func(i int) {
-	ts := startServer(tb, Options{NopInterval: -1}, nil)
+	return ioLoopOn(tb, write, size, nil)
+}
+
+// ioLoopOn is ioLoop on the target mod makes.
+func ioLoopOn(tb testing.TB, write bool, size int, mod func(*Target)) func(i int) {
+	ts := startServer(tb, Options{NopInterval: -1}, mod)
 	c := dial(tb, ts.addr)
 	c.mustLogin(normalKeys(ini, kv("ImmediateData", "Yes"), kv("FirstBurstLength", "262144"), kv("MaxBurstLength", "262144"))...)
 	c.command(tur(), false, 0, nil, 0)
@@ -90,6 +99,35 @@ func TestNoAllocationsPerIO(t *testing.T) {
 		if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.1 {
 			t.Errorf("write=%v size=%d: %.2f allocations per I/O, want 0", tc.write, tc.size, a)
 		}
+		// The same on a file LUN, on each of its I/O paths.
+		for _, o := range []file.Options{{Engine: file.EngineURing}, {Engine: file.EnginePread}, {Engine: file.EngineURing, Direct: true, BlockSize: 512}} {
+			io := ioLoopOn(t, tc.write, tc.size, onFile(t, o))
+			for i := range 200 {
+				io(i)
+			}
+			if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.1 {
+				t.Errorf("file LUN %+v: write=%v size=%d: %.2f allocations per I/O, want 0", o, tc.write, tc.size, a)
+			}
+		}
+	}
+}
+
+// onFile puts the target's LUN 0 on a file opened with o.
+func onFile(t *testing.T, o file.Options) func(*Target) {
+	return func(tg *Target) {
+		o.Size = 16 << 20
+		be, err := file.Open(filepath.Join(t.TempDir(), "lun.img"), o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: be})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
+		dev.AddLU(lu)
+		tg.Device = dev
+		t.Cleanup(func() { lu.Close() })
 	}
 }
 

@@ -1,0 +1,217 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+)
+
+// fileBench compares blockwire's file LUN I/O paths with fio (io_uring
+// engine) run directly on the same file, in one run: on a file in tmpfs
+// (/dev/shm) and, as root with losetup, on a loop device over a file of
+// the test directory's filesystem. blockwire is driven by its own
+// initiator over iSCSI/TCP on loopback; fio has no network in its path,
+// so its figure is the ceiling the file itself sets.
+func fileBench(bin string) {
+	dur := 5 * time.Second
+	if *quick {
+		dur = time.Second
+	}
+	if _, err := exec.LookPath("fio"); err != nil {
+		log.Fatal("bench: fio not found (apt-get install fio)")
+	}
+	ws := []workload{
+		{"4k randread QD32", "IOPS", true, nil},
+		{"4k randwrite QD32", "IOPS", true, nil},
+		{"4k randread QD1", "IOPS", true, nil},
+		{"128k read QD8", "MB/s", true, nil},
+		{"128k write QD8", "MB/s", true, nil},
+	}
+	args := map[string][4]string{ // blockwire bench and fio: rw, bs, qd, what
+		"4k randread QD32":  {"randread", "4k", "32", "IOPS"},
+		"4k randwrite QD32": {"randwrite", "4k", "32", "IOPS"},
+		"4k randread QD1":   {"randread", "4k", "1", "IOPS"},
+		"128k read QD8":     {"read", "128k", "8", "MB/s"},
+		"128k write QD8":    {"write", "128k", "8", "MB/s"},
+	}
+	type place struct {
+		name, path string
+		direct     bool // O_DIRECT for blockwire's third target and fio
+	}
+	shm, err := os.MkdirTemp("/dev/shm", "blockwire-bench")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer os.RemoveAll(shm)
+	places := []place{{"tmpfs file", filepath.Join(shm, "lun.img"), false}}
+	if loop, stop := loopDevice(); loop != "" {
+		defer stop()
+		places = append(places, place{"loop device", loop, true})
+	}
+	for _, pl := range places {
+		if !strings.HasPrefix(pl.path, "/dev/loop") {
+			// A written file, so reads hit data rather than holes.
+			if out, err := exec.Command("fio", "--name=fill", "--filename="+pl.path, "--size=1g", "--rw=write", "--bs=1m", "--ioengine=psync").CombinedOutput(); err != nil {
+				log.Fatalf("bench: filling %s: %v\n%s", pl.path, err, out)
+			}
+		}
+		// Each blockwire path, and the fio run it is held against (the
+		// same page cache use).
+		type path struct {
+			name, engine string
+			direct       bool
+		}
+		paths := []path{{"pread", "pread", false}, {"auto", "auto", false}, {"io_uring", "io_uring", false}}
+		refs := []target{{name: "fio", url: pl.path}}
+		if pl.direct {
+			paths = append(paths, path{"direct", "auto", true})
+			refs = append(refs, target{name: "fio-direct", url: pl.path})
+		}
+		var ts []target
+		var stops []func()
+		for _, p := range paths {
+			extra := []string{"--file", pl.path, "--io-engine", p.engine}
+			if p.direct {
+				extra = append(extra, "--direct")
+			}
+			t, stop := startBlockwireArgs(bin, p.name, extra...)
+			ts = append(ts, t)
+			stops = append(stops, stop)
+		}
+		ts = append(ts, refs...)
+		for i := range ws {
+			a := args[ws[i].name]
+			bw := bwBench(bin, dur, a[0], a[1], a[2], a[3])
+			ws[i].run = func(t target) (float64, error) {
+				if strings.HasPrefix(t.name, "fio") {
+					return fio(t.url, dur, t.name == "fio-direct", a[0], a[1], a[2], a[3])
+				}
+				return bw(t)
+			}
+		}
+		results := roundsN(ws, ts...)
+		for _, stop := range stops {
+			stop()
+		}
+		host, _ := os.Hostname()
+		fmt.Printf("\nfile LUNs on a %s (%s), %s, %s, %d cores, %d rounds (median [min-max]); blockwire over iSCSI/TCP on loopback with its own initiator, fio (io_uring engine, one job) on the file itself\n\n",
+			pl.name, pl.path, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
+		heads := []string{"workload", "unit"}
+		for _, t := range ts {
+			heads = append(heads, t.name)
+		}
+		for _, p := range paths {
+			heads = append(heads, p.name+"/"+ref(p.direct))
+		}
+		fmt.Println("| " + strings.Join(heads, " | ") + " |")
+		fmt.Println(strings.Repeat("|---", len(heads)) + "|")
+		for _, w := range ws {
+			row := []string{w.name, w.unit}
+			for _, t := range ts {
+				row = append(row, stat(results[w.name][t.name]))
+			}
+			for _, p := range paths {
+				f := results[w.name][ref(p.direct)]
+				r := "n/a"
+				if v := results[w.name][p.name]; len(v) > 0 && len(f) > 0 && median(f) > 0 {
+					r = fmt.Sprintf("%.2fx", median(v)/median(f))
+				}
+				row = append(row, r)
+			}
+			fmt.Println("| " + strings.Join(row, " | ") + " |")
+		}
+	}
+}
+
+// ref names the fio run a blockwire path is held against.
+func ref(direct bool) string {
+	if direct {
+		return "fio-direct"
+	}
+	return "fio"
+}
+
+// startBlockwireArgs starts blockwire serve on a free port with LUN 0
+// as extra says.
+func startBlockwireArgs(bin, name string, extra ...string) (target, func()) {
+	addr := freePort()
+	cmd := exec.Command(bin, append([]string{"serve", "--listen", addr, "--log-level", "warn"}, extra...)...)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		log.Fatal(err)
+	}
+	waitPort(addr)
+	return target{name: name, url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: cmd.Process.Pid}, func() {
+		cmd.Process.Signal(os.Interrupt)
+		cmd.Wait()
+	}
+}
+
+// fio runs fio's io_uring engine on path, one job at depth qd, and
+// returns IOPS or MB/s.
+func fio(path string, d time.Duration, direct bool, rw, bs, qd, what string) (float64, error) {
+	dio := "0"
+	if direct {
+		dio = "1"
+	}
+	out, err := exec.Command("fio", "--name=b", "--filename="+path, "--ioengine=io_uring", "--rw="+rw, "--bs="+bs,
+		"--iodepth="+qd, "--direct="+dio, "--size=1g", "--time_based", "--runtime="+fmt.Sprint(int(d.Seconds())),
+		"--output-format=json").Output()
+	if err != nil {
+		return 0, fmt.Errorf("fio: %v: %s", err, out)
+	}
+	var r struct {
+		Jobs []struct {
+			Read, Write struct {
+				IOPS float64 `json:"iops"`
+				BW   float64 `json:"bw_bytes"`
+			}
+		}
+	}
+	if err := json.Unmarshal(out, &r); err != nil || len(r.Jobs) == 0 {
+		return 0, fmt.Errorf("fio output: %v", err)
+	}
+	j := r.Jobs[0]
+	iops, bw := j.Read.IOPS+j.Write.IOPS, j.Read.BW+j.Write.BW
+	if what == "MB/s" {
+		return bw / 1e6, nil
+	}
+	return iops, nil
+}
+
+// loopDevice attaches a 1 GiB file of the temporary directory's
+// filesystem to a loop device (root and losetup needed; "" otherwise).
+func loopDevice() (string, func()) {
+	if os.Geteuid() != 0 {
+		log.Print("bench: not root: no loop device run")
+		return "", nil
+	}
+	f, err := os.CreateTemp("", "blockwire-bench-loop")
+	if err != nil {
+		return "", nil
+	}
+	name := f.Name()
+	f.Close()
+	if out, err := exec.Command("fio", "--name=fill", "--filename="+name, "--size=1g", "--rw=write", "--bs=1m", "--ioengine=psync").CombinedOutput(); err != nil {
+		log.Printf("bench: filling %s: %v\n%s", name, err, out)
+		os.Remove(name)
+		return "", nil
+	}
+	out, err := exec.Command("losetup", "--find", "--show", "--direct-io=on", name).Output()
+	if err != nil {
+		log.Printf("bench: losetup: %v: no loop device run", err)
+		os.Remove(name)
+		return "", nil
+	}
+	dev := strings.TrimSpace(string(out))
+	return dev, func() {
+		exec.Command("losetup", "-d", dev).Run()
+		os.Remove(name)
+	}
+}

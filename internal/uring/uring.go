@@ -1,0 +1,397 @@
+// Package uring is a Linux io_uring for positional file I/O: reads,
+// writes (optionally RWF_DSYNC) and fdatasync, each a call that returns
+// when the kernel has completed it, for many goroutines at once.
+//
+// It is written over golang.org/x/sys/unix (raw io_uring_setup/enter/
+// register and mmap): the module proxy this project builds from serves
+// no io_uring library, and the three system calls plus two shared rings
+// are small enough to own. The layout of the rings, SQEs and CQEs is the
+// kernel's (include/uapi/linux/io_uring.h).
+//
+// How a call runs:
+//   - it takes one of the ring's slots (the bound on operations in
+//     flight; a full ring makes callers wait, never fails them);
+//   - writes its SQE under sqMu, then submits it with io_uring_enter
+//     outside any lock (each caller submits exactly one SQE, so every
+//     SQE placed is submitted by someone);
+//   - reaps the completion queue: an operation the kernel completed
+//     inline (page-cache hits, tmpfs) is done when the submit returns —
+//     one system call, no hand-off between goroutines;
+//   - otherwise it waits on its slot's channel. The completion then
+//     arrives from the kernel's worker or from task work; the ring's
+//     eventfd, watched by Go's netpoller (no thread blocked in the
+//     kernel), wakes the reaper goroutine, which delivers it. The eventfd
+//     is switched on (IORING_CQ_EVENTFD_DISABLED cleared) only while some
+//     caller waits this way, so the inline path costs no wake-ups.
+//
+// Lock order: sqMu, cqMu and evMu are never held together; a channel
+// send under cqMu never blocks (each slot's channel holds one result and
+// has one operation).
+package uring
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// Opcodes and flags of the kernel's ABI.
+const (
+	opFsync = 3  // IORING_OP_FSYNC
+	opRead  = 22 // IORING_OP_READ (5.6)
+	opWrite = 23 // IORING_OP_WRITE (5.6)
+
+	fsyncDatasync = 1 // IORING_FSYNC_DATASYNC
+
+	offSQRing = 0
+	offSQEs   = 0x10000000
+
+	featSingleMmap = 1 << 0 // IORING_FEAT_SINGLE_MMAP (5.4)
+	featNoDrop     = 1 << 1 // IORING_FEAT_NODROP (5.5)
+
+	setupCQSize = 1 << 3 // IORING_SETUP_CQSIZE
+
+	registerEventfd = 4 // IORING_REGISTER_EVENTFD
+
+	cqEventfdDisabled = 1 << 0 // IORING_CQ_EVENTFD_DISABLED (5.8)
+)
+
+// sqe is struct io_uring_sqe (64 bytes).
+type sqe struct {
+	opcode      uint8
+	flags       uint8
+	ioprio      uint16
+	fd          int32
+	off         uint64
+	addr        uint64
+	len         uint32
+	rwFlags     uint32 // rw_flags, fsync_flags, …
+	userData    uint64
+	bufIndex    uint16
+	personality uint16
+	spliceFdIn  int32
+	addr3       uint64
+	_           uint64
+}
+
+// cqe is struct io_uring_cqe (16 bytes, without CQE32).
+type cqe struct {
+	userData uint64
+	res      int32
+	flags    uint32
+}
+
+type sqOffsets struct {
+	head, tail, ringMask, ringEntries, flags, dropped, array, resv1 uint32
+	userAddr                                                        uint64
+}
+
+type cqOffsets struct {
+	head, tail, ringMask, ringEntries, overflow, cqes, flags, resv1 uint32
+	userAddr                                                        uint64
+}
+
+// params is struct io_uring_params (120 bytes).
+type params struct {
+	sqEntries, cqEntries, flags, sqThreadCPU, sqThreadIdle, features, wqFd uint32
+	resv                                                                   [3]uint32
+	sqOff                                                                  sqOffsets
+	cqOff                                                                  cqOffsets
+}
+
+// ErrClosed is an operation on a closed ring.
+var ErrClosed = errors.New("uring: ring closed")
+
+// slot is one operation in flight.
+type slot struct {
+	done chan int32 // the CQE's res; capacity 1
+	buf  unsafe.Pointer
+	pin  runtime.Pinner
+}
+
+// Ring is an io_uring shared by many goroutines. It is safe for
+// concurrent use.
+type Ring struct {
+	fd      int
+	entries uint32
+
+	sqMu    sync.Mutex // guards the SQ tail and the SQE array; first in no order (held alone)
+	sqTail  *uint32
+	sqMask  uint32
+	sqArray []uint32
+	sqes    []sqe
+
+	cqMu    sync.Mutex // guards the CQ head (held alone)
+	cqHead  *uint32
+	cqTail  *uint32
+	cqMask  uint32
+	cqes    []cqe
+	cqFlags *uint32 // nil: the kernel has no CQ flags (before 5.8)
+
+	evMu      sync.Mutex // guards waiting and the eventfd switch (held alone)
+	waiting   int        // callers waiting for an asynchronous completion
+	ev        *os.File   // the eventfd, nonblocking, in the netpoller
+	reaperEnd chan struct{}
+
+	slots  []slot
+	free   chan uint32 // free slot indices
+	closed chan struct{}
+	once   sync.Once
+	mmaps  [][]byte
+}
+
+// New sets up a ring for up to entries operations in flight (a power of
+// two, at most 4096). It fails where the kernel has no io_uring or
+// forbids it (ENOSYS; EPERM with kernel.io_uring_disabled or a seccomp
+// filter): the caller then falls back to plain system calls.
+func New(entries uint32) (*Ring, error) {
+	if entries == 0 || entries > 4096 || entries&(entries-1) != 0 {
+		return nil, fmt.Errorf("uring: %d entries: want a power of two in [1, 4096]", entries)
+	}
+	p := params{flags: setupCQSize, cqEntries: 2 * entries}
+	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	if errno != 0 {
+		return nil, fmt.Errorf("uring: io_uring_setup: %w", errno)
+	}
+	r := &Ring{fd: int(fd), entries: entries, closed: make(chan struct{}), reaperEnd: make(chan struct{})}
+	if err := r.setup(&p); err != nil {
+		r.unmap()
+		unix.Close(r.fd)
+		return nil, err
+	}
+	r.slots = make([]slot, entries)
+	r.free = make(chan uint32, entries)
+	for i := range r.slots {
+		r.slots[i].done = make(chan int32, 1)
+		r.free <- uint32(i)
+	}
+	go r.reaper()
+	return r, nil
+}
+
+func (r *Ring) setup(p *params) error {
+	if p.features&featSingleMmap == 0 || p.features&featNoDrop == 0 {
+		return fmt.Errorf("uring: kernel too old (features %#x: no single mmap or no CQ overflow protection)", p.features)
+	}
+	sqSize := uintptr(p.sqOff.array) + uintptr(p.sqEntries)*4
+	cqSize := uintptr(p.cqOff.cqes) + uintptr(p.cqEntries)*unsafe.Sizeof(cqe{})
+	ring, err := unix.Mmap(r.fd, offSQRing, int(max(sqSize, cqSize)), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return fmt.Errorf("uring: mmap rings: %w", err)
+	}
+	r.mmaps = append(r.mmaps, ring)
+	sqeMem, err := unix.Mmap(r.fd, offSQEs, int(uintptr(p.sqEntries)*unsafe.Sizeof(sqe{})), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED|unix.MAP_POPULATE)
+	if err != nil {
+		return fmt.Errorf("uring: mmap SQEs: %w", err)
+	}
+	r.mmaps = append(r.mmaps, sqeMem)
+	at := func(off uint32) unsafe.Pointer { return unsafe.Pointer(&ring[off]) }
+	r.sqTail = (*uint32)(at(p.sqOff.tail))
+	r.sqMask = *(*uint32)(at(p.sqOff.ringMask))
+	r.sqArray = unsafe.Slice((*uint32)(at(p.sqOff.array)), p.sqEntries)
+	r.sqes = unsafe.Slice((*sqe)(unsafe.Pointer(&sqeMem[0])), p.sqEntries)
+	r.cqHead = (*uint32)(at(p.cqOff.head))
+	r.cqTail = (*uint32)(at(p.cqOff.tail))
+	r.cqMask = *(*uint32)(at(p.cqOff.ringMask))
+	r.cqes = unsafe.Slice((*cqe)(at(p.cqOff.cqes)), p.cqEntries)
+	if p.cqOff.flags != 0 {
+		r.cqFlags = (*uint32)(at(p.cqOff.flags))
+		atomic.OrUint32(r.cqFlags, cqEventfdDisabled)
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_NONBLOCK|unix.EFD_CLOEXEC)
+	if err != nil {
+		return fmt.Errorf("uring: eventfd: %w", err)
+	}
+	e := int32(efd)
+	if _, _, errno := unix.Syscall6(unix.SYS_IO_URING_REGISTER, uintptr(r.fd), registerEventfd, uintptr(unsafe.Pointer(&e)), 1, 0, 0); errno != 0 {
+		unix.Close(efd)
+		return fmt.Errorf("uring: register eventfd: %w", errno)
+	}
+	r.ev = os.NewFile(uintptr(efd), "io_uring eventfd")
+	return nil
+}
+
+func (r *Ring) unmap() {
+	for _, m := range r.mmaps {
+		unix.Munmap(m)
+	}
+	r.mmaps = nil
+}
+
+// Entries is the bound on operations in flight.
+func (r *Ring) Entries() int { return int(r.entries) }
+
+// ReadAt reads len(p) bytes at off from fd (short only at end of file,
+// then with io.EOF's meaning left to the caller: n < len(p), nil error).
+func (r *Ring) ReadAt(fd int, p []byte, off int64) (int, error) {
+	done := 0
+	for done < len(p) {
+		res, err := r.do(opRead, fd, p[done:], off+int64(done), 0)
+		if err != nil {
+			return done, err
+		}
+		if res == 0 {
+			break
+		}
+		done += int(res)
+	}
+	return done, nil
+}
+
+// WriteAt writes p at off to fd; flags are pwritev2's (unix.RWF_DSYNC:
+// the data is durable when WriteAt returns).
+func (r *Ring) WriteAt(fd int, p []byte, off int64, flags uint32) (int, error) {
+	done := 0
+	for done < len(p) {
+		res, err := r.do(opWrite, fd, p[done:], off+int64(done), flags)
+		if err != nil {
+			return done, err
+		}
+		if res == 0 {
+			return done, fmt.Errorf("uring: write at %d: %w", off+int64(done), syscall.EIO)
+		}
+		done += int(res)
+	}
+	return done, nil
+}
+
+// Datasync is fdatasync(fd) through the ring.
+func (r *Ring) Datasync(fd int) error {
+	_, err := r.do(opFsync, fd, nil, 0, fsyncDatasync)
+	return err
+}
+
+// do runs one operation and returns its result (bytes moved).
+func (r *Ring) do(op uint8, fd int, p []byte, off int64, rwFlags uint32) (int32, error) {
+	var idx uint32
+	select {
+	case <-r.closed:
+		return 0, ErrClosed
+	case idx = <-r.free:
+	}
+	s := &r.slots[idx]
+	var addr uintptr
+	if len(p) > 0 {
+		s.buf = unsafe.Pointer(&p[0]) // keeps p alive and on the heap while the kernel holds it
+		s.pin.Pin(s.buf)
+		addr = uintptr(s.buf)
+	}
+	for {
+		r.sqMu.Lock()
+		tail := *r.sqTail
+		i := tail & r.sqMask
+		r.sqes[i] = sqe{opcode: op, fd: int32(fd), off: uint64(off), addr: uint64(addr), len: uint32(len(p)), rwFlags: rwFlags, userData: uint64(idx)}
+		r.sqArray[i] = i
+		atomic.StoreUint32(r.sqTail, tail+1)
+		r.sqMu.Unlock()
+		r.submit()
+		r.reap()
+		res := r.wait(s)
+		if res == -int32(unix.EINTR) || res == -int32(unix.EAGAIN) {
+			continue
+		}
+		s.pin.Unpin()
+		s.buf = nil
+		r.free <- idx
+		if res < 0 {
+			return 0, syscall.Errno(-res)
+		}
+		return res, nil
+	}
+}
+
+// submit hands the kernel one SQE (this caller's, or another's placed
+// meanwhile whose caller will then hand over this one).
+func (r *Ring) submit() {
+	for {
+		_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 1, 0, 0, 0, 0)
+		switch errno {
+		case 0:
+			return
+		case unix.EINTR, unix.EAGAIN, unix.EBUSY:
+			// Interrupted, or the kernel is short of memory or its CQ is
+			// full of completions not yet reaped: reap and try again.
+			r.reap()
+			runtime.Gosched()
+		default:
+			// The ring itself is broken (EBADF, EFAULT): nothing but a
+			// programming error gets here.
+			panic(fmt.Sprintf("uring: io_uring_enter: %v", errno))
+		}
+	}
+}
+
+// wait returns s's result, waiting for an asynchronous completion with
+// the eventfd switched on.
+func (r *Ring) wait(s *slot) int32 {
+	select {
+	case res := <-s.done:
+		return res
+	default:
+	}
+	r.evMu.Lock()
+	if r.waiting == 0 && r.cqFlags != nil {
+		atomic.AndUint32(r.cqFlags, ^uint32(cqEventfdDisabled))
+	}
+	r.waiting++
+	r.evMu.Unlock()
+	// A completion posted before the eventfd was switched on signalled
+	// nobody: reap once more now that later ones will.
+	r.reap()
+	res := <-s.done
+	r.evMu.Lock()
+	r.waiting--
+	if r.waiting == 0 && r.cqFlags != nil {
+		atomic.OrUint32(r.cqFlags, cqEventfdDisabled)
+	}
+	r.evMu.Unlock()
+	return res
+}
+
+// reap delivers every completion in the CQ to its slot.
+func (r *Ring) reap() {
+	r.cqMu.Lock()
+	head := *r.cqHead
+	tail := atomic.LoadUint32(r.cqTail)
+	for ; head != tail; head++ {
+		c := &r.cqes[head&r.cqMask]
+		r.slots[c.userData].done <- c.res
+	}
+	atomic.StoreUint32(r.cqHead, head)
+	r.cqMu.Unlock()
+}
+
+// reaper delivers completions the eventfd announces, until Close.
+func (r *Ring) reaper() {
+	defer close(r.reaperEnd)
+	var b [8]byte
+	for {
+		if _, err := r.ev.Read(b[:]); err != nil {
+			return
+		}
+		r.reap()
+	}
+}
+
+// Close waits for the operations in flight, then releases the ring.
+// Operations started afterwards fail with ErrClosed.
+func (r *Ring) Close() error {
+	r.once.Do(func() {
+		close(r.closed)
+		for range r.entries {
+			<-r.free
+		}
+		r.ev.Close()
+		<-r.reaperEnd
+		r.unmap()
+		unix.Close(r.fd)
+	})
+	return nil
+}
