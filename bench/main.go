@@ -13,6 +13,7 @@
 //	go run ./bench -gateway     # tgt directly versus through the gateway
 //	go run ./bench -rbd         # RBD LUNs: tgt-rbd versus backend/rbd (root, Ceph)
 //	go run ./bench -file        # file LUNs: pread, io_uring, O_DIRECT versus fio on the file
+//	go run ./bench -spdk        # per target core: SPDK iscsi_tgt versus blockwire versus tgt
 package main
 
 import (
@@ -60,6 +61,8 @@ var (
 	bwBin    = flag.String("blockwire", "", "blockwire binary (default: build it)")
 	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
+	spdkOnly = flag.Bool("spdk", false, "only the per-core comparison: SPDK's iscsi_tgt, blockwire and tgt pinned to core 1, clients on core 0 (SPDK built as ../shared/anchors/spdk says)")
+	pin      = flag.Bool("pin", true, "with -spdk: pin each target to core 1 and the clients to core 0 (false: no pinning)")
 	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
 	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
 )
@@ -74,8 +77,8 @@ func main() {
 	if *gwOnly {
 		tools = []string{"tgtd", "tgtadm"}
 	}
-	if *rbdOnly || *fileOnly {
-		tools = nil // rbdBench and fileBench check their own
+	if *rbdOnly || *fileOnly || *spdkOnly {
+		tools = nil // rbdBench, fileBench and spdkBench check their own
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -101,6 +104,10 @@ func main() {
 	}
 	if *fileOnly {
 		fileBench(bin)
+		return
+	}
+	if *spdkOnly {
+		spdkBench(bin, *pin)
 		return
 	}
 	bw, stopBw := startBlockwire(bin)

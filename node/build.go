@@ -67,10 +67,10 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, log *slog.Log
 			Engine: lc.IOEngine, Direct: lc.Direct, BlockSize: blockSize})
 		if err == nil {
 			engine, why := f.Engine()
-			if why != "" {
-				log.Warn("file LUN on pread/pwrite: the kernel refuses io_uring", "target", targetName, "lun", lc.ID, "file", lc.File, "reason", why)
+			if err := f.RingRefused(); err != nil {
+				log.Warn("file LUN on pread/pwrite: the kernel refuses io_uring", "target", targetName, "lun", lc.ID, "file", lc.File, "err", err)
 			}
-			log.Info("file LUN", "target", targetName, "lun", lc.ID, "file", lc.File, "io_engine", engine, "direct", f.Direct())
+			log.Info("file LUN", "target", targetName, "lun", lc.ID, "file", lc.File, "io_engine", engine, "direct", f.Direct(), "why", why)
 			be = f
 		}
 	default:

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -22,8 +23,7 @@ import (
 
 // engines are the ways a File may run here: both engines, buffered and
 // direct (direct where the test directory's filesystem takes O_DIRECT).
-func engines(t *testing.T) []Options {
-	t.Helper()
+func engines() []Options {
 	var out []Options
 	for _, e := range []string{EnginePread, EngineURing, EngineAuto} {
 		out = append(out, Options{Engine: e}, Options{Engine: e, Direct: true, BlockSize: 4096})
@@ -57,7 +57,7 @@ func tempDir(t *testing.T, tmpfs bool) string {
 // and go through the bounce buffers.
 func TestEnginesAgree(t *testing.T) {
 	for _, tmpfs := range []bool{false, true} {
-		for _, o := range engines(t) {
+		for _, o := range engines() {
 			if tmpfs && o.Direct {
 				continue // tmpfs takes O_DIRECT only on newer kernels
 			}
@@ -148,7 +148,7 @@ func TestFallback(t *testing.T) {
 		t.Fatal(err)
 	}
 	e, why := b.Engine()
-	if e != EnginePread || !strings.Contains(why, "refuses io_uring: uring: io_uring_setup: operation not permitted") {
+	if e != EnginePread || !strings.Contains(why, "refuses io_uring: uring: io_uring_setup: operation not permitted") || !errors.Is(b.RingRefused(), syscall.EPERM) {
 		t.Fatalf("engine %q, why %q; want pread with the kernel's reason", e, why)
 	}
 	if _, err := b.WriteAtDurable([]byte("fallback"), 4096); err != nil {
@@ -226,6 +226,14 @@ func TestDirectAlignment(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "block_size") {
 		t.Fatalf("block size 256 with direct I/O: %v", err)
 	}
+	// A file this Open would have created is not left behind.
+	fresh := filepath.Join(t.TempDir(), "fresh.img")
+	if _, err := Open(fresh, Options{Size: 1 << 20, Direct: true, BlockSize: 256}); err == nil {
+		t.Fatal("block size 256 with direct I/O on a new file")
+	}
+	if _, err := os.Stat(fresh); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the refused Open left its new file behind: %v", err)
+	}
 }
 
 // TestDurableWriteSurvivesSIGKILL: a child process writes blocks with
@@ -237,7 +245,7 @@ func TestDurableWriteSurvivesSIGKILL(t *testing.T) {
 		durableChild()
 		return
 	}
-	for _, o := range engines(t) {
+	for _, o := range engines() {
 		t.Run(name(o), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "k.img")
 			cmd := exec.Command(os.Args[0], "-test.run=^TestDurableWriteSurvivesSIGKILL$")
@@ -314,7 +322,7 @@ func durableChild() {
 // TestNoAllocationsPerIO: reads, writes and durable writes of aligned
 // buffers allocate nothing, on either engine.
 func TestNoAllocationsPerIO(t *testing.T) {
-	for _, o := range engines(t) {
+	for _, o := range engines() {
 		t.Run(name(o), func(t *testing.T) {
 			o.Size = 1 << 20
 			b, err := Open(filepath.Join(t.TempDir(), "n.img"), o)
@@ -350,5 +358,83 @@ func TestErrorsAreClear(t *testing.T) {
 	b.Close()
 	if _, err := b.ReadAt(make([]byte, 512), 0); !errors.Is(err, uring.ErrClosed) {
 		t.Errorf("a read after Close: %v", err)
+	}
+}
+
+// BenchmarkQD32 runs 4 KiB random I/O from 32 goroutines on each path:
+// the backend alone, without a network in front (BLOCKWIRE_BENCH_FILE
+// names a file or device to use, default a 256 MiB file in the test
+// directory).
+func BenchmarkQD32(b *testing.B) {
+	path := os.Getenv("BLOCKWIRE_BENCH_FILE")
+	if path == "" {
+		path = filepath.Join(b.TempDir(), "bench.img")
+		if err := os.WriteFile(path, make([]byte, 256<<20), 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, o := range engines() {
+		for _, write := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/write=%v", name(o), write), func(b *testing.B) {
+				o.BlockSize = 4096
+				f, err := Open(path, o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				blocks := f.Size() / 4096
+				b.SetBytes(4096)
+				b.SetParallelism(16) // × GOMAXPROCS 2 = 32 in flight
+				var seed atomic.Uint64
+				b.RunParallel(func(pb *testing.PB) {
+					rng := rand.New(rand.NewPCG(seed.Add(1), 3))
+					buf := make([]byte, 4096)
+					for pb.Next() {
+						off := rng.Int64N(blocks) * 4096
+						if write {
+							f.WriteAt(buf, off)
+						} else {
+							f.ReadAt(buf, off)
+						}
+					}
+				})
+			})
+		}
+	}
+}
+
+// BenchmarkQD1 is one 4 KiB random read or write at a time: the latency
+// of each path.
+func BenchmarkQD1(b *testing.B) {
+	path := os.Getenv("BLOCKWIRE_BENCH_FILE")
+	if path == "" {
+		path = filepath.Join(b.TempDir(), "bench.img")
+		if err := os.WriteFile(path, make([]byte, 256<<20), 0o600); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for _, o := range engines() {
+		for _, write := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/write=%v", name(o), write), func(b *testing.B) {
+				o.BlockSize = 4096
+				f, err := Open(path, o)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer f.Close()
+				blocks := f.Size() / 4096
+				b.SetBytes(4096)
+				rng := rand.New(rand.NewPCG(1, 3))
+				buf := make([]byte, 4096)
+				for b.Loop() {
+					off := rng.Int64N(blocks) * 4096
+					if write {
+						f.WriteAt(buf, off)
+					} else {
+						f.ReadAt(buf, off)
+					}
+				}
+			})
+		}
 	}
 }

@@ -58,6 +58,7 @@ type File struct {
 	ringRead  bool        // reads go through ring
 	ringWrite bool        // writes go through ring
 	why       string      // why some I/O does not take the ring (Engine)
+	refused   error       // the kernel's refusal of io_uring, if any
 	direct    bool
 	memAlign  int         // with direct: the alignment buffers need in memory
 	bounce    sync.Pool   // with direct: *[]byte aligned to memAlign
@@ -97,12 +98,14 @@ func Open(path string, o Options) (*File, error) {
 		return nil, fmt.Errorf("file: I/O engine %q: want %s, %s or %s", o.Engine, EngineAuto, EngineURing, EnginePread)
 	}
 	size := o.Size
+	created := false // by this Open: removed again if Open fails
 	f, err := os.OpenFile(path, flag, 0)
 	if errors.Is(err, os.ErrNotExist) && !o.ReadOnly {
 		if size <= 0 {
 			return nil, fmt.Errorf("file: %s does not exist and no size was given to create it", path)
 		}
 		f, err = os.OpenFile(path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+		created = err == nil
 		if err == nil {
 			if err = f.Truncate(size); err != nil {
 				f.Close()
@@ -154,10 +157,16 @@ func Open(path string, o Options) (*File, error) {
 	}
 	b := &File{f: f, fd: int(f.Fd()), regular: st.Mode().IsRegular(), readOnly: o.ReadOnly}
 	b.size.Store(size)
+	fail := func(err error) (*File, error) {
+		f.Close()
+		if created {
+			os.Remove(path)
+		}
+		return nil, err
+	}
 	if o.Direct {
 		if err := b.openDirect(path, o.BlockSize); err != nil {
-			f.Close()
-			return nil, err
+			return fail(err)
 		}
 	}
 	if o.Engine != EnginePread {
@@ -181,10 +190,9 @@ func Open(path string, o Options) (*File, error) {
 				}
 			}
 		case o.Engine == EngineURing:
-			f.Close()
-			return nil, fmt.Errorf("file: %s: io_engine %s asked for, but the kernel refuses it: %w", path, EngineURing, err)
+			return fail(fmt.Errorf("file: %s: io_engine %s asked for, but the kernel refuses it: %w", path, EngineURing, err))
 		default:
-			b.why = "the kernel refuses io_uring: " + err.Error()
+			b.why, b.refused = "the kernel refuses io_uring: "+err.Error(), err
 		}
 	}
 	return b, nil
@@ -219,15 +227,15 @@ func (b *File) openDirect(path string, blockSize int) error {
 			memAlign, offAlign = ssz, ssz
 		}
 	}
-	if blockSize%offAlign != 0 {
-		return fmt.Errorf("file: %s: direct I/O on it needs offsets aligned to %d bytes; a block size of %d is not (set block_size = %d, or leave direct off)", path, offAlign, blockSize, max(offAlign, 4096))
-	}
 	fl, err := unix.FcntlInt(uintptr(b.fd), unix.F_GETFL, 0)
 	if err == nil {
 		_, err = unix.FcntlInt(uintptr(b.fd), unix.F_SETFL, fl|unix.O_DIRECT)
 	}
 	if err != nil {
 		return fmt.Errorf("file: %s: O_DIRECT: %w (the filesystem may not support direct I/O; leave direct off)", path, err)
+	}
+	if blockSize%offAlign != 0 {
+		return fmt.Errorf("file: %s: direct I/O on it needs offsets aligned to %d bytes; a block size of %d is not (give --block-size %d or block_size = %[4]d, or leave direct off)", path, offAlign, blockSize, max(offAlign, 4096))
 	}
 	b.direct, b.memAlign = true, memAlign
 	return nil
@@ -245,6 +253,10 @@ func (b *File) Engine() (engine, why string) {
 	}
 	return EnginePread, b.why
 }
+
+// RingRefused is the kernel's refusal of io_uring when EngineAuto fell
+// back to pread/pwrite because of it (nil otherwise).
+func (b *File) RingRefused() error { return b.refused }
 
 // Direct reports whether the file is open with O_DIRECT.
 func (b *File) Direct() bool { return b.direct }

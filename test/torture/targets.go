@@ -111,6 +111,7 @@ func (p *process) start() (string, error) {
 	args := append([]string{"serve", "--listen", p.addr, "--iqn", iqn, "--block-size", strconv.Itoa(blockSize),
 		"--iser=" + strconv.FormatBool(p.cfg.Fabric == "iser"), "--log-level", "warn",
 		"--write-cache=" + strconv.FormatBool(!p.cfg.WriteThrough)}, lun...)
+	args = append(args, p.cfg.ServeArgs...)
 	p.cmd = exec.Command(p.cfg.Binary, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log
 	if err := p.cmd.Start(); err != nil {

@@ -52,6 +52,9 @@ type Config struct {
 	// on storage with a volatile cache, and "crash" is power lost under
 	// it (the cache's unflushed blocks are gone).
 	Binary string
+	// ServeArgs are more flags for the binary's serve (its LUN's
+	// --io-engine and --direct, say).
+	ServeArgs []string
 	// Dir holds the binary's file and log (a temporary directory).
 	Dir string
 	// TargetAddr, with Binary, is the address it serves on (default: a

@@ -159,16 +159,21 @@ func TestTortureWriteThrough(t *testing.T) {
 }
 
 // TestTortureKill: the blockwire executable serving a file, SIGKILLed
-// and restarted, with the write cache on and off.
+// and restarted, with the write cache on and off — on the file's default
+// I/O paths, and with every read, write and FUA write (RWF_DSYNC) through
+// io_uring with O_DIRECT, whose completions arrive asynchronously.
 func TestTortureKill(t *testing.T) {
 	bin := filepath.Join(t.TempDir(), "blockwire")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
-	for _, wt := range []bool{false, true} {
+	for _, c := range []struct {
+		wt   bool
+		args []string
+	}{{false, nil}, {true, nil}, {false, []string{"--io-engine", "io_uring", "--direct"}}} {
 		dir := t.TempDir()
 		logsOnFailure(t, dir)
-		rep := short(t, Config{Duration: 20 * time.Second, Seed: 4, Binary: bin, Dir: dir, WriteThrough: wt,
+		rep := short(t, Config{Duration: 20 * time.Second, Seed: 4, Binary: bin, Dir: dir, WriteThrough: c.wt, ServeArgs: c.args,
 			Faults: []string{"crash", "reset", "partition"}, FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
 		if rep.Faults["crash"] == 0 {
 			t.Errorf("no kill: %v", rep.Faults)

@@ -1,0 +1,257 @@
+package main
+
+import (
+	"fmt"
+	"log"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// spdkBench compares the targets per target core (issue 23): SPDK's
+// iscsi_tgt, blockwire and tgt, each serving a 1 GiB RAM LUN, each pinned
+// to core 1 with its clients on core 0 (-pin=false: both unpinned), the
+// same clients against each, rotating over the rounds. Clients are
+// several qemu-img processes at once (one is itself a limit at QD 32)
+// and blockwire's initiator for the QD 1 latency percentiles. For each
+// run it reads the target's CPU time, so the table also gives the
+// target's CPU per I/O — except SPDK's, which polls (its core is busy
+// whether or not I/O flows).
+//
+// SPDK comes from ${SPDK_HOME:-$HOME/spdk}: src/ the tree built by
+// anchor/build-spdk.sh, anchor/ the scripts of ../shared/anchors/spdk.
+func spdkBench(bin string, pin bool) {
+	home := os.Getenv("SPDK_HOME")
+	if home == "" {
+		home = filepath.Join(os.Getenv("HOME"), "spdk")
+	}
+	up, down := filepath.Join(home, "anchor", "spdk-up.sh"), filepath.Join(home, "anchor", "spdk-down.sh")
+	if _, err := os.Stat(filepath.Join(home, "src", "build", "bin", "iscsi_tgt")); err != nil {
+		log.Fatalf(`bench: no SPDK iscsi_tgt under %s. Build it (about 6 minutes on 2 cores):
+  mkdir -p %[1]s && cp -r ../shared/anchors/spdk %[1]s/anchor
+  SPDK_GIT=<clone of spdk/spdk> ISAL_GIT=<clone of intel/isa-l> ISALC_GIT=<clone of intel/isa-l_crypto> \
+    INSTALL_DEPS=1 %[1]s/anchor/build-spdk.sh
+(../shared/anchors/spdk/README.md says what it does), or set SPDK_HOME to where it is built`, home)
+	}
+	for _, tool := range []string{"tgtd", "tgtadm", "qemu-img", "taskset"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			log.Fatalf("bench: %s not found (apt-get install tgt qemu-utils qemu-block-extra util-linux)", tool)
+		}
+	}
+	if runtime.NumCPU() < 2 && pin {
+		log.Fatal("bench: pinning needs two cores (run with -pin=false)")
+	}
+	targetCPU, clientCPU := []string{"taskset", "-c", "1"}, []string{"taskset", "-c", "0"}
+	if !pin {
+		targetCPU, clientCPU = nil, nil
+	}
+	dur := 5 * time.Second
+	if *quick {
+		dur = time.Second
+	}
+
+	// SPDK: its own scripts (core 1 unless pin is off; then every core).
+	port := strings.Split(freePort(), ":")[1]
+	cmd := exec.Command(up, port, "1024")
+	cmd.Env = os.Environ()
+	if !pin {
+		cmd.Env = append(cmd.Env, fmt.Sprintf("SPDK_CPUMASK=0x%x", 1<<runtime.NumCPU()-1))
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		log.Fatalf("bench: %s: %v\n%s", up, err, out)
+	}
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	spdk := target{name: "spdk", url: lines[len(lines)-1]}
+	if b, err := os.ReadFile(filepath.Join(home, "run", "spdk-"+port+".pid")); err == nil {
+		spdk.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
+	}
+	defer exec.Command(down, port).Run()
+
+	addr := freePort()
+	bwArgs := append(append([]string{}, targetCPU...), bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB")
+	bw := exec.Command(bwArgs[0], bwArgs[1:]...)
+	bw.Stderr = os.Stderr
+	if err := bw.Start(); err != nil {
+		log.Fatal(err)
+	}
+	defer func() { bw.Process.Signal(os.Interrupt); bw.Wait() }()
+	waitPort(addr)
+	bwt := target{name: "blockwire", url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: bw.Process.Pid}
+
+	dir, _ := os.MkdirTemp("", "blockwire-bench-spdk")
+	defer os.RemoveAll(dir)
+	tgt, stopTgt := startTgt(dir)
+	defer stopTgt()
+	if pin {
+		// tgtd with its threads onto core 1.
+		exec.Command("taskset", "-a", "-p", "-c", "1", strconv.Itoa(tgt.pid)).Run()
+	}
+
+	const scatter = "1040384"
+	ws := []workload{
+		{"4k randread QD1", "IOPS", true, qemuN(clientCPU, 1, 20000, dur, "-d", "1", "-s", "4096", "-S", scatter)},
+		{"4k randread QD32", "IOPS", true, qemuN(clientCPU, 2, 100000, dur, "-d", "16", "-s", "4096", "-S", scatter)},
+		{"4k randwrite QD32", "IOPS", true, qemuN(clientCPU, 2, 100000, dur, "-d", "16", "-s", "4096", "-S", scatter, "-w")},
+		{"128k read QD8", "MB/s", true, qemuN(clientCPU, 2, 10000, dur, "-d", "4", "-s", "131072")},
+		{"128k write QD8", "MB/s", true, qemuN(clientCPU, 2, 10000, dur, "-d", "4", "-s", "131072", "-w")},
+		{"4k randread QD1 p99", "usec", false, p99(clientCPU, bin, dur)},
+	}
+	// The target's CPU time per I/O, for each run of each workload.
+	cpu := map[string]map[string][]float64{}
+	var cpuMu sync.Mutex
+	for i := range ws {
+		w := ws[i]
+		run := w.run
+		ws[i].run = func(t target) (float64, error) {
+			c0, start := cpuTime(t.pid), time.Now()
+			v, err := run(t)
+			c1, wall := cpuTime(t.pid), time.Since(start).Seconds()
+			if err == nil && w.unit != "usec" && v > 0 {
+				ops := v * wall
+				if w.unit == "MB/s" {
+					ops = v * 1e6 * wall / 131072
+				}
+				cpuMu.Lock()
+				if cpu[w.name] == nil {
+					cpu[w.name] = map[string][]float64{}
+				}
+				cpu[w.name][t.name] = append(cpu[w.name][t.name], (c1-c0)/ops*1e6)
+				cpuMu.Unlock()
+			}
+			return v, err
+		}
+	}
+	ts := []target{spdk, bwt, tgt}
+	results := roundsN(ws, ts...)
+
+	host, _ := os.Hostname()
+	how := "each target pinned to core 1, clients on core 0"
+	if !pin {
+		how = "unpinned (SPDK polls on every core)"
+	}
+	fmt.Printf("\nper target core: SPDK iscsi_tgt vs blockwire vs tgt, 1 GiB RAM LUNs, %s, %s, %s, %d cores, %d rounds (median [min-max]); qemu-img bench (2 processes for QD 32 and 128k), blockwire bench for p99\n\n",
+		how, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
+	fmt.Println("| workload | unit | SPDK | blockwire | tgt | blockwire/SPDK | blockwire/tgt | target CPU µs per I/O: blockwire | tgt |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	for _, w := range ws {
+		s, b, g := results[w.name]["spdk"], results[w.name]["blockwire"], results[w.name]["tgt"]
+		ratio := func(a, b []float64) string {
+			if len(a) == 0 || len(b) == 0 || median(a) == 0 || median(b) == 0 {
+				return "n/a"
+			}
+			if !w.higher {
+				return fmt.Sprintf("%.2fx", median(a)/median(b))
+			}
+			return fmt.Sprintf("%.2fx", median(b)/median(a))
+		}
+		c := func(name string) string {
+			if v := cpu[w.name][name]; len(v) > 0 {
+				return fmt.Sprintf("%.1f", median(v))
+			}
+			return "-"
+		}
+		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(g), ratio(s, b), ratio(g, b), c("blockwire"), c("tgt"))
+	}
+	fmt.Printf("\nratios above 1: blockwire better (for p99, the inverse of the latencies). SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown. CPU per I/O is the target's user+system time over the run divided by the I/Os (MB/s rows: 128 KiB I/Os).\n")
+	if spdk.pid != 0 {
+		c0 := cpuTime(spdk.pid)
+		time.Sleep(2 * time.Second)
+		fmt.Printf("idle for 2 s after the runs: SPDK used %.0f %% of a core\n", (cpuTime(spdk.pid)-c0)/2*100)
+	}
+}
+
+// qemuN runs procs qemu-img bench processes at once (each with count
+// requests, fewer with -quick), on the client CPUs, and returns their
+// summed IOPS or MB/s.
+func qemuN(cpus []string, procs, count int, dur time.Duration, args ...string) func(target) (float64, error) {
+	if *quick {
+		count /= 5
+	}
+	size := 4096
+	for i, a := range args {
+		if a == "-s" {
+			size, _ = strconv.Atoi(args[i+1])
+		}
+	}
+	return func(t target) (float64, error) {
+		var wg sync.WaitGroup
+		vals := make([]float64, procs)
+		errs := make([]error, procs)
+		for p := range procs {
+			wg.Go(func() {
+				full := append(append(append([]string{}, cpus...), "qemu-img", "bench", "-f", "raw", "-c", strconv.Itoa(count)), args...)
+				// Each process its own quarter of the LUN.
+				full = append(full, "-o", strconv.Itoa(p*256<<20), t.url)
+				out, err := exec.Command(full[0], full[1:]...).CombinedOutput()
+				if err != nil {
+					errs[p] = fmt.Errorf("%v: %s", err, out)
+					return
+				}
+				m := qemuRE.FindSubmatch(out)
+				if m == nil {
+					errs[p] = fmt.Errorf("no result in %q", out)
+					return
+				}
+				secs, _ := strconv.ParseFloat(string(m[1]), 64)
+				vals[p] = float64(count) / secs
+				if size > 4096 {
+					vals[p] *= float64(size) / 1e6
+				}
+			})
+		}
+		wg.Wait()
+		sum := 0.0
+		for p := range procs {
+			if errs[p] != nil {
+				return 0, errs[p]
+			}
+			sum += vals[p]
+		}
+		return sum, nil
+	}
+}
+
+// p99 is blockwire bench's 99th percentile latency of 4 KiB random
+// reads at QD 1, its client on cpus.
+func p99(cpus []string, bin string, d time.Duration) func(target) (float64, error) {
+	return func(t target) (float64, error) {
+		args := append(append([]string{}, cpus...), bin, "bench", "--rw", "randread", "--bs", "4k", "--qd", "1", "--time", d.String(), t.url)
+		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
+		if err != nil {
+			return 0, fmt.Errorf("%v: %s", err, out)
+		}
+		m := p99RE.FindSubmatch(out)
+		if m == nil {
+			return 0, fmt.Errorf("no p99 in %q", out)
+		}
+		return strconv.ParseFloat(string(m[1]), 64)
+	}
+}
+
+var statRE = regexp.MustCompile(`\) \S+ (?:\S+ ){10}(\d+) (\d+)`)
+
+// cpuTime is a process's user+system CPU time in seconds, its threads
+// included (/proc/PID/stat utime and stime).
+func cpuTime(pid int) float64 {
+	if pid == 0 {
+		return 0
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	m := statRE.FindSubmatch(b)
+	if m == nil {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(string(m[1]), 64)
+	s, _ := strconv.ParseFloat(string(m[2]), 64)
+	return (u + s) / 100 // USER_HZ
+}
