@@ -1,5 +1,5 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test bench fuzz guestlab guestlab-bench deb
+.PHONY: test bench bench-file bench-spdk fuzz guestlab guestlab-bench deb
 
 test:
 	go test -race ./...
@@ -8,6 +8,17 @@ test:
 # qemu-block-extra libiscsi-bin iperf3).
 bench:
 	go run ./bench -rounds 3
+
+# File LUNs (pread, io_uring, O_DIRECT) against fio on the same file, in
+# tmpfs and on a loop device (apt-get install fio; root for the loop).
+bench-file:
+	go run ./bench -file -rounds 3
+
+# Per target core against SPDK's iscsi_tgt and tgt, pinned (SPDK built as
+# ../shared/anchors/spdk/README.md says; the harness tells how if not).
+bench-spdk:
+	go run ./bench -spdk -rounds 3
+	go run ./bench -spdk -pin=false -rounds 3
 
 # A longer fuzzing pass: FUZZTIME per target (default 2m).
 FUZZTIME ?= 2m

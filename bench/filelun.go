@@ -17,7 +17,8 @@ import (
 // (/dev/shm) and, as root with losetup, on a loop device over a file of
 // the test directory's filesystem. blockwire is driven by its own
 // initiator over iSCSI/TCP on loopback; fio has no network in its path,
-// so its figure is the ceiling the file itself sets.
+// so its figure is the ceiling the file itself sets; blockwire on a memory
+// LUN is the ceiling the iSCSI path sets.
 func fileBench(bin string) {
 	dur := 5 * time.Second
 	if *quick {
@@ -84,6 +85,11 @@ func fileBench(bin string) {
 			ts = append(ts, t)
 			stops = append(stops, stop)
 		}
+		// The same iSCSI path on a memory LUN: what the network and
+		// the initiator allow, whatever the storage.
+		mem, stopMem := startBlockwireArgs(bin, "memory", "--size", "1GiB")
+		stops = append(stops, stopMem)
+		ts = append(ts, mem)
 		ts = append(ts, refs...)
 		for i := range ws {
 			a := args[ws[i].name]

@@ -57,22 +57,25 @@ func spdkBench(bin string, pin bool) {
 	}
 
 	// SPDK: its own scripts (core 1 unless pin is off; then every core).
+	// It polls, keeping its core busy even idle, so it runs only while
+	// it is measured: started before each of its runs, stopped after.
 	port := strings.Split(freePort(), ":")[1]
-	cmd := exec.Command(up, port, "1024")
-	cmd.Env = os.Environ()
-	if !pin {
-		cmd.Env = append(cmd.Env, fmt.Sprintf("SPDK_CPUMASK=0x%x", 1<<runtime.NumCPU()-1))
+	spdkUp := func() (int, error) {
+		cmd := exec.Command(up, port, "1024")
+		cmd.Env = os.Environ()
+		if !pin {
+			cmd.Env = append(cmd.Env, fmt.Sprintf("SPDK_CPUMASK=0x%x", 1<<runtime.NumCPU()-1))
+		}
+		if out, err := cmd.CombinedOutput(); err != nil {
+			return 0, fmt.Errorf("%s: %v\n%s", up, err, out)
+		}
+		b, _ := os.ReadFile(filepath.Join(home, "run", "spdk-"+port+".pid"))
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		return pid, nil
 	}
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		log.Fatalf("bench: %s: %v\n%s", up, err, out)
-	}
-	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
-	spdk := target{name: "spdk", url: lines[len(lines)-1]}
-	if b, err := os.ReadFile(filepath.Join(home, "run", "spdk-"+port+".pid")); err == nil {
-		spdk.pid, _ = strconv.Atoi(strings.TrimSpace(string(b)))
-	}
-	defer exec.Command(down, port).Run()
+	spdkDown := func() { exec.Command(down, port).Run() }
+	defer spdkDown()
+	spdk := target{name: "spdk", url: "iscsi://127.0.0.1:" + port + "/iqn.2016-06.io.spdk:anchor/0"}
 
 	addr := freePort()
 	bwArgs := append(append([]string{}, targetCPU...), bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB")
@@ -110,6 +113,12 @@ func spdkBench(bin string, pin bool) {
 		w := ws[i]
 		run := w.run
 		ws[i].run = func(t target) (float64, error) {
+			if t.name == "spdk" {
+				if _, err := spdkUp(); err != nil {
+					return 0, err
+				}
+				defer spdkDown()
+			}
 			c0, start := cpuTime(t.pid), time.Now()
 			v, err := run(t)
 			c1, wall := cpuTime(t.pid), time.Since(start).Seconds()
@@ -160,10 +169,13 @@ func spdkBench(bin string, pin bool) {
 		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(g), ratio(s, b), ratio(g, b), c("blockwire"), c("tgt"))
 	}
 	fmt.Printf("\nratios above 1: blockwire better (for p99, the inverse of the latencies). SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown. CPU per I/O is the target's user+system time over the run divided by the I/Os (MB/s rows: 128 KiB I/Os).\n")
-	if spdk.pid != 0 {
-		c0 := cpuTime(spdk.pid)
+	if pid, err := spdkUp(); err == nil {
+		time.Sleep(time.Second)
+		c0, b0, g0 := cpuTime(pid), cpuTime(bwt.pid), cpuTime(tgt.pid)
 		time.Sleep(2 * time.Second)
-		fmt.Printf("idle for 2 s after the runs: SPDK used %.0f %% of a core\n", (cpuTime(spdk.pid)-c0)/2*100)
+		fmt.Printf("idle for 2 s, no session: SPDK used %.0f %% of a core, blockwire %.1f %%, tgt %.1f %%\n",
+			(cpuTime(pid)-c0)/2*100, (cpuTime(bwt.pid)-b0)/2*100, (cpuTime(tgt.pid)-g0)/2*100)
+		spdkDown()
 	}
 }
 

@@ -52,7 +52,7 @@ type LU struct {
 	be        backend.Backend
 	flusher   backend.Flusher
 	durable   backend.DurableWriter // nil: FUA is a write and a Flush
-	fast      bool // the backend is backend.NonBlocking
+	fast      bool                  // the backend is backend.NonBlocking
 	q         queue
 	unmapper  backend.Unmapper
 	blockSize int

@@ -322,6 +322,9 @@ func durableChild() {
 // TestNoAllocationsPerIO: reads, writes and durable writes of aligned
 // buffers allocate nothing, on either engine.
 func TestNoAllocationsPerIO(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
+	}
 	for _, o := range engines() {
 		t.Run(name(o), func(t *testing.T) {
 			o.Size = 1 << 20
@@ -366,46 +369,32 @@ func TestErrorsAreClear(t *testing.T) {
 // names a file or device to use, default a 256 MiB file in the test
 // directory).
 func BenchmarkQD32(b *testing.B) {
-	path := os.Getenv("BLOCKWIRE_BENCH_FILE")
-	if path == "" {
-		path = filepath.Join(b.TempDir(), "bench.img")
-		if err := os.WriteFile(path, make([]byte, 256<<20), 0o600); err != nil {
-			b.Fatal(err)
-		}
-	}
-	for _, o := range engines() {
-		for _, write := range []bool{false, true} {
-			b.Run(fmt.Sprintf("%s/write=%v", name(o), write), func(b *testing.B) {
-				o.BlockSize = 4096
-				f, err := Open(path, o)
-				if err != nil {
-					b.Fatal(err)
-				}
-				defer f.Close()
-				blocks := f.Size() / 4096
-				b.SetBytes(4096)
-				b.SetParallelism(16) // × GOMAXPROCS 2 = 32 in flight
-				var seed atomic.Uint64
-				b.RunParallel(func(pb *testing.PB) {
-					rng := rand.New(rand.NewPCG(seed.Add(1), 3))
-					buf := make([]byte, 4096)
-					for pb.Next() {
-						off := rng.Int64N(blocks) * 4096
-						if write {
-							f.WriteAt(buf, off)
-						} else {
-							f.ReadAt(buf, off)
-						}
-					}
-				})
-			})
-		}
-	}
+	benchPaths(b, func(b *testing.B, io func(rng *rand.Rand, buf []byte)) {
+		b.SetParallelism(16) // × GOMAXPROCS 2 = 32 in flight
+		var seed atomic.Uint64
+		b.RunParallel(func(pb *testing.PB) {
+			rng, buf := rand.New(rand.NewPCG(seed.Add(1), 3)), make([]byte, 4096)
+			for pb.Next() {
+				io(rng, buf)
+			}
+		})
+	})
 }
 
 // BenchmarkQD1 is one 4 KiB random read or write at a time: the latency
 // of each path.
 func BenchmarkQD1(b *testing.B) {
+	benchPaths(b, func(b *testing.B, io func(rng *rand.Rand, buf []byte)) {
+		rng, buf := rand.New(rand.NewPCG(1, 3)), make([]byte, 4096)
+		for b.Loop() {
+			io(rng, buf)
+		}
+	})
+}
+
+// benchPaths runs run on each path, reading and writing, with io doing
+// one 4 KiB random I/O.
+func benchPaths(b *testing.B, run func(b *testing.B, io func(rng *rand.Rand, buf []byte))) {
 	path := os.Getenv("BLOCKWIRE_BENCH_FILE")
 	if path == "" {
 		path = filepath.Join(b.TempDir(), "bench.img")
@@ -424,16 +413,14 @@ func BenchmarkQD1(b *testing.B) {
 				defer f.Close()
 				blocks := f.Size() / 4096
 				b.SetBytes(4096)
-				rng := rand.New(rand.NewPCG(1, 3))
-				buf := make([]byte, 4096)
-				for b.Loop() {
+				run(b, func(rng *rand.Rand, buf []byte) {
 					off := rng.Int64N(blocks) * 4096
 					if write {
 						f.WriteAt(buf, off)
 					} else {
 						f.ReadAt(buf, off)
 					}
-				}
+				})
 			})
 		}
 	}

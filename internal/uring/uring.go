@@ -277,6 +277,7 @@ func (r *Ring) do(op uint8, fd int, p []byte, off int64, rwFlags uint32) (int32,
 	case idx = <-r.free:
 	}
 	s := &r.slots[idx]
+	p = p[:min(len(p), 1<<30)] // a result must fit the CQE's int32; callers loop
 	var addr uintptr
 	if len(p) > 0 {
 		s.buf = unsafe.Pointer(&p[0]) // keeps p alive and on the heap while the kernel holds it

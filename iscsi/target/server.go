@@ -180,6 +180,10 @@ type Options struct {
 	// node preference an iSER initiator may put in its connection
 	// request (seed 001 part III); neither means an end node.
 	Gateway, EndNode bool
+
+	// afterRespond, in tests, runs between a command's response and the
+	// release of its task.
+	afterRespond func(itt uint32)
 }
 
 // DefaultOptions returns the options a zero Options stands for: the one

@@ -3,6 +3,8 @@ package target
 import (
 	"encoding/binary"
 	"fmt"
+	"runtime"
+	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/bufpool"
@@ -52,7 +54,10 @@ type task struct {
 	executing   bool
 	aborted     bool
 	released    bool
-	solo        bool // delivered as the connection's only task
+	// finishing: executed, its response (if any) about to be sent or
+	// sent, release next — its ITT is as good as free (see register).
+	finishing bool
+	solo      bool // delivered as the connection's only task
 	// next is what enter decided and act carries out (both on the
 	// delivering goroutine, enter under session.mu, act after it).
 	next action
@@ -205,12 +210,30 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 		t.counted = true
 	}
 	c.mu.Lock()
-	if _, dup := c.tasks[t.itt]; dup {
+	var waitUntil time.Time
+	for {
+		old, dup := c.tasks[t.itt]
+		if !dup {
+			break
+		}
+		// An initiator that holds a command's response may reuse its ITT
+		// at once (Linux's does); the old task is then finishing on its
+		// worker and leaves the table in a moment: wait for that, briefly,
+		// rather than reject a valid command. A task still in progress
+		// makes the ITT a duplicate.
+		if waitUntil.IsZero() {
+			waitUntil = time.Now().Add(time.Second)
+		}
+		if !old.finishing || time.Now().After(waitUntil) {
+			c.mu.Unlock()
+			itt := t.itt // t goes back to the pool: not to be read after
+			c.freeSlot(t)
+			c.freeTask(t)
+			return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", itt)
+		}
 		c.mu.Unlock()
-		itt := t.itt // t goes back to the pool: not to be read after
-		c.freeSlot(t)
-		c.freeTask(t)
-		return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", itt)
+		runtime.Gosched()
+		c.mu.Lock()
 	}
 	if c.closed || c.draining {
 		c.mu.Unlock()
@@ -597,6 +620,7 @@ func (t *task) execute() {
 	}
 	c.mu.Lock()
 	aborted := t.aborted || c.closed
+	t.finishing = true
 	// The slot is freed before the response, so the response carries the
 	// window it opens (release would free it otherwise).
 	counted := t.counted && !aborted
@@ -612,6 +636,9 @@ func (t *task) execute() {
 	}
 	if !aborted {
 		t.respond()
+		if f := c.srv.opts.afterRespond; f != nil {
+			f(t.itt)
+		}
 	}
 	c.release(t, !aborted)
 }

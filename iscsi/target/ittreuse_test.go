@@ -1,0 +1,63 @@
+package target
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/scsitarget"
+)
+
+// blockingDisk is a memory disk that does not say it never blocks, so
+// its commands run on workers rather than on the receiving goroutine.
+type blockingDisk struct{ *mem.Disk }
+
+func (blockingDisk) NonBlocking() bool { return false }
+
+// TestITTReusedRightAfterItsResponse: once an initiator holds a
+// command's response, the command is over and its ITT free (RFC 7143
+// §11.2.1.8): a new command with the same ITT sent at once must run,
+// even while the target is still tidying up the old task — Linux's
+// initiator reuses task tags this way. It used to be rejected (Task in
+// progress) when it overtook the old task's release.
+func TestITTReusedRightAfterItsResponse(t *testing.T) {
+	var held atomic.Bool
+	const holdITT = 0x40
+	ts := startServer(t, Options{NopInterval: -1, afterRespond: func(itt uint32) {
+		if itt == holdITT && !held.Swap(true) {
+			time.Sleep(300 * time.Millisecond) // the old task's release, late
+		}
+	}}, func(tg *Target) {
+		m, err := mem.New(1 << 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: blockingDisk{m}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
+		dev.AddLU(lu)
+		tg.Device = dev
+	})
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	c.command(tur(), false, 0, nil, 0) // takes the power-on unit attention
+	c.itt = holdITT
+	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("first TEST UNIT READY: status %#x", r.status)
+	}
+	c.itt-- // the same ITT again, at once
+	start := time.Now()
+	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("TEST UNIT READY reusing the ITT: status %#x", r.status)
+	}
+	if !held.Load() {
+		t.Fatal("the hook never held a release: the test proves nothing")
+	}
+	if d := time.Since(start); d < 200*time.Millisecond {
+		t.Fatalf("the second command was answered after %v, before the first one's task was released", d)
+	}
+}
