@@ -10,6 +10,8 @@ import (
 	"runtime"
 	"strings"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/benchplot"
 )
 
 // fileBench compares blockwire's file LUN I/O paths with fio (io_uring
@@ -132,6 +134,16 @@ func fileBench(bin string) {
 			}
 			fmt.Println("| " + strings.Join(row, " | ") + " |")
 		}
+		names := []string{ref(false)}
+		if pl.direct {
+			names = append(names, ref(true))
+		}
+		for _, t := range ts {
+			if !strings.HasPrefix(t.name, "fio") {
+				names = append(names, t.name)
+			}
+		}
+		writeComparison("file-"+strings.ReplaceAll(pl.name, " ", "-"), "file LUNs on a "+pl.name+": blockwire's paths over iSCSI/TCP against fio on the file", ws, results, names)
 	}
 }
 
@@ -220,4 +232,37 @@ func loopDevice() (string, func()) {
 		exec.Command("losetup", "-d", dev).Run()
 		os.Remove(name)
 	}
+}
+
+// writeComparison writes one table's results into the -out directory as
+// NAME.json (benchplot.Comparison) and NAME.svg (its chart), the first
+// target the reference.
+func writeComparison(name, title string, ws []workload, results map[string]map[string][]float64, targets []string) {
+	if *outDir == "" {
+		return
+	}
+	c := benchplot.Comparison{Title: title, Targets: targets}
+	for _, w := range ws {
+		c.Rows = append(c.Rows, benchplot.Row{Name: w.name, Unit: w.unit, Higher: w.higher, Runs: results[w.name]})
+	}
+	if err := os.MkdirAll(*outDir, 0o755); err != nil {
+		log.Printf("bench: %v", err)
+		return
+	}
+	js, _ := json.MarshalIndent(c, "", "  ")
+	base := filepath.Join(*outDir, name)
+	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
+		log.Printf("bench: %v", err)
+		return
+	}
+	f, err := os.Create(base + ".svg")
+	if err != nil {
+		log.Printf("bench: %v", err)
+		return
+	}
+	if err := benchplot.DrawComparison(f, c); err != nil {
+		log.Printf("bench: drawing %s: %v", name, err)
+	}
+	f.Close()
+	fmt.Printf("\n(written: %s.json, %[1]s.svg)\n", base)
 }

@@ -36,6 +36,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/benchplot"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
@@ -63,6 +64,7 @@ var (
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
 	spdkOnly = flag.Bool("spdk", false, "only the per-core comparison: SPDK's iscsi_tgt, blockwire and tgt pinned to core 1, clients on core 0 (SPDK built as ../shared/anchors/spdk says)")
 	pin      = flag.Bool("pin", true, "with -spdk: pin each target to core 1 and the clients to core 0 (false: no pinning)")
+	outDir   = flag.String("out", "docs/bench", "with -file and -spdk: where each table is written as JSON and an SVG chart (empty: nowhere)")
 	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
 	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
 )
@@ -257,17 +259,7 @@ func threeWay(title string, ws []workload, results map[string]map[string][]float
 	fmt.Printf("\nratios: %s\n", note)
 }
 
-func median(v []float64) float64 {
-	if len(v) == 0 {
-		return 0
-	}
-	s := append([]float64(nil), v...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
-	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
-}
+func median(v []float64) float64 { return benchplot.Median(v) }
 
 func stat(v []float64) string {
 	if len(v) == 0 {

@@ -169,6 +169,11 @@ func spdkBench(bin string, pin bool) {
 		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(g), ratio(s, b), ratio(g, b), c("blockwire"), c("tgt"))
 	}
 	fmt.Printf("\nratios above 1: blockwire better (for p99, the inverse of the latencies). SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown. CPU per I/O is the target's user+system time over the run divided by the I/Os (MB/s rows: 128 KiB I/Os).\n")
+	name := "spdk-pinned"
+	if !pin {
+		name = "spdk-unpinned"
+	}
+	writeComparison(name, "per target core: "+how, ws, results, []string{"spdk", "blockwire", "tgt"})
 	if pid, err := spdkUp(); err == nil {
 		time.Sleep(time.Second)
 		c0, b0, g0 := cpuTime(pid), cpuTime(bwt.pid), cpuTime(tgt.pid)

@@ -1,8 +1,11 @@
 // Command blockwire-plot draws a run of blockwire bench as SVG: the
-// latency distribution and the I/Os per second over the run.
+// latency distribution and the I/Os per second over the run — or a side
+// by side comparison the bench harness wrote (go run ./bench -file or
+// -spdk: docs/bench/*.json), as bars relative to its first target.
 //
 //	blockwire bench --json iscsi://HOST/IQN/0 > run.json
 //	blockwire-plot -o run.svg run.json
+//	blockwire-plot -o spdk.svg docs/bench/spdk-pinned.json
 //
 // It reads bench's --json output (docs/json.md) from the file named, or
 // from standard input. A tool of its own, so blockwire itself carries no
@@ -10,6 +13,8 @@
 package main
 
 import (
+	"bytes"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -45,15 +50,33 @@ func run(out string, args []string) error {
 	default:
 		return fmt.Errorf("one bench result at a time, not %d", len(args))
 	}
-	r, err := benchplot.Decode(in)
+	b, err := io.ReadAll(in)
 	if err != nil {
 		return err
+	}
+	var kind struct {
+		Targets []string `json:"targets"`
+	}
+	json.Unmarshal(b, &kind)
+	var draw func(io.Writer) error
+	if kind.Targets != nil {
+		c, err := benchplot.DecodeComparison(bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		draw = func(w io.Writer) error { return benchplot.DrawComparison(w, c) }
+	} else {
+		r, err := benchplot.Decode(bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		draw = func(w io.Writer) error { return benchplot.Draw(w, r) }
 	}
 	f, err := os.Create(out)
 	if err != nil {
 		return err
 	}
-	if err := benchplot.Draw(f, r); err != nil {
+	if err := draw(f); err != nil {
 		f.Close()
 		return err
 	}

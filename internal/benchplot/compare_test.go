@@ -1,0 +1,46 @@
+package benchplot
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+)
+
+func TestRatio(t *testing.T) {
+	iops := Row{Name: "4k", Unit: "IOPS", Higher: true, Runs: map[string][]float64{"a": {100, 90, 110}, "b": {50}}}
+	if r := iops.Ratio("b", "a"); r != 0.5 {
+		t.Errorf("IOPS: b/a = %v, want 0.5", r)
+	}
+	lat := Row{Name: "p99", Unit: "usec", Runs: map[string][]float64{"a": {60}, "b": {120}}}
+	if r := lat.Ratio("b", "a"); r != 0.5 {
+		t.Errorf("latency: b is twice as slow, ratio %v, want 0.5", r)
+	}
+	if r := iops.Ratio("c", "a"); !math.IsNaN(r) {
+		t.Errorf("a target without runs: %v, want NaN", r)
+	}
+}
+
+// TestDrawComparison draws a comparison read back from JSON: an SVG with
+// every workload and target named.
+func TestDrawComparison(t *testing.T) {
+	c, err := DecodeComparison(strings.NewReader(`{"title":"t","targets":["spdk","blockwire","tgt"],"rows":[
+		{"workload":"4k randread QD32","unit":"IOPS","higher_is_better":true,"runs":{"spdk":[142378],"blockwire":[114877],"tgt":[50289]}},
+		{"workload":"p99","unit":"usec","higher_is_better":false,"runs":{"spdk":[61],"blockwire":[95]}}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := DrawComparison(&b, c); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	for _, want := range []string{"<svg", "4k randread QD32", "p99", "spdk", "blockwire", "tgt", "relative to spdk"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("the SVG lacks %q", want)
+		}
+	}
+	if _, err := DecodeComparison(strings.NewReader(`{"targets":["a"],"rows":[]}`)); err == nil {
+		t.Error("a comparison of one target was accepted")
+	}
+}
