@@ -395,6 +395,13 @@ func (c *conn) pinger() {
 	}
 	tick := time.NewTicker(min(iv, c.srv.opts.NopTimeout) / 2)
 	defer tick.Stop()
+	// Linux's ib_iser gives a discovery session one receive buffer, posted
+	// only when it sends a request (its login buffer, reused): a NOP-In
+	// there meets Receiver Not Ready until the RC retries run out, and
+	// the connection dies with a transport error. So an iSER discovery
+	// session is never pinged; one silent for the ping's interval and
+	// timeout together is over, and ends quietly.
+	quiet := c.sess != nil && c.sess.discovery && c.onRDMA()
 	ttt := uint32(0)
 	for {
 		select {
@@ -403,6 +410,14 @@ func (c *conn) pinger() {
 		case <-tick.C:
 		}
 		now := time.Now()
+		if quiet {
+			if now.Sub(time.Unix(0, c.lastRecv.Load())) > iv+c.srv.opts.NopTimeout {
+				c.log.Info("ending an idle iSER discovery session (it is not pinged: the initiator may have no receive posted)", "idle", iv+c.srv.opts.NopTimeout)
+				c.terminate()
+				return
+			}
+			continue
+		}
 		if sent := c.pingSent.Load(); sent != 0 {
 			if now.Sub(time.Unix(0, sent)) > c.srv.opts.NopTimeout {
 				c.log.Warn("dropping connection: NOP-In ping unanswered", "timeout", c.srv.opts.NopTimeout)
