@@ -83,13 +83,13 @@ func fileBench(bin string) {
 			if p.direct {
 				extra = append(extra, "--direct")
 			}
-			t, stop := startBlockwireArgs(bin, p.name, extra...)
+			t, stop := serve(nil, bin, p.name, extra...)
 			ts = append(ts, t)
 			stops = append(stops, stop)
 		}
 		// The same iSCSI path on a memory LUN: what the network and
 		// the initiator allow, whatever the storage.
-		mem, stopMem := startBlockwireArgs(bin, "memory", "--size", "1GiB")
+		mem, stopMem := serve(nil, bin, "memory", "--size", "1GiB")
 		stops = append(stops, stopMem)
 		ts = append(ts, mem)
 		ts = append(ts, refs...)
@@ -153,22 +153,6 @@ func ref(direct bool) string {
 		return "fio-direct"
 	}
 	return "fio"
-}
-
-// startBlockwireArgs starts blockwire serve on a free port with LUN 0
-// as extra says.
-func startBlockwireArgs(bin, name string, extra ...string) (target, func()) {
-	addr := freePort()
-	cmd := exec.Command(bin, append([]string{"serve", "--listen", addr, "--log-level", "warn"}, extra...)...)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	waitPort(addr)
-	return target{name: name, url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: cmd.Process.Pid}, func() {
-		cmd.Process.Signal(os.Interrupt)
-		cmd.Wait()
-	}
 }
 
 // fio runs fio's io_uring engine on path, one job at depth qd, and

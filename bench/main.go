@@ -116,29 +116,21 @@ func main() {
 	defer stopBw()
 
 	dur := 5 * time.Second
-	count := 1
 	if *quick {
 		dur = time.Second
-		count = 0
-	}
-	n := func(full int) string { // qemu-img request counts
-		if count == 0 {
-			return strconv.Itoa(full / 5)
-		}
-		return strconv.Itoa(full)
 	}
 	// A large odd step scatters qemu-img bench's offsets over the LUN
 	// (it wraps at the end), standing in for random I/O.
 	const scatter = "1040384"
 	ws := []workload{
-		{"qemu 4k randread QD1", "IOPS", true, qemu(n(20000), "-d", "1", "-s", "4096", "-S", scatter)},
-		{"qemu 4k randread QD32", "IOPS", true, qemu(n(100000), "-d", "32", "-s", "4096", "-S", scatter)},
-		{"qemu 4k randwrite QD1", "IOPS", true, qemu(n(20000), "-d", "1", "-s", "4096", "-S", scatter, "-w")},
-		{"qemu 4k randwrite QD32", "IOPS", true, qemu(n(100000), "-d", "32", "-s", "4096", "-S", scatter, "-w")},
-		{"qemu 64k read QD8", "MB/s", true, qemu(n(20000), "-d", "8", "-s", "65536")},
-		{"qemu 64k write QD8", "MB/s", true, qemu(n(20000), "-d", "8", "-s", "65536", "-w")},
-		{"qemu 128k read QD8", "MB/s", true, qemu(n(10000), "-d", "8", "-s", "131072")},
-		{"qemu 128k write QD8", "MB/s", true, qemu(n(10000), "-d", "8", "-s", "131072", "-w")},
+		{"qemu 4k randread QD1", "IOPS", true, qemu(requests(20000), "-d", "1", "-s", "4096", "-S", scatter)},
+		{"qemu 4k randread QD32", "IOPS", true, qemu(requests(100000), "-d", "32", "-s", "4096", "-S", scatter)},
+		{"qemu 4k randwrite QD1", "IOPS", true, qemu(requests(20000), "-d", "1", "-s", "4096", "-S", scatter, "-w")},
+		{"qemu 4k randwrite QD32", "IOPS", true, qemu(requests(100000), "-d", "32", "-s", "4096", "-S", scatter, "-w")},
+		{"qemu 64k read QD8", "MB/s", true, qemu(requests(20000), "-d", "8", "-s", "65536")},
+		{"qemu 64k write QD8", "MB/s", true, qemu(requests(20000), "-d", "8", "-s", "65536", "-w")},
+		{"qemu 128k read QD8", "MB/s", true, qemu(requests(10000), "-d", "8", "-s", "131072")},
+		{"qemu 128k write QD8", "MB/s", true, qemu(requests(10000), "-d", "8", "-s", "131072", "-w")},
 		{"iscsi-perf 4k random QD32", "IOPS", true, iscsiPerf(dur, "-m", "32", "-b", "8", "-r")},
 		{"blockwire bench 4k randread QD1", "IOPS", true, bwBench(bin, dur, "randread", "4k", "1", "IOPS")},
 		{"blockwire bench 4k randread QD1 p99", "usec", false, bwBench(bin, dur, "randread", "4k", "1", "p99")},
@@ -208,17 +200,9 @@ func gateway(bin, dir string) {
 	}
 	tgt, stopTgt := startTgt(dir)
 	defer stopTgt()
-	addr := freePort()
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--remote", tgt.url)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-	waitPort(addr)
-	url := "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0"
-	gwTCP := target{name: "gw-tcp", url: url}
-	gwISER := target{name: "gw-iser", url: strings.Replace(url, "iscsi://", "iser://", 1)}
+	gwTCP, stopGw := serve(nil, bin, "gw-tcp", "--remote", tgt.url)
+	defer stopGw()
+	gwISER := target{name: "gw-iser", url: strings.Replace(gwTCP.url, "iscsi://", "iser://", 1)}
 	ws := ourWorkloads(bin, dur)
 	threeWay("tgt directly vs through the blockwire gateway", ws, roundsN(ws, tgt, gwTCP, gwISER),
 		[3]string{"tgt", "gw-tcp", "gw-iser"}, [5]string{"tgt", "gateway iSCSI/TCP", "gateway iSER", "gw-tcp/tgt", "gw-iser/tgt"},
@@ -260,6 +244,14 @@ func threeWay(title string, ws []workload, results map[string]map[string][]float
 }
 
 func median(v []float64) float64 { return benchplot.Median(v) }
+
+// requests is a qemu-img request count: full, a fifth with -quick.
+func requests(full int) string {
+	if *quick {
+		full /= 5
+	}
+	return strconv.Itoa(full)
+}
 
 func stat(v []float64) string {
 	if len(v) == 0 {
@@ -333,16 +325,24 @@ func startTgtLUN(iqn string, env []string, lunArgs ...string) (target, func()) {
 }
 
 func startBlockwire(bin string) (target, func()) {
-	addr := freePort()
 	srpAddr := freePort()
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB",
-		"--srp-listen", srpAddr, "--srp-id-ext", benchSRPID)
+	t, stop := serve(nil, bin, "blockwire", "--size", "1GiB", "--srp-listen", srpAddr, "--srp-id-ext", benchSRPID)
+	t.srp = "srp://" + srpAddr + "/" + benchSRPID + "/0"
+	return t, stop
+}
+
+// serve starts blockwire serve (behind prefix, such as taskset's
+// arguments) on a free loopback port, with LUN 0 as args say.
+func serve(prefix []string, bin, name string, args ...string) (target, func()) {
+	addr := freePort()
+	argv := append(append(append([]string{}, prefix...), bin, "serve", "--listen", addr, "--log-level", "warn"), args...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
 		log.Fatal(err)
 	}
 	waitPort(addr)
-	return target{name: "blockwire", url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: cmd.Process.Pid, srp: "srp://" + srpAddr + "/" + benchSRPID + "/0"}, func() {
+	return target{name: name, url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: cmd.Process.Pid}, func() {
 		cmd.Process.Signal(os.Interrupt)
 		cmd.Wait()
 	}
@@ -351,28 +351,56 @@ func startBlockwire(bin string) (target, func()) {
 var qemuRE = regexp.MustCompile(`Run completed in ([0-9.]+) seconds`)
 
 func qemu(count string, args ...string) func(target) (float64, error) {
+	return qemuN(nil, 1, count, args...)
+}
+
+// qemuN runs procs qemu-img bench processes at once, behind prefix (the
+// client CPUs' taskset), each with count requests starting at its own
+// offset, and returns their summed IOPS, or MB/s above 4 KiB.
+func qemuN(prefix []string, procs int, count string, args ...string) func(target) (float64, error) {
+	size := 4096
+	for i, a := range args {
+		if a == "-s" {
+			size, _ = strconv.Atoi(args[i+1])
+		}
+	}
+	c, _ := strconv.Atoi(count)
 	return func(t target) (float64, error) {
-		full := append([]string{"bench", "-f", "raw", "-c", count}, args...)
-		out, err := exec.Command("qemu-img", append(full, t.url)...).CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("%v: %s", err, out)
+		var wg sync.WaitGroup
+		vals := make([]float64, procs)
+		errs := make([]error, procs)
+		for p := range procs {
+			wg.Go(func() {
+				full := append(append(append([]string{}, prefix...), "qemu-img", "bench", "-f", "raw", "-c", count), args...)
+				if procs > 1 {
+					full = append(full, "-o", strconv.Itoa(p*256<<20))
+				}
+				out, err := exec.Command(full[0], append(full[1:], t.url)...).CombinedOutput()
+				if err != nil {
+					errs[p] = fmt.Errorf("%v: %s", err, out)
+					return
+				}
+				m := qemuRE.FindSubmatch(out)
+				if m == nil {
+					errs[p] = fmt.Errorf("no result in %q", out)
+					return
+				}
+				secs, _ := strconv.ParseFloat(string(m[1]), 64)
+				vals[p] = float64(c) / secs
+				if size > 4096 {
+					vals[p] *= float64(size) / 1e6
+				}
+			})
 		}
-		m := qemuRE.FindSubmatch(out)
-		if m == nil {
-			return 0, fmt.Errorf("no result in %q", out)
-		}
-		secs, _ := strconv.ParseFloat(string(m[1]), 64)
-		c, _ := strconv.Atoi(count)
-		size := 4096
-		for i, a := range args {
-			if a == "-s" {
-				size, _ = strconv.Atoi(args[i+1])
+		wg.Wait()
+		sum := 0.0
+		for p := range procs {
+			if errs[p] != nil {
+				return 0, errs[p]
 			}
+			sum += vals[p]
 		}
-		if size > 4096 {
-			return float64(c) * float64(size) / secs / 1e6, nil
-		}
-		return float64(c) / secs, nil
+		return sum, nil
 	}
 }
 
@@ -400,8 +428,14 @@ var (
 )
 
 func bwBench(bin string, d time.Duration, rw, bs, qd, what string) func(target) (float64, error) {
+	return bwBenchOn(nil, bin, d, rw, bs, qd, what)
+}
+
+// bwBenchOn is bwBench behind prefix (the client CPUs' taskset).
+func bwBenchOn(prefix []string, bin string, d time.Duration, rw, bs, qd, what string) func(target) (float64, error) {
 	return func(t target) (float64, error) {
-		out, err := exec.Command(bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String(), t.url).CombinedOutput()
+		argv := append(append([]string{}, prefix...), bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String(), t.url)
+		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 		if err != nil {
 			return 0, fmt.Errorf("%v: %s", err, out)
 		}

@@ -79,15 +79,8 @@ func rbdBench(dir string) {
 	}
 	tgt, stopTgt := startTgtRBD(images[0], tgtConf)
 	defer stopTgt()
-	addr := freePort()
-	cmd := exec.Command(bin, "serve", "--listen", addr, "--log-level", "warn", "--iser=false", "--rbd", images[1], "--ceph-conf", conf)
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		log.Fatal(err)
-	}
-	defer func() { cmd.Process.Signal(os.Interrupt); cmd.Wait() }()
-	waitPort(addr)
-	bw := target{name: "blockwire", url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: cmd.Process.Pid}
+	bw, stopBw := serve(nil, bin, "blockwire", "--iser=false", "--rbd", images[1], "--ceph-conf", conf)
+	defer stopBw()
 
 	dur := 5 * time.Second
 	c4, c128 := "20000", "4000"

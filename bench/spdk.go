@@ -77,16 +77,8 @@ func spdkBench(bin string, pin bool) {
 	defer spdkDown()
 	spdk := target{name: "spdk", url: "iscsi://127.0.0.1:" + port + "/iqn.2016-06.io.spdk:anchor/0"}
 
-	addr := freePort()
-	bwArgs := append(append([]string{}, targetCPU...), bin, "serve", "--listen", addr, "--log-level", "warn", "--size", "1GiB")
-	bw := exec.Command(bwArgs[0], bwArgs[1:]...)
-	bw.Stderr = os.Stderr
-	if err := bw.Start(); err != nil {
-		log.Fatal(err)
-	}
-	defer func() { bw.Process.Signal(os.Interrupt); bw.Wait() }()
-	waitPort(addr)
-	bwt := target{name: "blockwire", url: "iscsi://" + addr + "/iqn.2026-11.org.blockwire:default/0", pid: bw.Process.Pid}
+	bwt, stopBw := serve(targetCPU, bin, "blockwire", "--size", "1GiB")
+	defer stopBw()
 
 	dir, _ := os.MkdirTemp("", "blockwire-bench-spdk")
 	defer os.RemoveAll(dir)
@@ -99,12 +91,12 @@ func spdkBench(bin string, pin bool) {
 
 	const scatter = "1040384"
 	ws := []workload{
-		{"4k randread QD1", "IOPS", true, qemuN(clientCPU, 1, 20000, dur, "-d", "1", "-s", "4096", "-S", scatter)},
-		{"4k randread QD32", "IOPS", true, qemuN(clientCPU, 2, 100000, dur, "-d", "16", "-s", "4096", "-S", scatter)},
-		{"4k randwrite QD32", "IOPS", true, qemuN(clientCPU, 2, 100000, dur, "-d", "16", "-s", "4096", "-S", scatter, "-w")},
-		{"128k read QD8", "MB/s", true, qemuN(clientCPU, 2, 10000, dur, "-d", "4", "-s", "131072")},
-		{"128k write QD8", "MB/s", true, qemuN(clientCPU, 2, 10000, dur, "-d", "4", "-s", "131072", "-w")},
-		{"4k randread QD1 p99", "usec", false, p99(clientCPU, bin, dur)},
+		{"4k randread QD1", "IOPS", true, qemuN(clientCPU, 1, requests(20000), "-d", "1", "-s", "4096", "-S", scatter)},
+		{"4k randread QD32", "IOPS", true, qemuN(clientCPU, 2, requests(100000), "-d", "16", "-s", "4096", "-S", scatter)},
+		{"4k randwrite QD32", "IOPS", true, qemuN(clientCPU, 2, requests(100000), "-d", "16", "-s", "4096", "-S", scatter, "-w")},
+		{"128k read QD8", "MB/s", true, qemuN(clientCPU, 2, requests(10000), "-d", "4", "-s", "131072")},
+		{"128k write QD8", "MB/s", true, qemuN(clientCPU, 2, requests(10000), "-d", "4", "-s", "131072", "-w")},
+		{"4k randread QD1 p99", "usec", false, bwBenchOn(clientCPU, bin, dur, "randread", "4k", "1", "p99")},
 	}
 	// The target's CPU time per I/O, for each run of each workload.
 	cpu := map[string]map[string][]float64{}
@@ -181,74 +173,6 @@ func spdkBench(bin string, pin bool) {
 		fmt.Printf("idle for 2 s, no session: SPDK used %.0f %% of a core, blockwire %.1f %%, tgt %.1f %%\n",
 			(cpuTime(pid)-c0)/2*100, (cpuTime(bwt.pid)-b0)/2*100, (cpuTime(tgt.pid)-g0)/2*100)
 		spdkDown()
-	}
-}
-
-// qemuN runs procs qemu-img bench processes at once (each with count
-// requests, fewer with -quick), on the client CPUs, and returns their
-// summed IOPS or MB/s.
-func qemuN(cpus []string, procs, count int, dur time.Duration, args ...string) func(target) (float64, error) {
-	if *quick {
-		count /= 5
-	}
-	size := 4096
-	for i, a := range args {
-		if a == "-s" {
-			size, _ = strconv.Atoi(args[i+1])
-		}
-	}
-	return func(t target) (float64, error) {
-		var wg sync.WaitGroup
-		vals := make([]float64, procs)
-		errs := make([]error, procs)
-		for p := range procs {
-			wg.Go(func() {
-				full := append(append(append([]string{}, cpus...), "qemu-img", "bench", "-f", "raw", "-c", strconv.Itoa(count)), args...)
-				// Each process its own quarter of the LUN.
-				full = append(full, "-o", strconv.Itoa(p*256<<20), t.url)
-				out, err := exec.Command(full[0], full[1:]...).CombinedOutput()
-				if err != nil {
-					errs[p] = fmt.Errorf("%v: %s", err, out)
-					return
-				}
-				m := qemuRE.FindSubmatch(out)
-				if m == nil {
-					errs[p] = fmt.Errorf("no result in %q", out)
-					return
-				}
-				secs, _ := strconv.ParseFloat(string(m[1]), 64)
-				vals[p] = float64(count) / secs
-				if size > 4096 {
-					vals[p] *= float64(size) / 1e6
-				}
-			})
-		}
-		wg.Wait()
-		sum := 0.0
-		for p := range procs {
-			if errs[p] != nil {
-				return 0, errs[p]
-			}
-			sum += vals[p]
-		}
-		return sum, nil
-	}
-}
-
-// p99 is blockwire bench's 99th percentile latency of 4 KiB random
-// reads at QD 1, its client on cpus.
-func p99(cpus []string, bin string, d time.Duration) func(target) (float64, error) {
-	return func(t target) (float64, error) {
-		args := append(append([]string{}, cpus...), bin, "bench", "--rw", "randread", "--bs", "4k", "--qd", "1", "--time", d.String(), t.url)
-		out, err := exec.Command(args[0], args[1:]...).CombinedOutput()
-		if err != nil {
-			return 0, fmt.Errorf("%v: %s", err, out)
-		}
-		m := p99RE.FindSubmatch(out)
-		if m == nil {
-			return 0, fmt.Errorf("no p99 in %q", out)
-		}
-		return strconv.ParseFloat(string(m[1]), 64)
 	}
 }
 

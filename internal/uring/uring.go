@@ -1,5 +1,5 @@
-// Package uring is a Linux io_uring for positional file I/O: reads,
-// writes (optionally RWF_DSYNC) and fdatasync, each a call that returns
+// Package uring is a Linux io_uring for positional file I/O: reads and
+// writes (optionally RWF_DSYNC), each a call that returns
 // when the kernel has completed it, for many goroutines at once.
 //
 // It is written over golang.org/x/sys/unix (raw io_uring_setup/enter/
@@ -44,11 +44,8 @@ import (
 
 // Opcodes and flags of the kernel's ABI.
 const (
-	opFsync = 3  // IORING_OP_FSYNC
 	opRead  = 22 // IORING_OP_READ (5.6)
 	opWrite = 23 // IORING_OP_WRITE (5.6)
-
-	fsyncDatasync = 1 // IORING_FSYNC_DATASYNC
 
 	offSQRing = 0
 	offSQEs   = 0x10000000
@@ -225,9 +222,6 @@ func (r *Ring) unmap() {
 	r.mmaps = nil
 }
 
-// Entries is the bound on operations in flight.
-func (r *Ring) Entries() int { return int(r.entries) }
-
 // ReadAt reads len(p) bytes at off from fd (short only at end of file,
 // then with io.EOF's meaning left to the caller: n < len(p), nil error).
 func (r *Ring) ReadAt(fd int, p []byte, off int64) (int, error) {
@@ -260,12 +254,6 @@ func (r *Ring) WriteAt(fd int, p []byte, off int64, flags uint32) (int, error) {
 		done += int(res)
 	}
 	return done, nil
-}
-
-// Datasync is fdatasync(fd) through the ring.
-func (r *Ring) Datasync(fd int) error {
-	_, err := r.do(opFsync, fd, nil, 0, fsyncDatasync)
-	return err
 }
 
 // do runs one operation and returns its result (bytes moved).

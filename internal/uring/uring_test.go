@@ -103,9 +103,6 @@ func TestReadWrite(t *testing.T) {
 	for err := range errs {
 		t.Fatal(err)
 	}
-	if err := r.Datasync(fd); err != nil {
-		t.Fatal(err)
-	}
 }
 
 // TestShortReadAtEnd reads across the end of the file: the bytes that

@@ -114,13 +114,19 @@ func TestNoAllocationsPerIO(t *testing.T) {
 
 // onFile puts the target's LUN 0 on a file opened with o.
 func onFile(t *testing.T, o file.Options) func(*Target) {
+	o.Size = 16 << 20
+	be, err := file.Open(filepath.Join(t.TempDir(), "lun.img"), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return onLU(t, scsitarget.LUConfig{Backend: be})
+}
+
+// onLU gives the target one LU, LUN 0, as cfg says (closed when the test
+// ends).
+func onLU(t testing.TB, cfg scsitarget.LUConfig) func(*Target) {
 	return func(tg *Target) {
-		o.Size = 16 << 20
-		be, err := file.Open(filepath.Join(t.TempDir(), "lun.img"), o)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: be})
+		lu, err := scsitarget.NewLU(testIQN, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,7 +1,6 @@
 package target
 
 import (
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -23,25 +22,17 @@ func (blockingDisk) NonBlocking() bool { return false }
 // initiator reuses task tags this way. It used to be rejected (Task in
 // progress) when it overtook the old task's release.
 func TestITTReusedRightAfterItsResponse(t *testing.T) {
+	m, err := mem.New(1 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var held atomic.Bool
 	const holdITT = 0x40
 	ts := startServer(t, Options{NopInterval: -1, afterRespond: func(itt uint32) {
 		if itt == holdITT && !held.Swap(true) {
 			time.Sleep(300 * time.Millisecond) // the old task's release, late
 		}
-	}}, func(tg *Target) {
-		m, err := mem.New(1 << 20)
-		if err != nil {
-			t.Fatal(err)
-		}
-		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: blockingDisk{m}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
-		dev.AddLU(lu)
-		tg.Device = dev
-	})
+	}}, onLU(t, scsitarget.LUConfig{Backend: blockingDisk{m}}))
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini)...)
 	c.command(tur(), false, 0, nil, 0) // takes the power-on unit attention

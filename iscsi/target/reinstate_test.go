@@ -33,15 +33,7 @@ func (g *gatedDisk) ReadAt(p []byte, off int64) (int, error) {
 func TestReinstatementEndsTheOldNexusFirst(t *testing.T) {
 	d, _ := mem.New(1 << 20)
 	g := &gatedDisk{Disk: d, gate: make(chan struct{}), entered: make(chan struct{})}
-	ts := startServer(t, Options{}, func(tg *Target) {
-		dev := scsitarget.NewDevice(testIQN, nil)
-		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: g, Removable: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dev.AddLU(lu)
-		tg.Device = dev
-	})
+	ts := startServer(t, Options{}, onLU(t, scsitarget.LUConfig{Backend: g, Removable: true}))
 	old := dial(t, ts.addr)
 	old.mustLogin(normalKeys(ini)...)
 	old.command(tur(), false, 0, nil, 0) // the power-on unit attention
