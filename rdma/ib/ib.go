@@ -343,15 +343,30 @@ func Decode(b []byte) (Packet, error) {
 // but the ICRC, which needs the IP and UDP headers (AppendICRC). The pad
 // count is set from the payload's length.
 func (p *Packet) Append(dst []byte) ([]byte, error) {
+	dst, err := p.AppendHeader(dst, len(p.Payload))
+	if err != nil {
+		return dst, err
+	}
+	dst = append(dst, p.Payload...)
+	for range -len(p.Payload) & 3 {
+		dst = append(dst, 0)
+	}
+	return dst, nil
+}
+
+// AppendHeader adds the packet's BTH and extended headers to dst, for a
+// payload of n bytes that the caller appends after them, then its pad
+// (-n & 3 zero bytes); p.Payload is not used. The pad count is set from n.
+func (p *Packet) AppendHeader(dst []byte, n int) ([]byte, error) {
 	info, ok := opcodes[p.BTH.Opcode]
 	if !ok {
 		return dst, fmt.Errorf("%w %#02x", ErrUnknownOpcode, uint8(p.BTH.Opcode))
 	}
-	if !info.payload && len(p.Payload) > 0 {
+	if !info.payload && n > 0 {
 		return dst, errorf("%s carries no payload", p.BTH.Opcode)
 	}
 	bth := p.BTH
-	bth.Pad = uint8(-len(p.Payload) & 3)
+	bth.Pad = uint8(-n & 3)
 	var h [BTHLen]byte
 	bth.Put(h[:])
 	dst = append(dst, h[:]...)
@@ -382,10 +397,6 @@ func (p *Packet) Append(dst []byte) ([]byte, error) {
 	if info.headers&hasAtomicAckETH != 0 {
 		dst = binary.BigEndian.AppendUint64(dst, p.AtomicAck)
 	}
-	dst = append(dst, p.Payload...)
-	for range bth.Pad {
-		dst = append(dst, 0)
-	}
 	return dst, nil
 }
 
@@ -399,7 +410,7 @@ func (p *Packet) Append(dst []byte) ([]byte, error) {
 // reserved bits) set to ones; then the rest. It goes on the wire least
 // significant byte first — as Linux's rdma_rxe computes and places it.
 func ICRC(ip, udp, pkt []byte) uint32 {
-	var buf [8 + 40 + 8 + BTHLen]byte
+	var buf [8 + 60 + 8 + BTHLen]byte // an IPv4 header may have options
 	n := copy(buf[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
 	ipStart := n
 	n += copy(buf[n:], ip)
@@ -421,8 +432,13 @@ func ICRC(ip, udp, pkt []byte) uint32 {
 	bthStart := n
 	n += copy(buf[n:], pkt[:BTHLen])
 	buf[bthStart+4] = 0xff
-	c := crc32.Update(0, crc32.IEEETable, buf[:n])
-	return crc32.Update(c, crc32.IEEETable, pkt[BTHLen:])
+	// The masked headers byte by byte: crc32.Update's assembly would
+	// move buf to the heap, an allocation per packet.
+	c := ^uint32(0)
+	for _, v := range buf[:n] {
+		c = crc32.IEEETable[byte(c)^v] ^ c>>8
+	}
+	return crc32.Update(^c, crc32.IEEETable, pkt[BTHLen:])
 }
 
 // AppendICRC adds the ICRC of pkt (built by Append) to it.

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -65,9 +66,22 @@ type Device struct {
 	lastSweep time.Time
 	maxReqs   int
 	reqTTL    time.Duration
-	// sendBufs hold datagrams being sent (*[]byte): no lock is held
-	// across the socket write, and a warm pool allocates nothing.
+	// sendBufs hold datagrams being sent (*[]byte), txPool sendmmsg
+	// batches (*txBatch): no lock is held across the socket write, and a
+	// warm pool allocates nothing.
 	sendBufs sync.Pool
+	txPool   sync.Pool
+	raw      syscall.RawConn // the UDP socket's, for sendmmsg
+	noGSO    atomic.Bool     // the kernel refused a UDP GSO datagram
+	udpOnly  bool            // tests: read the UDP socket even as root
+	counts   counts
+}
+
+// counts are what the batching did, for tests and the curious.
+type counts struct {
+	gsoSent atomic.Uint64 // GSO datagrams sent
+	split   atomic.Uint64 // datagrams received whole and cut into packets
+	badICRC atomic.Uint64 // packets dropped for their ICRC
 }
 
 type connection struct {
@@ -97,6 +111,8 @@ type Options struct {
 	MaxConnRequests int
 	ConnRequestTTL  time.Duration
 	Logger          *slog.Logger
+
+	udpOnly bool // tests: no raw socket, as when not root
 }
 
 // Open starts a device on ip (an IPv4 or IPv6 address of this host).
@@ -143,6 +159,11 @@ func Open(ip string, opt Options) (*Device, error) {
 				// unless told to take it (RFC 6936).
 				err = syscall.SetsockoptInt(int(fd), syscall.IPPROTO_UDP, udpNoCheck6RX, 1)
 			}
+			// A GSO datagram (batch.go) is queued whole, with its
+			// segment size, not cut up on the way in. Kernels before
+			// 5.0 have no UDP_GRO and cut it (then only the raw socket
+			// path, which sees it whole, checks its segments).
+			syscall.SetsockoptInt(int(fd), syscall.IPPROTO_UDP, unix.UDP_GRO, 1)
 			// A burst of MTU packets must not overflow the socket: ask
 			// for 8 MiB past rmem_max when allowed (root), else what the
 			// system gives.
@@ -157,18 +178,23 @@ func Open(ip string, opt Options) (*Device, error) {
 		c.Close()
 		return nil, fmt.Errorf("roce: %w", err)
 	}
+	if raw == nil {
+		c.Close()
+		return nil, errors.New("roce: the UDP socket has no file descriptor")
+	}
 	var g [8]byte
 	rand.Read(g[:])
 	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
-		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL}
+		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL, raw: raw}
 	// Opened before Open returns, so no datagram sent after it is missed.
 	var rawSock *os.File
-	if addr.Is4() {
+	d.udpOnly = opt.udpOnly
+	if addr.Is4() && !opt.udpOnly {
 		if rawSock, err = openRaw(addr, opt.Port); err != nil {
 			rawSock = nil
-		} else if raw != nil {
+		} else {
 			// The raw socket reads everything for us: the UDP socket,
 			// kept for its port, drops what it gets before queueing it.
 			raw.Control(func(fd uintptr) {
@@ -235,13 +261,38 @@ func ipHeader(src, dst netip.Addr, udpLen int) ipHdr {
 // udpNoCheck6RX is Linux's UDP_NO_CHECK6_RX socket option.
 const udpNoCheck6RX = 102
 
-// ipHdr is an IPv4 (20-byte) or IPv6 (40-byte) header.
+// ipHdr is an IPv4 (20 to 60 bytes) or IPv6 (40-byte) header.
 type ipHdr struct {
-	b [40]byte
+	b [60]byte
 	n int
 }
 
 func (h *ipHdr) bytes() []byte { return h.b[:h.n] }
+
+func (h *ipHdr) is4() bool { return h.b[0]>>4 == 4 }
+
+// id and setID are the IPv4 identification (IPv6 has none).
+func (h *ipHdr) id() uint16 {
+	if !h.is4() {
+		return 0
+	}
+	return binary.BigEndian.Uint16(h.b[4:])
+}
+
+func (h *ipHdr) setID(id uint16) {
+	if h.is4() {
+		binary.BigEndian.PutUint16(h.b[4:], id)
+	}
+}
+
+// setUDPLen sets the length fields for a UDP datagram of udpLen bytes.
+func (h *ipHdr) setUDPLen(udpLen int) {
+	if h.is4() {
+		binary.BigEndian.PutUint16(h.b[2:], uint16(h.n+udpLen))
+	} else {
+		binary.BigEndian.PutUint16(h.b[4:], uint16(udpLen))
+	}
+}
 
 func udpHeader(sport, dport, length int) [8]byte {
 	var u [8]byte
@@ -275,21 +326,24 @@ func (d *Device) receive(raw *os.File) {
 	// Without a raw socket (not root) the IP header is rebuilt on the
 	// assumption that the sender set DF and Linux wrote identification 0
 	// — true of this device, not of a kernel rxe.
-	buf := make([]byte, 65536)
+	rb := newRxBatch(true)
+	var h held
 	for {
-		n, from, err := d.conn.ReadFromUDPAddrPort(buf)
-		if err != nil {
-			select {
-			case <-d.done:
-				return
-			default:
-			}
-			continue
+		h.flush()
+		if err := rb.read(d.raw); err != nil {
+			return // closed
 		}
-		src := from.Addr().Unmap()
-		ip := ipHeader(src, d.ip, 8+n)
-		udp := udpHeader(int(from.Port()), d.port, 8+n)
-		d.input(src, ip.bytes(), udp[:], buf[:n])
+		for i := range rb.n {
+			from, ok := rb.source(i)
+			if !ok {
+				continue
+			}
+			b := rb.msg(i)
+			src := from.Addr()
+			ip := ipHeader(src, d.ip, 8+len(b))
+			udp := udpHeader(int(from.Port()), d.port, 8+len(b))
+			d.datagram(src, &ip, udp[:], b, rb.groSize(i), &h)
+		}
 	}
 }
 
@@ -338,45 +392,141 @@ func (d *Device) receiveRaw(f *os.File) {
 		<-d.done
 		f.Close()
 	}()
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
 	me := d.ip.As4()
-	buf := make([]byte, 65536)
+	rb := newRxBatch(false)
+	var h held
 	for {
-		n, err := f.Read(buf)
-		if err != nil {
-			select {
-			case <-d.done:
-				return
-			default:
+		h.flush()
+		if err := rb.read(rc); err != nil {
+			return // closed
+		}
+		for i := range rb.n {
+			b := rb.msg(i)
+			n := len(b)
+			if n < 28 || b[0]>>4 != 4 || b[9] != 17 {
+				continue
 			}
-			continue
+			ihl := int(b[0]&0x0f) * 4
+			if ihl < 20 || n < ihl+8 || [4]byte(b[16:20]) != me || int(binary.BigEndian.Uint16(b[ihl+2:])) != d.port {
+				continue
+			}
+			ulen := int(binary.BigEndian.Uint16(b[ihl+4:]))
+			if ulen < 8 || ihl+ulen > n {
+				continue
+			}
+			var ip ipHdr
+			ip.n = copy(ip.b[:], b[:ihl])
+			src := netip.AddrFrom4([4]byte(b[12:16]))
+			d.datagram(src, &ip, b[ihl:ihl+8], b[ihl+8:ihl+ulen], 0, &h)
 		}
-		b := buf[:n]
-		if n < 28 || b[0]>>4 != 4 || b[9] != 17 {
-			continue
-		}
-		ihl := int(b[0]&0x0f) * 4
-		if ihl < 20 || n < ihl+8 || [4]byte(b[16:20]) != me || int(binary.BigEndian.Uint16(b[ihl+2:])) != d.port {
-			continue
-		}
-		ulen := int(binary.BigEndian.Uint16(b[ihl+4:]))
-		if ulen < 8 || ihl+ulen > n {
-			continue
-		}
-		src := netip.AddrFrom4([4]byte(b[12:16]))
-		d.input(src, b[:ihl], b[ihl:ihl+8], b[ihl+8:ihl+ulen])
 	}
 }
 
-// input checks a datagram's ICRC and hands it to QP 1 (the CM) or to the
+// datagram takes one received UDP datagram: ip and udp its headers as sent
+// (or rebuilt), pkt its payload, gso the segment size the socket reported
+// for a datagram that arrived coalesced (0: none, or not known). A GSO
+// datagram delivered whole holds several packets (batch.go): it is cut at
+// the segment size — reported, or that of the first packet when it is
+// longer than one packet of its queue pair can be — and segment k is
+// checked over the IP header segmentation gives it: identification id+k
+// (or id, a fixed-identification sender's datagrams merged by GRO), its
+// own lengths.
+func (d *Device) datagram(src netip.Addr, ip *ipHdr, udp, pkt []byte, gso int, h *held) {
+	guessed := false
+	if gso <= 0 {
+		gso, guessed = d.segmentSize(pkt), true
+	}
+	if gso <= 0 || len(pkt) <= gso {
+		d.input(src, ip.bytes(), udp, pkt, h)
+		return
+	}
+	id0 := ip.id()
+	var u [8]byte
+	copy(u[:], udp)
+	for k, off := 0, 0; off < len(pkt); k, off = k+1, off+gso {
+		seg := pkt[off:min(off+gso, len(pkt))]
+		if len(seg) < ib.BTHLen+ib.ICRCLen {
+			return
+		}
+		ip.setUDPLen(8 + len(seg))
+		binary.BigEndian.PutUint16(u[4:], uint16(8+len(seg)))
+		want := binary.LittleEndian.Uint32(seg[len(seg)-ib.ICRCLen:])
+		body := seg[:len(seg)-ib.ICRCLen]
+		ip.setID(id0 + uint16(k))
+		ok := ib.ICRC(ip.bytes(), u[:], body) == want
+		if !ok && k > 0 && ip.is4() {
+			ip.setID(id0)
+			ok = ib.ICRC(ip.bytes(), u[:], body) == want
+		}
+		if !ok && k == 0 && guessed {
+			// Not cut where guessed (a peer whose MTU is larger than
+			// ours): checked as one packet, as before.
+			ip.setID(id0)
+			ip.setUDPLen(8 + len(pkt))
+			d.input(src, ip.bytes(), udp, pkt, h)
+			return
+		}
+		if !ok {
+			d.counts.badICRC.Add(1)
+			continue
+		}
+		if k == 0 {
+			d.counts.split.Add(1)
+		}
+		d.deliver(src, seg, h)
+	}
+}
+
+// segmentSize is the length of a whole-MTU packet like pkt's first one
+// when pkt is longer than one packet of its queue pair can be, else 0.
+// (The sender makes a GSO datagram only of runs that start with such a
+// packet: batch.go.)
+func (d *Device) segmentSize(pkt []byte) int {
+	if len(pkt) <= 256+ib.BTHLen+ib.ICRCLen {
+		return 0
+	}
+	qpn := binary.BigEndian.Uint32(pkt[4:]) & 0xffffff
+	if qpn == 1 {
+		return 0
+	}
+	hl, ok := ib.HeaderLen(ib.Opcode(pkt[0]))
+	if !ok {
+		return 0
+	}
+	d.mu.Lock()
+	q := d.qps[qpn]
+	d.mu.Unlock()
+	if q == nil {
+		return 0
+	}
+	if n := hl + q.cfg.MTU + ib.ICRCLen; len(pkt) > n {
+		return n
+	}
+	return 0
+}
+
+// input checks a packet's ICRC and hands it to QP 1 (the CM) or to the
 // queue pair it names.
-func (d *Device) input(src netip.Addr, ip, udp, pkt []byte) {
+func (d *Device) input(src netip.Addr, ip, udp, pkt []byte, h *held) {
 	n := len(pkt)
 	if n < ib.BTHLen+ib.ICRCLen {
 		return
 	}
 	if ib.ICRC(ip, udp, pkt[:n-ib.ICRCLen]) != binary.LittleEndian.Uint32(pkt[n-ib.ICRCLen:]) {
+		d.counts.badICRC.Add(1)
 		return // a bad ICRC: silently dropped, as the transport rules say
 	}
+	d.deliver(src, pkt, h)
+}
+
+// deliver hands a packet whose ICRC was checked to QP 1 (the CM) or to
+// the queue pair it names — with h, holding back what it makes the queue
+// pair send until h.flush.
+func (d *Device) deliver(src netip.Addr, pkt []byte, h *held) {
 	qpn := binary.BigEndian.Uint32(pkt[4:]) & 0xffffff
 	if qpn == 1 {
 		d.cm(src, pkt)
@@ -390,9 +540,34 @@ func (d *Device) input(src netip.Addr, ip, udp, pkt []byte) {
 	if r != nil {
 		r.established()
 	}
-	if q != nil {
+	switch {
+	case q == nil:
+	case h == nil:
 		q.Input(pkt)
+	default:
+		q.inputHeld(pkt)
+		h.add(q)
 	}
+}
+
+// held are the queue pairs that received packets of one receive batch
+// and have not sent what those made them build.
+type held struct{ qps []*RC }
+
+func (h *held) add(q *RC) {
+	if n := len(h.qps); n == 0 || h.qps[n-1] != q {
+		h.qps = append(h.qps, q)
+	}
+}
+
+// flush sends each queue pair's packets (a queue pair listed twice sends
+// nothing the second time).
+func (h *held) flush() {
+	for i, q := range h.qps {
+		q.Flush()
+		h.qps[i] = nil
+	}
+	h.qps = h.qps[:0]
 }
 
 // ---- connection management ----
@@ -407,9 +582,13 @@ const (
 type link struct {
 	d    *Device
 	peer netip.Addr
+	mtu  int // the queue pair's path MTU
 }
 
 func (l link) Send(pkt []byte) { l.d.send(l.peer, pkt) }
+
+// SendBatch sends the packets in order, batched (batch.go).
+func (l link) SendBatch(pkts [][]byte) { l.d.sendBatch(l.peer, l.mtu, pkts) }
 
 func (d *Device) sendMAD(peer netip.Addr, attr uint16, tid uint64, data *[ib.CMDataLen]byte) {
 	m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: tid, AttrID: attr, Data: *data}
@@ -432,7 +611,7 @@ func (d *Device) newQP(cfg RCConfig, peer netip.Addr) *RC {
 	}
 	cfg.LocalQPN = d.nextQPN
 	d.nextQPN = (d.nextQPN + 1) & psnMask
-	q := NewRC(cfg, link{d, peer})
+	q := NewRC(cfg, link{d, peer, cfg.MTU})
 	d.qps[cfg.LocalQPN] = q
 	q.onClose = func() { d.disconnect(q) } // called with q.mu held
 	return q

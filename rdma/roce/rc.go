@@ -27,6 +27,13 @@ type Link interface {
 	Send(pkt []byte)
 }
 
+// BatchLink is a Link that sends several packets at once, in order (the
+// device: one system call, runs of them as one GSO datagram).
+type BatchLink interface {
+	Link
+	SendBatch(pkts [][]byte)
+}
+
 // RCConfig is what the connection manager negotiated for a queue pair.
 type RCConfig struct {
 	rdma.QPConfig
@@ -122,6 +129,8 @@ type RC struct {
 
 	// Requester.
 	sq        []*wqe // posted, not yet completed, in order
+	sqBase    []*wqe // sq's array, from its start
+	freeW     []*wqe // completed, for reuse
 	nextPSN   uint32 // the next PSN to assign
 	sendPSN   uint32 // the next PSN to transmit (goes back to retransmit)
 	acked     uint32 // the last PSN the responder acknowledged
@@ -131,6 +140,8 @@ type RC struct {
 	armed     bool
 	rnrWait   bool      // the timer runs for an RNR back-off
 	holdUntil time.Time // RNR back-off
+	progress  uint64    // acknowledgements that moved something
+	armedAt   uint64    // progress when the timer was armed
 	rereq     uint32    // the PSN a lost Read response was last asked again from
 	rereqSet  bool
 
@@ -145,7 +156,6 @@ type RC struct {
 	cur     *rdma.RecvWR // the receive a multi-packet Send is filling
 	curOff  int
 	wdst    []byte // the remainder of the region a multi-packet Write fills
-	scratch []byte
 }
 
 // Stats count the transport's recoveries.
@@ -178,8 +188,7 @@ func (q *RC) startSendLocked(psn uint32) {
 func NewRC(cfg RCConfig, link Link) *RC {
 	cfg.defaults()
 	q := &RC{cfg: cfg, link: link, dev: cfg.PD.Device(), done: make(chan struct{}),
-		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask, ePSN: cfg.RecvPSN & psnMask,
-		scratch: make([]byte, cfg.MTU)}
+		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask, ePSN: cfg.RecvPSN & psnMask}
 	q.timer = time.AfterFunc(time.Hour, q.timeout)
 	q.timer.Stop()
 	return q
@@ -231,9 +240,7 @@ func (q *RC) PostSend(wr *rdma.SendWR) error {
 	if len(wr.SG) > rdma.MaxSGE {
 		return fmt.Errorf("roce: %d gather entries, at most %d", len(wr.SG), rdma.MaxSGE)
 	}
-	w := &wqe{wr: *wr}
-	copy(w.sg[:], wr.SG)
-	w.wr.SG = w.sg[:len(wr.SG)]
+	w := wqe{wr: *wr}
 	switch wr.Op {
 	case rdma.OpSend, rdma.OpWrite:
 		for _, b := range wr.SG {
@@ -262,9 +269,41 @@ func (q *RC) PostSend(wr *rdma.SendWR) error {
 	w.firstPSN = q.nextPSN
 	w.readNext = w.firstPSN
 	q.nextPSN = (q.nextPSN + uint32(w.npkts)) & psnMask
-	q.sq = append(q.sq, w)
+	// sq slides forward as requests complete: moved back to the start of
+	// its array when it reaches the end, rather than grown again.
+	if len(q.sq) == cap(q.sq) && cap(q.sqBase) > len(q.sq) {
+		q.sq = q.sqBase[:copy(q.sqBase[:cap(q.sqBase)], q.sq)]
+	}
+	q.sq = append(q.sq, q.newWQE(&w))
+	if cap(q.sq) > cap(q.sqBase) {
+		q.sqBase = q.sq[:0]
+	}
 	q.pumpLocked()
 	return nil
+}
+
+// newWQE is a copy of w, its gather list its own, in a request that
+// completed earlier when there is one (a queue pair allocates nothing per
+// request once warm). q.mu held.
+func (q *RC) newWQE(w *wqe) *wqe {
+	var p *wqe
+	if n := len(q.freeW); n > 0 {
+		p = q.freeW[n-1]
+		q.freeW = q.freeW[:n-1]
+	} else {
+		p = new(wqe)
+	}
+	*p = *w
+	copy(p.sg[:], w.wr.SG)
+	p.wr.SG = p.sg[:len(w.wr.SG)]
+	return p
+}
+
+// freeWQE keeps a completed request for reuse, holding no memory of the
+// caller's. q.mu held.
+func (q *RC) freeWQE(w *wqe) {
+	*w = wqe{}
+	q.freeW = append(q.freeW, w)
 }
 
 // find returns the request that owns psn.
@@ -280,7 +319,7 @@ func (q *RC) find(psn uint32) *wqe {
 // pumpLocked transmits from sendPSN while the window and the read depth
 // allow.
 func (q *RC) pumpLocked() {
-	if q.failed || time.Now().Before(q.holdUntil) {
+	if q.failed || (!q.holdUntil.IsZero() && time.Now().Before(q.holdUntil)) {
 		return
 	}
 	for psnDiff(q.nextPSN, q.sendPSN) > 0 {
@@ -323,8 +362,6 @@ func (q *RC) sendSegment(w *wqe, i int) {
 	n := min(q.cfg.MTU, w.total-off)
 	first, last := i == 0, i == w.npkts-1
 	var p ib.Packet
-	p.Payload = q.scratch[:n]
-	w.gather(p.Payload, off)
 	psn := (w.firstPSN + uint32(i)) & psnMask
 	if w.wr.Op == rdma.OpSend {
 		op := ib.RCSendMiddle
@@ -358,7 +395,18 @@ func (q *RC) sendSegment(w *wqe, i int) {
 		p.BTH = q.bth(op, psn, last || q.wantAck(psn))
 		p.RETH = ib.RETH{VA: w.wr.RemoteTO, RKey: w.wr.RemoteSTag, DMALen: uint32(w.total)}
 	}
-	q.emit(&p)
+	// The payload is gathered straight into the packet's buffer: one
+	// copy, under mu, so the caller's memory is not read once PostSend's
+	// completion may have handed it back.
+	b := q.emitHeader(&p, n)
+	if b == nil {
+		return
+	}
+	l := len(b)
+	b = b[:l+n+(-n&3)]
+	w.gather(b[l:l+n], off)
+	clear(b[l+n:])
+	q.out[len(q.out)-1] = b
 }
 
 // sendReadRequest asks for the Read's data from response packet i on
@@ -385,15 +433,35 @@ func (q *RC) ackedTo(psn uint32) {
 }
 
 func (q *RC) emit(p *ib.Packet) {
-	var buf []byte
-	if n := len(q.out); n < cap(q.out) {
-		buf = q.out[:n+1][n][:0] // a buffer of an earlier batch
-	}
-	b, err := p.Append(buf)
+	b, err := p.Append(q.outBuf())
 	if err != nil {
 		return
 	}
 	q.out = append(q.out, b)
+}
+
+// emitHeader queues p's headers for a payload of n bytes, in a buffer with
+// room for the payload, which the caller appends (nil: not queued).
+func (q *RC) emitHeader(p *ib.Packet, n int) []byte {
+	buf := q.outBuf()
+	if need := ib.BTHLen + 64 + n + 3; cap(buf) < need {
+		buf = make([]byte, 0, need)
+	}
+	b, err := p.AppendHeader(buf, n)
+	if err != nil {
+		return nil
+	}
+	q.out = append(q.out, b)
+	return b
+}
+
+// outBuf is an empty buffer for the next packet: one of an earlier batch
+// when there is one.
+func (q *RC) outBuf() []byte {
+	if n := len(q.out); n < cap(q.out) {
+		return q.out[:n+1][n][:0]
+	}
+	return nil
 }
 
 // unlock releases mu and sends what was built under it, unless another
@@ -412,8 +480,12 @@ func (q *RC) unlock() {
 		batch := q.out
 		q.out, q.spare = q.spare[:0], nil
 		q.mu.Unlock()
-		for _, b := range batch {
-			q.link.Send(b)
+		if bl, ok := q.link.(BatchLink); ok {
+			bl.SendBatch(batch)
+		} else {
+			for _, b := range batch {
+				q.link.Send(b)
+			}
 		}
 		q.mu.Lock()
 		q.spare = batch[:0]
@@ -437,12 +509,15 @@ func (q *RC) readsOutLocked() int {
 // unacknowledged and it is not running.
 func (q *RC) armLocked() {
 	if len(q.sq) == 0 || q.failed {
-		q.timer.Stop()
-		q.armed = false
+		if q.armed {
+			q.timer.Stop()
+			q.armed = false
+		}
 		return
 	}
 	if !q.armed {
 		q.armed = true
+		q.armedAt = q.progress
 		// Each retry waits twice as long: a slow peer is not flooded
 		// with whole windows again and again.
 		q.timer.Reset(q.cfg.Timeout << min(q.retries, 6))
@@ -451,10 +526,15 @@ func (q *RC) armLocked() {
 
 // progressLocked: the peer acknowledged something; the timeout counts
 // from now.
+//
+// The timer is not reset on every acknowledgement (two runtime timer
+// operations per packet were a tenth of a receiver's CPU): progress is
+// counted, and a timer that expires after progress since it was armed
+// starts a new whole timeout instead of retransmitting. A loss is found
+// between one and two timeouts after the last progress.
 func (q *RC) progressLocked() {
 	q.retries, q.rnrTries, q.rereqSet = 0, 0, false
-	q.timer.Stop()
-	q.armed = false
+	q.progress++
 	q.armLocked()
 }
 
@@ -465,6 +545,10 @@ func (q *RC) timeout() {
 	defer q.unlock()
 	q.armed = false
 	if q.failed || len(q.sq) == 0 {
+		return
+	}
+	if !q.rnrWait && q.progress != q.armedAt {
+		q.armLocked() // progress since armed: a whole timeout from now
 		return
 	}
 	if q.rnrWait {
@@ -508,12 +592,33 @@ func (q *RC) goBackLocked(psn uint32) {
 // Input processes one packet addressed to this queue pair: the UDP
 // payload, BTH through ICRC (the device has checked the ICRC).
 func (q *RC) Input(b []byte) {
-	p, err := ib.Decode(b)
 	q.mu.Lock()
-	defer q.unlock()
+	q.inputLocked(b)
+	q.unlock()
+}
+
+// inputHeld is Input without sending what the packet made the queue pair
+// build (acknowledgements, Read responses), unless another goroutine is
+// sending anyway: the device's receiver calls Flush after the datagrams
+// one system call brought, so they leave together (and acknowledgements
+// coalesce).
+func (q *RC) inputHeld(b []byte) {
+	q.mu.Lock()
+	q.inputLocked(b)
+	q.mu.Unlock()
+}
+
+// Flush sends what was built and not yet sent.
+func (q *RC) Flush() {
+	q.mu.Lock()
+	q.unlock()
+}
+
+func (q *RC) inputLocked(b []byte) {
 	if q.failed {
 		return
 	}
+	p, err := ib.Decode(b)
 	if err != nil {
 		if errors.Is(err, ib.ErrUnknownOpcode) {
 			q.nak(p.BTH.PSN, ib.NAKInvalidRequest)
@@ -552,6 +657,7 @@ func (q *RC) completeUpTo(psn uint32) bool {
 		q.sq = q.sq[1:]
 		moved = true
 		q.deliver(w, rdma.Success, w.total)
+		q.freeWQE(w)
 	}
 	if moved {
 		q.progressLocked()
@@ -683,7 +789,22 @@ func (q *RC) firstUnfinishedRead() *wqe {
 
 func (q *RC) ack(psn uint32) {
 	p := ib.Packet{BTH: q.bth(ib.RCAcknowledge, psn, false), AETH: ib.AETH{Syndrome: ib.SyndromeACK | 0x1f, MSN: q.msn}}
+	// Acknowledgements are cumulative: one not yet sent is replaced by
+	// this later one (several requests that asked for one, received in
+	// one batch, get one). A NAK in between is kept, and so is its order.
+	if n := len(q.out); n > 0 && isPlainACK(q.out[n-1]) {
+		if b, err := p.Append(q.out[n-1][:0]); err == nil {
+			q.out[n-1] = b
+		}
+		return
+	}
 	q.emit(&p)
+}
+
+// isPlainACK tells a built Acknowledge packet whose syndrome is an ACK
+// (not an RNR NAK or a NAK).
+func isPlainACK(b []byte) bool {
+	return len(b) == ib.BTHLen+ib.AETHLen && ib.Opcode(b[0]) == ib.RCAcknowledge && b[ib.BTHLen]&0x60 == ib.SyndromeACK
 }
 
 func (q *RC) nak(psn uint32, code uint8) {

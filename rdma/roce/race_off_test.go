@@ -1,0 +1,5 @@
+//go:build !race
+
+package roce
+
+const raceEnabled = false
