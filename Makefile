@@ -1,5 +1,5 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test bench bench-file bench-spdk fuzz guestlab guestlab-bench deb
+.PHONY: test bench bench-file bench-spdk bench-roce fuzz guestlab guestlab-bench deb
 
 test:
 	go test -race ./...
@@ -19,6 +19,11 @@ bench-file:
 bench-spdk:
 	go run ./bench -spdk -rounds 3
 	go run ./bench -spdk -pin=false -rounds 3
+
+# iSER over the software RoCEv2 device against iSCSI/TCP on one target
+# (root, for the raw socket that checks each ICRC over its real header).
+bench-roce:
+	go run ./bench -roce -rounds 3
 
 # A longer fuzzing pass: FUZZTIME per target (default 2m).
 FUZZTIME ?= 2m

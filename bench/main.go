@@ -44,7 +44,8 @@ type target struct {
 	name string
 	url  string
 	pid  int
-	srp  string // blockwire's SRP URL
+	srp  string   // blockwire's SRP URL
+	args []string // blockwire bench's flags for the URL (as --roce)
 }
 
 const benchSRPID = "0011223344556677"
@@ -64,8 +65,9 @@ var (
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
 	spdkOnly = flag.Bool("spdk", false, "only the per-core comparison: SPDK's iscsi_tgt, blockwire and tgt pinned to core 1, clients on core 0 (SPDK built as ../shared/anchors/spdk says)")
 	pin      = flag.Bool("pin", true, "with -spdk: pin each target to core 1 and the clients to core 0 (false: no pinning)")
-	outDir   = flag.String("out", "docs/bench", "with -file and -spdk: where each table is written as JSON and an SVG chart (empty: nowhere)")
+	outDir   = flag.String("out", "docs/bench", "with -file, -spdk and -roce: where each table is written as JSON and an SVG chart (empty: nowhere)")
 	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
+	roceOnly = flag.Bool("roce", false, "only the software RoCEv2 device: iSER over it versus iSCSI/TCP on the same target (issue 23: 0.8x TCP at 128 KiB QD 8)")
 	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
 )
 
@@ -79,7 +81,7 @@ func main() {
 	if *gwOnly {
 		tools = []string{"tgtd", "tgtadm"}
 	}
-	if *rbdOnly || *fileOnly || *spdkOnly {
+	if *rbdOnly || *fileOnly || *spdkOnly || *roceOnly {
 		tools = nil // rbdBench, fileBench and spdkBench check their own
 	}
 	for _, tool := range tools {
@@ -110,6 +112,10 @@ func main() {
 	}
 	if *spdkOnly {
 		spdkBench(bin, *pin)
+		return
+	}
+	if *roceOnly {
+		roceBench(bin)
 		return
 	}
 	bw, stopBw := startBlockwire(bin)
@@ -434,7 +440,7 @@ func bwBench(bin string, d time.Duration, rw, bs, qd, what string) func(target) 
 // bwBenchOn is bwBench behind prefix (the client CPUs' taskset).
 func bwBenchOn(prefix []string, bin string, d time.Duration, rw, bs, qd, what string) func(target) (float64, error) {
 	return func(t target) (float64, error) {
-		argv := append(append([]string{}, prefix...), bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String(), t.url)
+		argv := append(append(append(append([]string{}, prefix...), bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String()), t.args...), t.url)
 		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 		if err != nil {
 			return 0, fmt.Errorf("%v: %s", err, out)

@@ -13,12 +13,14 @@ package roce
 // The ICRC covers the IPv4 identification. Linux writes 0 in a DF
 // datagram of an unconnected socket, and its segmentation numbers the
 // segments of a GSO datagram on from there: segment k carries k (Linux's
-// inet_gso_segment; TestGSOSegmentsCarryConsecutiveIDs checks it on the
-// running kernel across a veth that segments). So segment k's ICRC is
+// inet_gso_segment; TestGSOOverVeth checks it on the running kernel,
+// across a veth that segments). So segment k's ICRC is
 // computed over identification k, a receiver that gets the segments (a
 // kernel rxe, a real NIC) checks each over its real header, and ours,
 // getting the datagram whole, checks segment k over the header
-// segmentation gives it. Nothing is checked over less than it was before.
+// segmentation gives it — or, for a fixed-identification sender's
+// datagrams merged by GRO, over their common identification (two
+// candidate headers instead of one, only for datagrams that arrive merged).
 
 import (
 	"encoding/binary"
@@ -31,7 +33,7 @@ import (
 )
 
 const (
-	maxGSOSegs  = 64    // Linux's UDP_MAX_SEGMENTS before 6.9 (128 since)
+	maxGSOSegs  = 64    // Linux's UDP_MAX_SEGMENTS (newer kernels take 128)
 	maxGSOBytes = 65000 // a UDP payload stays under 65507
 	txMsgs      = 32    // messages per sendmmsg
 	rxMsgs      = 8     // datagrams per recvmmsg
@@ -64,8 +66,8 @@ func (d *Device) newTxBatch() *txBatch {
 	tb := &txBatch{d: d, gsoCmsgLen: unix.CmsgLen(2), gsoCmsgSpace: unix.CmsgSpace(2)}
 	tb.call = func(fd uintptr) bool {
 		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&tb.msgs[tb.off])), uintptr(tb.cnt-tb.off), 0, 0, 0)
-		if e == unix.EAGAIN {
-			return false
+		if e == unix.EAGAIN || e == unix.EINTR {
+			return false // waits until the socket is writable (EINTR: it is)
 		}
 		tb.sent, tb.errno = int(r), e
 		return true

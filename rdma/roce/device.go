@@ -73,7 +73,6 @@ type Device struct {
 	txPool   sync.Pool
 	raw      syscall.RawConn // the UDP socket's, for sendmmsg
 	noGSO    atomic.Bool     // the kernel refused a UDP GSO datagram
-	udpOnly  bool            // tests: read the UDP socket even as root
 	counts   counts
 }
 
@@ -190,7 +189,6 @@ func Open(ip string, opt Options) (*Device, error) {
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL, raw: raw}
 	// Opened before Open returns, so no datagram sent after it is missed.
 	var rawSock *os.File
-	d.udpOnly = opt.udpOnly
 	if addr.Is4() && !opt.udpOnly {
 		if rawSock, err = openRaw(addr, opt.Port); err != nil {
 			rawSock = nil
@@ -564,7 +562,7 @@ func (h *held) add(q *RC) {
 // nothing the second time).
 func (h *held) flush() {
 	for i, q := range h.qps {
-		q.Flush()
+		q.flushOut()
 		h.qps[i] = nil
 	}
 	h.qps = h.qps[:0]

@@ -599,7 +599,7 @@ func (q *RC) Input(b []byte) {
 
 // inputHeld is Input without sending what the packet made the queue pair
 // build (acknowledgements, Read responses), unless another goroutine is
-// sending anyway: the device's receiver calls Flush after the datagrams
+// sending anyway: the device's receiver calls flushOut after the datagrams
 // one system call brought, so they leave together (and acknowledgements
 // coalesce).
 func (q *RC) inputHeld(b []byte) {
@@ -608,8 +608,8 @@ func (q *RC) inputHeld(b []byte) {
 	q.mu.Unlock()
 }
 
-// Flush sends what was built and not yet sent.
-func (q *RC) Flush() {
+// flushOut sends what was built and not yet sent.
+func (q *RC) flushOut() {
 	q.mu.Lock()
 	q.unlock()
 }

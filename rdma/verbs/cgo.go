@@ -683,10 +683,6 @@ func (d *Device) asyncEvent(e cAsync) {
 		default:
 			return // progress, not errors
 		}
-		q := d.qpByNum(uint32(e.qpn))
-		if q == nil {
-			return
-		}
 		hint := "the queue pair failed"
 		switch e._type {
 		case C.IBV_EVENT_QP_ACCESS_ERR:
@@ -694,6 +690,15 @@ func (d *Device) asyncEvent(e cAsync) {
 		case C.IBV_EVENT_QP_REQ_ERR:
 			// siw reports an RDMA Write under an unknown STag so.
 			hint = "the device refused a request of the peer's (an RDMA operation outside memory it was given, or a malformed request)"
+		}
+		q := d.qpByNum(uint32(e.qpn))
+		if q == nil {
+			// The connection ended first (the peer's disconnect, or its
+			// TERMINATE, came before the event): what the device
+			// refused is still said.
+			d.log.Warn("verbs: queue pair error: the connection had already ended", "device", d.name, "qpn", uint32(e.qpn),
+				"event", what, "reason", hint)
+			return
 		}
 		d.log.Warn("verbs: queue pair error: the connection ends", "device", d.name, "peer", q.attr.RemoteAddr,
 			"event", what, "reason", hint)
