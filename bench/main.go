@@ -65,7 +65,7 @@ var (
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
 	spdkOnly = flag.Bool("spdk", false, "only the per-core comparison: SPDK's iscsi_tgt, blockwire and tgt pinned to core 1, clients on core 0 (SPDK built as ../shared/anchors/spdk says)")
 	pin      = flag.Bool("pin", true, "with -spdk: pin each target to core 1 and the clients to core 0 (false: no pinning)")
-	outDir   = flag.String("out", "docs/bench", "with -file, -spdk and -roce: where each table is written as JSON and an SVG chart (empty: nowhere)")
+	outDir   = flag.String("out", "docs/bench", "where each table is written as JSON and an SVG chart, and each queue-depth sweep (the default run and -spdk) as JSON and an SVG of IOPS against depth and latency distributions (empty: nowhere)")
 	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
 	roceOnly = flag.Bool("roce", false, "only the software RoCEv2 device: iSER over it versus iSCSI/TCP on the same target (issue 23: 0.8x TCP at 128 KiB QD 8)")
 	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
@@ -178,6 +178,8 @@ func main() {
 	fmt.Printf("target RSS before the sessions: tgt %.1f MiB, blockwire %.1f MiB (blockwire's memory LUN holds the data written above; tgt's is in /dev/shm)\n", tgtBase, bwBase)
 	fmt.Printf("added by 64 idle sessions: tgt %+.1f MiB, blockwire %+.1f MiB\n", tgtIdle-tgtBase, idleRSS-bwBase)
 	fmt.Printf("added at peak by 16 sessions x QD32 4k random read: tgt %+.1f MiB, blockwire %+.1f MiB\n", tgtBusy-tgtBase, busyRSS-bwBase)
+	writeComparison("vs-tgt", "blockwire vs tgt, loopback, unpinned", ws, results, []string{"tgt", "blockwire"})
+	sweep("vs-tgt-sweep", "blockwire vs tgt, loopback, unpinned", nil, bin, dur, []target{tgt, bw}, nil)
 	transports(bin, bw, dur)
 }
 

@@ -166,6 +166,13 @@ func spdkBench(bin string, pin bool) {
 		name = "spdk-unpinned"
 	}
 	writeComparison(name, "per target core: "+how, ws, results, []string{"spdk", "blockwire", "tgt"})
+	sweep(name+"-sweep", "per target core: "+how, clientCPU, bin, dur, ts, func(t target) (func(), error) {
+		if t.name != "spdk" {
+			return func() {}, nil
+		}
+		_, err := spdkUp()
+		return spdkDown, err
+	})
 	if pid, err := spdkUp(); err == nil {
 		time.Sleep(time.Second)
 		c0, b0, g0 := cpuTime(pid), cpuTime(bwt.pid), cpuTime(tgt.pid)

@@ -1,11 +1,13 @@
 // Command blockwire-plot draws a run of blockwire bench as SVG: the
-// latency distribution and the I/Os per second over the run — or a side
-// by side comparison the bench harness wrote (go run ./bench -file or
-// -spdk: docs/bench/*.json), as bars relative to its first target.
+// latency distribution and the I/Os per second over the run — or what the
+// bench harness wrote into docs/bench: a side by side comparison (bars
+// relative to its first target), or a queue-depth sweep (IOPS against
+// queue depth, and latency distributions, per target).
 //
 //	blockwire bench --json iscsi://HOST/IQN/0 > run.json
 //	blockwire-plot -o run.svg run.json
 //	blockwire-plot -o spdk.svg docs/bench/spdk-pinned.json
+//	blockwire-plot -o sweep.svg docs/bench/spdk-pinned-sweep.json
 //
 // It reads bench's --json output (docs/json.md) from the file named, or
 // from standard input. A tool of its own, so blockwire itself carries no
@@ -59,7 +61,13 @@ func run(out string, args []string) error {
 	}
 	json.Unmarshal(b, &kind)
 	var draw func(io.Writer) error
-	if kind.Targets != nil {
+	if benchplot.IsSweep(b) {
+		s, err := benchplot.DecodeSweep(bytes.NewReader(b))
+		if err != nil {
+			return err
+		}
+		draw = func(w io.Writer) error { return benchplot.DrawSweep(w, s) }
+	} else if kind.Targets != nil {
 		c, err := benchplot.DecodeComparison(bytes.NewReader(b))
 		if err != nil {
 			return err

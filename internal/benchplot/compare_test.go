@@ -44,3 +44,36 @@ func TestDrawComparison(t *testing.T) {
 		t.Error("a comparison of one target was accepted")
 	}
 }
+
+// TestDrawSweep draws a sweep read back from JSON: IOPS against queue
+// depth and the two latency distributions, every target and depth named;
+// a sweep whose IOPS do not match its depths is refused.
+func TestDrawSweep(t *testing.T) {
+	js := `{"title":"sweep","workload":"4k randread","targets":["spdk","blockwire"],"depths":[1,4,32],
+		"iops":{"spdk":[[13000],[40000,41000],[71000]],"blockwire":[[9000],[30000],[60000,62000,61000]]},
+		"latency_distribution_us":{"spdk":[[{"percentile":50,"us":70},{"percentile":99,"us":90}],[],[{"percentile":50,"us":400}]],
+			"blockwire":[[{"percentile":50,"us":100},{"percentile":99,"us":140}],[],[{"percentile":50,"us":500}]]}}`
+	if !IsSweep([]byte(js)) || IsSweep([]byte(`{"targets":["a","b"],"rows":[]}`)) {
+		t.Fatal("IsSweep does not tell a sweep from a comparison")
+	}
+	s, err := DecodeSweep(strings.NewReader(js))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := DrawSweep(&b, s); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	for _, want := range []string{"<svg", "sweep", "4k randread", "spdk", "blockwire", "latency distribution at QD 1", "latency distribution at QD 32", ">32<"} {
+		if !strings.Contains(svg, want) {
+			t.Errorf("the SVG lacks %q", want)
+		}
+	}
+	if _, err := DecodeSweep(strings.NewReader(`{"targets":["a"],"depths":[1,2],"iops":{"a":[[1]]}}`)); err == nil {
+		t.Error("a sweep with one IOPS entry for two depths was accepted")
+	}
+	if MedianRound([]float64{5, 1, 3}) != 2 || MedianRound(nil) != -1 {
+		t.Error("MedianRound")
+	}
+}
