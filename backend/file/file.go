@@ -61,9 +61,15 @@ type File struct {
 	why       string      // why some I/O does not take the ring (Engine)
 	refused   error       // the kernel's refusal of io_uring, if any
 	direct    bool
-	memAlign  int         // with direct: the alignment buffers need in memory
-	bounce    sync.Pool   // with direct: *[]byte aligned to memAlign
-	noDsync   atomic.Bool // pwritev2 without RWF_DSYNC support: write, then fdatasync
+	memAlign  int       // with direct: the alignment buffers need in memory
+	offAlign  int       // with direct: the alignment offsets and lengths need
+	bounce    sync.Pool // with direct: *[]byte aligned to memAlign
+	// rmw serializes direct writes of less than offAlign (a residual
+	// underflow's partial block): each reads the blocks it touches,
+	// patches and writes them back, disk I/O under the lock (no other
+	// lock is taken with it).
+	rmw     sync.Mutex
+	noDsync atomic.Bool // pwritev2 without RWF_DSYNC support: write, then fdatasync
 }
 
 // Options say how to open a file.
@@ -238,7 +244,7 @@ func (b *File) openDirect(path string, blockSize int) error {
 	if blockSize%offAlign != 0 {
 		return fmt.Errorf("file: %s: direct I/O on it needs offsets aligned to %d bytes; a block size of %d is not (give --block-size %d or block_size = %[4]d, or leave direct off)", path, offAlign, blockSize, max(offAlign, 4096))
 	}
-	b.direct, b.memAlign = true, memAlign
+	b.direct, b.memAlign, b.offAlign = true, memAlign, offAlign
 	return nil
 }
 
@@ -297,6 +303,14 @@ func (b *File) ReadAt(p []byte, off int64) (int, error) {
 	if size := b.size.Load(); off < 0 || off+int64(len(p)) > size {
 		return 0, fmt.Errorf("file: read [%d,%d) outside %d bytes", off, off+int64(len(p)), size)
 	}
+	if lo, hi, ok := b.partial(p, off); ok {
+		bp := b.getBounce(int(hi - lo))
+		defer b.bounce.Put(bp)
+		if _, err := b.read((*bp)[:hi-lo], lo); err != nil {
+			return 0, err
+		}
+		return copy(p, (*bp)[off-lo:]), nil
+	}
 	if b.misaligned(p) {
 		bp := b.getBounce(len(p))
 		defer b.bounce.Put(bp)
@@ -305,6 +319,21 @@ func (b *File) ReadAt(p []byte, off int64) (int, error) {
 		return n, err
 	}
 	return b.read(p, off)
+}
+
+// partial reports whether a direct I/O of p at off is not aligned in
+// offset or length, and the aligned range [lo, hi) that covers it (within
+// the file: its size is a multiple of the block size, itself of offAlign).
+func (b *File) partial(p []byte, off int64) (lo, hi int64, ok bool) {
+	if !b.direct || len(p) == 0 {
+		return 0, 0, false
+	}
+	a := int64(b.offAlign)
+	end := off + int64(len(p))
+	if off%a == 0 && end%a == 0 {
+		return 0, 0, false
+	}
+	return off - off%a, (end + a - 1) / a * a, true
 }
 
 func (b *File) read(p []byte, off int64) (int, error) {
@@ -360,12 +389,35 @@ func (b *File) write(p []byte, off int64, flags uint32) (int, error) {
 	if size := b.size.Load(); off < 0 || off+int64(len(p)) > size {
 		return 0, fmt.Errorf("file: write [%d,%d) outside %d bytes", off, off+int64(len(p)), size)
 	}
+	if lo, hi, ok := b.partial(p, off); ok {
+		// Less than the direct-I/O alignment: the blocks it touches are
+		// read, patched and written back whole.
+		b.rmw.Lock()
+		defer b.rmw.Unlock()
+		bp := b.getBounce(int(hi - lo))
+		defer b.bounce.Put(bp)
+		whole := (*bp)[:hi-lo]
+		if _, err := b.read(whole, lo); err != nil {
+			return 0, err
+		}
+		copy(whole[off-lo:], p)
+		if _, err := b.writeAligned(whole, lo, flags); err != nil {
+			return 0, err
+		}
+		return len(p), nil
+	}
 	if b.misaligned(p) {
 		bp := b.getBounce(len(p))
 		defer b.bounce.Put(bp)
 		copy(*bp, p)
 		p = (*bp)[:len(p)]
 	}
+	return b.writeAligned(p, off, flags)
+}
+
+// writeAligned writes p at off as the engine says (p aligned as direct
+// I/O needs, when it is on).
+func (b *File) writeAligned(p []byte, off int64, flags uint32) (int, error) {
 	switch {
 	case b.ringWrite:
 		n, err := b.ring.WriteAt(b.fd, p, off, flags)
