@@ -116,8 +116,9 @@ func DrawComparison(w io.Writer, c Comparison) error {
 	p.Add(one)
 	p.Legend.Top = true
 	p.NominalX(names...)
+	p.X.Min, p.X.Max = -0.6, float64(len(c.Rows))-0.4 // room for the outer bars and labels
 	p.Y.Min, p.Y.Max = 0, top*1.15
-	cv := vgsvg.New(vg.Length(max(8, 1.6*float64(len(c.Rows))))*vg.Inch, 5*vg.Inch)
+	cv := vgsvg.New(vg.Length(max(8, 2*float64(len(c.Rows))))*vg.Inch, 5*vg.Inch)
 	p.Draw(draw.New(cv))
 	if _, err := cv.WriteTo(w); err != nil {
 		return fmt.Errorf("writing the SVG: %w", err)

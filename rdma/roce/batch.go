@@ -133,7 +133,7 @@ func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
 			nm++
 			i = j
 		}
-		if redo := tb.flush(nm, len(pkts)); redo >= 0 {
+		if redo := tb.flush(nm); redo >= 0 {
 			i = redo // GSO refused: the rest again, one datagram per packet
 		}
 	}
@@ -174,7 +174,7 @@ func (d *Device) group(pkts [][]byte, i, mtu int) int {
 // lost like any other (the transport retransmits) — except a GSO datagram
 // refused for being GSO: then GSO is switched off for the device and
 // flush returns the first packet to send again (else -1).
-func (tb *txBatch) flush(nm, npkts int) int {
+func (tb *txBatch) flush(nm int) int {
 	d := tb.d
 	for tb.off, tb.cnt = 0, nm; tb.off < tb.cnt; {
 		tb.sent, tb.errno = 0, 0
