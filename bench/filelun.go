@@ -1,8 +1,10 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
@@ -222,31 +224,37 @@ func loopDevice() (string, func()) {
 // NAME.json (benchplot.Comparison) and NAME.svg (its chart), the first
 // target the reference.
 func writeComparison(name, title string, ws []workload, results map[string]map[string][]float64, targets []string) {
-	if *outDir == "" {
-		return
-	}
 	c := benchplot.Comparison{Title: title, Targets: targets}
 	for _, w := range ws {
 		c.Rows = append(c.Rows, benchplot.Row{Name: w.name, Unit: w.unit, Higher: w.higher, Runs: results[w.name]})
+	}
+	writeChart(name, c, func(w io.Writer) error { return benchplot.DrawComparison(w, c) })
+}
+
+// writeChart writes v into the -out directory as NAME.json and, drawn,
+// as NAME.svg (nothing without -out).
+func writeChart(name string, v any, draw func(io.Writer) error) {
+	if *outDir == "" {
+		return
 	}
 	if err := os.MkdirAll(*outDir, 0o755); err != nil {
 		log.Printf("bench: %v", err)
 		return
 	}
-	js, _ := json.MarshalIndent(c, "", "  ")
+	js, _ := json.MarshalIndent(v, "", "  ")
 	base := filepath.Join(*outDir, name)
 	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		log.Printf("bench: %v", err)
 		return
 	}
-	f, err := os.Create(base + ".svg")
-	if err != nil {
+	var svg bytes.Buffer
+	if err := draw(&svg); err != nil {
+		log.Printf("bench: drawing %s: %v", name, err)
+		return
+	}
+	if err := os.WriteFile(base+".svg", svg.Bytes(), 0o644); err != nil {
 		log.Printf("bench: %v", err)
 		return
 	}
-	if err := benchplot.DrawComparison(f, c); err != nil {
-		log.Printf("bench: drawing %s: %v", name, err)
-	}
-	f.Close()
 	fmt.Printf("\n(written: %s.json, %[1]s.svg)\n", base)
 }

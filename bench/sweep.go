@@ -2,12 +2,11 @@ package main
 
 import (
 	"bytes"
-	"encoding/json"
 	"fmt"
+	"io"
 	"log"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"time"
 
@@ -82,29 +81,7 @@ func sweep(name, title string, prefix []string, bin string, dur time.Duration, t
 			}
 		}
 	}
-	if *outDir == "" {
-		return
-	}
-	if err := os.MkdirAll(*outDir, 0o755); err != nil {
-		log.Printf("bench: %v", err)
-		return
-	}
-	js, _ := json.MarshalIndent(s, "", "  ")
-	base := filepath.Join(*outDir, name)
-	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
-		log.Printf("bench: %v", err)
-		return
-	}
-	var svg bytes.Buffer
-	if err := benchplot.DrawSweep(&svg, s); err != nil {
-		log.Printf("bench: drawing %s: %v", name, err)
-		return
-	}
-	if err := os.WriteFile(base+".svg", svg.Bytes(), 0o644); err != nil {
-		log.Printf("bench: %v", err)
-		return
-	}
-	fmt.Printf("\n(written: %s.json, %[1]s.svg)\n", base)
+	writeChart(name, s, func(w io.Writer) error { return benchplot.DrawSweep(w, s) })
 }
 
 // bwBenchJSON runs blockwire bench --json, 4 KiB random reads at depth
