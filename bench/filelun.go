@@ -228,12 +228,13 @@ func writeComparison(name, title string, ws []workload, results map[string]map[s
 	for _, w := range ws {
 		c.Rows = append(c.Rows, benchplot.Row{Name: w.name, Unit: w.unit, Higher: w.higher, Runs: results[w.name]})
 	}
-	writeChart(name, c, func(w io.Writer) error { return benchplot.DrawComparison(w, c) })
+	writeChart(name, c, true, func(w io.Writer) error { return benchplot.DrawComparison(w, c) })
 }
 
-// writeChart writes v into the -out directory as NAME.json and, drawn,
-// as NAME.svg (nothing without -out).
-func writeChart(name string, v any, draw func(io.Writer) error) {
+// writeChart writes v into the -out directory as NAME.json (indented, or
+// on one line: a sweep's thousands of latency points) and, drawn, as
+// NAME.svg (nothing without -out).
+func writeChart(name string, v any, indent bool, draw func(io.Writer) error) {
 	if *outDir == "" {
 		return
 	}
@@ -241,7 +242,10 @@ func writeChart(name string, v any, draw func(io.Writer) error) {
 		log.Printf("bench: %v", err)
 		return
 	}
-	js, _ := json.MarshalIndent(v, "", "  ")
+	js, _ := json.Marshal(v)
+	if indent {
+		js, _ = json.MarshalIndent(v, "", "  ")
+	}
 	base := filepath.Join(*outDir, name)
 	if err := os.WriteFile(base+".json", append(js, '\n'), 0o644); err != nil {
 		log.Printf("bench: %v", err)

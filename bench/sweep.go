@@ -81,7 +81,7 @@ func sweep(name, title string, prefix []string, bin string, dur time.Duration, t
 			}
 		}
 	}
-	writeChart(name, s, func(w io.Writer) error { return benchplot.DrawSweep(w, s) })
+	writeChart(name, s, false, func(w io.Writer) error { return benchplot.DrawSweep(w, s) })
 }
 
 // bwBenchJSON runs blockwire bench --json, 4 KiB random reads at depth
