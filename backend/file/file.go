@@ -21,7 +21,9 @@
 // Options.Direct opens the file with O_DIRECT: the page cache is bypassed
 // and I/O must be aligned to the file's direct-I/O alignment (its offsets
 // by the LU's block size, checked at Open; buffers that are not aligned
-// in memory go through an aligned bounce buffer).
+// in memory go through an aligned bounce buffer, and so does the rare
+// I/O of less than the alignment — a residual underflow's partial block
+// — a write as a read-modify-write of the blocks it touches).
 package file
 
 import (
