@@ -82,6 +82,15 @@ func (p *qpPair) exercise(t *testing.T, rounds int) {
 		mrs[i], _ = p.ea.pd.Register(sinks[i], 0, rdma.LocalWrite)
 	}
 	for r := range rounds {
+		// The receive for this round's Send is posted first: b's
+		// queue pair lock then orders the checks of the round before
+		// (this goroutine) before this round's Writes into b's memory
+		// (b's receiver, under that lock) — the race detector cannot
+		// see the order the UDP socket gives them.
+		buf := make([]byte, 5*p.a.mtu+44)
+		if err := p.qb.PostRecv(rdma.RecvWR{ID: 7, Buf: buf}); err != nil {
+			t.Fatal(err)
+		}
 		want := make([][]byte, 8)
 		for i := range want {
 			want[i] = make([]byte, size)
@@ -104,11 +113,7 @@ func (p *qpPair) exercise(t *testing.T, rounds int) {
 		}
 		// A Send of 5 MTUs and a bit; b looks at its memory after its
 		// receive completion, ordered after the Writes' placement.
-		msg := want[r%8][:5*p.a.mtu+44]
-		buf := make([]byte, len(msg))
-		if err := p.qb.PostRecv(rdma.RecvWR{ID: 7, Buf: buf}); err != nil {
-			t.Fatal(err)
-		}
+		msg := want[r%8][:len(buf)]
 		if err := p.qa.PostSend(&rdma.SendWR{ID: 9, Op: rdma.OpSend, SG: [][]byte{msg}}); err != nil {
 			t.Fatal(err)
 		}
