@@ -59,6 +59,10 @@ type Config struct {
 	ROCEListen    []string `toml:"roce_listen,omitempty"`
 	SRPROCEListen []string `toml:"srp_roce_listen,omitempty"`
 	ROCEUDPPort   int      `toml:"roce_udp_port,omitempty"`
+	// ROCEGSO, when false, has the software RoCEv2 device send one
+	// datagram per packet instead of UDP GSO runs (default on): packet
+	// captures on the host then show packets, not GSO datagrams.
+	ROCEGSO *bool `toml:"roce_gso,omitempty"`
 	// RDMADevice chooses the RDMA device under the iser-roce and srp-roce
 	// portals: "auto" (the default: the kernel RDMA device a portal's
 	// address belongs to — an RDMA NIC, rxe, siw — when this build has

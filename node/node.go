@@ -496,7 +496,7 @@ func (n *Node) roceDevice(addr string) (*roce.Device, error) {
 	if port == 0 {
 		port = n.opts.RoCEUDPPort
 	}
-	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log})
+	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log, NoGSO: n.cfg.ROCEGSO != nil && !*n.cfg.ROCEGSO})
 	if err != nil {
 		return nil, err
 	}

@@ -134,21 +134,9 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		}
 		return fmt.Errorf("want direct, gateway or any, not %q", v)
 	})
-	fs.Func("roce", "for iser:// URLs: connect over the software RoCEv2 device (InfiniBand RC in UDP) from this local IPv4 or IPv6 address (its RoCEv2 GID), IP or [IP]:UDPPORT (default UDP port 4791)", func(v string) error {
-		ip, port := v, 0
-		if h, p, err := net.SplitHostPort(v); err == nil {
-			ip = h
-			if port, err = strconv.Atoi(p); err != nil {
-				return fmt.Errorf("UDP port %q", p)
-			}
-		}
-		d, err := roce.Open(ip, roce.Options{Port: port})
-		if err != nil {
-			return err
-		}
-		dialer.RDMA = d // lives as long as the command
-		return nil
-	})
+	rf := &roceFlag{dialer: dialer, gso: true}
+	fs.Var(rf, "roce", "for iser:// URLs: connect over the software RoCEv2 device (InfiniBand RC in UDP) from this local IPv4 or IPv6 address (its RoCEv2 GID), IP or [IP]:UDPPORT (default UDP port 4791)")
+	fs.BoolVar(&rf.gso, "roce-gso", true, "with --roce: send runs of packets as UDP GSO datagrams; false: one datagram per packet (packet captures on this host then show packets)")
 	dev := &deviceFlag{dialer: dialer, logger: o.Logger}
 	fs.BoolVar(&dev.windows, "rdma-windows", false, "with --rdma-device naming a kernel device that has memory windows (rxe, ConnectX): the target reaches each I/O's buffer through a window of its own, invalidated when the I/O ends, instead of the registered memory's one key")
 	fs.Var(dev, "rdma-device", "for iser:// and srp:// URLs: the RDMA device to connect over: soft (the default: software iWARP, or RoCEv2 with --roce), auto (the kernel RDMA device when there is exactly one) or a kernel device's name as \"blockwire rdma\" lists it (RDMA/CM, as Linux ib_iser and ib_srp connect)")
@@ -217,6 +205,45 @@ func (d *deviceFlag) afterParse() error {
 		return err
 	}
 	d.dialer.RDMA = dev // lives as long as the command
+	return nil
+}
+
+// roceFlag is --roce: the software RoCEv2 device is opened after the
+// flags are read, with --roce-gso as given anywhere on the line.
+type roceFlag struct {
+	addr   string
+	gso    bool
+	dialer *fabric.Dialer
+}
+
+func (r *roceFlag) String() string {
+	if r == nil {
+		return ""
+	}
+	return r.addr
+}
+
+func (r *roceFlag) Set(v string) error {
+	if h, p, err := net.SplitHostPort(v); err == nil {
+		if _, err := strconv.Atoi(p); err != nil || h == "" {
+			return fmt.Errorf("UDP port %q", p)
+		}
+	}
+	r.addr = v
+	return nil
+}
+
+func (r *roceFlag) afterParse() error {
+	ip, port := r.addr, 0
+	if h, p, err := net.SplitHostPort(r.addr); err == nil {
+		ip, port = h, 0
+		port, _ = strconv.Atoi(p)
+	}
+	d, err := roce.Open(ip, roce.Options{Port: port, NoGSO: !r.gso})
+	if err != nil {
+		return err
+	}
+	r.dialer.RDMA = d // lives as long as the command
 	return nil
 }
 

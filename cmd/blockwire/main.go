@@ -121,7 +121,7 @@ type serveFlags struct {
 	listen, portGroups, iserRoce, srp, srpRoce, adminDirs         listFlag
 	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser *string
 	rdmaDevice, rdmaMemory, ioEngine                              *string
-	grow, readOnly, removable, iser, writeCache, direct           *bool
+	grow, readOnly, removable, iser, writeCache, direct, roceGSO  *bool
 	tpgt                                                          *uint
 	blockSize, roceUDP                                            *int
 	cfgPath, logLevel, logFormat, cpuprofile, metrics             *string
@@ -182,6 +182,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.iser = fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
 	fs.Var(&f.iserRoce, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on address:port (IPv4 or [IPv6]), the port being the one the service ID names (repeatable)")
 	f.roceUDP = fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
+	f.roceGSO = fs.Bool("roce-gso", true, "the software RoCEv2 device sends runs of packets as UDP GSO datagrams; false: one datagram per packet (packet captures on this host then show packets)")
 	fs.Var(&f.srp, "srp-listen", "also serve every target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
 	fs.Var(&f.srpRoce, "srp-roce-listen", "also serve every target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe, and to each target's IOC GUID as service ID with the whole login) on address:port (IPv4 or [IPv6]) (repeatable)")
 	f.rdmaDevice = fs.String("rdma-device", "auto", "the RDMA device under --roce-listen and --srp-roce-listen: auto (the kernel RDMA device of each address — an RDMA NIC, rxe, siw — in a build with verbs support, else the software RoCEv2 device), soft, or a device name as \"blockwire rdma\" lists it")
@@ -361,6 +362,9 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 	}
 	if isSet(fs, "iser") {
 		cfg.ISER = f.iser
+	}
+	if isSet(fs, "roce-gso") {
+		cfg.ROCEGSO = f.roceGSO
 	}
 	lim := &cfg.Limits
 	for _, o := range []struct {

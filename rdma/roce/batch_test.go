@@ -139,8 +139,9 @@ func (d *Device) stats() string {
 // Runs of whole-MTU packets leave as UDP GSO datagrams, reach the peer
 // whole on loopback and are cut there — read from the raw socket (root),
 // or from the UDP socket with UDP_GRO (the segment size in a control
-// message) — and every packet's ICRC is checked; with GSO off (a kernel
-// that refused it) one datagram per packet, as before. No ICRC fails.
+// message) — and every packet's ICRC is checked; with GSO off
+// (Options.NoGSO, --roce-gso=false) one datagram per packet, as before.
+// No ICRC fails.
 func TestBatchedTransfers(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
@@ -151,18 +152,16 @@ func TestBatchedTransfers(t *testing.T) {
 			if !tc.udpOnly && os.Geteuid() != 0 {
 				t.Skip("the raw-socket receive path needs root")
 			}
-			a, err := Open("127.0.0.1", Options{Port: 14791, udpOnly: tc.udpOnly})
+			a, err := Open("127.0.0.1", Options{Port: 14791, udpOnly: tc.udpOnly, NoGSO: tc.noGSO})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			b, err := Open("127.0.0.2", Options{Port: 14791, udpOnly: tc.udpOnly})
+			b, err := Open("127.0.0.2", Options{Port: 14791, udpOnly: tc.udpOnly, NoGSO: tc.noGSO})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			a.noGSO.Store(tc.noGSO)
-			b.noGSO.Store(tc.noGSO)
 			p := connect(t, a, b, 3260)
 			p.exercise(t, 6)
 			t.Logf("initiator: %s; responder: %s", a.stats(), b.stats())

@@ -110,6 +110,12 @@ type Options struct {
 	MaxConnRequests int
 	ConnRequestTTL  time.Duration
 	Logger          *slog.Logger
+	// NoGSO sends one datagram per packet (batch.go sends runs of them
+	// as UDP GSO datagrams): a packet capture on the host then shows each
+	// packet — it sees a GSO datagram before the kernel cuts it — and a
+	// NIC whose segmentation offload numbered IP identifications other
+	// than Linux does could not break the ICRCs.
+	NoGSO bool
 
 	udpOnly bool // tests: no raw socket, as when not root
 }
@@ -187,6 +193,7 @@ func Open(ip string, opt Options) (*Device, error) {
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL, raw: raw}
+	d.noGSO.Store(opt.NoGSO)
 	// Opened before Open returns, so no datagram sent after it is missed.
 	var rawSock *os.File
 	if addr.Is4() && !opt.udpOnly {
