@@ -78,6 +78,8 @@ func (d *Device) newTxBatch() *txBatch {
 // sendBatch sends pkts (transport packets, BTH through pad) to peer in
 // order, each with its ICRC: as few system calls as sendmmsg allows, runs
 // of equal-sized packets as GSO datagrams unless the kernel refused one.
+// mtu is the queue pair's path MTU (group); 0 for packets of none (the
+// CM's MADs), each its own datagram.
 func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
 	tb, _ := d.txPool.Get().(*txBatch)
 	if tb == nil {

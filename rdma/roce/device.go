@@ -66,14 +66,13 @@ type Device struct {
 	lastSweep time.Time
 	maxReqs   int
 	reqTTL    time.Duration
-	// sendBufs hold datagrams being sent (*[]byte), txPool sendmmsg
-	// batches (*txBatch): no lock is held across the socket write, and a
-	// warm pool allocates nothing.
-	sendBufs sync.Pool
-	txPool   sync.Pool
-	raw      syscall.RawConn // the UDP socket's, for sendmmsg
-	noGSO    atomic.Bool     // the kernel refused a UDP GSO datagram
-	counts   counts
+	// txPool holds sendmmsg batches (*txBatch): no lock is held across
+	// the socket write, and a warm pool allocates nothing. Every packet
+	// leaves through sendBatch, the CM's too.
+	txPool sync.Pool
+	raw    syscall.RawConn // the UDP socket's, for sendmmsg
+	noGSO  atomic.Bool     // the kernel refused a UDP GSO datagram
+	counts counts
 }
 
 // counts are what the batching did, for tests and the curious.
@@ -305,22 +304,6 @@ func udpHeader(sport, dport, length int) [8]byte {
 	binary.BigEndian.PutUint16(u[2:], uint16(dport))
 	binary.BigEndian.PutUint16(u[4:], uint16(length))
 	return u
-}
-
-// send adds the ICRC to pkt and sends it to peer. It takes no lock of
-// the device: receiving (which looks queue pairs up under d.mu) never
-// waits for a send's system call.
-func (d *Device) send(peer netip.Addr, pkt []byte) {
-	n := len(pkt) + ib.ICRCLen
-	ip := ipHeader(d.ip, peer, 8+n)
-	udp := udpHeader(d.port, d.port, 8+n)
-	bp, _ := d.sendBufs.Get().(*[]byte)
-	if bp == nil {
-		bp = new([]byte)
-	}
-	*bp = ib.AppendICRC(ip.bytes(), udp[:], append((*bp)[:0], pkt...))
-	d.conn.WriteToUDPAddrPort(*bp, netip.AddrPortFrom(peer, uint16(d.port)))
-	d.sendBufs.Put(bp)
 }
 
 func (d *Device) receive(raw *os.File) {
@@ -590,7 +573,8 @@ type link struct {
 	mtu  int // the queue pair's path MTU
 }
 
-func (l link) Send(pkt []byte) { l.d.send(l.peer, pkt) }
+// Send sends one packet (RC.unlock sends batches; Link asks for this).
+func (l link) Send(pkt []byte) { l.d.sendBatch(l.peer, l.mtu, [][]byte{pkt}) }
 
 // SendBatch sends the packets in order, batched (batch.go).
 func (l link) SendBatch(pkts [][]byte) { l.d.sendBatch(l.peer, l.mtu, pkts) }
@@ -599,7 +583,7 @@ func (d *Device) sendMAD(peer netip.Addr, attr uint16, tid uint64, data *[ib.CMD
 	m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: tid, AttrID: attr, Data: *data}
 	p := ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)}
 	b, _ := p.Append(nil)
-	d.send(peer, b)
+	d.sendBatch(peer, 0, [][]byte{b})
 }
 
 func randU32() uint32 {
