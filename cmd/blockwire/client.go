@@ -211,35 +211,33 @@ func (d *deviceFlag) afterParse() error {
 // roceFlag is --roce: the software RoCEv2 device is opened after the
 // flags are read, with --roce-gso as given anywhere on the line.
 type roceFlag struct {
-	addr   string
+	ip     string
+	port   int // 0: RoCEv2's 4791
 	gso    bool
 	dialer *fabric.Dialer
 }
 
 func (r *roceFlag) String() string {
-	if r == nil {
+	if r == nil || r.ip == "" {
 		return ""
 	}
-	return r.addr
+	return net.JoinHostPort(r.ip, strconv.Itoa(r.port))
 }
 
 func (r *roceFlag) Set(v string) error {
+	r.ip, r.port = v, 0
 	if h, p, err := net.SplitHostPort(v); err == nil {
-		if _, err := strconv.Atoi(p); err != nil || h == "" {
+		port, err := strconv.Atoi(p)
+		if err != nil {
 			return fmt.Errorf("UDP port %q", p)
 		}
+		r.ip, r.port = h, port
 	}
-	r.addr = v
 	return nil
 }
 
 func (r *roceFlag) afterParse() error {
-	ip, port := r.addr, 0
-	if h, p, err := net.SplitHostPort(r.addr); err == nil {
-		ip, port = h, 0
-		port, _ = strconv.Atoi(p)
-	}
-	d, err := roce.Open(ip, roce.Options{Port: port, NoGSO: !r.gso})
+	d, err := roce.Open(r.ip, roce.Options{Port: r.port, NoGSO: !r.gso})
 	if err != nil {
 		return err
 	}
