@@ -555,12 +555,18 @@ func rounds2(ws []workload, a, b target) map[string]map[string][]float64 {
 	return roundsN(ws, a, b)
 }
 
+// rotated is round r's order of ts: each round starts one further on,
+// so no target always goes first.
+func rotated(ts []target, r int) []target {
+	return append(append([]target(nil), ts[r%len(ts):]...), ts[:r%len(ts)]...)
+}
+
 // roundsN runs every workload on every target, the order rotating each
 // round so no target always goes first.
 func roundsN(ws []workload, ts ...target) map[string]map[string][]float64 {
 	results := map[string]map[string][]float64{}
 	for r := 0; r < *rounds; r++ {
-		order := append(append([]target(nil), ts[r%len(ts):]...), ts[:r%len(ts)]...)
+		order := rotated(ts, r)
 		for _, w := range ws {
 			for _, t := range order {
 				v, err := w.run(t)

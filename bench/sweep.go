@@ -33,7 +33,7 @@ func sweep(name, title string, prefix []string, bin string, dur time.Duration, t
 		runs[t.name] = make([][]benchplot.Result, len(sweepDepths))
 	}
 	for r := 0; r < *rounds; r++ {
-		order := append(append([]target(nil), ts[r%len(ts):]...), ts[:r%len(ts)]...)
+		order := rotated(ts, r)
 		for di, d := range sweepDepths {
 			for _, t := range order {
 				stop := func() {}
