@@ -410,35 +410,54 @@ func (p *Packet) AppendHeader(dst []byte, n int) ([]byte, error) {
 // reserved bits) set to ones; then the rest. It goes on the wire least
 // significant byte first — as Linux's rdma_rxe computes and places it.
 func ICRC(ip, udp, pkt []byte) uint32 {
-	var buf [8 + 60 + 8 + BTHLen]byte // an IPv4 header may have options
-	n := copy(buf[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
-	ipStart := n
-	n += copy(buf[n:], ip)
-	switch ip[0] >> 4 {
-	case 4:
-		buf[ipStart+1] = 0xff                         // TOS
-		buf[ipStart+8] = 0xff                         // TTL
-		buf[ipStart+10], buf[ipStart+11] = 0xff, 0xff // header checksum
-	case 6:
-		// Traffic class (8 bits across bytes 0-1) and flow label (20 bits).
-		buf[ipStart] |= 0x0f
-		buf[ipStart+1] = 0xff
-		buf[ipStart+2], buf[ipStart+3] = 0xff, 0xff
-		buf[ipStart+7] = 0xff // hop limit
-	}
-	udpStart := n
-	n += copy(buf[n:], udp[:8])
-	buf[udpStart+6], buf[udpStart+7] = 0xff, 0xff
-	bthStart := n
-	n += copy(buf[n:], pkt[:BTHLen])
-	buf[bthStart+4] = 0xff
+	var b ICRCBuf
+	n := b.mask(ip, udp, pkt)
 	// The masked headers byte by byte: crc32.Update's assembly would
-	// move buf to the heap, an allocation per packet.
+	// move b to the heap, an allocation per packet.
 	c := ^uint32(0)
-	for _, v := range buf[:n] {
+	for _, v := range b[:n] {
 		c = crc32.IEEETable[byte(c)^v] ^ c>>8
 	}
 	return crc32.Update(^c, crc32.IEEETable, pkt[BTHLen:])
+}
+
+// ICRCBuf is room for the masked headers an ICRC covers. A user that
+// computes many keeps one (on the heap) and calls its Sum, which runs
+// crc32's assembly over the headers too: about a quarter less time per
+// 4 KiB packet than ICRC.
+type ICRCBuf [8 + 60 + 8 + BTHLen]byte // an IPv4 header may have options
+
+// Sum is ICRC(ip, udp, pkt), computed in b.
+func (b *ICRCBuf) Sum(ip, udp, pkt []byte) uint32 {
+	n := b.mask(ip, udp, pkt)
+	return crc32.Update(crc32.Update(0, crc32.IEEETable, b[:n]), crc32.IEEETable, pkt[BTHLen:])
+}
+
+// mask copies the headers the ICRC covers into b, the fields it leaves
+// out set to ones, and returns their length.
+func (b *ICRCBuf) mask(ip, udp, pkt []byte) int {
+	n := copy(b[:], []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff})
+	ipStart := n
+	n += copy(b[n:], ip)
+	switch ip[0] >> 4 {
+	case 4:
+		b[ipStart+1] = 0xff                       // TOS
+		b[ipStart+8] = 0xff                       // TTL
+		b[ipStart+10], b[ipStart+11] = 0xff, 0xff // header checksum
+	case 6:
+		// Traffic class (8 bits across bytes 0-1) and flow label (20 bits).
+		b[ipStart] |= 0x0f
+		b[ipStart+1] = 0xff
+		b[ipStart+2], b[ipStart+3] = 0xff, 0xff
+		b[ipStart+7] = 0xff // hop limit
+	}
+	udpStart := n
+	n += copy(b[n:], udp[:8])
+	b[udpStart+6], b[udpStart+7] = 0xff, 0xff
+	bthStart := n
+	n += copy(b[n:], pkt[:BTHLen])
+	b[bthStart+4] = 0xff
+	return n
 }
 
 // AppendICRC adds the ICRC of pkt (built by Append) to it.

@@ -20,6 +20,7 @@ func TestGoldenRXE(t *testing.T) {
 	}
 	seen := map[Opcode]int{}
 	n := 0
+	icrc := new(ICRCBuf)
 	for _, d := range ds {
 		if binary.BigEndian.Uint16(d.UDP[2:]) != UDPPort {
 			continue
@@ -33,6 +34,9 @@ func TestGoldenRXE(t *testing.T) {
 		body := d.Payload[:len(d.Payload)-ICRCLen]
 		if got := ICRC(d.IP, d.UDP, body); got != p.ICRC {
 			t.Fatalf("frame %d (%s): ICRC %#08x on the wire, computed %#08x", d.Frame, p.BTH.Opcode, p.ICRC, got)
+		}
+		if got := icrc.Sum(d.IP, d.UDP, body); got != p.ICRC {
+			t.Fatalf("frame %d (%s): ICRC %#08x on the wire, ICRCBuf.Sum %#08x", d.Frame, p.BTH.Opcode, p.ICRC, got)
 		}
 		again, err := p.Append(nil)
 		if err != nil {

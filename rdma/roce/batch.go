@@ -60,14 +60,15 @@ type txBatch struct {
 	errno        syscall.Errno
 	gsoCmsgLen   int
 	gsoCmsgSpace int
+	icrc         ib.ICRCBuf
 }
 
 func (d *Device) newTxBatch() *txBatch {
 	tb := &txBatch{d: d, gsoCmsgLen: unix.CmsgLen(2), gsoCmsgSpace: unix.CmsgSpace(2)}
 	tb.call = func(fd uintptr) bool {
 		r, _, e := unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&tb.msgs[tb.off])), uintptr(tb.cnt-tb.off), 0, 0, 0)
-		if e == unix.EAGAIN || e == unix.EINTR {
-			return false // waits until the socket is writable (EINTR: it is)
+		for e == unix.EINTR {
+			r, _, e = unix.Syscall6(unix.SYS_SENDMMSG, fd, uintptr(unsafe.Pointer(&tb.msgs[tb.off])), uintptr(tb.cnt-tb.off), 0, 0, 0)
 		}
 		tb.sent, tb.errno = int(r), e
 		return true
@@ -112,8 +113,8 @@ func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
 				n := len(pkts[k]) + ib.ICRCLen
 				ip := ipHeader(d.ip, peer, 8+n)
 				ip.setID(uint16(k - i))
-				udp := udpHeader(d.port, d.port, 8+n)
-				binary.LittleEndian.PutUint32(tb.crcs[k][:], ib.ICRC(ip.bytes(), udp[:], pkts[k]))
+				udp := udpHeader(d.txPort, d.port, 8+n)
+				binary.LittleEndian.PutUint32(tb.crcs[k][:], tb.icrc.Sum(ip.bytes(), udp[:], pkts[k]))
 				tb.iovs[2*k] = unix.Iovec{Base: unsafe.SliceData(pkts[k])}
 				tb.iovs[2*k].SetLen(len(pkts[k]))
 				tb.iovs[2*k+1] = unix.Iovec{Base: &tb.crcs[k][0]}
@@ -180,7 +181,7 @@ func (tb *txBatch) flush(nm int) int {
 	d := tb.d
 	for tb.off, tb.cnt = 0, nm; tb.off < tb.cnt; {
 		tb.sent, tb.errno = 0, 0
-		if err := d.raw.Write(tb.call); err != nil {
+		if err := d.txRaw.Write(tb.call); err != nil {
 			return -1 // closed
 		}
 		if tb.errno == 0 {

@@ -184,7 +184,7 @@ func TestBatchedTransfers(t *testing.T) {
 // again as a datagram of its own, and GSO stays off for the device.
 func TestGSORefusedFallsBack(t *testing.T) {
 	a, b := devices(t)
-	if err := a.raw.Control(func(fd uintptr) {
+	if err := a.txRaw.Control(func(fd uintptr) {
 		if err := syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_NO_CHECK, 1); err != nil {
 			t.Fatal(err)
 		}
@@ -265,7 +265,9 @@ func TestCoalescedSegmentsCheckedAlone(t *testing.T) {
 				if reported {
 					gso = len(dgram) / 3
 				}
-				d.datagram(peer, &ip, udp[:], dgram, gso, nil)
+				var h held
+				d.datagram(peer, &ip, udp[:], dgram, gso, &h)
+				h.flush()
 				for k := range 3 {
 					landed := bytes.Equal(buf[k*mtu:(k+1)*mtu], bytes.Repeat([]byte{byte('a' + k)}, mtu))
 					if landed != (k < tc.placed) {

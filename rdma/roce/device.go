@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -70,8 +71,11 @@ type Device struct {
 	// the socket write, and a warm pool allocates nothing. Every packet
 	// leaves through sendBatch, the CM's too.
 	txPool sync.Pool
-	raw    syscall.RawConn // the UDP socket's, for sendmmsg
-	noGSO  atomic.Bool     // the kernel refused a UDP GSO datagram
+	raw    syscall.RawConn // the UDP socket's
+	tx     *os.File        // the sending socket (openTx)
+	txRaw  syscall.RawConn
+	txPort int
+	noGSO  atomic.Bool // the kernel refused a UDP GSO datagram
 	counts counts
 }
 
@@ -193,6 +197,16 @@ func Open(ip string, opt Options) (*Device, error) {
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL, raw: raw}
 	d.noGSO.Store(opt.NoGSO)
+	if d.tx, d.txPort, err = openTx(addr); err == nil {
+		d.txRaw, err = d.tx.SyscallConn()
+	}
+	if err != nil {
+		c.Close()
+		if d.tx != nil {
+			d.tx.Close()
+		}
+		return nil, fmt.Errorf("roce: %w", err)
+	}
 	// Opened before Open returns, so no datagram sent after it is missed.
 	var rawSock *os.File
 	if addr.Is4() && !opt.udpOnly {
@@ -220,6 +234,7 @@ func (d *Device) Close() error {
 	d.close.Do(func() {
 		close(d.done)
 		d.conn.Close()
+		d.tx.Close()
 		d.mu.Lock()
 		qps := make([]*RC, 0, len(d.qps))
 		for _, q := range d.qps {
@@ -335,6 +350,52 @@ func (d *Device) receive(raw *os.File) {
 	}
 }
 
+// openTx opens the socket datagrams are sent from: a UDP socket of its
+// own, bound to ip and a port the kernel picks (RoCEv2 leaves the source
+// port to the sender, Linux rxe varies it by queue pair), in blocking
+// mode so that it stays out of Go's network poller. The socket that
+// receives is registered there for writing too, and Linux wakes an epoll
+// waiter each time a sent datagram's buffer is freed (sock_wfree): on
+// loopback that was a wake-up of this process's poller per datagram.
+func openTx(ip netip.Addr) (*os.File, int, error) {
+	family := syscall.AF_INET
+	if ip.Is6() {
+		family = syscall.AF_INET6
+	}
+	fd, err := syscall.Socket(family, syscall.SOCK_DGRAM|syscall.SOCK_CLOEXEC, syscall.IPPROTO_UDP)
+	if err != nil {
+		return nil, 0, err
+	}
+	var sa syscall.Sockaddr = &syscall.SockaddrInet4{Addr: ip.As4()}
+	if ip.Is6() {
+		sa = &syscall.SockaddrInet6{Addr: ip.As16()}
+	}
+	if err = syscall.Bind(fd, sa); err == nil && ip.Is4() {
+		// DF, so Linux writes IP identification 0 (see Device).
+		err = syscall.SetsockoptInt(fd, syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
+	}
+	if err != nil {
+		syscall.Close(fd)
+		return nil, 0, err
+	}
+	if syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_SNDBUFFORCE, 8<<20) != nil {
+		syscall.SetsockoptInt(fd, syscall.SOL_SOCKET, syscall.SO_SNDBUF, 8<<20)
+	}
+	bound, err := syscall.Getsockname(fd)
+	if err != nil {
+		syscall.Close(fd)
+		return nil, 0, err
+	}
+	port := 0
+	switch a := bound.(type) {
+	case *syscall.SockaddrInet4:
+		port = a.Port
+	case *syscall.SockaddrInet6:
+		port = a.Port
+	}
+	return os.NewFile(uintptr(fd), "roce-tx"), port, nil
+}
+
 // openRaw opens a raw IPv4 socket that receives the UDP datagrams for
 // ip:port with their IP header, so the ICRC is checked over the header the
 // sender really sent (a kernel rxe numbers its datagrams). A socket filter
@@ -445,10 +506,10 @@ func (d *Device) datagram(src netip.Addr, ip *ipHdr, udp, pkt []byte, gso int, h
 		want := binary.LittleEndian.Uint32(seg[len(seg)-ib.ICRCLen:])
 		body := seg[:len(seg)-ib.ICRCLen]
 		ip.setID(id0 + uint16(k))
-		ok := ib.ICRC(ip.bytes(), u[:], body) == want
+		ok := h.icrc.Sum(ip.bytes(), u[:], body) == want
 		if !ok && k > 0 && ip.is4() {
 			ip.setID(id0)
-			ok = ib.ICRC(ip.bytes(), u[:], body) == want
+			ok = h.icrc.Sum(ip.bytes(), u[:], body) == want
 		}
 		if !ok && k == 0 && guessed {
 			// Not cut where guessed (a peer whose MTU is larger than
@@ -504,7 +565,7 @@ func (d *Device) input(src netip.Addr, ip, udp, pkt []byte, h *held) {
 	if n < ib.BTHLen+ib.ICRCLen {
 		return
 	}
-	if ib.ICRC(ip, udp, pkt[:n-ib.ICRCLen]) != binary.LittleEndian.Uint32(pkt[n-ib.ICRCLen:]) {
+	if h.icrc.Sum(ip, udp, pkt[:n-ib.ICRCLen]) != binary.LittleEndian.Uint32(pkt[n-ib.ICRCLen:]) {
 		d.counts.badICRC.Add(1)
 		return // a bad ICRC: silently dropped, as the transport rules say
 	}
@@ -512,8 +573,8 @@ func (d *Device) input(src netip.Addr, ip, udp, pkt []byte, h *held) {
 }
 
 // deliver hands a packet whose ICRC was checked to QP 1 (the CM) or to
-// the queue pair it names — with h, holding back what it makes the queue
-// pair send until h.flush.
+// the queue pair it names, holding back what it makes the queue pair
+// send until h.flush.
 func (d *Device) deliver(src netip.Addr, pkt []byte, h *held) {
 	qpn := binary.BigEndian.Uint32(pkt[4:]) & 0xffffff
 	if qpn == 1 {
@@ -528,19 +589,19 @@ func (d *Device) deliver(src netip.Addr, pkt []byte, h *held) {
 	if r != nil {
 		r.established()
 	}
-	switch {
-	case q == nil:
-	case h == nil:
-		q.Input(pkt)
-	default:
+	if q != nil {
 		q.inputHeld(pkt)
 		h.add(q)
 	}
 }
 
-// held are the queue pairs that received packets of one receive batch
-// and have not sent what those made them build.
-type held struct{ qps []*RC }
+// held is what a receiving goroutine keeps across one receive batch: the
+// queue pairs that received packets and have not sent what those made
+// them build, and room for checking ICRCs.
+type held struct {
+	qps  []*RC
+	icrc ib.ICRCBuf
+}
 
 func (h *held) add(q *RC) {
 	if n := len(h.qps); n == 0 || h.qps[n-1] != q {
@@ -550,7 +611,17 @@ func (h *held) add(q *RC) {
 
 // flush sends each queue pair's packets (a queue pair listed twice sends
 // nothing the second time).
+//
+// It yields first: a completion the batch pushed readied a consumer
+// (iSER's serve or dispatch) on this processor, behind this goroutine,
+// and the other processor seldom takes it over. Running it first starts
+// the next step of its I/O now, not after the sendmmsg below; what it
+// posts leaves with the held acknowledgements; and another processor
+// may pick up this goroutine meanwhile.
 func (h *held) flush() {
+	if len(h.qps) > 0 {
+		runtime.Gosched()
+	}
 	for i, q := range h.qps {
 		q.flushOut()
 		h.qps[i] = nil

@@ -398,15 +398,9 @@ func (q *RC) sendSegment(w *wqe, i int) {
 	// The payload is gathered straight into the packet's buffer: one
 	// copy, under mu, so the caller's memory is not read once PostSend's
 	// completion may have handed it back.
-	b := q.emitHeader(&p, n)
-	if b == nil {
-		return
+	if b := q.emitHeader(&p, n); b != nil {
+		w.gather(b[len(b)-n-(-n&3):len(b)-(-n&3)], off)
 	}
-	l := len(b)
-	b = b[:l+n+(-n&3)]
-	w.gather(b[l:l+n], off)
-	clear(b[l+n:])
-	q.out[len(q.out)-1] = b
 }
 
 // sendReadRequest asks for the Read's data from response packet i on
@@ -440,8 +434,9 @@ func (q *RC) emit(p *ib.Packet) {
 	q.out = append(q.out, b)
 }
 
-// emitHeader queues p's headers for a payload of n bytes, in a buffer with
-// room for the payload, which the caller appends (nil: not queued).
+// emitHeader queues a packet of p's headers and n bytes of payload and
+// pad, and returns it for the caller to fill in the payload (the pad is
+// zero); nil: not queued.
 func (q *RC) emitHeader(p *ib.Packet, n int) []byte {
 	buf := q.outBuf()
 	if need := ib.BTHLen + 64 + n + 3; cap(buf) < need {
@@ -451,8 +446,20 @@ func (q *RC) emitHeader(p *ib.Packet, n int) []byte {
 	if err != nil {
 		return nil
 	}
+	l := len(b)
+	b = b[:l+n+(-n&3)]
+	clear(b[l+n:])
 	q.out = append(q.out, b)
 	return b
+}
+
+// emitPayload queues p with payload, copied once, into a buffer of an
+// earlier batch when there is one big enough.
+func (q *RC) emitPayload(p *ib.Packet, payload []byte) {
+	n := len(payload)
+	if b := q.emitHeader(p, n); b != nil {
+		copy(b[len(b)-n-(-n&3):], payload)
+	}
 }
 
 // outBuf is an empty buffer for the next packet: one of an earlier batch
@@ -977,8 +984,8 @@ func (q *RC) readResponse(p *ib.Packet, fresh bool) {
 			op = ib.RCReadResponseLast
 		}
 		rp := ib.Packet{BTH: q.bth(op, (p.BTH.PSN+uint32(i))&psnMask, false),
-			AETH: ib.AETH{Syndrome: ib.SyndromeACK | 0x1f, MSN: q.msn}, Payload: src[off:min(off+q.cfg.MTU, n)]}
-		q.emit(&rp)
+			AETH: ib.AETH{Syndrome: ib.SyndromeACK | 0x1f, MSN: q.msn}}
+		q.emitPayload(&rp, src[off:min(off+q.cfg.MTU, n)])
 	}
 }
 
