@@ -366,8 +366,10 @@ func openTx(ip netip.Addr) (*os.File, int, error) {
 	if err != nil {
 		return nil, 0, err
 	}
-	var sa syscall.Sockaddr = &syscall.SockaddrInet4{Addr: ip.As4()}
-	if ip.Is6() {
+	var sa syscall.Sockaddr
+	if ip.Is4() {
+		sa = &syscall.SockaddrInet4{Addr: ip.As4()}
+	} else {
 		sa = &syscall.SockaddrInet6{Addr: ip.As16()}
 	}
 	if err = syscall.Bind(fd, sa); err == nil && ip.Is4() {
