@@ -31,9 +31,8 @@ type ISERPortal struct {
 	Options iser.Options
 }
 
-// TCP returns an acceptor for iSCSI over TCP on l. With p set, the same
-// port takes iSER too (Portal).
-func TCP(l net.Listener) datamover.Acceptor { return &tcpAcceptor{l: l} }
+// TCP returns an acceptor for iSCSI over TCP on l.
+func TCP(l net.Listener) *TCPAcceptor { return &TCPAcceptor{l: l} }
 
 // Portal returns an acceptor that serves iSCSI/TCP and iSER on one port:
 // the first byte tells them apart. A connection that opens with an MPA
@@ -41,51 +40,51 @@ func TCP(l net.Listener) datamover.Acceptor { return &tcpAcceptor{l: l} }
 // ib_iser over siw); one that opens with a Login PDU is iSCSI/TCP, which may
 // turn into iSER after a login negotiating RDMAExtensions (seed 004 §5.1).
 // LIO cannot serve both on one iWARP port.
-func Portal(l net.Listener, p ISERPortal) datamover.Acceptor {
-	return &tcpAcceptor{l: l, iser: &p}
+func Portal(l net.Listener, p ISERPortal) *TCPAcceptor {
+	return &TCPAcceptor{l: l, iser: &p}
 }
 
-type tcpAcceptor struct {
+// TCPAcceptor takes iSCSI/TCP connections on a listener (and iSER ones,
+// when made by Portal).
+type TCPAcceptor struct {
 	l    net.Listener
 	iser *ISERPortal
 }
 
-func (a *tcpAcceptor) Accept(context.Context) (datamover.Incoming, error) {
+func (a *TCPAcceptor) Accept(context.Context) (datamover.Incoming, error) {
 	nc, err := a.l.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return &tcpIncoming{nc: nc, iser: a.iser}, nil
+	return &tcpIncoming{nc: nc, a: a}, nil
 }
 
-func (a *tcpAcceptor) Addr() string { return a.l.Addr().String() }
-func (a *tcpAcceptor) Close() error { return a.l.Close() }
+func (a *TCPAcceptor) Addr() string { return a.l.Addr().String() }
+func (a *TCPAcceptor) Close() error { return a.l.Close() }
+
+// conn is iSCSI/TCP on nc, set up as every connection of the acceptor.
+func (a *TCPAcceptor) conn(nc net.Conn, st datamover.Stamper, p datamover.AcceptParams) *tcp.Conn {
+	c := tcp.New(nc, st)
+	// A peer that stops reading is dropped after this long, releasing
+	// its tasks and their share of the I/O budget.
+	c.SetSendTimeout(p.SendTimeout)
+	return c
+}
 
 type tcpIncoming struct {
-	nc   net.Conn
-	iser *ISERPortal
+	nc net.Conn
+	a  *TCPAcceptor
 }
 
 func (in *tcpIncoming) RemoteAddr() net.Addr { return in.nc.RemoteAddr() }
 func (in *tcpIncoming) Close() error         { return in.nc.Close() }
 
-// tcpEstablished is iSCSI/TCP on nc.
-func tcpEstablished(nc net.Conn, sendTimeout time.Duration) *datamover.Established {
-	return &datamover.Established{
-		Open: func(st datamover.Stamper) datamover.Conn {
-			c := tcp.New(nc, st)
-			// A peer that stops reading is dropped after this long,
-			// releasing its tasks and their share of the I/O budget.
-			c.SetSendTimeout(sendTimeout)
-			return c
-		},
-		Close: func() { nc.Close() },
-	}
-}
-
 func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
-	if in.iser == nil {
-		return tcpEstablished(in.nc, p.SendTimeout), nil
+	if in.a.iser == nil {
+		return &datamover.Established{
+			Open:  func(st datamover.Stamper) datamover.Conn { return in.a.conn(in.nc, st, p) },
+			Close: func() { in.nc.Close() },
+		}, nil
 	}
 	// An MPA Request starts with "M" (0x4D), which as an iSCSI opcode
 	// byte would be opcode 0x0D with the I bit: no initiator PDU.
@@ -99,7 +98,7 @@ func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) 
 	}
 	_ = in.nc.SetReadDeadline(time.Time{})
 	pc := prefixconn.New(in.nc, first[:])
-	ip := in.iser
+	ip := in.a.iser
 	opt := ip.Options
 	if opt.Logger == nil {
 		opt.Logger = p.Logger
@@ -108,7 +107,9 @@ func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) 
 		// iSCSI/TCP, which may turn into iSER after the login.
 		opt.Recvs, opt.Unexpected = receiveBudget(opt, p.Window)
 		return &datamover.Established{
-			Open:  func(st datamover.Stamper) datamover.Conn { return NewUpgrade(pc, ip.IWARP, ip.PD, opt, st) },
+			Open: func(st datamover.Stamper) datamover.Conn {
+				return NewUpgrade(in.a.conn(pc, st, p), ip.IWARP, ip.PD, opt, st)
+			},
 			RDMA:  true,
 			Close: func() { in.nc.Close() },
 		}, nil

@@ -62,7 +62,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 			return nil, err
 		}
 		opt := iser.Options{Initiator: true, Logger: log}
-		return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return NewUpgrade(nc, iw, pd, opt, st) },
+		return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return NewUpgrade(tcp.New(nc, st), iw, pd, opt, st) },
 			RDMA: true, Close: func() { nc.Close() }}, nil
 	}
 	// The connection-first profile (seed 001 part II, wire-facts §2.2):

@@ -49,10 +49,11 @@ type Upgrade struct {
 	failed    bool
 }
 
-// NewUpgrade wraps an accepted or dialed TCP connection.
-func NewUpgrade(nc net.Conn, iw IWARP, pd *rdma.PD, opt iser.Options, stamp datamover.Stamper) *Upgrade {
+// NewUpgrade wraps the iSCSI/TCP datamover of an accepted or dialed
+// connection (made with the same stamp).
+func NewUpgrade(c *tcp.Conn, iw IWARP, pd *rdma.PD, opt iser.Options, stamp datamover.Stamper) *Upgrade {
 	opt.Profile = iser.ProfileRFC5046
-	return &Upgrade{tcp: tcp.New(nc, stamp), iw: iw, pd: pd, opt: opt, stamp: stamp, ready: make(chan struct{})}
+	return &Upgrade{tcp: c, iw: iw, pd: pd, opt: opt, stamp: stamp, ready: make(chan struct{})}
 }
 
 // cur is the datamover in charge, waiting out a switch in progress.

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -320,10 +321,17 @@ func isTimeout(err error) bool {
 // never reads it is dropped once a write has blocked for the NOP timeout;
 // its tasks end and its share of the I/O budget comes back, while another
 // session works throughout.
+// It holds on the plain iSCSI/TCP acceptor and on the shared portal that
+// serve opens by default.
 func TestPeerThatStopsReadingIsDropped(t *testing.T) {
+	t.Run("iSCSI/TCP", func(t *testing.T) { testPeerThatStopsReading(t, fabric.TCP) })
+	t.Run("shared portal", func(t *testing.T) { testPeerThatStopsReading(t, sharedPortal) })
+}
+
+func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(net.Listener) A) {
 	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
 	var logs logSink
-	ts := startServerLog(t, Options{Budget: budget, NopInterval: -1, NopTimeout: 500 * time.Millisecond}, nil, &logs)
+	ts := startServerOn(t, Options{Budget: budget, NopInterval: -1, NopTimeout: 500 * time.Millisecond}, nil, &logs, accept)
 	c := dial(t, ts.addr)
 	c.nc.(*net.TCPConn).SetReadBuffer(4096)
 	c.mustLogin(normalKeys(ini)...)

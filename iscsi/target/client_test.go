@@ -11,9 +11,12 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
+	"github.com/blockwire/blockwire/rdma"
+	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
@@ -37,6 +40,19 @@ func startServer(t testing.TB, opts Options, mod func(*Target)) *testServer {
 
 // startServerLog starts a server whose log goes to w.
 func startServerLog(t testing.TB, opts Options, mod func(*Target), w io.Writer) *testServer {
+	t.Helper()
+	return startServerOn(t, opts, mod, w, fabric.TCP)
+}
+
+// sharedPortal is the acceptor blockwire serve puts on each iSCSI portal
+// by default: iSCSI/TCP and iSER over software iWARP on one port.
+func sharedPortal(l net.Listener) datamover.Acceptor {
+	return fabric.Portal(l, fabric.ISERPortal{IWARP: siw.New(siw.Options{}), PD: rdma.NewDevice("target").AllocPD()})
+}
+
+// startServerOn starts a server whose log goes to w, taking connections
+// through the acceptor accept builds.
+func startServerOn[A datamover.Acceptor](t testing.TB, opts Options, mod func(*Target), w io.Writer, accept func(net.Listener) A) *testServer {
 	t.Helper()
 	lvl := slog.LevelWarn
 	if os.Getenv("BLOCKWIRE_TEST_DEBUG") != "" {
@@ -62,7 +78,7 @@ func startServerLog(t testing.TB, opts Options, mod func(*Target), w io.Writer) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(fabric.TCP(l))
+	go srv.Serve(accept(l))
 	ts := &testServer{srv: srv, addr: l.Addr().String(), dev: dev, l: l}
 	t.Cleanup(func() {
 		ctx, cancel := contextWithTimeout(5 * time.Second)
