@@ -79,6 +79,10 @@ func spdkBench(bin string, pin bool) {
 
 	bwt, stopBw := serve(targetCPU, bin, "blockwire", "--size", "1GiB")
 	defer stopBw()
+	// The same, its connections' readers polling 50 µs before they sleep
+	// (--tcp-poll): measured both ways.
+	bwp, stopBwp := serve(targetCPU, bin, "blockwire-poll", "--size", "1GiB", "--tcp-poll", "50us")
+	defer stopBwp()
 
 	dir, _ := os.MkdirTemp("", "blockwire-bench-spdk")
 	defer os.RemoveAll(dir)
@@ -129,7 +133,7 @@ func spdkBench(bin string, pin bool) {
 			return v, err
 		}
 	}
-	ts := []target{spdk, bwt, tgt}
+	ts := []target{spdk, bwt, bwp, tgt}
 	results := roundsN(ws, ts...)
 
 	host, _ := os.Hostname()
@@ -139,10 +143,10 @@ func spdkBench(bin string, pin bool) {
 	}
 	fmt.Printf("\nper target core: SPDK iscsi_tgt vs blockwire vs tgt, 1 GiB RAM LUNs, %s, %s, %s, %d cores, %d rounds (median [min-max]); qemu-img bench (2 processes for QD 32 and 128k), blockwire bench for p99\n\n",
 		how, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
-	fmt.Println("| workload | unit | SPDK | blockwire | tgt | blockwire/SPDK | blockwire/tgt | target CPU µs per I/O: blockwire | tgt |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| workload | unit | SPDK | blockwire | blockwire, polling | tgt | blockwire/SPDK | polling/SPDK | blockwire/tgt | target CPU µs per I/O: blockwire | polling | tgt |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, w := range ws {
-		s, b, g := results[w.name]["spdk"], results[w.name]["blockwire"], results[w.name]["tgt"]
+		s, b, bp, g := results[w.name]["spdk"], results[w.name]["blockwire"], results[w.name]["blockwire-poll"], results[w.name]["tgt"]
 		ratio := func(a, b []float64) string {
 			if len(a) == 0 || len(b) == 0 || median(a) == 0 || median(b) == 0 {
 				return "n/a"
@@ -158,14 +162,15 @@ func spdkBench(bin string, pin bool) {
 			}
 			return "-"
 		}
-		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(g), ratio(s, b), ratio(g, b), c("blockwire"), c("tgt"))
+		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(bp), stat(g),
+			ratio(s, b), ratio(s, bp), ratio(g, b), c("blockwire"), c("blockwire-poll"), c("tgt"))
 	}
-	fmt.Printf("\nratios above 1: blockwire better (for p99, the inverse of the latencies). SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown. CPU per I/O is the target's user+system time over the run divided by the I/Os (MB/s rows: 128 KiB I/Os).\n")
+	fmt.Printf("\nratios above 1: blockwire better (for p99, the inverse of the latencies). \"polling\": blockwire serve --tcp-poll 50us. SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown. CPU per I/O is the target's user+system time over the run divided by the I/Os (MB/s rows: 128 KiB I/Os).\n")
 	name := "spdk-pinned"
 	if !pin {
 		name = "spdk-unpinned"
 	}
-	writeComparison(name, "per target core: "+how, ws, results, []string{"spdk", "blockwire", "tgt"})
+	writeComparison(name, "per target core: "+how, ws, results, []string{"spdk", "blockwire", "blockwire-poll", "tgt"})
 	sweep(name+"-sweep", "per target core: "+how, clientCPU, bin, dur, ts, func(t target) (func(), error) {
 		if t.name != "spdk" {
 			return func() {}, nil
@@ -175,10 +180,10 @@ func spdkBench(bin string, pin bool) {
 	})
 	if pid, err := spdkUp(); err == nil {
 		time.Sleep(time.Second)
-		c0, b0, g0 := cpuTime(pid), cpuTime(bwt.pid), cpuTime(tgt.pid)
+		c0, b0, p0, g0 := cpuTime(pid), cpuTime(bwt.pid), cpuTime(bwp.pid), cpuTime(tgt.pid)
 		time.Sleep(2 * time.Second)
-		fmt.Printf("idle for 2 s, no session: SPDK used %.0f %% of a core, blockwire %.1f %%, tgt %.1f %%\n",
-			(cpuTime(pid)-c0)/2*100, (cpuTime(bwt.pid)-b0)/2*100, (cpuTime(tgt.pid)-g0)/2*100)
+		fmt.Printf("idle for 2 s, no session: SPDK used %.0f %% of a core, blockwire %.1f %%, blockwire polling %.1f %%, tgt %.1f %%\n",
+			(cpuTime(pid)-c0)/2*100, (cpuTime(bwt.pid)-b0)/2*100, (cpuTime(bwp.pid)-p0)/2*100, (cpuTime(tgt.pid)-g0)/2*100)
 		spdkDown()
 	}
 }

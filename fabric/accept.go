@@ -49,6 +49,12 @@ func Portal(l net.Listener, p ISERPortal) *TCPAcceptor {
 type TCPAcceptor struct {
 	l    net.Listener
 	iser *ISERPortal
+	// Poll makes each iSCSI/TCP connection's reader poll its socket for
+	// up to this long after finding it empty before it sleeps
+	// (datamover/tcp Conn.SetPoll): a command that arrives meanwhile is
+	// read without a wake-up. 0: readers sleep at once. Set it before
+	// the acceptor is served.
+	Poll time.Duration
 }
 
 func (a *TCPAcceptor) Accept(context.Context) (datamover.Incoming, error) {
@@ -68,6 +74,7 @@ func (a *TCPAcceptor) conn(nc net.Conn, st datamover.Stamper, p datamover.Accept
 	// A peer that stops reading is dropped after this long, releasing
 	// its tasks and their share of the I/O budget.
 	c.SetSendTimeout(p.SendTimeout)
+	c.SetPoll(a.Poll)
 	return c
 }
 

@@ -477,6 +477,7 @@ func (n *Node) startISCSI(p config.Portal) error {
 	if n.iserPortal != nil {
 		a = fabric.Portal(l, *n.iserPortal)
 	}
+	a.Poll = n.cfg.TCPPoll
 	n.pending = append(n.pending, func() { n.serve("iSCSI portal "+p.Address, func() error { return n.iscsi.Serve(a) }) })
 	return nil
 }

@@ -20,6 +20,7 @@ import (
 type Conn struct {
 	nc    net.Conn
 	br    *bufio.Reader
+	poll  *poller // under br, after SetPoll on a TCP socket
 	stamp datamover.Stamper
 
 	// Receive-side settings; touched only by the Serve goroutine (login
@@ -109,6 +110,18 @@ type batch struct {
 func isTimeout(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// SetPoll makes the connection's reader poll its socket for up to d after
+// finding it empty before it sleeps (see poller); 0: it sleeps at once.
+// Call it before Serve.
+func (c *Conn) SetPoll(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	if c.poll = newPoller(c.nc, d); c.poll != nil {
+		c.br.Reset(c.poll)
+	}
 }
 
 // SetSendTimeout bounds how long a write may block on a peer that does not
