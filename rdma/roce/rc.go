@@ -398,8 +398,8 @@ func (q *RC) sendSegment(w *wqe, i int) {
 	// The payload is gathered straight into the packet's buffer: one
 	// copy, under mu, so the caller's memory is not read once PostSend's
 	// completion may have handed it back.
-	if b := q.emitHeader(&p, n); b != nil {
-		w.gather(b[len(b)-n-(-n&3):len(b)-(-n&3)], off)
+	if room := q.emitHeader(&p, n); room != nil {
+		w.gather(room, off)
 	}
 }
 
@@ -434,9 +434,9 @@ func (q *RC) emit(p *ib.Packet) {
 	q.out = append(q.out, b)
 }
 
-// emitHeader queues a packet of p's headers and n bytes of payload and
-// pad, and returns it for the caller to fill in the payload (the pad is
-// zero); nil: not queued.
+// emitHeader queues a packet of p's headers, n bytes of payload and the
+// pad (zero), and returns the payload's n bytes for the caller to fill
+// (nil: not queued).
 func (q *RC) emitHeader(p *ib.Packet, n int) []byte {
 	buf := q.outBuf()
 	if need := ib.BTHLen + 64 + n + 3; cap(buf) < need {
@@ -450,15 +450,14 @@ func (q *RC) emitHeader(p *ib.Packet, n int) []byte {
 	b = b[:l+n+(-n&3)]
 	clear(b[l+n:])
 	q.out = append(q.out, b)
-	return b
+	return b[l : l+n : l+n]
 }
 
 // emitPayload queues p with payload, copied once, into a buffer of an
 // earlier batch when there is one big enough.
 func (q *RC) emitPayload(p *ib.Packet, payload []byte) {
-	n := len(payload)
-	if b := q.emitHeader(p, n); b != nil {
-		copy(b[len(b)-n-(-n&3):], payload)
+	if room := q.emitHeader(p, len(payload)); room != nil {
+		copy(room, payload)
 	}
 }
 
