@@ -346,33 +346,22 @@ func TestNoAllocationsPerOp(t *testing.T) {
 // over the header it really carries; and one that passes it whole (the
 // receiver cuts it). Data moves both ways, intact, with no ICRC failure.
 func TestGSOOverVeth(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip(8) (apt-get install iproute2)")
-	}
+	needNetns(t)
 	for _, segmented := range []bool{true, false} {
 		t.Run(fmt.Sprintf("segmented=%v", segmented), func(t *testing.T) {
 			nsA, nsB := fmt.Sprintf("bwgso%da", os.Getpid()), fmt.Sprintf("bwgso%db", os.Getpid())
-			run := func(args ...string) {
-				t.Helper()
-				if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-					t.Fatalf("ip %v: %v: %s", args, err, out)
-				}
-			}
-			run("netns", "add", nsA)
+			ipCmd(t, "netns", "add", nsA)
 			t.Cleanup(func() { exec.Command("ip", "netns", "del", nsA).Run() })
-			run("netns", "add", nsB)
+			ipCmd(t, "netns", "add", nsB)
 			t.Cleanup(func() { exec.Command("ip", "netns", "del", nsB).Run() })
-			run("link", "add", "va", "netns", nsA, "type", "veth", "peer", "name", "vb", "netns", nsB)
-			run("-n", nsA, "addr", "add", "10.201.0.1/24", "dev", "va")
-			run("-n", nsB, "addr", "add", "10.201.0.2/24", "dev", "vb")
-			run("-n", nsA, "link", "set", "va", "up")
-			run("-n", nsB, "link", "set", "vb", "up")
+			ipCmd(t, "link", "add", "va", "netns", nsA, "type", "veth", "peer", "name", "vb", "netns", nsB)
+			ipCmd(t, "-n", nsA, "addr", "add", "10.201.0.1/24", "dev", "va")
+			ipCmd(t, "-n", nsB, "addr", "add", "10.201.0.2/24", "dev", "vb")
+			ipCmd(t, "-n", nsA, "link", "set", "va", "up")
+			ipCmd(t, "-n", nsB, "link", "set", "vb", "up")
 			if segmented {
-				run("-n", nsA, "link", "set", "va", "gso_max_segs", "1")
-				run("-n", nsB, "link", "set", "vb", "gso_max_segs", "1")
+				ipCmd(t, "-n", nsA, "link", "set", "va", "gso_max_segs", "1")
+				ipCmd(t, "-n", nsB, "link", "set", "vb", "gso_max_segs", "1")
 			}
 			a := openIn(t, nsA, "10.201.0.1")
 			b := openIn(t, nsB, "10.201.0.2")
@@ -404,24 +393,13 @@ func TestGSOOverVeth(t *testing.T) {
 // socket for IPv6) with the IPv6 header rebuilt for the ICRC, and GSO
 // datagrams arrive whole.
 func TestIPv6Transfers(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip(8) (apt-get install iproute2)")
-	}
+	needNetns(t)
 	ns := fmt.Sprintf("bwv6%d", os.Getpid())
-	run := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	run("netns", "add", ns)
+	ipCmd(t, "netns", "add", ns)
 	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	run("-n", ns, "link", "set", "lo", "up")
-	run("-n", ns, "addr", "add", "fd00:b::1/128", "dev", "lo", "nodad")
-	run("-n", ns, "addr", "add", "fd00:b::2/128", "dev", "lo", "nodad")
+	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
+	ipCmd(t, "-n", ns, "addr", "add", "fd00:b::1/128", "dev", "lo", "nodad")
+	ipCmd(t, "-n", ns, "addr", "add", "fd00:b::2/128", "dev", "lo", "nodad")
 	a := openIn(t, ns, "fd00:b::1")
 	b := openIn(t, ns, "fd00:b::2")
 	p := connect(t, a, b, 3260)
@@ -432,6 +410,25 @@ func TestIPv6Transfers(t *testing.T) {
 	}
 	if bad := a.counts.badICRC.Load() + b.counts.badICRC.Load(); bad != 0 {
 		t.Fatalf("%d packets failed their ICRC", bad)
+	}
+}
+
+// needNetns skips a test that makes network namespaces where it cannot.
+func needNetns(t *testing.T) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespaces need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("no ip(8) (apt-get install iproute2)")
+	}
+}
+
+// ipCmd runs ip(8) with args, failing the test if it fails.
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %v: %v: %s", args, err, out)
 	}
 }
 
