@@ -3,6 +3,7 @@ package tcp
 import (
 	"io"
 	"net"
+	"os"
 	"runtime"
 	"syscall"
 	"time"
@@ -88,7 +89,8 @@ func (r *poller) Read(p []byte) (int, error) {
 				r.polled++
 			}
 			if r.err != nil {
-				return r.n, r.err
+				// As net.Conn's Read reports it.
+				return 0, &net.OpError{Op: "read", Net: "tcp", Source: r.nc.LocalAddr(), Addr: r.nc.RemoteAddr(), Err: os.NewSyscallError("read", r.err)}
 			}
 			if r.n == 0 {
 				return 0, io.EOF

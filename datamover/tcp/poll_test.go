@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -119,5 +120,18 @@ func TestPollingConnServes(t *testing.T) {
 	}
 	if p := c.poll; p.polled == 0 || p.slept == 0 {
 		t.Fatalf("polled %d, slept %d: want reads of both kinds", p.polled, p.slept)
+	}
+}
+
+// A reset connection is reported as net.Conn's Read reports it.
+func TestPollerReportsAReset(t *testing.T) {
+	server, client := tcpPair(t)
+	r := newPoller(server, time.Second)
+	client.(*net.TCPConn).SetLinger(0) // close with a RST
+	client.Close()
+	_, err := r.Read(make([]byte, 8))
+	var oe *net.OpError
+	if !errors.As(err, &oe) || !errors.Is(err, syscall.ECONNRESET) {
+		t.Fatalf("read after a reset: %v (%T)", err, err)
 	}
 }
