@@ -40,7 +40,7 @@ func tcpPair(t *testing.T) (server, client net.Conn) {
 // passes a portal's look-ahead bytes (prefixconn) on first.
 func TestPollerReads(t *testing.T) {
 	server, client := tcpPair(t)
-	r := newPoller(prefixconn.New(server, []byte("L")), 300*time.Millisecond)
+	r := newPoller(prefixconn.New(server, []byte("L")), 2*time.Second)
 	if r == nil {
 		t.Fatal("no poller for a TCP connection behind prefixconn")
 	}
@@ -86,7 +86,8 @@ func TestPollerReads(t *testing.T) {
 func TestPollingConnServes(t *testing.T) {
 	server, client := tcpPair(t)
 	c := New(server, nil)
-	c.SetPoll(2 * time.Millisecond)
+	const spin = 100 * time.Millisecond
+	c.SetPoll(spin)
 	if c.poll == nil {
 		t.Fatal("SetPoll put no poller under the reader")
 	}
@@ -94,16 +95,23 @@ func TestPollingConnServes(t *testing.T) {
 	c.EnableDatamover(nil)
 	u := &upcalls{ended: make(chan error, 1)}
 	go c.Serve(u)
-	for i := range 40 {
+	send := func(i int) {
 		var h pdu.BHS
 		(&pdu.NopOut{ITT: uint32(i), TTT: pdu.ReservedTTT}).Encode(&h)
 		if _, err := client.Write(h[:]); err != nil {
 			t.Fatal(err)
 		}
-		if i%4 == 3 {
-			time.Sleep(5 * time.Millisecond) // past the polling time
-		}
 	}
+	// Well within the polling time: read while polling (unless the
+	// reader was descheduled for all of it).
+	for i := range 10 {
+		send(i)
+		time.Sleep(spin / 10)
+	}
+	// Past it: read after a sleep.
+	time.Sleep(spin * 3 / 2)
+	send(10)
+	time.Sleep(10 * time.Millisecond)
 	client.Close()
 	select {
 	case err := <-u.ended:
@@ -115,8 +123,8 @@ func TestPollingConnServes(t *testing.T) {
 	}
 	u.mu.Lock()
 	defer u.mu.Unlock()
-	if len(u.ctrl) != 40 {
-		t.Fatalf("%d PDUs delivered, want 40", len(u.ctrl))
+	if len(u.ctrl) != 11 {
+		t.Fatalf("%d PDUs delivered, want 11", len(u.ctrl))
 	}
 	if p := c.poll; p.polled == 0 || p.slept == 0 {
 		t.Fatalf("polled %d, slept %d: want reads of both kinds", p.polled, p.slept)
