@@ -24,6 +24,7 @@ bench-spdk:
 # (root, for the raw socket that checks each ICRC over its real header).
 bench-roce:
 	go run ./bench -roce -rounds 3
+	go run ./bench -roce -poll 50us -rounds 3
 
 # A longer fuzzing pass: FUZZTIME per target (default 2m).
 FUZZTIME ?= 2m

@@ -13,8 +13,9 @@ import (
 // iSCSI/TCP on the same target and LUN (issue 23, part 2: the goal is
 // RoCE at 0.8x TCP or better at 128 KiB, QD 8, both ways), rotating as
 // every comparison does; the table also goes into -out as roce.json and
-// roce.svg. Both ends run on this host over loopback (127.0.0.2 the
-// target's RoCE address, 127.0.0.1 the initiator's).
+// roce.svg (with -poll, the target polling: roce-poll.json and .svg).
+// Both ends run on this host over loopback (127.0.0.2 the target's RoCE
+// address, 127.0.0.1 the initiator's).
 func roceBench(bin string) {
 	dur := 5 * time.Second
 	if *quick {
@@ -22,7 +23,16 @@ func roceBench(bin string) {
 	}
 	_, tcpPort, _ := net.SplitHostPort(freePort())
 	udp := freeUDPPort()
-	bw, stop := serve(nil, bin, "blockwire", "--size", "1GiB", "--roce-listen", "127.0.0.2:"+tcpPort, "--roce-udp-port", udp)
+	args := []string{"--size", "1GiB", "--roce-listen", "127.0.0.2:" + tcpPort, "--roce-udp-port", udp}
+	title, name := "iSER over the software RoCEv2 device vs iSCSI/TCP, one target, loopback", "roce"
+	if *poll > 0 {
+		// The target's receivers poll, on both fabrics; the initiator's
+		// do not.
+		args = append(args, "--poll", poll.String())
+		title += ", the target polling " + poll.String()
+		name = "roce-poll"
+	}
+	bw, stop := serve(nil, bin, "blockwire", args...)
 	defer stop()
 	tcp := target{name: "tcp", url: bw.url}
 	roce := target{name: "roce", url: "iser://127.0.0.2:" + tcpPort + "/iqn.2026-11.org.blockwire:default/0", args: []string{"--roce", "127.0.0.1:" + udp}}
@@ -35,7 +45,6 @@ func roceBench(bin string) {
 	}
 	results := roundsN(ws, tcp, roce)
 	host, _ := os.Hostname()
-	title := "iSER over the software RoCEv2 device vs iSCSI/TCP, one target, loopback"
 	fmt.Printf("\nblockwire bench, %s, %s, %s, %d cores, %d rounds (median [min-max])\n\n",
 		title, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds)
 	fmt.Println("| workload | unit | iSCSI/TCP | iSER/RoCEv2 | RoCE/TCP |")
@@ -49,7 +58,7 @@ func roceBench(bin string) {
 		fmt.Printf("| %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(a), stat(b), ratio)
 	}
 	fmt.Printf("\nratio above 1: RoCE faster than TCP (issue 23's goal: 0.80x or better at 128 KiB QD 8, both ways)\n")
-	writeComparison("roce", title, ws, results, []string{"tcp", "roce"})
+	writeComparison(name, title, ws, results, []string{"tcp", "roce"})
 }
 
 // freeUDPPort is a UDP port nobody uses on 127.0.0.1 and 127.0.0.2.

@@ -63,13 +63,15 @@ type Config struct {
 	// datagram per packet instead of UDP GSO runs (default on): packet
 	// captures on the host then show packets, not GSO datagrams.
 	ROCEGSO *bool `toml:"roce_gso,omitempty"`
-	// TCPPoll has each iSCSI/TCP connection's reader poll its socket this
-	// long ("50us") after finding it empty before it sleeps: a command
-	// that lands meanwhile is read without a wake-up, for lower latency
-	// at low queue depths, at the price of the CPU the polling takes
-	// while commands flow (an idle connection costs none once it passes).
-	// 0, the default: readers sleep at once. At most 1ms.
-	TCPPoll time.Duration `toml:"tcp_poll,omitzero"`
+	// Poll has the target's receivers — each iSCSI/TCP connection's
+	// reader, each software RoCEv2 device's receiving goroutine — poll
+	// their sockets this long ("50us") after finding them empty before
+	// they sleep: what lands meanwhile is read without a wake-up, for
+	// lower latency at low queue depths, at the price of the CPU the
+	// polling takes while traffic flows (an idle socket costs none once
+	// the time has passed). 0, the default: they sleep at once. At most
+	// 1ms.
+	Poll time.Duration `toml:"poll,omitzero"`
 	// RDMADevice chooses the RDMA device under the iser-roce and srp-roce
 	// portals: "auto" (the default: the kernel RDMA device a portal's
 	// address belongs to — an RDMA NIC, rxe, siw — when this build has
@@ -699,8 +701,8 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if c.TCPPoll < 0 || c.TCPPoll > time.Millisecond {
-		add("tcp_poll: %v (0 to 1ms)", c.TCPPoll)
+	if c.Poll < 0 || c.Poll > time.Millisecond {
+		add("poll: %v (0 to 1ms)", c.Poll)
 	}
 	if (len(c.SRPListen) > 0 || len(c.SRPROCEListen) > 0) && len(c.Targets) == 0 {
 		add("srp_listen: no target to serve")

@@ -477,7 +477,7 @@ func (n *Node) startISCSI(p config.Portal) error {
 	if n.iserPortal != nil {
 		a = fabric.Portal(l, *n.iserPortal)
 	}
-	a.Poll = n.cfg.TCPPoll
+	a.Poll = n.cfg.Poll
 	n.pending = append(n.pending, func() { n.serve("iSCSI portal "+p.Address, func() error { return n.iscsi.Serve(a) }) })
 	return nil
 }
@@ -497,7 +497,7 @@ func (n *Node) roceDevice(addr string) (*roce.Device, error) {
 	if port == 0 {
 		port = n.opts.RoCEUDPPort
 	}
-	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log, NoGSO: n.cfg.ROCEGSO != nil && !*n.cfg.ROCEGSO})
+	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log, NoGSO: n.cfg.ROCEGSO != nil && !*n.cfg.ROCEGSO, Poll: n.cfg.Poll})
 	if err != nil {
 		return nil, err
 	}

@@ -127,7 +127,7 @@ type serveFlags struct {
 	cfgPath, logLevel, logFormat, cpuprofile, metrics             *string
 	metricsToken, adminSocket, adminHTTP, adminToken, isns        *string
 	hdigest, ddigest, srpID                                       *string
-	nop, nopTimeout, loginTimeout, tcpPoll                        *time.Duration
+	nop, nopTimeout, loginTimeout, poll                           *time.Duration
 	maxSessions, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
 	ioBudget, sessionIOBudget                                     *string
 }
@@ -182,7 +182,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.iser = fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
 	fs.Var(&f.iserRoce, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on address:port (IPv4 or [IPv6]), the port being the one the service ID names (repeatable)")
 	f.roceUDP = fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
-	f.tcpPoll = fs.Duration("tcp-poll", 0, "each iSCSI/TCP connection's reader polls its socket this long (such as 50us; at most 1ms) after finding it empty before it sleeps: lower latency at low queue depths for the CPU the polling takes while commands flow; 0: off")
+	f.poll = fs.Duration("poll", 0, "the target's receivers (each iSCSI/TCP connection's reader, each software RoCEv2 device's) poll their sockets this long (such as 50us; at most 1ms) after finding them empty before they sleep: lower latency at low queue depths for the CPU the polling takes while traffic flows; 0: off")
 	f.roceGSO = fs.Bool("roce-gso", true, "the software RoCEv2 device sends runs of packets as UDP GSO datagrams; false: one datagram per packet (packet captures on this host then show packets)")
 	fs.Var(&f.srp, "srp-listen", "also serve every target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
 	fs.Var(&f.srpRoce, "srp-roce-listen", "also serve every target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe, and to each target's IOC GUID as service ID with the whole login) on address:port (IPv4 or [IPv6]) (repeatable)")
@@ -367,8 +367,8 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 	if isSet(fs, "roce-gso") {
 		cfg.ROCEGSO = f.roceGSO
 	}
-	if isSet(fs, "tcp-poll") {
-		cfg.TCPPoll = *f.tcpPoll
+	if isSet(fs, "poll") {
+		cfg.Poll = *f.poll
 	}
 	lim := &cfg.Limits
 	for _, o := range []struct {

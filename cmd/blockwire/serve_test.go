@@ -33,12 +33,12 @@ func TestServeFlagsBecomeConfig(t *testing.T) {
 		t.Errorf("default target %+v", cfg.Targets)
 	}
 
-	// --tcp-poll becomes tcp_poll; more than a millisecond is refused.
-	if cfg, _, _ := newServeFlags(io.Discard).parse([]string{"--tcp-poll", "50us"}, io.Discard); cfg == nil || cfg.TCPPoll != 50*time.Microsecond {
-		t.Errorf("--tcp-poll 50us: %+v", cfg)
+	// --poll becomes poll; more than a millisecond is refused.
+	if cfg, _, _ := newServeFlags(io.Discard).parse([]string{"--poll", "50us"}, io.Discard); cfg == nil || cfg.Poll != 50*time.Microsecond {
+		t.Errorf("--poll 50us: %+v", cfg)
 	}
-	if cfg, _, code := newServeFlags(io.Discard).parse([]string{"--tcp-poll", "5ms"}, io.Discard); cfg != nil || code != 2 {
-		t.Errorf("--tcp-poll 5ms: exit %d, want 2", code)
+	if cfg, _, code := newServeFlags(io.Discard).parse([]string{"--poll", "5ms"}, io.Discard); cfg != nil || code != 2 {
+		t.Errorf("--poll 5ms: exit %d, want 2", code)
 	}
 
 	file := filepath.Join(t.TempDir(), "c.toml")

@@ -25,7 +25,10 @@ package roce
 import (
 	"encoding/binary"
 	"net/netip"
+	"runtime"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/blockwire/blockwire/rdma/ib"
@@ -223,10 +226,16 @@ type rxBatch struct {
 	from [rxMsgs]unix.RawSockaddrInet6
 	n    int
 	call func(fd uintptr) bool
+	// spin: read polls the socket this long before it sleeps (polled
+	// counts the reads that found datagrams while polling).
+	spin   time.Duration
+	until  time.Time
+	empty  bool
+	polled *atomic.Uint64
 }
 
-func newRxBatch(control bool) *rxBatch {
-	rb := &rxBatch{}
+func newRxBatch(control bool, spin time.Duration, polled *atomic.Uint64) *rxBatch {
+	rb := &rxBatch{spin: spin, polled: polled}
 	for i := range rb.bufs {
 		rb.bufs[i] = make([]byte, rxBufLen)
 	}
@@ -246,6 +255,16 @@ func newRxBatch(control bool) *rxBatch {
 		}
 		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&rb.msgs[0])), rxMsgs, unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EAGAIN {
+			if rb.spin > 0 {
+				now := time.Now()
+				if rb.until.IsZero() {
+					rb.until = now.Add(rb.spin)
+				}
+				if now.Before(rb.until) {
+					rb.empty = true
+					return true
+				}
+			}
 			return false
 		}
 		rb.n = int(r)
@@ -258,10 +277,22 @@ func newRxBatch(control bool) *rxBatch {
 }
 
 // read waits for datagrams and reads as many as are queued (up to
-// rxMsgs); msg(i) is the i-th.
+// rxMsgs); msg(i) is the i-th. With spin, it polls the socket without
+// blocking, yielding to the process's other goroutines between tries,
+// until spin has passed, before it sleeps in Go's poller: what lands
+// meanwhile is read without a wake-up.
 func (rb *rxBatch) read(c syscall.RawConn) error {
-	rb.n = 0
-	return c.Read(rb.call)
+	rb.until = time.Time{}
+	for {
+		rb.n, rb.empty = 0, false
+		if err := c.Read(rb.call); err != nil || !rb.empty {
+			if err == nil && !rb.until.IsZero() && time.Now().Before(rb.until) {
+				rb.polled.Add(1)
+			}
+			return err
+		}
+		runtime.Gosched()
+	}
 }
 
 func (rb *rxBatch) msg(i int) []byte { return rb.bufs[i][:rb.msgs[i].Len] }

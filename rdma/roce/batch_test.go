@@ -133,7 +133,7 @@ func (p *qpPair) exercise(t *testing.T, rounds int) {
 }
 
 func (d *Device) stats() string {
-	return fmt.Sprintf("GSO datagrams sent %d, datagrams split %d, bad ICRCs %d", d.counts.gsoSent.Load(), d.counts.split.Load(), d.counts.badICRC.Load())
+	return fmt.Sprintf("GSO datagrams sent %d, datagrams split %d, bad ICRCs %d, batches found polling %d", d.counts.gsoSent.Load(), d.counts.split.Load(), d.counts.badICRC.Load(), d.counts.polled.Load())
 }
 
 // Runs of whole-MTU packets leave as UDP GSO datagrams, reach the peer
@@ -147,17 +147,19 @@ func TestBatchedTransfers(t *testing.T) {
 		name    string
 		udpOnly bool
 		noGSO   bool
-	}{{"raw socket", false, false}, {"UDP socket", true, false}, {"no GSO", false, true}} {
+		poll    time.Duration
+	}{{"raw socket", false, false, 0}, {"UDP socket", true, false, 0}, {"no GSO", false, true, 0},
+		{"polling, raw socket", false, false, 50 * time.Millisecond}, {"polling, UDP socket", true, false, 50 * time.Millisecond}} {
 		t.Run(tc.name, func(t *testing.T) {
 			if !tc.udpOnly && os.Geteuid() != 0 {
 				t.Skip("the raw-socket receive path needs root")
 			}
-			a, err := Open("127.0.0.1", Options{Port: 14791, udpOnly: tc.udpOnly, NoGSO: tc.noGSO})
+			a, err := Open("127.0.0.1", Options{Port: 14791, udpOnly: tc.udpOnly, NoGSO: tc.noGSO, Poll: tc.poll})
 			if err != nil {
 				t.Fatal(err)
 			}
 			defer a.Close()
-			b, err := Open("127.0.0.2", Options{Port: 14791, udpOnly: tc.udpOnly, NoGSO: tc.noGSO})
+			b, err := Open("127.0.0.2", Options{Port: 14791, udpOnly: tc.udpOnly, NoGSO: tc.noGSO, Poll: tc.poll})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -174,6 +176,9 @@ func TestBatchedTransfers(t *testing.T) {
 			}
 			if bad := a.counts.badICRC.Load() + b.counts.badICRC.Load(); bad != 0 {
 				t.Fatalf("%d packets failed their ICRC", bad)
+			}
+			if polled := a.counts.polled.Load() + b.counts.polled.Load(); (tc.poll > 0) != (polled > 0) {
+				t.Fatalf("polling %v, yet %d receive batches were found while polling", tc.poll, polled)
 			}
 		})
 	}

@@ -75,7 +75,8 @@ type Device struct {
 	tx     *os.File        // the sending socket (openTx)
 	txRaw  syscall.RawConn
 	txPort int
-	noGSO  atomic.Bool // the kernel refused a UDP GSO datagram
+	poll   time.Duration // Options.Poll
+	noGSO  atomic.Bool   // the kernel refused a UDP GSO datagram
 	counts counts
 }
 
@@ -84,6 +85,7 @@ type counts struct {
 	gsoSent atomic.Uint64 // GSO datagrams sent
 	split   atomic.Uint64 // datagrams received whole and cut into packets
 	badICRC atomic.Uint64 // packets dropped for their ICRC
+	polled  atomic.Uint64 // receive batches found while polling (Options.Poll)
 }
 
 type connection struct {
@@ -119,6 +121,11 @@ type Options struct {
 	// NIC whose segmentation offload numbered IP identifications other
 	// than Linux does could not break the ICRCs.
 	NoGSO bool
+	// Poll has the receiving goroutine poll its socket this long after
+	// finding it empty before it sleeps (0: it sleeps at once): what
+	// lands meanwhile is read without a wake-up, for the CPU the polling
+	// takes while traffic flows.
+	Poll time.Duration
 
 	udpOnly bool // tests: no raw socket, as when not root
 }
@@ -197,6 +204,7 @@ func Open(ip string, opt Options) (*Device, error) {
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL, raw: raw}
 	d.noGSO.Store(opt.NoGSO)
+	d.poll = opt.Poll
 	if d.tx, d.txPort, err = openTx(addr); err == nil {
 		d.txRaw, err = d.tx.SyscallConn()
 	}
@@ -329,7 +337,7 @@ func (d *Device) receive(raw *os.File) {
 	// Without a raw socket (not root) the IP header is rebuilt on the
 	// assumption that the sender set DF and Linux wrote identification 0
 	// — true of this device, not of a kernel rxe.
-	rb := newRxBatch(true)
+	rb := newRxBatch(true, d.poll, &d.counts.polled)
 	var h held
 	for {
 		h.flush()
@@ -448,7 +456,7 @@ func (d *Device) receiveRaw(f *os.File) {
 		return
 	}
 	me := d.ip.As4()
-	rb := newRxBatch(false)
+	rb := newRxBatch(false, d.poll, &d.counts.polled)
 	var h held
 	for {
 		h.flush()
