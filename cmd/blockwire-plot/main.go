@@ -56,12 +56,15 @@ func run(out string, args []string) error {
 	if err != nil {
 		return err
 	}
+	// What kind of result: a sweep has depths, a comparison targets
+	// (and no depths), a run neither.
 	var kind struct {
 		Targets []string `json:"targets"`
+		Depths  []int    `json:"depths"`
 	}
 	json.Unmarshal(b, &kind)
 	var draw func(io.Writer) error
-	if benchplot.IsSweep(b) {
+	if kind.Depths != nil {
 		s, err := benchplot.DecodeSweep(bytes.NewReader(b))
 		if err != nil {
 			return err

@@ -49,14 +49,6 @@ func DecodeSweep(r io.Reader) (Sweep, error) {
 	return s, nil
 }
 
-// IsSweep tells a sweep's JSON from the other kinds (it has depths).
-func IsSweep(b []byte) bool {
-	var probe struct {
-		Depths []int `json:"depths"`
-	}
-	return json.Unmarshal(b, &probe) == nil && len(probe.Depths) > 0
-}
-
 // DrawSweep writes s as SVG: median IOPS against queue depth (log 2)
 // with a line per target above; below, the latency distributions at the
 // lowest and the highest depth, a line per target (percentile against µs,
