@@ -24,10 +24,7 @@ import (
 // so its figure is the ceiling the file itself sets; blockwire on a memory
 // LUN is the ceiling the iSCSI path sets.
 func fileBench(bin string) {
-	dur := 5 * time.Second
-	if *quick {
-		dur = time.Second
-	}
+	dur := runTime()
 	if _, err := exec.LookPath("fio"); err != nil {
 		log.Fatal("bench: fio not found (apt-get install fio)")
 	}

@@ -122,10 +122,7 @@ func main() {
 	bw, stopBw := startBlockwire(bin)
 	defer stopBw()
 
-	dur := 5 * time.Second
-	if *quick {
-		dur = time.Second
-	}
+	dur := runTime()
 	// A large odd step scatters qemu-img bench's offsets over the LUN
 	// (it wraps at the end), standing in for random I/O.
 	const scatter = "1040384"
@@ -203,10 +200,7 @@ func transports(bin string, bw target, dur time.Duration) {
 // against tgt directly, and against blockwire serving tgt's LUN through
 // its initiator, over iSCSI/TCP and iSER, rotating as above.
 func gateway(bin, dir string) {
-	dur := 5 * time.Second
-	if *quick {
-		dur = time.Second
-	}
+	dur := runTime()
 	tgt, stopTgt := startTgt(dir)
 	defer stopTgt()
 	gwTCP, stopGw := serve(nil, bin, "gw-tcp", "--remote", tgt.url)
@@ -443,7 +437,7 @@ func bwBench(bin string, d time.Duration, rw, bs, qd, what string) func(target) 
 // bwBenchOn is bwBench behind prefix (the client CPUs' taskset).
 func bwBenchOn(prefix []string, bin string, d time.Duration, rw, bs, qd, what string) func(target) (float64, error) {
 	return func(t target) (float64, error) {
-		argv := append(append(append(append([]string{}, prefix...), bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String()), t.args...), t.url)
+		argv := benchArgv(prefix, bin, d, rw, bs, qd, t)
 		out, err := exec.Command(argv[0], argv[1:]...).CombinedOutput()
 		if err != nil {
 			return 0, fmt.Errorf("%v: %s", err, out)
@@ -466,6 +460,23 @@ func bwBenchOn(prefix []string, bin string, d time.Duration, rw, bs, qd, what st
 			return strconv.ParseFloat(string(m[1]), 64)
 		}
 	}
+}
+
+// benchArgv is blockwire bench's command line for one run against t,
+// behind prefix (the client CPUs' taskset), with flags (such as --json)
+// before t's own.
+func benchArgv(prefix []string, bin string, d time.Duration, rw, bs, qd string, t target, flags ...string) []string {
+	argv := append(append([]string{}, prefix...), bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String())
+	argv = append(append(argv, flags...), t.args...)
+	return append(argv, t.url)
+}
+
+// runTime is how long each run lasts: 5 s, 1 s with -quick.
+func runTime() time.Duration {
+	if *quick {
+		return time.Second
+	}
+	return 5 * time.Second
 }
 
 func iperf(d time.Duration) float64 {

@@ -82,10 +82,10 @@ func rbdBench(dir string) {
 	bw, stopBw := serve(nil, bin, "blockwire", "--iser=false", "--rbd", images[1], "--ceph-conf", conf)
 	defer stopBw()
 
-	dur := 5 * time.Second
+	dur := runTime()
 	c4, c128 := "20000", "4000"
 	if *quick {
-		dur, c4, c128 = time.Second, "4000", "800"
+		c4, c128 = "4000", "800"
 	}
 	const scatter = "1040384"
 	ws := []workload{

@@ -17,10 +17,7 @@ import (
 // Both ends run on this host over loopback (127.0.0.2 the target's RoCE
 // address, 127.0.0.1 the initiator's).
 func roceBench(bin string) {
-	dur := 5 * time.Second
-	if *quick {
-		dur = time.Second
-	}
+	dur := runTime()
 	_, tcpPort, _ := net.SplitHostPort(freePort())
 	udp := freeUDPPort()
 	args := []string{"--size", "1GiB", "--roce-listen", "127.0.0.2:" + tcpPort, "--roce-udp-port", udp}

@@ -51,10 +51,7 @@ func spdkBench(bin string, pin bool) {
 	if !pin {
 		targetCPU, clientCPU = nil, nil
 	}
-	dur := 5 * time.Second
-	if *quick {
-		dur = time.Second
-	}
+	dur := runTime()
 
 	// SPDK: its own scripts (core 1 unless pin is off; then every core).
 	// It polls, keeping its core busy even idle, so it runs only while

@@ -87,8 +87,7 @@ func sweep(name, title string, prefix []string, bin string, dur time.Duration, t
 // bwBenchJSON runs blockwire bench --json, 4 KiB random reads at depth
 // qd, against t.
 func bwBenchJSON(prefix []string, bin string, d time.Duration, qd int, t target) (benchplot.Result, error) {
-	argv := append(append(append(append([]string{}, prefix...), bin, "bench", "--json", "--rw", "randread", "--bs", "4k",
-		"--qd", strconv.Itoa(qd), "--time", d.String()), t.args...), t.url)
+	argv := benchArgv(prefix, bin, d, "randread", "4k", strconv.Itoa(qd), t, "--json")
 	var out, errb bytes.Buffer
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = &out, &errb
