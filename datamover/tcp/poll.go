@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"syscall"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/spin"
 )
 
 // poller reads a TCP socket that it polls, without blocking, for up to
@@ -23,7 +25,7 @@ type poller struct {
 	// being held in front of it (a portal's look-ahead, prefixconn).
 	direct func() bool
 	rc     syscall.RawConn
-	spin   time.Duration
+	spin   spin.Budget
 
 	// One read(2), made by read (built once: a closure per call would
 	// allocate).
@@ -38,7 +40,7 @@ type poller struct {
 }
 
 // newPoller returns a poller of nc, or nil when nc is no TCP socket.
-func newPoller(nc net.Conn, spin time.Duration) *poller {
+func newPoller(nc net.Conn, d time.Duration) *poller {
 	var tc *net.TCPConn
 	direct := func() bool { return true }
 	switch c := nc.(type) {
@@ -57,7 +59,7 @@ func newPoller(nc net.Conn, spin time.Duration) *poller {
 	if err != nil {
 		return nil
 	}
-	r := &poller{nc: nc, direct: direct, rc: rc, spin: spin}
+	r := &poller{nc: nc, direct: direct, rc: rc, spin: spin.New(d)}
 	r.read = func(fd uintptr) bool {
 		for {
 			n, err := syscall.Read(int(fd), r.buf)
@@ -76,7 +78,7 @@ func (r *poller) Read(p []byte) (int, error) {
 	if len(p) == 0 || !r.direct() {
 		return r.nc.Read(p)
 	}
-	var until time.Time
+	r.spin.Start()
 	for {
 		r.buf = p
 		err := r.rc.Read(r.read)
@@ -85,7 +87,7 @@ func (r *poller) Read(p []byte) (int, error) {
 			return 0, err // closed, or past a read deadline
 		}
 		if !r.empty {
-			if !until.IsZero() {
+			if r.spin.Polled() {
 				r.polled++
 			}
 			if r.err != nil {
@@ -97,10 +99,7 @@ func (r *poller) Read(p []byte) (int, error) {
 			}
 			return r.n, nil
 		}
-		now := time.Now()
-		if until.IsZero() {
-			until = now.Add(r.spin)
-		} else if now.After(until) {
+		if !r.spin.Again() {
 			r.slept++
 			return r.nc.Read(p)
 		}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/prefixconn"
+	"github.com/blockwire/blockwire/internal/spin"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -57,7 +58,7 @@ func TestPollerReads(t *testing.T) {
 		t.Fatalf("polled %d, slept %d; want the read found by polling", r.polled, r.slept)
 	}
 	// Arrives after the polling time: the reader sleeps, then reads it.
-	r.spin = time.Millisecond
+	r.spin = spin.New(time.Millisecond)
 	time.AfterFunc(100*time.Millisecond, func() { client.Write([]byte("after a sleep")) })
 	if n, err := r.Read(buf); err != nil || string(buf[:n]) != "after a sleep" {
 		t.Fatalf("read %q, %v", buf[:n], err)
@@ -72,7 +73,7 @@ func TestPollerReads(t *testing.T) {
 	}
 	server.SetReadDeadline(time.Time{})
 	// The peer's close is an EOF.
-	r.spin = 300 * time.Millisecond
+	r.spin = spin.New(300 * time.Millisecond)
 	client.Write([]byte("last"))
 	client.Close()
 	got, err := io.ReadAll(r)

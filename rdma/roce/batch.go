@@ -31,6 +31,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/blockwire/blockwire/internal/spin"
 	"github.com/blockwire/blockwire/rdma/ib"
 	"golang.org/x/sys/unix"
 )
@@ -226,16 +227,15 @@ type rxBatch struct {
 	from [rxMsgs]unix.RawSockaddrInet6
 	n    int
 	call func(fd uintptr) bool
-	// spin: read polls the socket this long before it sleeps (polled
-	// counts the reads that found datagrams while polling).
-	spin   time.Duration
-	until  time.Time
+	// read polls the socket within spin before it sleeps (polled counts
+	// the reads that found datagrams while polling).
+	spin   spin.Budget
 	empty  bool
 	polled *atomic.Uint64
 }
 
-func newRxBatch(control bool, spin time.Duration, polled *atomic.Uint64) *rxBatch {
-	rb := &rxBatch{spin: spin, polled: polled}
+func newRxBatch(control bool, poll time.Duration, polled *atomic.Uint64) *rxBatch {
+	rb := &rxBatch{spin: spin.New(poll), polled: polled}
 	for i := range rb.bufs {
 		rb.bufs[i] = make([]byte, rxBufLen)
 	}
@@ -255,17 +255,8 @@ func newRxBatch(control bool, spin time.Duration, polled *atomic.Uint64) *rxBatc
 		}
 		r, _, e := unix.Syscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&rb.msgs[0])), rxMsgs, unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EAGAIN {
-			if rb.spin > 0 {
-				now := time.Now()
-				if rb.until.IsZero() {
-					rb.until = now.Add(rb.spin)
-				}
-				if now.Before(rb.until) {
-					rb.empty = true
-					return true
-				}
-			}
-			return false
+			rb.empty = rb.spin.Again()
+			return rb.empty // false: Read waits for the socket
 		}
 		rb.n = int(r)
 		if e != 0 {
@@ -282,11 +273,11 @@ func newRxBatch(control bool, spin time.Duration, polled *atomic.Uint64) *rxBatc
 // until spin has passed, before it sleeps in Go's poller: what lands
 // meanwhile is read without a wake-up.
 func (rb *rxBatch) read(c syscall.RawConn) error {
-	rb.until = time.Time{}
+	rb.spin.Start()
 	for {
 		rb.n, rb.empty = 0, false
 		if err := c.Read(rb.call); err != nil || !rb.empty {
-			if err == nil && !rb.until.IsZero() && time.Now().Before(rb.until) {
+			if err == nil && rb.spin.Polled() {
 				rb.polled.Add(1)
 			}
 			return err
