@@ -13,8 +13,13 @@ func TestBudget(t *testing.T) {
 	if b.Polled() {
 		t.Fatal("data found at the first read counted as polled")
 	}
-	if !b.Again() || !b.Again() || !b.Polled() {
-		t.Fatal("no polling within the time")
+	for range 2 { // the empty read that starts the time, and the next
+		if !b.Again() {
+			t.Fatal("no polling within the time")
+		}
+	}
+	if !b.Polled() {
+		t.Fatal("a read within the time not counted as polled")
 	}
 	time.Sleep(40 * time.Millisecond)
 	if b.Again() || b.Polled() {
