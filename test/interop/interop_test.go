@@ -314,6 +314,16 @@ func TestQemuConvertRoundTrip(t *testing.T) {
 	if !strings.Contains(d64.log.String(), "header_digest=true") {
 		t.Error("QEMU's header-digest=crc32c session negotiated no header digest")
 	}
+
+	// Again with the target's readers polling (--poll): QEMU's commands
+	// land while the reader polls and after it slept.
+	dp := serve(t, "--size", "64MiB", "--poll", "200us")
+	urlp := dp.url(defaultIQN, 0)
+	src3 := randomImage(t, 64<<20)
+	back3 := filepath.Join(t.TempDir(), "back3.img")
+	mustRun(t, 2*time.Minute, "qemu-img", "convert", "-n", "-f", "raw", "-O", "raw", src3, urlp)
+	mustRun(t, 2*time.Minute, "qemu-img", "dd", "-f", "raw", "-O", "raw", "bs=1M", "count=64", "if="+urlp, "of="+back3)
+	sameFirst(t, src3, back3, 64<<20)
 }
 
 func TestQemuBench(t *testing.T) {
