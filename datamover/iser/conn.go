@@ -802,18 +802,30 @@ func (c *Conn) dispatch() {
 	}
 }
 
+// flushGrace is how long serve may go on reading after its queue pair
+// ended, for what arrived before the end and the flushes behind it.
+const flushGrace = 200 * time.Millisecond
+
 // Serve implements datamover.Conn: it delivers received PDUs until the
 // connection ends, then calls ConnectionTerminateNotify once.
 func (c *Conn) Serve(up datamover.Upcalls) {
 	c.up = up
 	go c.dispatch()
-	// A queue pair can fail without flushing its receives (a kernel
-	// device after the peer broke the rules, or one removed): its end
-	// ends the wait too.
+	// A queue pair's end flushes its receives, in order behind what had
+	// arrived: serve delivers that and ends at the first flushed one. The
+	// end may be heard first — a target disconnects right after its
+	// Logout Response, and a kernel device tells the disconnect and the
+	// receive on different channels — so it ends serve's wait only if no
+	// flush comes within flushGrace: a queue pair can fail without
+	// flushing (a kernel device after the peer broke the rules).
 	go func() {
 		select {
 		case <-c.qp.Done():
-			c.cancel()
+			select {
+			case <-time.After(flushGrace):
+				c.cancel()
+			case <-c.ctx.Done():
+			}
 		case <-c.ctx.Done():
 		}
 	}()

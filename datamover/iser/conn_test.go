@@ -326,3 +326,35 @@ func TestQueuePairFailureWithoutFlushEndsTheConnection(t *testing.T) {
 		t.Fatalf("the connection ended with %v, not the queue pair's reason", err)
 	}
 }
+
+// A queue pair's end heard before a message it had received is read (a
+// target's Logout Response and, at once, its disconnect: a kernel device
+// tells the two on different channels) does not lose the message: the
+// receives flush in order behind it, and the connection ends on the flush.
+func TestMessageBeforeTheEndIsDelivered(t *testing.T) {
+	dev := rdma.NewDevice("test")
+	res := Prepare(dev.AllocPD(), Options{})
+	pp := rdma.ConnParams{PD: rdma.NewDevice("peer").AllocPD(), QP: rdma.QPConfig{SendCQ: rdma.NewCQ(16), RecvCQ: rdma.NewCQ(16)}}
+	qa, qb, err := siw.New(siw.Options{}).Pair(res.ConnParams(nil), pp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer qb.Close()
+	sq := &silentQP{QP: qa, done: make(chan struct{})}
+	c := res.Attach(sq, CMHeader{}, nil)
+	u := newUpcalls()
+	go c.Serve(u)
+	time.Sleep(20 * time.Millisecond)
+	sq.fail() // the end, heard first
+	time.Sleep(10 * time.Millisecond)
+	var h pdu.BHS
+	(&pdu.NopOut{ITT: 1, TTT: pdu.ReservedTTT}).Encode(&h)
+	msg := control(HeaderLenLinux, Header{}, 0, nil)
+	copy(msg[HeaderLenLinux:], h[:])
+	if err := qb.PostSend(&rdma.SendWR{Op: rdma.OpSend, SG: [][]byte{msg}}); err != nil {
+		t.Fatal(err)
+	}
+	u.waitFor(t, 1)
+	qb.Close() // the disconnect: the receives flush
+	ended(t, u)
+}
