@@ -41,6 +41,13 @@ type PDU struct {
 	DataOut             []byte
 	DataIn              []byte
 	UnsolicitedDataSize int
+
+	// More says, on a PDU sent, that more PDUs of the connection are on
+	// their way (its other commands are executing): the datamover may
+	// hold this one for a moment to send them together. The TCP
+	// datamover then lets the process's other goroutines run once before
+	// it writes, so that responses completed together share one write.
+	More bool
 }
 
 // Params are the negotiated key values a datamover needs (Notice_Key_Values,
@@ -119,6 +126,7 @@ type DataIn struct {
 	Overflow  bool
 	Underflow bool
 	Residual  uint32
+	More      bool // as PDU.More
 }
 
 // Conn is the Datamover of one iSCSI connection (the Connection_Handle of

@@ -79,6 +79,9 @@ func (u *Upgrade) ISER() bool {
 	return u.iser != nil
 }
 
+// Pending reports whether the TCP stream has received bytes not yet read.
+func (u *Upgrade) Pending() bool { return u.tcp.Pending() }
+
 // RecvDataSize is the data a receive buffer holds once iSER runs.
 func (u *Upgrade) RecvDataSize() int {
 	return u.opt.WithDefaults().RecvDataSize

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"time"
 
@@ -201,6 +202,10 @@ func (c *Conn) MaxSendDataSegmentLength() int {
 	return c.maxXmit
 }
 
+// Pending reports whether received bytes wait to be read: the next PDU has
+// (at least partly) arrived.
+func (c *Conn) Pending() bool { return c.br.Buffered() > 0 }
+
 // ConnectionTerminate closes the socket; Serve returns.
 func (c *Conn) ConnectionTerminate() {
 	c.wmu.Lock()
@@ -218,7 +223,7 @@ func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
 	if err != nil {
 		return err
 	}
-	return c.commitLocked(g)
+	return c.commitLocked(g, p.More)
 }
 
 // enqueueLocked stamps a PDU and queues it, returning the generation of the
@@ -285,14 +290,27 @@ func (c *Conn) enqueueLocked(h *pdu.BHS, ahs []byte, data []byte, advance, noSta
 }
 
 // commitLocked returns once batch g has been written: it writes batches
-// itself when no other sender is doing so.
-func (c *Conn) commitLocked(g uint64) error {
+// itself when no other sender is doing so, after yielding once with
+// linger (PDU.More).
+func (c *Conn) commitLocked(g uint64, linger bool) error {
 	for c.written <= g {
 		if c.werr != nil {
 			return c.werr
 		}
 		if c.flushing {
 			c.cond.Wait()
+			continue
+		}
+		if linger {
+			// Others' responses may be moments away: let them queue
+			// behind ours (flushing holds them in cond.Wait), then write
+			// all with one system call.
+			linger = false
+			c.flushing = true
+			c.wmu.Unlock()
+			runtime.Gosched()
+			c.wmu.Lock()
+			c.flushing = false
 			continue
 		}
 		c.leadLocked()
@@ -438,7 +456,7 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 		}
 		off += n
 		if last {
-			return c.commitLocked(g)
+			return c.commitLocked(g, d.More)
 		}
 	}
 }

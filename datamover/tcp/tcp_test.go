@@ -3,6 +3,7 @@ package tcp
 import (
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -107,3 +108,91 @@ func TestDataACK(t *testing.T) {
 		t.Fatalf("Data_ACK_Notify %v, want once for ITT 0x42 with DataSN 3", u.acks)
 	}
 }
+
+// TestMoreSharesWrites: responses sent with More by senders that run one
+// at a time (one processor) leave in shared writes; without More each
+// sender writes its own, which is what the comparison shows the batching
+// against.
+func TestMoreSharesWrites(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	const n = 16
+	batches := map[bool]uint64{}
+	for _, more := range []bool{false, true} {
+		a, b := tcpPair(t)
+		got := make(chan int64, 1)
+		go func() {
+			m, _ := io.Copy(io.Discard, b)
+			got <- m
+		}()
+		c := New(a, nil)
+		c.NoticeKeyValues(datamover.Params{MaxRecvDataSegmentLength: 8192, MaxXmitDataSegmentLength: 8192})
+		c.EnableDatamover(nil)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i := range n {
+			wg.Go(func() {
+				<-start
+				p := datamover.PDU{More: more, Data: make([]byte, 512)}
+				(&pdu.NopIn{ITT: uint32(i), TTT: pdu.ReservedTTT}).Encode(&p.BHS)
+				if err := c.SendControl(&p, false); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+		c.wmu.Lock()
+		batches[more] = c.written
+		c.wmu.Unlock()
+		a.(*net.TCPConn).CloseWrite()
+		if m := <-got; m != n*(pdu.BHSLen+512) {
+			t.Fatalf("more=%v: the peer got %d bytes, want %d", more, m, n*(pdu.BHSLen+512))
+		}
+	}
+	t.Logf("%d responses: %d writes without More, %d with", n, batches[false], batches[true])
+	if batches[true] > 2 || batches[true] >= batches[false] {
+		t.Fatalf("%d responses with More took %d writes (%d without): not shared", n, batches[true], batches[false])
+	}
+}
+
+// TestPending: while a PDU is delivered, Pending tells whether the next
+// one has arrived already (the target then lets the command go to a
+// worker rather than run it on the receiver).
+func TestPending(t *testing.T) {
+	a, b := tcpPair(t)
+	c := New(a, nil)
+	c.NoticeKeyValues(datamover.Params{MaxRecvDataSegmentLength: 8192, MaxXmitDataSegmentLength: 8192})
+	c.EnableDatamover(nil)
+	seen := make(chan bool, 3)
+	go c.Serve(&pendingUpcalls{c: c, seen: seen})
+	defer c.ConnectionTerminate()
+	var two [2 * pdu.BHSLen]byte
+	for i := range 2 {
+		(&pdu.NopOut{ITT: uint32(i), TTT: pdu.ReservedTTT}).Encode((*pdu.BHS)(two[i*pdu.BHSLen:]))
+	}
+	if _, err := b.Write(two[:]); err != nil { // both in one segment
+		t.Fatal(err)
+	}
+	for i, want := range []bool{true, false} {
+		select {
+		case p := <-seen:
+			if p != want {
+				t.Fatalf("PDU %d: Pending = %v, want %v", i, p, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("PDU %d not delivered", i)
+		}
+	}
+}
+
+type pendingUpcalls struct {
+	upcalls
+	c    *Conn
+	seen chan bool
+}
+
+func (u *pendingUpcalls) ControlNotify(p *datamover.PDU) error {
+	u.seen <- u.c.Pending()
+	return nil
+}
+func (u *pendingUpcalls) ConnectionTerminateNotify(err error) {}

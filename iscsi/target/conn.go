@@ -37,6 +37,13 @@ type conn struct {
 	inlineClaimed task
 	log           *slog.Logger
 
+	// working counts the connection's commands handed to an LU's workers
+	// and not yet answered. A worker waits for its answer to be written,
+	// so a peer that stops reading holds the workers its commands reach:
+	// past maxWorking, the receiver runs a command on a never-blocking LU
+	// itself, and stops reading the connection while it waits (task.run).
+	working atomic.Int32
+
 	login    loginState
 	loginITT uint32
 	ffp      atomic.Bool
@@ -215,6 +222,14 @@ func (c *conn) onRDMA() bool {
 	}
 	u, ok := c.dm.(interface{ ISER() bool })
 	return ok && u.ISER()
+}
+
+// pending reports whether the datamover has received bytes of a PDU not
+// yet delivered (the TCP datamover's read-ahead; fabric.Upgrade forwards
+// it).
+func (c *conn) pending() bool {
+	u, ok := c.dm.(interface{ Pending() bool })
+	return ok && u.Pending()
 }
 
 // DataACKNotify implements datamover.Upcalls; unused at ERL 0.

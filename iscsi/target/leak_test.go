@@ -18,8 +18,14 @@ func TestFaultsLeakNothing(t *testing.T) {
 	warm := dial(t, ts.addr)
 	warm.mustLogin(normalKeys(ini)...)
 	warm.command(tur(), false, 0, nil, 0)
-	warm.command(read10(0, 8), true, 4096, nil, 0) // starts the worker pool
+	warm.command(read10(0, 8), true, 4096, nil, 0)
 	warm.nc.Close()
+	// The LU's workers start with its first command handed to them
+	// (a lone command runs on the receiver instead): started here, they
+	// are part of the baseline.
+	ran := make(chan struct{})
+	ts.dev.LU(0).Submit(runFunc(func() { close(ran) }))
+	<-ran
 	settle := func() int {
 		for range 100 {
 			if len(ts.srv.Sessions()) == 0 {
@@ -112,3 +118,8 @@ func TestFaultsLeakNothing(t *testing.T) {
 		t.Fatalf("new session after the faults: %d", res.status)
 	}
 }
+
+// runFunc is a scsitarget.Work.
+type runFunc func()
+
+func (f runFunc) Run() { f() }

@@ -324,6 +324,11 @@ const (
 	DefaultSessionIOBudget = 128 << 20
 )
 
+// maxWorking is how many of an LU's workers (scsitarget.DefaultWorkers:
+// 64) one connection's commands may hold before its receiver runs them
+// itself (conn.working).
+const maxWorking = 16
+
 // dispatch hands a task whose data is complete to its LU's queue
 // (scsitarget.LU.Submit: the execution model iSCSI shares with SRP); a full
 // queue answers it TASK SET FULL.
