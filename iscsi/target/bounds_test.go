@@ -5,11 +5,14 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"log/slog"
 	"net"
 	"runtime"
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
@@ -158,12 +161,34 @@ func heapInUse() uint64 {
 // budget, while a well-behaved session keeps reading and writing (issue
 // 20: 60 immediate 16 MiB READs left unread took RSS from 0.54 to 1.30 GB).
 // The readers' answers wait for writes that never end: each connection
-// holds at most maxWorking of the LU's workers meanwhile, or the writer's
-// answers would find none.
+// holds at most maxWorking of the LU's workers meanwhile (more than 64 of
+// them otherwise), or the writer's answers would find none — on a memory
+// LU, whose commands a receiver runs itself past that, and on one whose
+// commands may block, where the receiver stops reading (conn.throttle).
 func TestFloodStaysWithinTheIOBudget(t *testing.T) {
+	t.Run("memory", func(t *testing.T) { testFlood(t, nil) })
+	t.Run("blocking", func(t *testing.T) {
+		testFlood(t, func(tg *Target) {
+			dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
+			be, _ := mem.New(16 << 20)
+			// The memory backend without its NonBlocking method.
+			lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if lu.NonBlocking() {
+				t.Fatal("the wrapped backend still says it never blocks")
+			}
+			dev.AddLU(lu)
+			tg.Device = dev
+		})
+	})
+}
+
+func testFlood(t *testing.T, mod func(*Target)) {
 	// Four floods may hold at most three quarters of the budget.
 	const budget, share = 64 << 20, 12 << 20
-	ts := startServer(t, Options{CmdWindow: 128, Budget: scsitarget.NewIOBudget(budget, share)}, nil)
+	ts := startServer(t, Options{CmdWindow: 128, Budget: scsitarget.NewIOBudget(budget, share)}, mod)
 	before := heapInUse()
 	type flood struct {
 		c           *tclient

@@ -39,10 +39,12 @@ type conn struct {
 
 	// working counts the connection's commands handed to an LU's workers
 	// and not yet answered. A worker waits for its answer to be written,
-	// so a peer that stops reading holds the workers its commands reach:
-	// past maxWorking, the receiver runs a command on a never-blocking LU
-	// itself, and stops reading the connection while it waits (task.run).
-	working atomic.Int32
+	// so a peer that stops reading holds the workers its commands reach.
+	// At maxWorking the receiver runs commands for LUs that never block
+	// itself (task.run); past it, it stops reading the connection until
+	// one of them is done (throttle; workFree says so).
+	working  atomic.Int32
+	workFree chan struct{}
 
 	login    loginState
 	loginITT uint32
@@ -104,6 +106,8 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 		tasks: map[uint32]*task{},
 		byTTT: map[uint32]*task{},
 		stop:  make(chan struct{}),
+
+		workFree: make(chan struct{}, 1),
 	}
 	c.statSN = 1
 	c.logoutAsked = -1
@@ -293,7 +297,31 @@ func (c *conn) ControlNotify(p *datamover.PDU) error {
 	if err != nil {
 		c.noteRejected(&p.BHS, err)
 	}
+	c.throttle()
 	return err
+}
+
+// throttle holds the receiver while the connection's commands occupy more
+// than maxWorking of its LUs' workers (LUs whose commands may block: for
+// the others task.run stops at maxWorking): the peer's next PDUs wait in
+// the socket until one of them is answered. A peer that stops reading
+// its answers so stalls its own connection, never the LU's other
+// initiators. Not on iSER, whose receiver delivers the completions those
+// workers wait for.
+func (c *conn) throttle() {
+	for c.working.Load() > maxWorking && !c.onRDMA() {
+		<-c.workFree
+	}
+}
+
+// workerDone counts a worker's command answered (throttle).
+func (c *conn) workerDone() {
+	if c.working.Add(-1) <= maxWorking {
+		select {
+		case c.workFree <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // noteRejected logs why a PDU is answered with a Reject (RFC 7143

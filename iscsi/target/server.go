@@ -324,9 +324,9 @@ const (
 	DefaultSessionIOBudget = 128 << 20
 )
 
-// maxWorking is how many of an LU's workers (scsitarget.DefaultWorkers:
-// 64) one connection's commands may hold before its receiver runs them
-// itself (conn.working).
+// maxWorking is how many of the LUs' workers (scsitarget.DefaultWorkers:
+// 64 per LU) one connection's commands may hold before its receiver stops
+// reading (conn.throttle).
 const maxWorking = 16
 
 // dispatch hands a task whose data is complete to its LU's queue

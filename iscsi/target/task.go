@@ -256,8 +256,8 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 	c.mu.Unlock()
 	// A lone command on a LU that never blocks runs here, on the
 	// receiving goroutine, rather than after a hand-off to a worker (the
-	// hand-off is most of the latency at queue depth 1) — unless the next
-	// PDU waits already — and so does any command once the connection
+	// hand-off is most of the latency at queue depth 1), unless the next
+	// PDU waits already; and so does any command once the connection
 	// holds maxWorking workers (run decides). Its delivery,
 	// which happens under the session's ordering lock, only claims it
 	// (act); the claim is on the connection, so t is not touched again
@@ -395,10 +395,9 @@ func (t *task) run(a action) {
 		// QD 32 on one core: one writev per command before, 0.15 after;
 		// 7.2 µs of the target's CPU per command before, 5.0 after).
 		//
-		// A connection holds at most maxWorking workers: past that its
-		// receiver runs the command itself (on a LU that never blocks),
-		// so a peer that stops reading stalls its own connection and not
-		// the LU's other initiators (TestFloodStaysWithinTheIOBudget).
+		// And once the connection holds maxWorking workers, its receiver
+		// runs the command itself: on a LU that never blocks that bounds
+		// what the connection holds (conn.throttle bounds it on others).
 		c := t.c
 		if c.inline.Load() == t && !c.onRDMA() && (t.solo && !c.pending() || c.working.Load() >= maxWorking) {
 			if lu := t.cmd.LU(); lu != nil && lu.NonBlocking() && c.inline.CompareAndSwap(t, &c.inlineClaimed) {
@@ -661,7 +660,7 @@ func (t *task) execute() {
 	t.worker = false
 	c.release(t, !aborted) // t may be reused from here
 	if worker {
-		c.working.Add(-1)
+		c.workerDone()
 	}
 }
 
