@@ -69,6 +69,60 @@ func ioLoopOn(tb testing.TB, write bool, size int, mod func(*Target)) func(i int
 	}
 }
 
+// pairLoop returns a function that sends two 4 KiB READs (or WRITEs) in one
+// write and waits for both answers: the first command finds the second
+// buffered behind it, so it goes to a worker and its answer is sent with
+// More (the path of commands that arrive together).
+func pairLoop(tb testing.TB, write bool) func(i int) {
+	const size = 4096
+	ts := startServer(tb, Options{NopInterval: -1}, nil)
+	c := dial(tb, ts.addr)
+	c.mustLogin(normalKeys(ini, kv("ImmediateData", "Yes"), kv("FirstBurstLength", "262144"), kv("MaxBurstLength", "262144"))...)
+	c.command(tur(), false, 0, nil, 0)
+	data := make([]byte, size)
+	rbuf := make([]byte, 64<<10)
+	var h pdu.BHS
+	frame := make([]byte, 0, 2*(pdu.BHSLen+size))
+	return func(i int) {
+		frame = frame[:0]
+		for k := range 2 {
+			itt := uint32(2*i + k)
+			cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, ITT: itt, EDTL: size, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+			c.cmdSN++
+			cdb := read10(itt%1024*8, size/512)
+			if write {
+				cdb[0] = 0x2a
+			}
+			copy(cmd.CDB[:], cdb)
+			cmd.Encode(&h)
+			if write {
+				h.SetDataSegmentLength(size)
+				frame = append(append(frame, h[:]...), data...)
+			} else {
+				frame = append(frame, h[:]...)
+			}
+		}
+		if _, err := c.nc.Write(frame); err != nil {
+			tb.Fatal(err)
+		}
+		for done := 0; done < 2; {
+			if _, err := io.ReadFull(c.r, h[:]); err != nil {
+				tb.Fatal(err)
+			}
+			if _, err := io.ReadFull(c.r, rbuf[:pdu.PaddedLen(h.DataSegmentLength())]); err != nil {
+				tb.Fatal(err)
+			}
+			if op := h.Opcode(); op == pdu.OpSCSIResponse || (op == pdu.OpDataIn && h[1]&1 != 0) {
+				if h[3] != 0 {
+					tb.Fatalf("status %#x", h[3])
+				}
+				c.expStatSN = max(c.expStatSN, binary.BigEndian.Uint32(h[24:])+1)
+				done++
+			}
+		}
+	}
+}
+
 func benchIO(b *testing.B, write bool, size int) {
 	io := ioLoop(b, write, size)
 	b.SetBytes(int64(size))
@@ -108,6 +162,24 @@ func TestNoAllocationsPerIO(t *testing.T) {
 			if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.1 {
 				t.Errorf("file LUN %+v: write=%v size=%d: %.2f allocations per I/O, want 0", o, tc.write, tc.size, a)
 			}
+		}
+	}
+}
+
+// TestNoAllocationsPerPipelinedIO: the same for commands that arrive
+// together (pairLoop).
+func TestNoAllocationsPerPipelinedIO(t *testing.T) {
+	if raceEnabled {
+		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
+	}
+	for _, write := range []bool{false, true} {
+		io := pairLoop(t, write)
+		for i := range 200 {
+			io(i)
+		}
+		i := 200
+		if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.2 {
+			t.Errorf("write=%v: %.2f allocations per pair of I/Os, want 0", write, a)
 		}
 	}
 }
