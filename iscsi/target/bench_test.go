@@ -21,6 +21,13 @@ func ioLoop(tb testing.TB, write bool, size int) func(i int) {
 
 // ioLoopOn is ioLoop on the target mod makes.
 func ioLoopOn(tb testing.TB, write bool, size int, mod func(*Target)) func(i int) {
+	return batchLoop(tb, write, size, 1, mod)
+}
+
+// batchLoop returns a function that sends n READ(10)s or WRITE(10)s of size
+// bytes in one write and waits for their n answers, with an
+// allocation-free client.
+func batchLoop(tb testing.TB, write bool, size, n int, mod func(*Target)) func(i int) {
 	ts := startServer(tb, Options{NopInterval: -1}, mod)
 	c := dial(tb, ts.addr)
 	c.mustLogin(normalKeys(ini, kv("ImmediateData", "Yes"), kv("FirstBurstLength", "262144"), kv("MaxBurstLength", "262144"))...)
@@ -28,68 +35,14 @@ func ioLoopOn(tb testing.TB, write bool, size int, mod func(*Target)) func(i int
 	data := make([]byte, size)
 	rbuf := make([]byte, 512<<10)
 	var h pdu.BHS
-	frame := make([]byte, 0, pdu.BHSLen+size)
-	b := tb
-	return func(i int) {
-		cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, ITT: uint32(i), EDTL: uint32(size), CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
-		c.cmdSN++
-		cdb := read10(uint32(i%1024)*8, uint16(size/512))
-		if write {
-			cdb[0] = 0x2a
-		}
-		copy(cmd.CDB[:], cdb)
-		cmd.Encode(&h)
-		frame = frame[:0]
-		if write {
-			h.SetDataSegmentLength(size)
-			frame = append(append(frame, h[:]...), data...)
-		} else {
-			frame = append(frame, h[:]...)
-		}
-		if _, err := c.nc.Write(frame); err != nil {
-			b.Fatal(err)
-		}
-		for {
-			if _, err := io.ReadFull(c.r, h[:]); err != nil {
-				b.Fatal(err)
-			}
-			n := pdu.PaddedLen(h.DataSegmentLength())
-			if _, err := io.ReadFull(c.r, rbuf[:n]); err != nil {
-				b.Fatal(err)
-			}
-			op := h.Opcode()
-			if op == pdu.OpSCSIResponse || (op == pdu.OpDataIn && h[1]&1 != 0) {
-				if h[3] != 0 {
-					b.Fatalf("status %#x", h[3])
-				}
-				c.expStatSN = binary.BigEndian.Uint32(h[24:]) + 1
-				break
-			}
-		}
-	}
-}
-
-// pairLoop returns a function that sends two 4 KiB READs (or WRITEs) in one
-// write and waits for both answers: the first command finds the second
-// buffered behind it, so it goes to a worker and its answer is sent with
-// More (the path of commands that arrive together).
-func pairLoop(tb testing.TB, write bool) func(i int) {
-	const size = 4096
-	ts := startServer(tb, Options{NopInterval: -1}, nil)
-	c := dial(tb, ts.addr)
-	c.mustLogin(normalKeys(ini, kv("ImmediateData", "Yes"), kv("FirstBurstLength", "262144"), kv("MaxBurstLength", "262144"))...)
-	c.command(tur(), false, 0, nil, 0)
-	data := make([]byte, size)
-	rbuf := make([]byte, 64<<10)
-	var h pdu.BHS
-	frame := make([]byte, 0, 2*(pdu.BHSLen+size))
+	frame := make([]byte, 0, n*(pdu.BHSLen+size))
 	return func(i int) {
 		frame = frame[:0]
-		for k := range 2 {
-			itt := uint32(2*i + k)
-			cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, ITT: itt, EDTL: size, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+		for k := range n {
+			itt := uint32(n*i + k)
+			cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, ITT: itt, EDTL: uint32(size), CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
 			c.cmdSN++
-			cdb := read10(itt%1024*8, size/512)
+			cdb := read10(itt%1024*8, uint16(size/512))
 			if write {
 				cdb[0] = 0x2a
 			}
@@ -97,15 +50,16 @@ func pairLoop(tb testing.TB, write bool) func(i int) {
 			cmd.Encode(&h)
 			if write {
 				h.SetDataSegmentLength(size)
-				frame = append(append(frame, h[:]...), data...)
-			} else {
-				frame = append(frame, h[:]...)
+			}
+			frame = append(frame, h[:]...)
+			if write {
+				frame = append(frame, data...)
 			}
 		}
 		if _, err := c.nc.Write(frame); err != nil {
 			tb.Fatal(err)
 		}
-		for done := 0; done < 2; {
+		for done := 0; done < n; {
 			if _, err := io.ReadFull(c.r, h[:]); err != nil {
 				tb.Fatal(err)
 			}
@@ -122,6 +76,12 @@ func pairLoop(tb testing.TB, write bool) func(i int) {
 		}
 	}
 }
+
+// pairLoop returns a function that sends two 4 KiB READs (or WRITEs) in one
+// write and waits for both answers: the first command finds the second
+// buffered behind it, so it goes to a worker and its answer is sent with
+// More (the path of commands that arrive together).
+func pairLoop(tb testing.TB, write bool) func(i int) { return batchLoop(tb, write, 4096, 2, nil) }
 
 func benchIO(b *testing.B, write bool, size int) {
 	io := ioLoop(b, write, size)
