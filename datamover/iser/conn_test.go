@@ -307,19 +307,26 @@ func (q *silentQP) Err() error {
 }
 func (q *silentQP) fail() { q.once.Do(func() { close(q.done) }) }
 
-func TestQueuePairFailureWithoutFlushEndsTheConnection(t *testing.T) {
-	dev := rdma.NewDevice("test")
-	res := Prepare(dev.AllocPD(), Options{})
+// serveSilent serves a connection on a silentQP over a software iWARP
+// pair; qb is the peer's queue pair (closed when the test ends).
+func serveSilent(t *testing.T) (*silentQP, rdma.QP, *upcalls) {
+	t.Helper()
+	res := Prepare(rdma.NewDevice("test").AllocPD(), Options{})
 	pp := rdma.ConnParams{PD: rdma.NewDevice("peer").AllocPD(), QP: rdma.QPConfig{SendCQ: rdma.NewCQ(16), RecvCQ: rdma.NewCQ(16)}}
 	qa, qb, err := siw.New(siw.Options{}).Pair(res.ConnParams(nil), pp)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer qb.Close()
+	t.Cleanup(func() { qb.Close() })
 	sq := &silentQP{QP: qa, done: make(chan struct{})}
 	c := res.Attach(sq, CMHeader{}, nil)
 	u := newUpcalls()
 	go c.Serve(u)
+	return sq, qb, u
+}
+
+func TestQueuePairFailureWithoutFlushEndsTheConnection(t *testing.T) {
+	sq, _, u := serveSilent(t)
 	time.Sleep(50 * time.Millisecond)
 	sq.fail()
 	if err := ended(t, u); err == nil || !strings.Contains(err.Error(), "not given") {
@@ -332,18 +339,7 @@ func TestQueuePairFailureWithoutFlushEndsTheConnection(t *testing.T) {
 // tells the two on different channels) does not lose the message: the
 // receives flush in order behind it, and the connection ends on the flush.
 func TestMessageBeforeTheEndIsDelivered(t *testing.T) {
-	dev := rdma.NewDevice("test")
-	res := Prepare(dev.AllocPD(), Options{})
-	pp := rdma.ConnParams{PD: rdma.NewDevice("peer").AllocPD(), QP: rdma.QPConfig{SendCQ: rdma.NewCQ(16), RecvCQ: rdma.NewCQ(16)}}
-	qa, qb, err := siw.New(siw.Options{}).Pair(res.ConnParams(nil), pp)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer qb.Close()
-	sq := &silentQP{QP: qa, done: make(chan struct{})}
-	c := res.Attach(sq, CMHeader{}, nil)
-	u := newUpcalls()
-	go c.Serve(u)
+	sq, qb, u := serveSilent(t)
 	time.Sleep(20 * time.Millisecond)
 	sq.fail() // the end, heard first
 	time.Sleep(10 * time.Millisecond)
