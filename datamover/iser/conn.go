@@ -795,7 +795,15 @@ func (c *Conn) dispatch() {
 				}
 			}
 			if cp.Status != rdma.Success && cp.Status != rdma.Flushed {
-				c.log.Warn("iser: send queue error", "status", cp.Status, "err", c.qp.Err())
+				// A send that fails because the peer closed the
+				// connection (a kernel device may fail it rather than
+				// flush it when the peer leaves mid-send) is no error of
+				// ours: the iSCSI layer logs the connection's end.
+				lvl := slog.LevelWarn
+				if errors.Is(c.qp.Err(), rdma.ErrDisconnected) {
+					lvl = slog.LevelDebug
+				}
+				c.log.Log(c.ctx, lvl, "iser: send queue error", "status", cp.Status, "err", c.qp.Err())
 				c.ConnectionTerminate()
 			}
 		}
