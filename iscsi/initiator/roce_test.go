@@ -7,11 +7,15 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/scsitarget"
 )
@@ -123,4 +127,131 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.run(t, idev, "roce") })
 	}
+}
+
+// A peer that stops taking messages holds few of an LU's workers: an
+// iSER initiator that posts few receive buffers and then stops reading
+// its completions makes every later Send of the target wait on RNR NAKs,
+// which a RoCE device retries for ever (RNR retry count 7). A worker
+// answering a READ waits for its Send to complete, so each of that
+// peer's commands would hold one of the LU's 64 workers until the
+// target's NOP-In timed out (25 s): the other initiators of the LU would
+// wait as long. The target stops reading such a connection once it holds
+// maxWorking workers (iscsi/target conn.throttle), on iSER as on TCP.
+func TestISERPeerThatStopsReceivingHoldsFewWorkers(t *testing.T) {
+	const port = 24793
+	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tdev.Close()
+	idev, err := roce.Open("127.0.0.1", roce.Options{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer idev.Close()
+	srv := newTargetServer(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{})
+	ln, err := tdev.Listen("127.0.0.2:3260")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
+	url := fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN)
+
+	ctx := context.Background()
+	sd := &stallDialer{dev: idev, pd: idev.RDMA().AllocPD(), gate: make(chan struct{})}
+	hostile, err := Open(ctx, url, Options{Dialer: sd})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sd.stalled.Store(true)
+	var wg sync.WaitGroup
+	defer func() {
+		close(sd.gate) // reading again: everything drains
+		wg.Wait()
+		hostile.Close()
+	}()
+	const cmds = 100
+	var finished atomic.Int32
+	for i := range cmds {
+		wg.Go(func() {
+			buf := make([]byte, 4096)
+			hostile.ReadAt(buf, int64(i)*4096)
+			finished.Add(1)
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // the target's sends stall
+
+	// A well-behaved initiator of the same LU: its login's commands
+	// (INQUIRY, READ CAPACITY) and 32 reads.
+	done := make(chan error, 1)
+	go func() {
+		good, err := Open(ctx, url, Options{Dialer: &fabric.Dialer{RDMA: idev}})
+		if err != nil {
+			done <- err
+			return
+		}
+		defer good.Close()
+		buf := make([]byte, 4096)
+		for i := range 32 {
+			if _, err := good.ReadAt(buf, int64(i)*4096); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a well-behaved initiator waits behind a peer that stopped receiving")
+	}
+	if n := finished.Load(); n != 0 {
+		t.Fatalf("%d of the stalled peer's reads finished: it was not stalled", n)
+	}
+}
+
+// stallDialer dials iSER over a RoCE device with 8 receive buffers and
+// wraps the connection so that, once stalled is set, its receiving
+// goroutine blocks until gate closes: no buffer is posted again meanwhile.
+type stallDialer struct {
+	dev     *roce.Device
+	pd      *rdma.PD
+	stalled atomic.Bool
+	gate    chan struct{}
+}
+
+func (d *stallDialer) Dial(ctx context.Context, portal string, p datamover.DialParams) (*datamover.Established, error) {
+	res := iser.Prepare(d.pd, iser.Options{Initiator: true, Recvs: 8})
+	hdr := iser.CMHeader{ZBVANotSupported: true}
+	qp, reply, err := d.dev.Dial(ctx, portal, res.ConnParams(hdr.Append(nil)))
+	if err != nil {
+		return nil, err
+	}
+	peer := iser.DecodeCMHeader(reply)
+	return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn {
+		return &stallConn{Conn: res.Attach(qp, peer, st), d: d}
+	}, RDMA: true, ISER: true, Close: func() { qp.Close() }}, nil
+}
+
+type stallConn struct {
+	*iser.Conn
+	d *stallDialer
+}
+
+func (c *stallConn) Serve(up datamover.Upcalls) { c.Conn.Serve(stallUpcalls{up, c.d}) }
+
+type stallUpcalls struct {
+	datamover.Upcalls
+	d *stallDialer
+}
+
+func (u stallUpcalls) ControlNotify(p *datamover.PDU) error {
+	if u.d.stalled.Load() {
+		<-u.d.gate
+	}
+	return u.Upcalls.ControlNotify(p)
 }

@@ -38,11 +38,12 @@ type conn struct {
 	log           *slog.Logger
 
 	// working counts the connection's commands handed to an LU's workers
-	// and not yet answered. A worker waits for its answer to be written,
-	// so a peer that stops reading holds the workers its commands reach.
-	// At maxWorking the receiver runs commands for LUs that never block
-	// itself (task.run); past it, it stops reading the connection until
-	// one of them is done (throttle; workFree says so).
+	// and not yet answered. A worker waits for its answer to be written
+	// (on iSER, for its Send to complete), so a peer that stops taking
+	// answers holds the workers its commands reach. At maxWorking the
+	// receiver runs commands for LUs that never block itself (task.run;
+	// not on iSER); past it, it stops reading the connection until one of
+	// them is done (throttle; workFree says so).
 	working  atomic.Int32
 	workFree chan struct{}
 
@@ -302,21 +303,33 @@ func (c *conn) ControlNotify(p *datamover.PDU) error {
 }
 
 // throttle holds the receiver while the connection's commands occupy more
-// than maxWorking of its LUs' workers (LUs whose commands may block: for
-// the others task.run stops at maxWorking): the peer's next PDUs wait in
-// the socket until one of them is answered. A peer that stops reading
-// its answers so stalls its own connection, never the LU's other
-// initiators. Not on iSER, whose receiver delivers the completions those
-// workers wait for.
+// than maxWorking (maxWorkingISER) of its LUs' workers (on TCP, LUs whose commands may
+// block: for the others task.run stops at maxWorking; on iSER, every LU,
+// since nothing runs on its receiver): the peer's next PDUs wait in the
+// socket or in the posted receive buffers until one of them is answered.
+// A peer that stops taking its answers — stops reading its socket, or on
+// iSER posts no receive buffers, so that every Send of ours waits on RNR
+// NAKs, retried for ever — so stalls its own connection, never the LU's
+// other initiators. A worker waits only for the datamover's sending side
+// (send slots, send completions: iSER's dispatch goroutine), never for a
+// PDU this receiver delivers: commands go to workers with their data in.
 func (c *conn) throttle() {
-	for c.working.Load() > maxWorking && !c.onRDMA() {
+	for c.working.Load() > c.maxWorking() {
 		<-c.workFree
 	}
 }
 
+// maxWorking is the connection's bound on workers (throttle).
+func (c *conn) maxWorking() int32 {
+	if c.onRDMA() {
+		return maxWorkingISER
+	}
+	return maxWorking
+}
+
 // workerDone counts a worker's command answered (throttle).
 func (c *conn) workerDone() {
-	if c.working.Add(-1) <= maxWorking {
+	if c.working.Add(-1) <= c.maxWorking() {
 		select {
 		case c.workFree <- struct{}{}:
 		default:

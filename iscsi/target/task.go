@@ -397,7 +397,8 @@ func (t *task) run(a action) {
 		//
 		// And once the connection holds maxWorking workers, its receiver
 		// runs the command itself: on a LU that never blocks that bounds
-		// what the connection holds (conn.throttle bounds it on others).
+		// what the connection holds (conn.throttle bounds it on others,
+		// and on iSER).
 		c := t.c
 		if c.inline.Load() == t && !c.onRDMA() && (t.solo && !c.pending() || c.working.Load() >= maxWorking) {
 			if lu := t.cmd.LU(); lu != nil && lu.NonBlocking() && c.inline.CompareAndSwap(t, &c.inlineClaimed) {
