@@ -137,9 +137,16 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 // peer's commands would hold one of the LU's 64 workers until the
 // target's NOP-In timed out (25 s): the other initiators of the LU would
 // wait as long. The target stops reading such a connection once it holds
-// maxWorking workers (iscsi/target conn.throttle), on iSER as on TCP.
+// maxWorking workers (iscsi/target conn.throttle), on iSER as on TCP;
+// and a worker whose command waits only for its answer to be taken is
+// counted out of the LU's workers (scsitarget.LU.Detach), so even an LU
+// with fewer workers than that bound keeps serving the others.
 func TestISERPeerThatStopsReceivingHoldsFewWorkers(t *testing.T) {
-	const port = 24793
+	t.Run("64 workers", func(t *testing.T) { testStalledISERPeer(t, 24793, scsitarget.LUConfig{}) })
+	t.Run("8 workers", func(t *testing.T) { testStalledISERPeer(t, 24794, scsitarget.LUConfig{Workers: 8}) })
+}
+
+func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
 	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
 	if err != nil {
 		t.Fatal(err)
@@ -150,7 +157,7 @@ func TestISERPeerThatStopsReceivingHoldsFewWorkers(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer idev.Close()
-	srv := newTargetServer(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{})
+	srv := newTargetServer(t, lc, nil, iscsitarget.Options{})
 	ln, err := tdev.Listen("127.0.0.2:3260")
 	if err != nil {
 		t.Fatal(err)

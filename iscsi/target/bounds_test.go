@@ -396,3 +396,53 @@ func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(ne
 		t.Fatalf("the other session after the drop: %v", err)
 	}
 }
+
+// TestPeerThatStopsReadingLeavesTheLUToOthers: a peer that asks for more
+// data than the sockets hold and never reads it makes the workers
+// answering it wait in their writes; those workers are counted out of
+// the LU's (scsitarget.LU.Detach), so an LU with 4 workers goes on
+// serving another initiator at once rather than after the send timeout.
+func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
+	ts := startServer(t, Options{}, func(tg *Target) {
+		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
+		be, _ := mem.New(16 << 20)
+		// Without NonBlocking, so that every command goes to a worker.
+		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev.AddLU(lu)
+		tg.Device = dev
+	})
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	for range 16 {
+		c.sendCmd(read10(0, 4096), true, 2<<20, false, nil) // 2 MiB, never read
+	}
+	time.Sleep(500 * time.Millisecond) // the sockets fill
+	done := make(chan error, 1)
+	go func() {
+		d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
+		if err != nil {
+			done <- err
+			return
+		}
+		defer d.Close()
+		buf := make([]byte, 4096)
+		for i := range 32 {
+			if _, err := d.ReadAt(buf, int64(i)*4096); err != nil {
+				done <- err
+				return
+			}
+		}
+		done <- nil
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("another initiator waits behind the workers of a peer that stopped reading")
+	}
+}

@@ -651,15 +651,28 @@ func (t *task) execute() {
 	if !aborted && !t.cmd.Commit() {
 		aborted = true
 	}
+	worker := t.worker
+	t.worker = false
+	// On an LU's worker, the answer's wait for the peer (a socket write,
+	// on iSER the Send's completion) does not count among the LU's
+	// workers: a peer that stops taking answers holds goroutines, not the
+	// workers every initiator of the LU shares.
+	var lu *scsitarget.LU
+	if worker {
+		if lu = t.cmd.LU(); lu != nil && !lu.Detach() {
+			lu = nil
+		}
+	}
 	if !aborted {
 		t.respond(more)
 		if f := c.srv.opts.afterRespond; f != nil {
 			f(t.itt)
 		}
 	}
-	worker := t.worker
-	t.worker = false
 	c.release(t, !aborted) // t may be reused from here
+	if lu != nil {
+		lu.Reattach()
+	}
 	if worker {
 		c.workerDone()
 	}
