@@ -188,6 +188,11 @@ type taskTags struct {
 	rva      uint64
 	solBase  int64 // buffer offset of the first solicited byte (Linux profile)
 	wmr, rmr *rdma.MR
+	// cmds (target) counts the SCSI Commands with this ITT that arrived
+	// and have not ended: an initiator may reuse an ITT once it holds the
+	// response, before the old task is deallocated, and the new command's
+	// tags must outlive the old task's deallocation.
+	cmds int
 }
 
 type readCtx struct {
@@ -598,6 +603,9 @@ func (c *Conn) DeallocateTaskResources(itt uint32) {
 	if t == nil {
 		return
 	}
+	if t.cmds--; t.cmds > 0 {
+		return // a later command with the ITT goes on
+	}
 	delete(c.tasks, itt)
 	for _, mr := range []*rdma.MR{t.rmr, t.wmr} {
 		if mr != nil {
@@ -915,11 +923,15 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 		return unexpectedError(&p.BHS, lim)
 	}
 	op := p.BHS.Opcode()
-	if !c.init && op == pdu.OpSCSICommand && (h.WSV || h.RSV) {
+	command := !c.init && op == pdu.OpSCSICommand
+	if command {
+		// The command's STags, kept from its arrival until its task is
+		// deallocated, or dropped below if the iSCSI layer refuses it.
 		c.tmu.Lock()
 		t := c.taskLocked(p.BHS.ITT())
 		t.wsv, t.wstag, t.wva = h.WSV, h.WriteSTag, h.WriteVA
 		t.rsv, t.rstag, t.rva = h.RSV, h.ReadSTag, h.ReadVA
+		t.cmds++
 		c.tmu.Unlock()
 	}
 	var perr error
@@ -939,6 +951,10 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 	}
 	if perr == nil {
 		perr = up.ControlNotify(p)
+	}
+	if perr != nil && command {
+		// Refused, it never becomes a task that would be deallocated.
+		c.DeallocateTaskResources(p.BHS.ITT())
 	}
 	if perr != nil {
 		var pe *datamover.ProtocolError

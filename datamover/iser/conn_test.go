@@ -23,6 +23,7 @@ type upcalls struct {
 	acks   [][2]uint32
 	onAck  func()
 	bufFor func(h *pdu.BHS) []byte
+	refuse error // ControlNotify's answer to every PDU, once recorded
 }
 
 func newUpcalls() *upcalls { return &upcalls{ended: make(chan error, 1)} }
@@ -37,7 +38,7 @@ func (u *upcalls) ControlNotify(p *datamover.PDU) error {
 	u.mu.Lock()
 	u.pdus = append(u.pdus, p.BHS.Opcode())
 	u.mu.Unlock()
-	return nil
+	return u.refuse
 }
 func (u *upcalls) ConnectionTerminateNotify(err error) { u.ended <- err }
 func (u *upcalls) DataCompletionNotify(itt, ttt uint32) {
