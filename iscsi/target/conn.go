@@ -46,6 +46,9 @@ type conn struct {
 	// them is done (throttle; workFree says so).
 	working  atomic.Int32
 	workFree chan struct{}
+	// taskGone is signaled when a task leaves tasks (release), for the
+	// receiver waiting to reuse an ITT (handleCommand).
+	taskGone chan struct{}
 
 	login    loginState
 	loginITT uint32
@@ -109,6 +112,7 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 		stop:  make(chan struct{}),
 
 		workFree: make(chan struct{}, 1),
+		taskGone: make(chan struct{}, 1),
 	}
 	c.statSN = 1
 	c.logoutAsked = -1

@@ -2,6 +2,7 @@ package target
 
 import (
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -20,7 +21,10 @@ func (blockingDisk) NonBlocking() bool { return false }
 // §11.2.1.8): a new command with the same ITT sent at once must run,
 // even while the target is still tidying up the old task — Linux's
 // initiator reuses task tags this way. It used to be rejected (Task in
-// progress) when it overtook the old task's release.
+// progress) when it overtook the old task's release. The receiver waits
+// for that release without spinning: a peer may reuse the ITT of a task
+// whose answer it does not take, and the wait (up to a second) must not
+// burn a core.
 func TestITTReusedRightAfterItsResponse(t *testing.T) {
 	m, err := mem.New(1 << 20)
 	if err != nil {
@@ -41,9 +45,12 @@ func TestITTReusedRightAfterItsResponse(t *testing.T) {
 		t.Fatalf("first TEST UNIT READY: status %#x", r.status)
 	}
 	c.itt-- // the same ITT again, at once
-	start := time.Now()
+	start, cpu0 := time.Now(), cpuTime()
 	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
 		t.Fatalf("TEST UNIT READY reusing the ITT: status %#x", r.status)
+	}
+	if d, cpu := time.Since(start), cpuTime()-cpu0; cpu > d/4 {
+		t.Fatalf("the process used %v of CPU in the %v the receiver waited for the old task", cpu, d)
 	}
 	if !held.Load() {
 		t.Fatal("the hook never held a release: the test proves nothing")
@@ -51,4 +58,11 @@ func TestITTReusedRightAfterItsResponse(t *testing.T) {
 	if d := time.Since(start); d < 200*time.Millisecond {
 		t.Fatalf("the second command was answered after %v, before the first one's task was released", d)
 	}
+}
+
+// cpuTime is the CPU time the process has used, user and system.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

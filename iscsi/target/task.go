@@ -3,7 +3,6 @@ package target
 import (
 	"encoding/binary"
 	"fmt"
-	"runtime"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
@@ -233,7 +232,12 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 			return reject(pdu.RejectTaskInProgress, "iscsi: ITT %#x is already in use (RFC 7143 §11.2.1.8)", itt)
 		}
 		c.mu.Unlock()
-		runtime.Gosched()
+		// Woken by a release (taskGone), not spinning: the old task's
+		// answer may wait on a peer that takes none.
+		select {
+		case <-c.taskGone:
+		case <-time.After(time.Until(waitUntil)):
+		}
 		c.mu.Lock()
 	}
 	if c.closed || c.draining {
@@ -570,6 +574,10 @@ func (c *conn) release(t *task, reuseBuf bool) {
 	delivered := t.delivered
 	if c.tasks[t.itt] == t {
 		delete(c.tasks, t.itt)
+		select {
+		case c.taskGone <- struct{}{}:
+		default:
+		}
 	}
 	for i := range t.bursts {
 		if t.bursts[i].live {
