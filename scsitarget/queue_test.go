@@ -17,16 +17,21 @@ type gate struct {
 }
 
 func (g gate) Run() {
-	n := g.running.Add(1)
-	for {
-		m := g.most.Load()
-		if n <= m || g.most.CompareAndSwap(m, n) {
-			break
-		}
-	}
+	enter(g.running, g.most)
 	<-g.release
 	g.running.Add(-1)
 	g.done.Done()
+}
+
+// enter counts one more running and keeps the most seen at once.
+func enter(running, most *atomic.Int32) {
+	n := running.Add(1)
+	for {
+		m := most.Load()
+		if n <= m || most.CompareAndSwap(m, n) {
+			return
+		}
+	}
 }
 
 // TestLUQueueBound: an LU runs at most Workers commands at once and
@@ -86,13 +91,7 @@ type detaching struct {
 }
 
 func (d detaching) Run() {
-	n := d.backend.Add(1)
-	for {
-		m := d.most.Load()
-		if n <= m || d.most.CompareAndSwap(m, n) {
-			break
-		}
-	}
+	enter(d.backend, d.most)
 	time.Sleep(time.Millisecond)
 	d.backend.Add(-1)
 	if d.lu.Detach() {

@@ -14,6 +14,7 @@ import (
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/servetest"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
@@ -25,23 +26,7 @@ import (
 // header, REP, RTU), login in RC SENDs, data by RDMA WRITE and READ in
 // 1024-byte packets — the same SCSI workload as over TCP and iWARP.
 func TestISEROverRoCE(t *testing.T) {
-	const port = 24791
-	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tdev.Close()
-	idev, err := roce.Open("127.0.0.1", roce.Options{Port: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idev.Close()
-	srv := newTargetServer(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{})
-	ln, err := tdev.Listen("127.0.0.2:3260")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
+	idev := serveISEROverRoCE(t, 24791, scsitarget.LUConfig{})
 
 	ctx := context.Background()
 	d, err := Open(ctx, fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN), Options{Dialer: &fabric.Dialer{RDMA: idev}})
@@ -147,22 +132,7 @@ func TestISERPeerThatStopsReceivingHoldsFewWorkers(t *testing.T) {
 }
 
 func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
-	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tdev.Close()
-	idev, err := roce.Open("127.0.0.1", roce.Options{Port: port})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer idev.Close()
-	srv := newTargetServer(t, lc, nil, iscsitarget.Options{})
-	ln, err := tdev.Listen("127.0.0.2:3260")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
+	idev := serveISEROverRoCE(t, port, lc)
 	url := fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN)
 
 	ctx := context.Background()
@@ -191,34 +161,36 @@ func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
 
 	// A well-behaved initiator of the same LU: its login's commands
 	// (INQUIRY, READ CAPACITY) and 32 reads.
-	done := make(chan error, 1)
-	go func() {
-		good, err := Open(ctx, url, Options{Dialer: &fabric.Dialer{RDMA: idev}})
-		if err != nil {
-			done <- err
-			return
-		}
-		defer good.Close()
-		buf := make([]byte, 4096)
-		for i := range 32 {
-			if _, err := good.ReadAt(buf, int64(i)*4096); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a well-behaved initiator waits behind a peer that stopped receiving")
-	}
+	servetest.ReadsWithin(t, 5*time.Second, 32, func() (servetest.Disk, error) {
+		return Open(ctx, url, Options{Dialer: &fabric.Dialer{RDMA: idev}})
+	}, "a well-behaved initiator waits behind a peer that stopped receiving")
 	if n := finished.Load(); n != 0 {
 		t.Fatalf("%d of the stalled peer's reads finished: it was not stalled", n)
 	}
+}
+
+// serveISEROverRoCE serves tIQN (one LU as lc says) over iSER on a
+// software RoCEv2 device on 127.0.0.2:3260 and returns the initiators'
+// device on 127.0.0.1 (both on UDP port port, closed when the test ends).
+func serveISEROverRoCE(t *testing.T, port int, lc scsitarget.LUConfig) *roce.Device {
+	t.Helper()
+	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { tdev.Close() })
+	idev, err := roce.Open("127.0.0.1", roce.Options{Port: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { idev.Close() })
+	srv := newTargetServer(t, lc, nil, iscsitarget.Options{})
+	ln, err := tdev.Listen("127.0.0.2:3260")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
+	return idev
 }
 
 // stallDialer dials iSER over a RoCE device with 8 receive buffers and

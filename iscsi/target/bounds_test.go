@@ -15,6 +15,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -420,29 +421,7 @@ func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 		c.sendCmd(read10(0, 4096), true, 2<<20, false, nil) // 2 MiB, never read
 	}
 	time.Sleep(500 * time.Millisecond) // the sockets fill
-	done := make(chan error, 1)
-	go func() {
-		d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
-		if err != nil {
-			done <- err
-			return
-		}
-		defer d.Close()
-		buf := make([]byte, 4096)
-		for i := range 32 {
-			if _, err := d.ReadAt(buf, int64(i)*4096); err != nil {
-				done <- err
-				return
-			}
-		}
-		done <- nil
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("another initiator waits behind the workers of a peer that stopped reading")
-	}
+	servetest.ReadsWithin(t, 5*time.Second, 32, func() (servetest.Disk, error) {
+		return initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
+	}, "another initiator waits behind the workers of a peer that stopped reading")
 }
