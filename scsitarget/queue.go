@@ -167,6 +167,10 @@ func (lu *LU) Detach() bool {
 	return true
 }
 
+// Detached is how many of the LU's answers wait for their peers (between
+// Detach and Reattach).
+func (lu *LU) Detached() int { return int(lu.q.detached.Load()) }
+
 // Reattach ends a Detach: the worker counts again (a worker left over
 // ends after its command).
 func (lu *LU) Reattach() { lu.q.detached.Add(-1) }

@@ -26,7 +26,7 @@ import (
 // header, REP, RTU), login in RC SENDs, data by RDMA WRITE and READ in
 // 1024-byte packets — the same SCSI workload as over TCP and iWARP.
 func TestISEROverRoCE(t *testing.T) {
-	idev := serveISEROverRoCE(t, 24791, scsitarget.LUConfig{})
+	idev, _ := serveISEROverRoCE(t, 24791, scsitarget.LUConfig{})
 
 	ctx := context.Background()
 	d, err := Open(ctx, fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN), Options{Dialer: &fabric.Dialer{RDMA: idev}})
@@ -132,7 +132,7 @@ func TestISERPeerThatStopsReceivingHoldsFewWorkers(t *testing.T) {
 }
 
 func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
-	idev := serveISEROverRoCE(t, port, lc)
+	idev, lu := serveISEROverRoCE(t, port, lc)
 	url := fmt.Sprintf("iser://127.0.0.2:3260/%s/0", tIQN)
 
 	ctx := context.Background()
@@ -158,6 +158,11 @@ func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
 		})
 	}
 	time.Sleep(500 * time.Millisecond) // the target's sends stall
+	// The connection holds at most 33 answers (iscsi/target maxWorking
+	// + 1): its receiver stops reading the other commands.
+	if n := lu.Detached(); n < 8 || n > 33 {
+		t.Fatalf("%d answers wait for the stalled peer, want 8 to 33", n)
+	}
 
 	// A well-behaved initiator of the same LU: its login's commands
 	// (INQUIRY, READ CAPACITY) and 32 reads.
@@ -171,8 +176,9 @@ func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
 
 // serveISEROverRoCE serves tIQN (one LU as lc says) over iSER on a
 // software RoCEv2 device on 127.0.0.2:3260 and returns the initiators'
-// device on 127.0.0.1 (both on UDP port port, closed when the test ends).
-func serveISEROverRoCE(t *testing.T, port int, lc scsitarget.LUConfig) *roce.Device {
+// device on 127.0.0.1 (both on UDP port port, closed when the test ends)
+// and the LU.
+func serveISEROverRoCE(t *testing.T, port int, lc scsitarget.LUConfig) (*roce.Device, *scsitarget.LU) {
 	t.Helper()
 	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
 	if err != nil {
@@ -184,13 +190,14 @@ func serveISEROverRoCE(t *testing.T, port int, lc scsitarget.LUConfig) *roce.Dev
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { idev.Close() })
-	srv := newTargetServer(t, lc, nil, iscsitarget.Options{})
+	var lu *scsitarget.LU
+	srv := newTargetServer(t, lc, func(tg *iscsitarget.Target) { lu = tg.Device.LU(0) }, iscsitarget.Options{})
 	ln, err := tdev.Listen("127.0.0.2:3260")
 	if err != nil {
 		t.Fatal(err)
 	}
 	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
-	return idev
+	return idev, lu
 }
 
 // stallDialer dials iSER over a RoCE device with 8 receive buffers and

@@ -402,13 +402,17 @@ func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(ne
 // data than the sockets hold and never reads it makes the workers
 // answering it wait in their writes; those workers are counted out of
 // the LU's (scsitarget.LU.Detach), so an LU with 4 workers goes on
-// serving another initiator at once rather than after the send timeout.
+// serving another initiator at once rather than after the send timeout;
+// and the connection holds at most maxWorking+1 of them, its receiver
+// reading nothing more meanwhile.
 func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
+	var lu *scsitarget.LU
 	ts := startServer(t, Options{}, func(tg *Target) {
 		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
 		be, _ := mem.New(16 << 20)
 		// Without NonBlocking, so that every command goes to a worker.
-		lu, err := scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: 4})
+		var err error
+		lu, err = scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: 4})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -417,10 +421,13 @@ func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 	})
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini)...)
-	for range 16 {
+	for range 48 {
 		c.sendCmd(read10(0, 4096), true, 2<<20, false, nil) // 2 MiB, never read
 	}
 	time.Sleep(500 * time.Millisecond) // the sockets fill
+	if n := lu.Detached(); n < 4 || n > maxWorking+1 {
+		t.Fatalf("%d answers wait for the peer that stopped reading, want 4 to %d", n, maxWorking+1)
+	}
 	servetest.ReadsWithin(t, 5*time.Second, 32, func() (servetest.Disk, error) {
 		return initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	}, "another initiator waits behind the workers of a peer that stopped reading")

@@ -307,7 +307,7 @@ func (c *conn) ControlNotify(p *datamover.PDU) error {
 }
 
 // throttle holds the receiver while the connection's commands occupy more
-// than maxWorking (maxWorkingISER) of its LUs' workers (on TCP, LUs whose commands may
+// than maxWorking of its LUs' workers (on TCP, LUs whose commands may
 // block: for the others task.run stops at maxWorking; on iSER, every LU,
 // since nothing runs on its receiver): the peer's next PDUs wait in the
 // socket or in the posted receive buffers until one of them is answered.
@@ -318,22 +318,14 @@ func (c *conn) ControlNotify(p *datamover.PDU) error {
 // (send slots, send completions: iSER's dispatch goroutine), never for a
 // PDU this receiver delivers: commands go to workers with their data in.
 func (c *conn) throttle() {
-	for c.working.Load() > c.maxWorking() {
+	for c.working.Load() > maxWorking {
 		<-c.workFree
 	}
 }
 
-// maxWorking is the connection's bound on workers (throttle).
-func (c *conn) maxWorking() int32 {
-	if c.onRDMA() {
-		return maxWorkingISER
-	}
-	return maxWorking
-}
-
 // workerDone counts a worker's command answered (throttle).
 func (c *conn) workerDone() {
-	if c.working.Add(-1) <= c.maxWorking() {
+	if c.working.Add(-1) <= maxWorking {
 		select {
 		case c.workFree <- struct{}{}:
 		default:
