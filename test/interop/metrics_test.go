@@ -70,6 +70,9 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 	if v := value("blockwire_lun_command_duration_seconds_bucket", lun, `class="read"`, `le="+Inf"`); v < 3000 {
 		t.Errorf("read latency +Inf bucket %v", v)
 	}
+	if v := value("blockwire_lun_answers_waiting", lun); v != 0 {
+		t.Errorf("%v answers waiting for their initiators after every command was answered", v)
+	}
 	if v := value("blockwire_iscsi_login_failures_total", `class="initiator_error"`); v < 1 {
 		t.Errorf("failed logins %v", v)
 	}
