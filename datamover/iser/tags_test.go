@@ -1,6 +1,7 @@
 package iser
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -21,17 +22,11 @@ func sendCommand(t *testing.T, peer *rawPeer, itt, stag uint32) {
 	peer.send(t, msg)
 }
 
-// tagCount is how many ITTs the target side keeps STags for, once
-// it settles at want (or after a while).
-func tagCount(c *Conn, want int) int {
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		c.tmu.Lock()
-		n := len(c.tasks)
-		c.tmu.Unlock()
-		if n == want || time.Now().After(deadline) {
-			return n
-		}
-	}
+// tagCount is how many ITTs the target side keeps STags for.
+func tagCount(c *Conn) int {
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	return len(c.tasks)
 }
 
 // TestRefusedCommandsKeepNoTags: the STags a SCSI Command advertises are
@@ -47,23 +42,20 @@ func TestRefusedCommandsKeepNoTags(t *testing.T) {
 	const n = 64
 	for i := range n {
 		sendCommand(t, peer, uint32(100+i), 0x1234)
-		// Take the Reject and give the buffer back.
+		// Take the Reject (sent after the tags are dropped) and give the
+		// buffer back.
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		var cs [1]rdma.Completion
-		deadline := time.Now().Add(5 * time.Second)
-		for peer.rcq.Poll(cs[:]) == 0 {
-			if time.Now().After(deadline) {
-				t.Fatalf("no Reject for command %d", i)
-			}
-			time.Sleep(time.Millisecond)
-		}
-		if cs[0].Status != rdma.Success {
-			t.Fatalf("peer receive: %+v", cs[0])
+		_, err := peer.rcq.Wait(ctx, cs[:])
+		cancel()
+		if err != nil || cs[0].Status != rdma.Success {
+			t.Fatalf("no Reject for command %d: %v %+v", i, err, cs[0])
 		}
 		if err := peer.qp.PostRecv(rdma.RecvWR{ID: cs[0].ID, Buf: peer.bufs[cs[0].ID]}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if got := tagCount(c, 0); got != 0 {
+	if got := tagCount(c); got != 0 {
 		t.Fatalf("STags kept for %d refused commands", got)
 	}
 }
@@ -88,7 +80,7 @@ func TestReusedITTKeepsItsTags(t *testing.T) {
 		t.Fatalf("after the old task's end the ITT's tags are %+v, want the new command's Read STag 0x2222", tags)
 	}
 	c.DeallocateTaskResources(9) // the new one ends
-	if got := tagCount(c, 0); got != 0 {
+	if got := tagCount(c); got != 0 {
 		t.Fatalf("STags kept for %d ITTs after both tasks ended", got)
 	}
 }

@@ -211,6 +211,7 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 	}
 	c.mu.Lock()
 	var waitUntil time.Time
+	var wake *time.Timer // one for the whole wait
 	for {
 		old, dup := c.tasks[t.itt]
 		if !dup {
@@ -221,8 +222,9 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 		// worker and leaves the table in a moment: wait for that, briefly,
 		// rather than reject a valid command. A task still in progress
 		// makes the ITT a duplicate.
-		if waitUntil.IsZero() {
+		if wake == nil {
 			waitUntil = time.Now().Add(time.Second)
+			wake = time.NewTimer(time.Second) // collected unstopped (Go 1.23 timers)
 		}
 		if !old.finishing || time.Now().After(waitUntil) {
 			c.mu.Unlock()
@@ -236,7 +238,7 @@ func (c *conn) handleCommand(p *datamover.PDU) error {
 		// answer may wait on a peer that takes none.
 		select {
 		case <-c.taskGone:
-		case <-time.After(time.Until(waitUntil)):
+		case <-wake.C:
 		}
 		c.mu.Lock()
 	}
