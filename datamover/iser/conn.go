@@ -647,7 +647,7 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 	}
 	c.tmu.Unlock()
 	if !ok {
-		return fmt.Errorf("iser: Put_Data for ITT %#x, whose command advertised no Read STag (RFC 5046 §9.2)", d.ITT)
+		return &datamover.ProtocolError{Err: fmt.Errorf("iser: Put_Data for ITT %#x, whose command advertised no Read STag (RFC 5046 §7.3.1, §9.2)", d.ITT)}
 	}
 	withStatus := d.Final && d.WithStatus
 	if len(d.Data) > 0 {
@@ -925,6 +925,13 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 	op := p.BHS.Opcode()
 	command := !c.init && op == pdu.OpSCSICommand
 	if command {
+		if edtl, bad := readsWithoutSTag(&p.BHS, h); bad {
+			// Its Put_Data would have nowhere to write, and the
+			// initiator would wait for data until its own timeout.
+			return &datamover.ProtocolError{Err: fmt.Errorf(
+				"iser: SCSI read command ITT %#x for %d bytes advertises no Read STag (RFC 5046 §7.3.1; an iSER protocol error, seed 000 §10.1.3.4)",
+				p.BHS.ITT(), edtl)}
+		}
 		// The command's STags, kept from its arrival until its task is
 		// deallocated, or dropped below if the iSCSI layer refuses it.
 		c.tmu.Lock()
@@ -977,6 +984,20 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 }
 
 var _ datamover.Conn = (*Conn)(nil)
+
+// readsWithoutSTag reports a SCSI Command that expects data-in (R set,
+// W clear, Expected Data Transfer Length above zero) but whose iSER header
+// advertises no Read STag, which RFC 5046 §7.3.1 c requires of it; edtl is
+// its length. A bidirectional command's read length is in its AHS: its
+// Put_Data reports the missing STag instead.
+func readsWithoutSTag(b *pdu.BHS, h Header) (edtl uint32, bad bool) {
+	if h.RSV {
+		return 0, false
+	}
+	var cmd pdu.SCSICommand
+	cmd.Decode(b) // the iSCSI layer answers a malformed one
+	return cmd.EDTL, cmd.Read && !cmd.Write && cmd.EDTL > 0
+}
 
 // startQueued issues queued Get_Data requests while read contexts are
 // free.

@@ -3,6 +3,7 @@ package iser
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,5 +83,45 @@ func TestReusedITTKeepsItsTags(t *testing.T) {
 	c.DeallocateTaskResources(9) // the new one ends
 	if got := tagCount(c); got != 0 {
 		t.Fatalf("STags kept for %d ITTs after both tasks ended", got)
+	}
+}
+
+// TestReadWithoutReadSTag: a SCSI read command must advertise the Read
+// STag its data goes to (RFC 5046 §7.3.1 c). One that does not could
+// never be answered (its Put_Data has nowhere to write), and the
+// initiator would wait until its own timeout: the connection ends at
+// once, naming the violation, and the command never reaches the iSCSI
+// layer. A write that advertises nothing is fine: all its data may be
+// unsolicited.
+func TestReadWithoutReadSTag(t *testing.T) {
+	c, peer := pair(t, Options{})
+	u := newUpcalls()
+	go c.Serve(u)
+	var write pdu.BHS
+	(&pdu.SCSICommand{Final: true, Write: true, ITT: 1, EDTL: 512, CmdSN: 1}).Encode(&write)
+	write.SetDataSegmentLength(512)
+	msg := control(HeaderLenLinux, Header{}, 0, make([]byte, 512))
+	copy(msg[HeaderLenLinux:], write[:])
+	peer.send(t, msg)
+	u.waitFor(t, 1)
+
+	var read pdu.BHS
+	(&pdu.SCSICommand{Final: true, Read: true, ITT: 2, EDTL: 4096, CmdSN: 2}).Encode(&read)
+	msg = control(HeaderLenLinux, Header{}, 0, nil)
+	copy(msg[HeaderLenLinux:], read[:])
+	peer.send(t, msg)
+	err := ended(t, u)
+	var pe *datamover.ProtocolError
+	if err == nil || !strings.Contains(err.Error(), "Read STag") || !errors.As(err, &pe) {
+		t.Fatalf("ended with %v, want a protocol error naming the missing Read STag", err)
+	}
+	u.mu.Lock()
+	delivered := len(u.pdus)
+	u.mu.Unlock()
+	if delivered != 1 {
+		t.Fatalf("%d PDUs reached the iSCSI layer, want only the write", delivered)
+	}
+	if got := tagCount(c); got > 1 {
+		t.Fatalf("STags kept for %d ITTs", got)
 	}
 }

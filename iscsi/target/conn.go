@@ -158,6 +158,23 @@ func (c *conn) stamp(h *pdu.BHS, advance bool) {
 // terminate drops the connection (its Serve loop then cleans up).
 func (c *conn) terminate() { c.dm.ConnectionTerminate() }
 
+// answerFailed ends the connection whose datamover could not deliver a
+// command's answer (Put_Data or Send_Control failed), as a failed Get_Data
+// does: the initiator would otherwise wait for the answer until its own
+// timeout while the target went on as if it had been sent. A peer's
+// violation (a datamover.ProtocolError: an iSER READ that advertised no
+// Read STag) is a warning; a transport that failed is logged where the
+// connection ends, with its cause, so here it is only debug detail.
+func (c *conn) answerFailed(itt uint32, err error) {
+	var pe *datamover.ProtocolError
+	if errors.As(err, &pe) {
+		c.log.Warn("answer not delivered: the connection ends", "itt", fmt.Sprintf("%#x", itt), "err", err)
+	} else {
+		c.log.Debug("answer not delivered: the connection ends", "itt", fmt.Sprintf("%#x", itt), "err", err)
+	}
+	c.terminate()
+}
+
 // ConnectionTerminateNotify implements datamover.Upcalls (seed 002 §10.2):
 // tasks of the connection are aborted and, at ERL 0, a connection lost
 // without Logout takes its session down (RFC 7143 §7.1.4, §6.3.5).

@@ -673,13 +673,19 @@ func (t *task) execute() {
 			lu = nil
 		}
 	}
+	reuse := !aborted
 	if !aborted {
-		t.respond(more)
+		if err := t.respond(more); err != nil {
+			// The device may still hold the buffer (a Write posted
+			// before the failure): it is not reused.
+			reuse = false
+			c.answerFailed(t.itt, err)
+		}
 		if f := c.srv.opts.afterRespond; f != nil {
 			f(t.itt)
 		}
 	}
-	c.release(t, !aborted) // t may be reused from here
+	c.release(t, reuse) // t may be reused from here
 	if lu != nil {
 		lu.Reattach()
 	}
@@ -691,7 +697,7 @@ func (t *task) execute() {
 // respond sends Data-In (Put_Data, seed 002 §9.2) with the status
 // collapsed into the last PDU when possible, or a SCSI Response
 // (Send_Control, §11.3.2).
-func (t *task) respond(more bool) {
+func (t *task) respond(more bool) error {
 	c := t.c
 	cmd := &t.cmd
 	var over, under bool
@@ -716,8 +722,7 @@ func (t *task) respond(more bool) {
 			Final: true, WithStatus: true, Status: cmd.Status,
 			Overflow: over, Underflow: under, Residual: residual, More: more,
 		}
-		c.dm.PutData(&t.di)
-		return
+		return c.dm.PutData(&t.di)
 	}
 	r := pdu.SCSIResponse{
 		ITT: t.itt, Response: pdu.RespCompleted, Status: cmd.Status,
@@ -733,5 +738,5 @@ func (t *task) respond(more bool) {
 	r.Encode(&t.resp.BHS)
 	t.resp.Data = data
 	t.resp.More = more
-	c.dm.SendControl(&t.resp, true)
+	return c.dm.SendControl(&t.resp, true)
 }
