@@ -147,6 +147,9 @@ type Limits struct {
 	NopTimeout  time.Duration `toml:"nop_timeout,omitzero"`
 	// MaxSessions counts all targets' normal sessions (1024).
 	MaxSessions int `toml:"max_sessions,omitzero"`
+	// MaxSessionsPerSource counts the normal sessions of one address
+	// (128): one initiator host cannot take them all.
+	MaxSessionsPerSource int `toml:"max_sessions_per_source,omitzero"`
 	// MaxDiscoverySessions bounds discovery sessions, counted apart from
 	// MaxSessions (16); MaxLoginsPerSource the connections of one address
 	// still logging in (8).
@@ -194,6 +197,9 @@ func (l *Limits) Validate(where string) error {
 	}
 	if l.MaxSessions < 0 {
 		add("max_sessions: %d is negative", l.MaxSessions)
+	}
+	if l.MaxSessionsPerSource < 0 {
+		add("max_sessions_per_source: %d is negative", l.MaxSessionsPerSource)
 	}
 	if l.MaxDiscoverySessions < 0 {
 		add("max_discovery_sessions: %d is negative", l.MaxDiscoverySessions)

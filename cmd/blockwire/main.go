@@ -117,19 +117,19 @@ func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 // serveFlags are serve's flags: the default target's, the portals', the
 // limits' and the surfaces'.
 type serveFlags struct {
-	fs                                                            *flag.FlagSet
-	listen, portGroups, iserRoce, srp, srpRoce, adminDirs         listFlag
-	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser *string
-	rdmaDevice, rdmaMemory, ioEngine                              *string
-	grow, readOnly, removable, iser, writeCache, direct, roceGSO  *bool
-	tpgt                                                          *uint
-	blockSize, roceUDP                                            *int
-	cfgPath, logLevel, logFormat, cpuprofile, metrics             *string
-	metricsToken, adminSocket, adminHTTP, adminToken, isns        *string
-	hdigest, ddigest, srpID                                       *string
-	nop, nopTimeout, loginTimeout, poll                           *time.Duration
-	maxSessions, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
-	ioBudget, sessionIOBudget                                     *string
+	fs                                                                          *flag.FlagSet
+	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                       listFlag
+	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser               *string
+	rdmaDevice, rdmaMemory, ioEngine                                            *string
+	grow, readOnly, removable, iser, writeCache, direct, roceGSO                *bool
+	tpgt                                                                        *uint
+	blockSize, roceUDP                                                          *int
+	cfgPath, logLevel, logFormat, cpuprofile, metrics                           *string
+	metricsToken, adminSocket, adminHTTP, adminToken, isns                      *string
+	hdigest, ddigest, srpID                                                     *string
+	nop, nopTimeout, loginTimeout, poll                                         *time.Duration
+	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
+	ioBudget, sessionIOBudget                                                   *string
 }
 
 func newServeFlags(stderr io.Writer) *serveFlags {
@@ -162,6 +162,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.nopTimeout = fs.Duration("nop-timeout", d.NopTimeout, "drop a connection whose ping goes unanswered, or whose peer stops reading, this long")
 	f.loginTimeout = fs.Duration("login-timeout", d.LoginTimeout, "drop a connection whose login has not finished after this long")
 	f.maxSessions = fs.Int("max-sessions", d.MaxSessions, "sessions allowed at once (logins beyond it fail with out of resources)")
+	f.maxPerSource = fs.Int("max-sessions-per-source", d.MaxSessionsPerSource, "sessions one address may hold (of --max-sessions; raise it for a host with a session to each of many targets)")
 	f.maxConns = fs.Int("max-connections", d.MaxConnections, "connections per session")
 	f.maxDiscovery = fs.Int("max-discovery-sessions", d.MaxDiscoverySessions, "discovery sessions allowed at once (not counted in --max-sessions)")
 	f.maxLogins = fs.Int("max-logins-per-source", d.MaxLoginsPerSource, "connections from one address still logging in; more are closed")
@@ -384,7 +385,8 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		flag string
 		dst  *int
 		v    int
-	}{{"max-sessions", &lim.MaxSessions, *f.maxSessions}, {"max-connections", &lim.MaxConnections, *f.maxConns},
+	}{{"max-sessions", &lim.MaxSessions, *f.maxSessions}, {"max-sessions-per-source", &lim.MaxSessionsPerSource, *f.maxPerSource},
+		{"max-connections", &lim.MaxConnections, *f.maxConns},
 		{"max-discovery-sessions", &lim.MaxDiscoverySessions, *f.maxDiscovery}, {"max-logins-per-source", &lim.MaxLoginsPerSource, *f.maxLogins},
 		{"cmd-window", &lim.CmdWindow, *f.window}, {"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *f.mrdsl}} {
 		if isSet(fs, o.flag) {

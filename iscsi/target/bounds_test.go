@@ -432,3 +432,61 @@ func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 		return initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	}, "another initiator waits behind the workers of a peer that stopped reading")
 }
+
+// TestSessionsPerSource: one address (one initiator host) may hold only
+// so many normal sessions, so a single peer cannot take all of the node's
+// and lock every other initiator out. Beyond it a login fails with "out of
+// resources" naming the limit; another address still logs in;
+// reinstating a session is allowed at the limit; a logout frees a place.
+func TestSessionsPerSource(t *testing.T) {
+	ts := startServer(t, Options{MaxSessions: 16, MaxSessionsPerSource: 2}, nil)
+	var cs []*tclient
+	for i := range 2 {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(normalKeys(ini)...)
+		cs = append(cs, c)
+	}
+	extra := dial(t, ts.addr)
+	extra.isid[5] = 9
+	if st, _ := extra.login(normalKeys(ini)...); st != pdu.LoginStatusOutOfResources {
+		t.Fatalf("third session from one address: status %04x, want 0302", st)
+	}
+	// Discovery sessions have their own limit.
+	disc := dial(t, ts.addr)
+	disc.isid[5] = 10
+	disc.mustLogin(discoveryKeys(ini)...)
+	// Another address is not held back.
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
+	nc, err := d.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	other := &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 11}, keys: map[string]string{}}
+	other.mustLogin(normalKeys(ini)...)
+	// Reinstatement replaces a session: allowed at the limit.
+	again := dial(t, ts.addr)
+	again.isid[5] = 1
+	again.mustLogin(normalKeys(ini)...)
+	// A logout frees a place once the session is gone.
+	lo := pdu.LogoutReq{Immediate: true, Reason: pdu.LogoutCloseSession, ITT: cs[1].itt, CmdSN: cs[1].cmdSN}
+	var h pdu.BHS
+	lo.Encode(&h)
+	cs[1].sendRaw(&h, nil, nil)
+	if rh, _ := cs[1].must(2 * time.Second); rh.Opcode() != pdu.OpLogoutResp || rh[2] != 0 {
+		t.Fatalf("logout: got %s response %d", rh.Opcode(), rh[2])
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		next := dial(t, ts.addr)
+		next.isid[5] = 12
+		st, _ := next.login(normalKeys(ini)...)
+		if st == 0 {
+			break
+		}
+		if st != pdu.LoginStatusOutOfResources || time.Now().After(deadline) {
+			t.Fatalf("after a logout: login status %04x", st)
+		}
+		next.nc.Close()
+	}
+}

@@ -426,14 +426,22 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			if ls.discovery {
 				limit, what = s.opts.MaxDiscoverySessions, "discovery sessions, --max-discovery-sessions"
 			}
+			fromSrc := 0
 			for _, o := range s.sessions {
 				if o.discovery == ls.discovery {
 					n++
+					if o.source == c.slot.source() {
+						fromSrc++
+					}
 				}
 			}
 			if n >= limit {
 				s.mu.Unlock()
 				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions already (the limit; %s)", n, what))
+			}
+			if !ls.discovery && fromSrc >= s.opts.MaxSessionsPerSource {
+				s.mu.Unlock()
+				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions from %s already (the limit; --max-sessions-per-source)", fromSrc, c.slot.source()))
 			}
 		}
 		if old != nil {
@@ -443,7 +451,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		}
 		ss = &session{
 			srv: s, tsih: s.allocTSIH(), isid: ls.isid, initiator: ls.initiator, alias: ls.alias,
-			targetName: ls.targetName, tgt: ls.tgt, discovery: ls.discovery,
+			targetName: ls.targetName, tgt: ls.tgt, discovery: ls.discovery, source: c.slot.source(),
 			window: s.opts.CmdWindow, conns: map[uint16]*conn{}, io: s.opts.Budget.NewShare(),
 			ended: make(chan struct{}),
 		}

@@ -152,6 +152,12 @@ type Options struct {
 	// ones included (1024); a login beyond it fails with "out of
 	// resources" (RFC 7143 §11.13.5, status 0302h).
 	MaxSessions int
+	// MaxSessionsPerSource bounds the normal sessions whose leading
+	// connection came from one address (128), so that one initiator host
+	// cannot take all MaxSessions and lock the others out; a login beyond
+	// it fails with "out of resources". A host with a session to each of
+	// many targets (one target per volume) may need it raised.
+	MaxSessionsPerSource int
 	// Budget bounds the I/O buffers of all sessions together and each
 	// session's share (scsitarget.IOBudget; shared with the node's other
 	// fabrics). Nil: 1 GiB, 128 MiB a session. A command that finds no
@@ -215,6 +221,9 @@ func (o *Options) defaults() {
 	}
 	if o.MaxSessions == 0 {
 		o.MaxSessions = 1024
+	}
+	if o.MaxSessionsPerSource == 0 {
+		o.MaxSessionsPerSource = 128
 	}
 	if o.Budget == nil {
 		o.Budget = scsitarget.NewIOBudget(DefaultIOBudget, DefaultSessionIOBudget)
@@ -283,6 +292,15 @@ func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
 	}
 	s.logins[src]++
 	return &loginSlot{s: s, src: src}
+}
+
+// source is the address the slot's connection came from ("" without a
+// slot).
+func (l *loginSlot) source() string {
+	if l == nil {
+		return ""
+	}
+	return l.src
 }
 
 func (l *loginSlot) release() {

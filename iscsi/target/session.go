@@ -50,8 +50,11 @@ type session struct {
 	targetName string
 	tgt        *Target
 	discovery  bool
-	nexus      *scsitarget.Nexus
-	params     sessionParams
+	// source is the address its leading connection came from
+	// (Options.MaxSessionsPerSource).
+	source string
+	nexus  *scsitarget.Nexus
+	params sessionParams
 	// ended is closed once the session's last connection is gone and its
 	// I_T nexus with it (removeConn): a reinstatement waits for it.
 	ended chan struct{}
