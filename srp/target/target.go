@@ -58,6 +58,13 @@ type Options struct {
 	// (default 64); further logins are rejected with "RDMA channel limit
 	// reached".
 	MaxChannels int
+	// MaxChannelsPerSource limits the channels (set up or being set up)
+	// from one address (default 16), so that one initiator host cannot
+	// take all MaxChannels; further logins are rejected with "RDMA
+	// channel limit reached". Linux ib_srp opens a channel per completion
+	// vector, up to 4 per NUMA node by default, and goes on with those it
+	// got.
+	MaxChannelsPerSource int
 	// MaxDescriptors limits the data buffer descriptors of one command
 	// (default 32; Linux ib_srp sends at most cmd_sg_entries, 12 by
 	// default).
@@ -98,10 +105,13 @@ type Server struct {
 	nexuses  map[srp.PortID]*nexus
 	lastID   int // last nexus id given
 	channels map[*channel]struct{}
-	reserved int      // channels being set up
-	own      []*Ports // the listeners of Serve, each with this port alone
-	closed   bool
-	wg       sync.WaitGroup
+	reserved int // channels being set up
+	// from counts the channels of each source address, set up or being
+	// set up (Options.MaxChannelsPerSource).
+	from   map[string]int
+	own    []*Ports // the listeners of Serve, each with this port alone
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // nexus is one I_T nexus: an initiator port's channels to this target
@@ -149,6 +159,9 @@ func New(opts Options) *Server {
 	if opts.MaxChannels <= 0 {
 		opts.MaxChannels = 64
 	}
+	if opts.MaxChannelsPerSource <= 0 {
+		opts.MaxChannelsPerSource = 16
+	}
 	if opts.MaxDescriptors <= 0 {
 		opts.MaxDescriptors = 32
 	}
@@ -162,7 +175,7 @@ func New(opts Options) *Server {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{opts: opts, log: opts.Logger, port: srp.MakePortID(opts.IDExt, opts.IOCGUID),
-		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}}
+		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}, from: map[string]int{}}
 	if opts.Memory != nil {
 		s.pool.Source = opts.Memory
 	}
@@ -321,6 +334,13 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels already", s.opts.MaxChannels)
 		return
 	}
+	src := sourceOf(req.RemoteAddr())
+	if s.from[src] >= s.opts.MaxChannelsPerSource {
+		s.mu.Unlock()
+		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels from %s already (the limit)", s.opts.MaxChannelsPerSource, src)
+		return
+	}
+	s.from[src]++
 	s.reserved++
 	var existing []*channel
 	if nx := s.nexuses[lr.Initiator]; nx != nil {
@@ -350,6 +370,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	s.mu.Lock()
 	s.reserved--
 	if err != nil {
+		s.leaveSource(src)
 		s.mu.Unlock()
 		s.log.Warn("srp: accepting a login failed", "remote", req.RemoteAddr(), "err", err)
 		return
@@ -370,7 +391,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 		s.nexuses[lr.Initiator] = nx
 		s.opts.Device.AddNexus(nx.n)
 	}
-	ch.qp, ch.nx = qp, nx
+	ch.qp, ch.nx, ch.source = qp, nx, src
 	nx.mu.Lock()
 	nx.channels[ch] = struct{}{}
 	nx.mu.Unlock()
@@ -398,6 +419,9 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 func (s *Server) leave(ch *channel) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if _, ok := s.channels[ch]; ok {
+		s.leaveSource(ch.source)
+	}
 	delete(s.channels, ch)
 	nx := ch.nx
 	nx.mu.Lock()
@@ -408,6 +432,26 @@ func (s *Server) leave(ch *channel) {
 		delete(s.nexuses, ch.initiator)
 		s.opts.Device.RemoveNexus(nx.n)
 	}
+}
+
+// leaveSource gives back a channel's place among its address's. Called
+// with s.mu held.
+func (s *Server) leaveSource(src string) {
+	if s.from[src]--; s.from[src] <= 0 {
+		delete(s.from, src)
+	}
+}
+
+// sourceOf is the address a login came from, without its port: what
+// MaxChannelsPerSource counts.
+func sourceOf(a net.Addr) string {
+	if a == nil {
+		return ""
+	}
+	if host, _, err := net.SplitHostPort(a.String()); err == nil {
+		return host
+	}
+	return a.String()
 }
 
 // ---- channels ----
@@ -440,6 +484,7 @@ type channel struct {
 	fulls     atomic.Int64 // commands answered TASK SET FULL
 	initiator srp.PortID
 	remote    string
+	source    string // remote's address, for Options.MaxChannelsPerSource
 	maxIT     int
 	immOff    int // 0 without immediate data
 	credits   int

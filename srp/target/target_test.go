@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net"
 	"os"
 	"sync/atomic"
 	"testing"
@@ -50,6 +51,13 @@ func start(t testing.TB, credits int) (string, *srptarget.Server, *gated) {
 
 func startBudget(t testing.TB, credits int, budget *scsitarget.IOBudget) (string, *srptarget.Server, *gated) {
 	t.Helper()
+	return startWith(t, srptarget.Options{Credits: credits, Budget: budget})
+}
+
+// startWith starts a target port with opts (its device, port and logger
+// filled in) on a software iWARP listener.
+func startWith(t testing.TB, opts srptarget.Options) (string, *srptarget.Server, *gated) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
 	m, _ := mem.New(16 << 20)
@@ -59,8 +67,8 @@ func startBudget(t testing.TB, credits int, budget *scsitarget.IOBudget) (string
 		t.Fatal(err)
 	}
 	dev.AddLU(lu)
-	srv := srptarget.New(srptarget.Options{PD: rdma.NewDevice("t").AllocPD(), Device: dev, IDExt: idExt, IOCGUID: idExt,
-		Credits: credits, Logger: log, Budget: budget})
+	opts.PD, opts.Device, opts.IDExt, opts.IOCGUID, opts.Logger = rdma.NewDevice("t").AllocPD(), dev, idExt, idExt, log
+	srv := srptarget.New(opts)
 	ln, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -86,6 +94,16 @@ type raw struct {
 
 func dialRaw(t testing.TB, addr string) *raw {
 	t.Helper()
+	r, err := dialRawFrom(t, "", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// dialRawFrom logs a raw channel in from the local address from ("": any).
+func dialRawFrom(t testing.TB, from, addr string) (*raw, error) {
+	t.Helper()
 	r := &raw{pd: rdma.NewDevice("raw").AllocPD(), cq: rdma.NewCQ(64)}
 	var recvs []rdma.RecvWR
 	for i := range r.buf {
@@ -93,17 +111,26 @@ func dialRaw(t testing.TB, addr string) *raw {
 	}
 	lr := srp.LoginReq{MaxITIULen: 8260, BufFormats: srp.BufDirect | srp.BufIndirect, Immediate: true, ImmDataOffset: 68,
 		Initiator: srp.MakePortID(1, uint64(time.Now().UnixNano())), Target: tgtPort}
-	qp, pd, err := siw.New(siw.Options{}).Dial(context.Background(), addr, rdma.ConnParams{PD: r.pd,
+	d := net.Dialer{}
+	if from != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(from)}
+	}
+	nc, err := d.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	qp, pd, err := siw.New(siw.Options{}).Connect(context.Background(), nc, rdma.ConnParams{PD: r.pd,
 		QP: rdma.QPConfig{SendCQ: r.cq, RecvCQ: r.cq}, PrivateData: lr.AppendCM(nil), Recvs: recvs})
 	if err != nil {
-		t.Fatal(err)
+		nc.Close()
+		return nil, err
 	}
 	if err := r.rsp.Decode(pd); err != nil {
 		t.Fatal(err)
 	}
 	r.qp = qp
 	t.Cleanup(func() { qp.Close() })
-	return r
+	return r, nil
 }
 
 func (r *raw) send(t testing.TB, iu []byte) {
@@ -444,4 +471,40 @@ func TestIOBudgetPerNexus(t *testing.T) {
 		t.Fatalf("budget still holds %d bytes", budget.Used())
 	}
 	checkGood(t, d)
+}
+
+// TestChannelsPerSource: one address may hold only so many RDMA channels,
+// so that one initiator host cannot take all MaxChannels and lock the
+// others out. Beyond it a login is rejected with the channel limit's
+// reason; another address still logs in, and a channel that ends frees
+// its place.
+func TestChannelsPerSource(t *testing.T) {
+	addr, srv, _ := startWith(t, srptarget.Options{MaxChannelsPerSource: 2})
+	first := dialRaw(t, addr)
+	dialRaw(t, addr)
+	_, err := dialRawFrom(t, "127.0.0.1", addr)
+	var rj *rdma.RejectError
+	var rej srp.LoginRej
+	if !errors.As(err, &rj) || rej.Decode(rj.PrivateData) != nil || rej.Reason != srp.RejectChannelLimit {
+		t.Fatalf("a third channel from one address: %v, want SRP_LOGIN_REJ with the channel limit reason", err)
+	}
+	if _, err := dialRawFrom(t, "127.0.0.2", addr); err != nil {
+		t.Fatalf("a channel from another address: %v", err)
+	}
+	// The target counts a channel once its accept returns, a moment
+	// after the initiator's connect does.
+	waitChannels := func(n int) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); srv.Channels() != n; time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d channels, want %d", srv.Channels(), n)
+			}
+		}
+	}
+	waitChannels(3)
+	first.qp.Close()
+	waitChannels(2)
+	if _, err := dialRawFrom(t, "127.0.0.1", addr); err != nil {
+		t.Fatalf("a channel after one from the address ended: %v", err)
+	}
 }
