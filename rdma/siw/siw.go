@@ -52,6 +52,13 @@ type Options struct {
 	// limit does to a dead peer, sooner); its work requests complete in
 	// error, releasing what they hold. Zero: no bound.
 	SendTimeout time.Duration
+	// MaxHandshakes bounds the connections of a listener whose MPA
+	// Request has not arrived and been taken by Accept (256), and
+	// MaxHandshakesPerSource those from one address (8): each holds a
+	// goroutine and a socket for up to HandshakeTimeout. Connections
+	// beyond are closed as they arrive.
+	MaxHandshakes          int
+	MaxHandshakesPerSource int
 	// Logger gets connection-level events (default: discarded).
 	Logger *slog.Logger
 }
@@ -74,6 +81,12 @@ func New(opt Options) *Fabric {
 	}
 	if opt.HandshakeTimeout <= 0 {
 		opt.HandshakeTimeout = 10 * time.Second
+	}
+	if opt.MaxHandshakes <= 0 {
+		opt.MaxHandshakes = 256
+	}
+	if opt.MaxHandshakesPerSource <= 0 {
+		opt.MaxHandshakesPerSource = 8
 	}
 	if opt.Logger == nil {
 		opt.Logger = slog.New(slog.DiscardHandler)
@@ -350,7 +363,7 @@ func (f *Fabric) Listen(addr string) (rdma.Listener, error) {
 // Serve turns an existing TCP listener into an rdma.Listener.
 func (f *Fabric) Serve(ln net.Listener) rdma.Listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{f: f, ln: ln, reqs: make(chan rdma.ConnRequest), ctx: ctx, cancel: cancel}
+	l := &listener{f: f, ln: ln, reqs: make(chan rdma.ConnRequest), ctx: ctx, cancel: cancel, from: map[string]int{}}
 	go l.loop()
 	return l
 }
@@ -362,6 +375,51 @@ type listener struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	once   sync.Once
+
+	// mu guards the handshakes in progress: all of them (pending) and
+	// each source address's (from); refused counts the connections
+	// closed for the bounds.
+	mu      sync.Mutex
+	pending int
+	from    map[string]int
+	refused int
+}
+
+// enter admits a connection from src among the handshakes in progress,
+// or reports that a bound is reached.
+func (l *listener) enter(src string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.pending >= l.f.opt.MaxHandshakes || l.from[src] >= l.f.opt.MaxHandshakesPerSource {
+		if l.refused++; l.refused&(l.refused-1) == 0 {
+			// 1, 2, 4, …: a flood is visible without a line per
+			// connection.
+			l.f.opt.Logger.Warn("siw: handshakes in progress at their bound: connection closed",
+				"remote", src, "per_source", l.f.opt.MaxHandshakesPerSource, "all", l.f.opt.MaxHandshakes, "refused", l.refused)
+		}
+		return false
+	}
+	l.pending++
+	l.from[src]++
+	return true
+}
+
+func (l *listener) leave(src string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.pending--
+	if l.from[src]--; l.from[src] <= 0 {
+		delete(l.from, src)
+	}
+}
+
+// sourceOf is c's peer address without its port.
+func sourceOf(c net.Conn) string {
+	a := c.RemoteAddr().String()
+	if host, _, err := net.SplitHostPort(a); err == nil {
+		return host
+	}
+	return a
 }
 
 func (l *listener) loop() {
@@ -371,8 +429,14 @@ func (l *listener) loop() {
 			l.cancel()
 			return
 		}
+		src := sourceOf(c)
+		if !l.enter(src) {
+			c.Close()
+			continue
+		}
 		setNoDelay(c)
 		go func() {
+			defer l.leave(src)
 			r, err := l.f.Respond(l.ctx, c)
 			if err != nil {
 				l.f.opt.Logger.Info("siw: connection refused", "remote", c.RemoteAddr(), "err", err)

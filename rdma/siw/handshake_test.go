@@ -1,0 +1,86 @@
+package siw
+
+import (
+	"context"
+	"errors"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/rdma"
+)
+
+// TestHandshakesInProgressPerSource: every TCP connection to a listener
+// holds a goroutine and a socket until its MPA Request arrives or the
+// handshake times out. One address may have only a few handshakes in
+// progress: more are closed as they arrive, another address is still
+// answered, and a finished handshake frees its place.
+func TestHandshakesInProgressPerSource(t *testing.T) {
+	f := New(Options{MaxHandshakesPerSource: 2, HandshakeTimeout: 10 * time.Second})
+	ln, err := f.Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			r, err := ln.Accept(context.Background())
+			if err != nil {
+				return
+			}
+			r.Reject([]byte("seen"))
+		}
+	}()
+	addr := ln.Addr().String()
+	var idle []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		idle = append(idle, c)
+	}
+	time.Sleep(100 * time.Millisecond) // the listener has taken both
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("a third handshake from one address stayed open: %v", err)
+	}
+	c.Close()
+
+	handshake := func(from string) error {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
+		nc, err := d.Dial("tcp", addr)
+		if err != nil {
+			return err
+		}
+		defer nc.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, _, err = f.Connect(ctx, nc, newEnd(0).params(nil))
+		var re *rdma.RejectError
+		if errors.As(err, &re) && string(re.PrivateData) == "seen" {
+			return nil // answered by the listener's owner
+		}
+		return err
+	}
+	if err := handshake("127.0.0.2"); err != nil {
+		t.Fatalf("a handshake from another address: %v", err)
+	}
+	for _, c := range idle {
+		c.Close()
+	}
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := handshake("127.0.0.1")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("a handshake after the idle ones closed: %v", err)
+		}
+	}
+}
