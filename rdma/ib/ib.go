@@ -423,6 +423,15 @@ func (b *ICRCBuf) Sum(ip, udp, pkt []byte) uint32 {
 	return crc32.Update(crc32.Update(0, crc32.IEEETable, b[:n]), crc32.IEEETable, pkt[BTHLen:])
 }
 
+// SumParts is the ICRC of a packet held in parts: hdr (the BTH and the
+// headers after it), then payload, then pad (its zeros): what Sum gives for
+// their concatenation, without gathering them.
+func (b *ICRCBuf) SumParts(ip, udp, hdr, payload, pad []byte) uint32 {
+	n := b.mask(ip, udp, hdr)
+	c := crc32.Update(crc32.Update(0, crc32.IEEETable, b[:n]), crc32.IEEETable, hdr[BTHLen:])
+	return crc32.Update(crc32.Update(c, crc32.IEEETable, payload), crc32.IEEETable, pad)
+}
+
 // mask copies the headers the ICRC covers into b, the fields it leaves
 // out set to ones, and returns their length.
 func (b *ICRCBuf) mask(ip, udp, pkt []byte) int {

@@ -38,6 +38,12 @@ func TestGoldenRXE(t *testing.T) {
 		if got := icrc.Sum(d.IP, d.UDP, body); got != p.ICRC {
 			t.Fatalf("frame %d (%s): ICRC %#08x on the wire, ICRCBuf.Sum %#08x", d.Frame, p.BTH.Opcode, p.ICRC, got)
 		}
+		// The same held in parts: headers, payload, pad.
+		hl, _ := HeaderLen(p.BTH.Opcode)
+		end := len(body) - int(p.BTH.Pad)
+		if got := icrc.SumParts(d.IP, d.UDP, body[:hl], body[hl:end], body[end:]); got != p.ICRC {
+			t.Fatalf("frame %d (%s): ICRC %#08x on the wire, ICRCBuf.SumParts %#08x", d.Frame, p.BTH.Opcode, p.ICRC, got)
+		}
 		again, err := p.Append(nil)
 		if err != nil {
 			t.Fatalf("frame %d: %v", d.Frame, err)

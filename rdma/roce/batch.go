@@ -52,8 +52,10 @@ type txBatch struct {
 	first [txMsgs]int  // each message's first packet (of the packets given)
 	gso   [txMsgs]bool // the message is a GSO datagram
 	oob   [txMsgs][32]byte
-	iovs  []unix.Iovec // two per packet: the packet, its ICRC
-	crcs  [][4]byte
+	// Up to three iovecs per packet: the packet (or its headers), its
+	// payload when held apart, then its pad and ICRC (tail).
+	iovs  []unix.Iovec
+	tails [][8]byte
 	sa4   unix.RawSockaddrInet4
 	sa6   unix.RawSockaddrInet6
 	// The sendmmsg call of flush, made once: a closure per call would
@@ -84,17 +86,20 @@ func (d *Device) newTxBatch() *txBatch {
 // order, each with its ICRC: as few system calls as sendmmsg allows, runs
 // of equal-sized packets as GSO datagrams unless the kernel refused one.
 // mtu is the queue pair's path MTU (group); 0 for packets of none (the
-// CM's MADs), each its own datagram.
-func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
+// CM's MADs), each its own datagram. ext, when not nil, holds payloads
+// apart (VecLink): a packet whose ext[i] is not nil is its headers in
+// pkts[i], the payload ext[i] and a pad added here, and the kernel copies
+// the payload straight from where it lies — the one copy it makes.
+func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts, ext [][]byte) {
 	tb, _ := d.txPool.Get().(*txBatch)
 	if tb == nil {
 		tb = d.newTxBatch()
 	}
-	if cap(tb.iovs) < 2*len(pkts) {
-		tb.iovs = make([]unix.Iovec, 2*len(pkts))
-		tb.crcs = make([][4]byte, len(pkts))
+	if cap(tb.iovs) < 3*len(pkts) {
+		tb.iovs = make([]unix.Iovec, 3*len(pkts))
+		tb.tails = make([][8]byte, len(pkts))
 	}
-	tb.iovs, tb.crcs = tb.iovs[:2*len(pkts)], tb.crcs[:len(pkts)]
+	tb.iovs, tb.tails = tb.iovs[:3*len(pkts)], tb.tails[:len(pkts)]
 	var name *byte
 	var namelen uint32
 	if peer.Is4() {
@@ -109,23 +114,36 @@ func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
 	for i := 0; i < len(pkts); {
 		nm := 0
 		for nm < txMsgs && i < len(pkts) {
-			j := d.group(pkts, i, mtu)
+			j := d.group(pkts, ext, i, mtu)
 			m := &tb.msgs[nm]
 			*m = unix.Mmsghdr{}
 			m.Hdr.Name, m.Hdr.Namelen = name, namelen
+			iov := tb.iovs[3*i : 3*i]
 			for k := i; k < j; k++ {
-				n := len(pkts[k]) + ib.ICRCLen
+				n := pktLen(pkts, ext, k) + ib.ICRCLen
 				ip := ipHeader(d.ip, peer, 8+n)
 				ip.setID(uint16(k - i))
 				udp := udpHeader(d.txPort, d.port, 8+n)
-				binary.LittleEndian.PutUint32(tb.crcs[k][:], tb.icrc.Sum(ip.bytes(), udp[:], pkts[k]))
-				tb.iovs[2*k] = unix.Iovec{Base: unsafe.SliceData(pkts[k])}
-				tb.iovs[2*k].SetLen(len(pkts[k]))
-				tb.iovs[2*k+1] = unix.Iovec{Base: &tb.crcs[k][0]}
-				tb.iovs[2*k+1].SetLen(ib.ICRCLen)
+				tail := tb.tails[k][:]
+				var crc uint32
+				if ext != nil && ext[k] != nil {
+					pad := tail[:-len(ext[k])&3]
+					clear(pad)
+					crc = tb.icrc.SumParts(ip.bytes(), udp[:], pkts[k], ext[k], pad)
+					tail = tail[:len(pad)+ib.ICRCLen]
+				} else {
+					crc = tb.icrc.Sum(ip.bytes(), udp[:], pkts[k])
+					tail = tail[:ib.ICRCLen]
+				}
+				binary.LittleEndian.PutUint32(tail[len(tail)-ib.ICRCLen:], crc)
+				iov = appendIov(iov, pkts[k])
+				if ext != nil && ext[k] != nil {
+					iov = appendIov(iov, ext[k])
+				}
+				iov = appendIov(iov, tail)
 			}
-			m.Hdr.Iov = &tb.iovs[2*i]
-			m.Hdr.SetIovlen(2 * (j - i))
+			m.Hdr.Iov = &iov[0]
+			m.Hdr.SetIovlen(len(iov))
 			tb.first[nm], tb.gso[nm] = i, j-i > 1
 			if j-i > 1 {
 				c := tb.oob[nm][:tb.gsoCmsgSpace]
@@ -133,7 +151,7 @@ func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
 				h := (*unix.Cmsghdr)(unsafe.Pointer(&c[0]))
 				h.Level, h.Type = unix.SOL_UDP, unix.UDP_SEGMENT
 				h.SetLen(tb.gsoCmsgLen)
-				*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(len(pkts[i]) + ib.ICRCLen)
+				*(*uint16)(unsafe.Pointer(&c[unix.CmsgLen(0)])) = uint16(pktLen(pkts, ext, i) + ib.ICRCLen)
 				m.Hdr.Control = &c[0]
 				m.Hdr.SetControllen(len(c))
 			}
@@ -147,24 +165,40 @@ func (d *Device) sendBatch(peer netip.Addr, mtu int, pkts [][]byte) {
 	d.txPool.Put(tb)
 }
 
+// appendIov adds an iovec for b (not empty) to iov, whose array has room.
+func appendIov(iov []unix.Iovec, b []byte) []unix.Iovec {
+	v := unix.Iovec{Base: unsafe.SliceData(b)}
+	v.SetLen(len(b))
+	return append(iov, v)
+}
+
+// pktLen is the length of packet k, BTH through pad, its payload held
+// apart or not (sendBatch).
+func pktLen(pkts, ext [][]byte, k int) int {
+	if ext == nil || ext[k] == nil {
+		return len(pkts[k])
+	}
+	return len(pkts[k]) + len(ext[k]) + -len(ext[k])&3
+}
+
 // group returns the end of the run starting at pkts[i] that one datagram
 // carries: up to maxGSOSegs packets of the first one's size, the last
 // possibly shorter (what UDP_SEGMENT takes), within maxGSOBytes. A run
 // starts only at a packet with a whole path MTU of payload, so that a
 // receiver that gets the datagram whole knows where to cut it
 // (Device.segmentSize).
-func (d *Device) group(pkts [][]byte, i, mtu int) int {
+func (d *Device) group(pkts, ext [][]byte, i, mtu int) int {
 	if d.noGSO.Load() || i+1 == len(pkts) {
 		return i + 1
 	}
-	seg := len(pkts[i])
+	seg := pktLen(pkts, ext, i)
 	if hl, ok := ib.HeaderLen(ib.Opcode(pkts[i][0])); !ok || seg != hl+mtu {
 		return i + 1
 	}
 	total := seg + ib.ICRCLen
 	j := i + 1
 	for j < len(pkts) && j-i < maxGSOSegs {
-		l := len(pkts[j])
+		l := pktLen(pkts, ext, j)
 		if l > seg || total+l+ib.ICRCLen > maxGSOBytes {
 			break
 		}

@@ -655,16 +655,20 @@ type link struct {
 }
 
 // Send sends one packet (RC.unlock sends batches; Link asks for this).
-func (l link) Send(pkt []byte) { l.d.sendBatch(l.peer, l.mtu, [][]byte{pkt}) }
+func (l link) Send(pkt []byte) { l.d.sendBatch(l.peer, l.mtu, [][]byte{pkt}, nil) }
 
 // SendBatch sends the packets in order, batched (batch.go).
-func (l link) SendBatch(pkts [][]byte) { l.d.sendBatch(l.peer, l.mtu, pkts) }
+func (l link) SendBatch(pkts [][]byte) { l.d.sendBatch(l.peer, l.mtu, pkts, nil) }
+
+// SendVec sends the packets in order, batched, the payloads held apart
+// copied by the kernel alone (VecLink).
+func (l link) SendVec(pkts, ext [][]byte) { l.d.sendBatch(l.peer, l.mtu, pkts, ext) }
 
 func (d *Device) sendMAD(peer netip.Addr, attr uint16, tid uint64, data *[ib.CMDataLen]byte) {
 	m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: tid, AttrID: attr, Data: *data}
 	p := ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)}
 	b, _ := p.Append(nil)
-	d.sendBatch(peer, 0, [][]byte{b})
+	d.sendBatch(peer, 0, [][]byte{b}, nil)
 }
 
 func randU32() uint32 {

@@ -34,6 +34,16 @@ type BatchLink interface {
 	SendBatch(pkts [][]byte)
 }
 
+// VecLink is a BatchLink that takes payloads held apart: when ext[i] is
+// not nil, pkts[i] is packet i's headers (BTH through the last extended
+// header, the pad count set for ext[i]), ext[i] its payload, and the link
+// adds the pad. The link reads ext[i] while it sends — the one copy of a
+// payload, in the kernel — and not after SendVec returns.
+type VecLink interface {
+	BatchLink
+	SendVec(pkts, ext [][]byte)
+}
+
 // RCConfig is what the connection manager negotiated for a queue pair.
 type RCConfig struct {
 	rdma.QPConfig
@@ -108,6 +118,22 @@ func (w *wqe) gather(dst []byte, off int) {
 	}
 }
 
+// span returns the n bytes at off of the request's gather list when one
+// element holds them all.
+func (w *wqe) span(off, n int) ([]byte, bool) {
+	for _, b := range w.wr.SG {
+		if off >= len(b) {
+			off -= len(b)
+			continue
+		}
+		if off+n <= len(b) {
+			return b[off : off+n], true
+		}
+		return nil, false
+	}
+	return nil, false
+}
+
 // RC is one queue pair of the Reliable Connected transport.
 type RC struct {
 	cfg  RCConfig
@@ -119,13 +145,20 @@ type RC struct {
 	// time sends, in the order they were built, while others go on.
 	// Lock order: mu, then the device's locks (a Close tells the device);
 	// nothing is sent on a socket while mu is held.
-	mu      sync.Mutex
-	out     [][]byte // built, not yet sent; their buffers are reused
-	spare   [][]byte // the batch last sent, for its buffers
-	sending bool     // a goroutine is sending out
-	failed  bool
-	err     error
-	done    chan struct{}
+	mu    sync.Mutex
+	out   [][]byte // built, not yet sent; their buffers are reused
+	spare [][]byte // the batch last sent, for its buffers
+	// With a VecLink (vec), outExt[i] is out[i]'s payload when it is
+	// held apart: memory of a registered region or of a Send or Write's
+	// gather list, read by the kernel as it sends (as an RNIC reads it
+	// by DMA), not copied here. spareExt is outExt's other array.
+	vec      VecLink
+	outExt   [][]byte
+	spareExt [][]byte
+	sending  bool // a goroutine is sending out
+	failed   bool
+	err      error
+	done     chan struct{}
 
 	// Requester.
 	sq        []*wqe // posted, not yet completed, in order
@@ -189,6 +222,7 @@ func NewRC(cfg RCConfig, link Link) *RC {
 	cfg.defaults()
 	q := &RC{cfg: cfg, link: link, dev: cfg.PD.Device(), done: make(chan struct{}),
 		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask, ePSN: cfg.RecvPSN & psnMask}
+	q.vec, _ = link.(VecLink)
 	q.timer = time.AfterFunc(time.Hour, q.timeout)
 	q.timer.Stop()
 	return q
@@ -395,10 +429,15 @@ func (q *RC) sendSegment(w *wqe, i int) {
 		p.BTH = q.bth(op, psn, last || q.wantAck(psn))
 		p.RETH = ib.RETH{VA: w.wr.RemoteTO, RKey: w.wr.RemoteSTag, DMALen: uint32(w.total)}
 	}
-	// The payload is gathered straight into the packet's buffer: one
-	// copy, under mu, so the caller's memory is not read once PostSend's
-	// completion may have handed it back.
-	if room := q.emitHeader(&p, n); room != nil {
+	// A payload within one gather element is sent from there (VecLink):
+	// the request holds it until its completion, which needs the
+	// peer's acknowledgement of this very packet, so it cannot be handed
+	// back before it is sent (a retransmission sent after a late
+	// acknowledgement is a duplicate the peer drops). One that spans
+	// elements is gathered into the packet's buffer.
+	if b, ok := w.span(off, n); ok {
+		q.emitRef(&p, b)
+	} else if room := q.emitHeader(&p, n); room != nil {
 		w.gather(room, off)
 	}
 }
@@ -431,7 +470,31 @@ func (q *RC) emit(p *ib.Packet) {
 	if err != nil {
 		return
 	}
+	q.push(b, nil)
+}
+
+// push queues packet b, with its payload ext held apart (nil: none).
+func (q *RC) push(b, ext []byte) {
 	q.out = append(q.out, b)
+	if q.vec != nil {
+		q.outExt = append(q.outExt, ext)
+	}
+}
+
+// emitRef queues p with payload, which the link copies as it sends when
+// it can (VecLink); otherwise copied now, once (emitPayload). The caller
+// guarantees payload stays valid until it is sent: registered memory, or
+// a gather list the request holds until its completion.
+func (q *RC) emitRef(p *ib.Packet, payload []byte) {
+	if q.vec == nil || len(payload) == 0 {
+		q.emitPayload(p, payload)
+		return
+	}
+	b, err := p.AppendHeader(q.outBuf(), len(payload))
+	if err != nil {
+		return
+	}
+	q.push(b, payload)
 }
 
 // emitHeader queues a packet of p's headers, n bytes of payload and the
@@ -449,7 +512,7 @@ func (q *RC) emitHeader(p *ib.Packet, n int) []byte {
 	l := len(b)
 	b = b[:l+n+(-n&3)]
 	clear(b[l+n:])
-	q.out = append(q.out, b)
+	q.push(b, nil)
 	return b[l : l+n : l+n]
 }
 
@@ -483,10 +546,14 @@ func (q *RC) unlock() {
 		// Each buffer lives in one of the two arrays only: the one being
 		// filled takes the spare's, and the spare is gone until the
 		// batch comes back as the next spare.
-		batch := q.out
+		batch, ext := q.out, q.outExt
 		q.out, q.spare = q.spare[:0], nil
+		q.outExt, q.spareExt = q.spareExt[:0], nil
 		q.mu.Unlock()
-		if bl, ok := q.link.(BatchLink); ok {
+		if q.vec != nil {
+			q.vec.SendVec(batch, ext)
+			clear(ext) // the payloads are not held beyond their send
+		} else if bl, ok := q.link.(BatchLink); ok {
 			bl.SendBatch(batch)
 		} else {
 			for _, b := range batch {
@@ -494,7 +561,7 @@ func (q *RC) unlock() {
 			}
 		}
 		q.mu.Lock()
-		q.spare = batch[:0]
+		q.spare, q.spareExt = batch[:0], ext[:0]
 	}
 	q.sending = false
 	q.mu.Unlock()
@@ -984,7 +1051,10 @@ func (q *RC) readResponse(p *ib.Packet, fresh bool) {
 		}
 		rp := ib.Packet{BTH: q.bth(op, (p.BTH.PSN+uint32(i))&psnMask, false),
 			AETH: ib.AETH{Syndrome: ib.SyndromeACK | 0x1f, MSN: q.msn}}
-		q.emitPayload(&rp, src[off:min(off+q.cfg.MTU, n)])
+		// Straight from the registered region (an RNIC reads it by DMA
+		// as it transmits; a region invalidated meanwhile is the
+		// application's error, as on hardware).
+		q.emitRef(&rp, src[off:min(off+q.cfg.MTU, n)])
 	}
 }
 
