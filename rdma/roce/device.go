@@ -64,8 +64,10 @@ type Device struct {
 	// grow it, and a later REQ that reuses the IDs is not answered with a
 	// stale REP or REJ.
 	seen      map[[2]uint32]*connRequest
+	seenFrom  map[netip.Addr]int // seen's requests by peer
 	lastSweep time.Time
 	maxReqs   int
+	maxFrom   int
 	reqTTL    time.Duration
 	// txPool holds sendmmsg batches (*txBatch): no lock is held across
 	// the socket write, and a warm pool allocates nothing. Every packet
@@ -114,7 +116,10 @@ type Options struct {
 	// active side's retries and an MRA's service timeout fit in it).
 	MaxConnRequests int
 	ConnRequestTTL  time.Duration
-	Logger          *slog.Logger
+	// MaxConnRequestsPerSource bounds those of one IP address (128), so
+	// that a host sending REQs it never completes cannot take them all.
+	MaxConnRequestsPerSource int
+	Logger                   *slog.Logger
 	// NoGSO sends one datagram per packet (batch.go sends runs of them
 	// as UDP GSO datagrams): a packet capture on the host then shows each
 	// packet — it sees a GSO datagram before the kernel cuts it — and a
@@ -153,6 +158,9 @@ func Open(ip string, opt Options) (*Device, error) {
 	}
 	if opt.MaxConnRequests <= 0 {
 		opt.MaxConnRequests = 1024
+	}
+	if opt.MaxConnRequestsPerSource <= 0 {
+		opt.MaxConnRequestsPerSource = 128
 	}
 	if opt.ConnRequestTTL <= 0 {
 		opt.ConnRequestTTL = 30 * time.Second
@@ -202,7 +210,7 @@ func Open(ip string, opt Options) (*Device, error) {
 	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
-		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, reqTTL: opt.ConnRequestTTL, raw: raw}
+		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, seenFrom: map[netip.Addr]int{}, maxReqs: opt.MaxConnRequests, maxFrom: opt.MaxConnRequestsPerSource, reqTTL: opt.ConnRequestTTL, raw: raw}
 	d.noGSO.Store(opt.NoGSO)
 	d.poll = opt.Poll
 	if d.tx, d.txPort, err = openTx(addr); err == nil {
@@ -1005,13 +1013,14 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 	now := time.Now()
 	if len(d.seen) >= d.maxReqs || now.Sub(d.lastSweep) > d.reqTTL/4 {
 		d.lastSweep = now
-		for k, r := range d.seen {
+		for _, r := range d.seen {
 			if now.After(r.expires) {
-				delete(d.seen, k)
+				d.forgetLocked(r)
 			}
 		}
 	}
 	full := len(d.seen) >= d.maxReqs
+	fromPeer := d.seenFrom[peer] >= d.maxFrom
 	d.mu.Unlock()
 	if l == nil {
 		// Seed 001 §II: no iSER service on this port — reason 8.
@@ -1022,9 +1031,17 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests", nil)
 		return
 	}
+	if fromPeer {
+		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests from this address", nil)
+		return
+	}
 	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, local: randU32(), ready: make(chan struct{}), key: key, expires: now.Add(d.reqTTL)}
 	d.mu.Lock()
+	if old := d.seen[key]; old != nil {
+		d.forgetLocked(old) // raced in meanwhile: replaced
+	}
 	d.seen[key] = r
+	d.seenFrom[peer]++
 	d.mu.Unlock()
 	select {
 	case l.reqs <- r:
@@ -1131,6 +1148,14 @@ type connRequest struct {
 	expires time.Time
 }
 
+// forgetLocked drops r, which Device.seen holds, from it (d.mu held).
+func (d *Device) forgetLocked(r *connRequest) {
+	delete(d.seen, r.key)
+	if d.seenFrom[r.peer]--; d.seenFrom[r.peer] <= 0 {
+		delete(d.seenFrom, r.peer)
+	}
+}
+
 // forget drops the request from Device.seen now (connection established
 // or its REP unanswered), or after a grace period in which a repeated
 // REQ still gets the REJ (rejected).
@@ -1142,7 +1167,7 @@ func (r *connRequest) forget(grace time.Duration) {
 		return
 	}
 	if grace == 0 {
-		delete(d.seen, r.key)
+		d.forgetLocked(r)
 		return
 	}
 	if t := time.Now().Add(grace); t.Before(r.expires) {

@@ -225,13 +225,17 @@ func TestDeviceICRCOverRealIPHeader(t *testing.T) {
 // fakePeer speaks raw RoCEv2 from a UDP socket on 127.0.0.3, to check our
 // device against what Linux's CM and rxe do rather than against itself.
 type fakePeer struct {
-	t  *testing.T
-	c  *net.UDPConn
-	to netip.Addr // the device it talks to
+	t    *testing.T
+	c    *net.UDPConn
+	from netip.Addr // its address
+	to   netip.Addr // the device it talks to
 }
 
-func newFakePeer(t *testing.T) *fakePeer {
-	c, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 3), Port: 14791})
+func newFakePeer(t *testing.T) *fakePeer { return newFakePeerAt(t, netip.MustParseAddr("127.0.0.3")) }
+
+// newFakePeerAt is a fakePeer on the loopback address from.
+func newFakePeerAt(t *testing.T, from netip.Addr) *fakePeer {
+	c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(from, 14791)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -240,7 +244,7 @@ func newFakePeer(t *testing.T) *fakePeer {
 	raw.Control(func(fd uintptr) { // DF: identification 0, as ipHeader assumes
 		syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
 	})
-	return &fakePeer{t: t, c: c}
+	return &fakePeer{t: t, c: c, from: from}
 }
 
 func (f *fakePeer) send(p ib.Packet) {
@@ -250,7 +254,7 @@ func (f *fakePeer) send(p ib.Packet) {
 		f.t.Fatal(err)
 	}
 	ulen := 8 + len(pkt) + ib.ICRCLen
-	ip := ipHeader(netip.MustParseAddr("127.0.0.3"), f.to, ulen)
+	ip := ipHeader(f.from, f.to, ulen)
 	udp := udpHeader(14791, 14791, ulen)
 	f.c.WriteToUDPAddrPort(ib.AppendICRC(ip.bytes(), udp[:], pkt), netip.AddrPortFrom(f.to, 14791))
 }
@@ -563,4 +567,45 @@ func TestConnRequestStateIsBounded(t *testing.T) {
 		t.Fatalf("%d connection requests remembered past their TTL", held)
 	}
 	t.Logf("%d spoofed REQs: at most 64 remembered, all forgotten after the TTL", n)
+}
+
+// TestConnRequestsPerSource: one address may have only so many
+// connection requests remembered, so a peer that sends REQs it never
+// completes cannot take them all and keep every other host from
+// connecting; another address's REQ is still taken.
+func TestConnRequestsPerSource(t *testing.T) {
+	b, err := Open("127.0.0.2", Options{Port: 14791, MaxConnRequests: 64, MaxConnRequestsPerSource: 8, ConnRequestTTL: 10 * time.Second})
+	if err != nil {
+		t.Fatalf("a device on 127.0.0.2: %v", err)
+	}
+	defer b.Close()
+	ln, _ := b.Listen("127.0.0.2:3301") // nobody accepts
+	defer ln.Close()
+	send := func(f *fakePeer, id uint32) {
+		req := ib.REQ{LocalCommID: id, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3301), LocalQPN: 0x100 + id, PathMTU: 3, PKey: 0xffff}
+		var data [ib.CMDataLen]byte
+		req.Put(&data)
+		f.sendMAD(ib.AttrREQ, uint64(id), data)
+	}
+	held := func() int {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.seen)
+	}
+	flood := newFakePeer(t)
+	flood.to = netip.MustParseAddr("127.0.0.2")
+	for i := range uint32(40) {
+		send(flood, 1000+i)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n := held(); n != 8 {
+		t.Fatalf("%d connection requests from one address remembered, want its bound 8", n)
+	}
+	other := newFakePeerAt(t, netip.MustParseAddr("127.0.0.4"))
+	other.to = netip.MustParseAddr("127.0.0.2")
+	send(other, 7)
+	time.Sleep(200 * time.Millisecond)
+	if n := held(); n != 9 {
+		t.Fatalf("%d connection requests remembered after another address's, want 9", n)
+	}
 }
