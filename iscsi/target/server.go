@@ -278,9 +278,11 @@ type loginSlot struct {
 // takeLoginSlot admits a new connection from addr, or returns nil when its
 // source has too many logins in progress.
 func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
+	// The address without its port, whatever carries it (TCP, or the
+	// UDP address a RoCE device gives).
 	src := addr.String()
-	if ta, ok := addr.(*net.TCPAddr); ok {
-		src = ta.IP.String()
+	if host, _, err := net.SplitHostPort(src); err == nil {
+		src = host
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
