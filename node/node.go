@@ -29,6 +29,7 @@ import (
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/httpguard"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
@@ -767,10 +768,12 @@ func (n *Node) startMetrics() error {
 	return nil
 }
 
+// httpServe serves a control surface on l: its connections bounded per
+// client address and in all, none held idle for ever (httpguard).
 func (n *Node) httpServe(l net.Listener, h http.Handler) {
-	hs := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	hs := httpguard.NewServer(h)
 	n.https = append(n.https, hs)
-	go hs.Serve(l)
+	go hs.Serve(httpguard.Limit(l, httpguard.PerSource, httpguard.Total))
 }
 
 // Portals returns the portals being served, with the addresses they got.

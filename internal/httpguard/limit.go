@@ -1,0 +1,86 @@
+package httpguard
+
+import (
+	"net"
+	"net/http"
+	"sync"
+	"time"
+)
+
+// The bounds of Limit as the node uses them: a scraper or an
+// administration client needs a connection or two.
+const (
+	PerSource = 16
+	Total     = 256
+)
+
+// NewServer returns an HTTP server for a control surface: headers within
+// 10 s and 64 KiB, a request body read within 30 s, and an idle
+// keep-alive connection closed after 2 minutes — none held for ever.
+func NewServer(h http.Handler) *http.Server {
+	return &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		IdleTimeout: 2 * time.Minute, MaxHeaderBytes: 64 << 10}
+}
+
+// Limit bounds the connections l's server holds open: perSource from one
+// address (a Unix socket's clients are one source), total in all.
+// Connections beyond are closed as they arrive, so a client that opens
+// many and leaves them idle holds a few sockets, not the process's, and
+// another client is still served.
+func Limit(l net.Listener, perSource, total int) net.Listener {
+	return &limited{Listener: l, perSource: perSource, total: total, from: map[string]int{}}
+}
+
+type limited struct {
+	net.Listener
+	perSource, total int
+
+	mu   sync.Mutex
+	open int
+	from map[string]int
+}
+
+func (l *limited) Accept() (net.Conn, error) {
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		src := c.RemoteAddr().String()
+		if host, _, err := net.SplitHostPort(src); err == nil {
+			src = host
+		}
+		l.mu.Lock()
+		ok := l.open < l.total && l.from[src] < l.perSource
+		if ok {
+			l.open++
+			l.from[src]++
+		}
+		l.mu.Unlock()
+		if !ok {
+			c.Close()
+			continue
+		}
+		return &limitedConn{Conn: c, l: l, src: src}, nil
+	}
+}
+
+type limitedConn struct {
+	net.Conn
+	l    *limited
+	src  string
+	once sync.Once
+}
+
+func (c *limitedConn) Close() error {
+	c.once.Do(func() {
+		l := c.l
+		l.mu.Lock()
+		l.open--
+		if l.from[c.src]--; l.from[c.src] <= 0 {
+			delete(l.from, c.src)
+		}
+		l.mu.Unlock()
+	})
+	return c.Conn.Close()
+}

@@ -1,0 +1,71 @@
+package httpguard
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestLimitedListener: a control surface (the metrics, reachable from the
+// network) holds a socket and a goroutine for every connection a client
+// opens and leaves idle. One address may hold only a few: more are closed
+// as they arrive, while another address is still served, and a
+// connection that closes frees its place.
+func TestLimitedListener(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ll := Limit(l, 2, 16)
+	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
+	go srv.Serve(ll)
+	defer srv.Close()
+	addr := l.Addr().String()
+
+	var idle []net.Conn
+	for range 2 {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		idle = append(idle, c)
+	}
+	time.Sleep(100 * time.Millisecond) // both accepted
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); err == nil {
+		t.Fatal("a third connection from one address got data")
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a third connection from one address stayed open")
+	}
+	c.Close()
+
+	get := func(from string) error {
+		tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext, DisableKeepAlives: true}
+		resp, err := (&http.Client{Transport: tr, Timeout: 2 * time.Second}).Get("http://" + addr + "/")
+		if err != nil {
+			return err
+		}
+		resp.Body.Close()
+		return nil
+	}
+	if err := get("127.0.0.2"); err != nil {
+		t.Fatalf("another address: %v", err)
+	}
+	idle[0].Close()
+	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		err := get("127.0.0.1")
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after an idle connection closed: %v", err)
+		}
+	}
+}
