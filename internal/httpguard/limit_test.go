@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/servetest"
 )
 
 // TestLimitedListener: a control surface (the metrics, reachable from the
@@ -24,27 +26,8 @@ func TestLimitedListener(t *testing.T) {
 	defer srv.Close()
 	addr := l.Addr().String()
 
-	var idle []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		idle = append(idle, c)
-	}
-	time.Sleep(100 * time.Millisecond) // both accepted
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil {
-		t.Fatal("a third connection from one address got data")
-	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
-		t.Fatal("a third connection from one address stayed open")
-	}
-	c.Close()
+	idle := servetest.HoldIdle(t, addr, 2)
+	servetest.ClosedAtOnce(t, addr, "a third connection from one address")
 
 	get := func(from string) error {
 		tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext, DisableKeepAlives: true}

@@ -1,7 +1,6 @@
 package target
 
 import (
-	"context"
 	"errors"
 	"net"
 	"strings"
@@ -20,27 +19,6 @@ func (failingPutData) PutData(d *datamover.DataIn) error {
 	return &datamover.ProtocolError{Err: errors.New("test: this datamover cannot deliver data-in")}
 }
 
-type failingAcceptor struct{ datamover.Acceptor }
-
-func (a failingAcceptor) Accept(ctx context.Context) (datamover.Incoming, error) {
-	in, err := a.Acceptor.Accept(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return failingIncoming{in}, nil
-}
-
-type failingIncoming struct{ datamover.Incoming }
-
-func (i failingIncoming) Establish(ctx context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
-	est, err := i.Incoming.Establish(ctx, p)
-	if err == nil {
-		open := est.Open
-		est.Open = func(s datamover.Stamper) datamover.Conn { return failingPutData{open(s)} }
-	}
-	return est, err
-}
-
 // TestUndeliverableAnswerEndsTheConnection: when the datamover cannot
 // deliver a command's answer, the initiator would wait for it until its
 // own timeout (30 s for Linux) and the target would go on as if it had
@@ -49,7 +27,10 @@ func (i failingIncoming) Establish(ctx context.Context, p datamover.AcceptParams
 func TestUndeliverableAnswerEndsTheConnection(t *testing.T) {
 	var log logSink
 	ts := startServerOn(t, Options{}, nil, &log, func(l net.Listener) datamover.Acceptor {
-		return failingAcceptor{fabric.TCP(l)}
+		return &establishedWith{fabric.TCP(l), func(e *datamover.Established) {
+			open := e.Open
+			e.Open = func(s datamover.Stamper) datamover.Conn { return failingPutData{open(s)} }
+		}}
 	})
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini)...)

@@ -275,26 +275,14 @@ func discoveryKeys(initiator string) []text.KV {
 // 20: 16 discovery sessions locked a correct login out at max_sessions 16).
 func TestDiscoverySessionsHaveTheirOwnLimit(t *testing.T) {
 	ts := startServer(t, Options{MaxSessions: 2, MaxDiscoverySessions: 3}, nil)
-	for i := range 3 {
-		c := dial(t, ts.addr)
-		c.isid[5] = byte(i + 1)
-		c.mustLogin(discoveryKeys(ini)...)
-	}
-	extra := dial(t, ts.addr)
-	extra.isid[5] = 9
-	if st, _ := extra.login(discoveryKeys(ini)...); st != pdu.LoginStatusOutOfResources {
-		t.Fatalf("fourth discovery session: status %04x, want 0302", st)
-	}
+	ts.sessions(t, 3, discoveryKeys(ini))
+	ts.refused(t, 9, discoveryKeys(ini), "fourth discovery session")
 	for i := range 2 {
 		c := dial(t, ts.addr)
 		c.isid[5] = byte(20 + i)
 		c.mustLogin(normalKeys(ini)...) // not locked out by the discovery sessions
 	}
-	c := dial(t, ts.addr)
-	c.isid[5] = 30
-	if st, _ := c.login(normalKeys(ini)...); st != pdu.LoginStatusOutOfResources {
-		t.Fatalf("third normal session: status %04x, want 0302", st)
-	}
+	ts.refused(t, 30, normalKeys(ini), "third normal session")
 }
 
 // TestLoginsInProgressPerSource: one address may hold only a few
@@ -302,26 +290,9 @@ func TestDiscoverySessionsHaveTheirOwnLimit(t *testing.T) {
 // and another address still logs in.
 func TestLoginsInProgressPerSource(t *testing.T) {
 	ts := startServer(t, Options{MaxLoginsPerSource: 4, LoginTimeout: 5 * time.Second}, nil)
-	var idle []net.Conn
-	for range 4 {
-		nc, err := net.Dial("tcp", ts.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		idle = append(idle, nc)
-	}
-	time.Sleep(100 * time.Millisecond)
+	idle := servetest.HoldIdle(t, ts.addr, 4)
 	for i := range 3 {
-		nc, err := net.Dial("tcp", ts.addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		nc.SetReadDeadline(time.Now().Add(2 * time.Second))
-		if _, err := nc.Read(make([]byte, 1)); err == nil || isTimeout(err) {
-			t.Fatalf("connection %d beyond the per-source limit stayed open: %v", i, err)
-		}
-		nc.Close()
+		servetest.ClosedAtOnce(t, ts.addr, fmt.Sprintf("connection %d beyond the per-source limit", i))
 	}
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	nc, err := d.Dial("tcp", ts.addr)
@@ -340,11 +311,6 @@ func TestLoginsInProgressPerSource(t *testing.T) {
 	c := dial(t, ts.addr)
 	c.isid[5] = 40
 	c.mustLogin(normalKeys(ini)...)
-}
-
-func isTimeout(err error) bool {
-	ne, ok := err.(net.Error)
-	return ok && ne.Timeout()
 }
 
 // TestPeerThatStopsReadingIsDropped: a session that asks for data and
@@ -433,6 +399,30 @@ func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 	}, "another initiator waits behind the workers of a peer that stopped reading")
 }
 
+// sessions logs n sessions in, the ISIDs ending in 1 to n.
+func (ts *testServer) sessions(t *testing.T, n int, keys []text.KV) []*tclient {
+	t.Helper()
+	var cs []*tclient
+	for i := range n {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(keys...)
+		cs = append(cs, c)
+	}
+	return cs
+}
+
+// refused fails t unless a login with an ISID ending in isid gets "out of
+// resources" (RFC 7143 §11.13.5).
+func (ts *testServer) refused(t *testing.T, isid byte, keys []text.KV, what string) {
+	t.Helper()
+	c := dial(t, ts.addr)
+	c.isid[5] = isid
+	if st, _ := c.login(keys...); st != pdu.LoginStatusOutOfResources {
+		t.Fatalf("%s: login status %04x, want 0302", what, st)
+	}
+}
+
 // TestSessionsPerSource: one address (one initiator host) may hold only
 // so many normal sessions, so a single peer cannot take all of the node's
 // and lock every other initiator out. Beyond it a login fails with "out of
@@ -440,18 +430,8 @@ func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 // reinstating a session is allowed at the limit; a logout frees a place.
 func TestSessionsPerSource(t *testing.T) {
 	ts := startServer(t, Options{MaxSessions: 16, MaxSessionsPerSource: 2}, nil)
-	var cs []*tclient
-	for i := range 2 {
-		c := dial(t, ts.addr)
-		c.isid[5] = byte(i + 1)
-		c.mustLogin(normalKeys(ini)...)
-		cs = append(cs, c)
-	}
-	extra := dial(t, ts.addr)
-	extra.isid[5] = 9
-	if st, _ := extra.login(normalKeys(ini)...); st != pdu.LoginStatusOutOfResources {
-		t.Fatalf("third session from one address: status %04x, want 0302", st)
-	}
+	cs := ts.sessions(t, 2, normalKeys(ini))
+	ts.refused(t, 9, normalKeys(ini), "third session from one address")
 	// Discovery sessions have their own limit.
 	disc := dial(t, ts.addr)
 	disc.isid[5] = 10

@@ -12,24 +12,31 @@ import (
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
-// asISER marks every connection of an acceptor as iSER from its first PDU
-// (the connection-first form), whatever carries it.
-type asISER struct{ datamover.Acceptor }
+// establishedWith is an acceptor whose connections f changes once they
+// are established, before the iSCSI layer opens them (used by pointer:
+// the server keys its acceptors, and a func is not comparable).
+type establishedWith struct {
+	datamover.Acceptor
+	f func(*datamover.Established)
+}
 
-func (a asISER) Accept(ctx context.Context) (datamover.Incoming, error) {
+func (a establishedWith) Accept(ctx context.Context) (datamover.Incoming, error) {
 	in, err := a.Acceptor.Accept(ctx)
 	if err != nil {
 		return nil, err
 	}
-	return iserIncoming{in}, nil
+	return incomingWith{in, a.f}, nil
 }
 
-type iserIncoming struct{ datamover.Incoming }
+type incomingWith struct {
+	datamover.Incoming
+	f func(*datamover.Established)
+}
 
-func (i iserIncoming) Establish(ctx context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
+func (i incomingWith) Establish(ctx context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
 	est, err := i.Incoming.Establish(ctx, p)
 	if err == nil {
-		est.ISER = true
+		i.f(est)
 	}
 	return est, err
 }
@@ -49,7 +56,9 @@ func TestISERDiscoveryIsNotPinged(t *testing.T) {
 		}
 		var a datamover.Acceptor = fabric.TCP(l)
 		if iser {
-			a = asISER{a}
+			// Every connection iSER from its first PDU (connection
+			// first), whatever carries it.
+			a = &establishedWith{a, func(e *datamover.Established) { e.ISER = true }}
 		}
 		go srv.Serve(a)
 		c := dial(t, l.Addr().String())

@@ -629,18 +629,8 @@ func TestOneWayNopOut(t *testing.T) {
 // works at the limit, and a slot freed by a logout is usable again.
 func TestMaxSessions(t *testing.T) {
 	ts := startServer(t, Options{MaxSessions: 2}, nil)
-	var cs []*tclient
-	for i := 0; i < 2; i++ {
-		c := dial(t, ts.addr)
-		c.isid[5] = byte(i + 1)
-		c.mustLogin(normalKeys(ini)...)
-		cs = append(cs, c)
-	}
-	extra := dial(t, ts.addr)
-	extra.isid[5] = 9
-	if st, _ := extra.login(normalKeys(ini)...); st != pdu.LoginStatusOutOfResources {
-		t.Fatalf("third session: login status %04x, want 0302", st)
-	}
+	cs := ts.sessions(t, 2, normalKeys(ini))
+	ts.refused(t, 9, normalKeys(ini), "third session")
 	// Same ISID as the first session: reinstatement, allowed at the limit.
 	again := dial(t, ts.addr)
 	again.isid[5] = 1

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/rdma"
 )
 
@@ -32,25 +33,8 @@ func TestHandshakesInProgressPerSource(t *testing.T) {
 		}
 	}()
 	addr := ln.Addr().String()
-	var idle []net.Conn
-	for range 2 {
-		c, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer c.Close()
-		idle = append(idle, c)
-	}
-	time.Sleep(100 * time.Millisecond) // the listener has taken both
-	c, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.SetReadDeadline(time.Now().Add(2 * time.Second))
-	if _, err := c.Read(make([]byte, 1)); err == nil || isTimeout(err) {
-		t.Fatalf("a third handshake from one address stayed open: %v", err)
-	}
-	c.Close()
+	idle := servetest.HoldIdle(t, addr, 2)
+	servetest.ClosedAtOnce(t, addr, "a third handshake from one address")
 
 	handshake := func(from string) error {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
