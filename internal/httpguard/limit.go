@@ -35,7 +35,7 @@ type limited struct {
 	net.Listener
 	perSource, total int
 
-	mu   sync.Mutex
+	mu   sync.Mutex // a leaf: nothing else is locked under it
 	open int
 	from map[string]int
 }

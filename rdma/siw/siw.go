@@ -378,7 +378,7 @@ type listener struct {
 
 	// mu guards the handshakes in progress: all of them (pending) and
 	// each source address's (from); refused counts the connections
-	// closed for the bounds.
+	// closed for the bounds. A leaf: nothing else is locked under it.
 	mu      sync.Mutex
 	pending int
 	from    map[string]int
