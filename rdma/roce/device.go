@@ -963,7 +963,7 @@ func (d *Device) cm(peer netip.Addr, pkt []byte) {
 			c.qp.mu.Lock()
 			c.qp.onClose = nil // the peer already knows
 			c.qp.failLocked(rdma.ErrDisconnected)
-			c.qp.mu.Unlock()
+			c.qp.unlock() // gives the flushed completions, held or not
 			d.dropQP(c.qp)
 		}
 	}

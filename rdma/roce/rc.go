@@ -155,10 +155,19 @@ type RC struct {
 	vec      VecLink
 	outExt   [][]byte
 	spareExt [][]byte
+	refs     int  // packets in out whose payload is held apart
 	sending  bool // a goroutine is sending out
-	failed   bool
-	err      error
-	done     chan struct{}
+	// held are completions that wait until what is being sent has left:
+	// while a batch is outside mu (sending) or out holds payloads held
+	// apart, a completion could let a buffer's owner reuse memory the
+	// link is still reading — a retransmission of a Write acknowledged
+	// meanwhile, or a Read response the peer then tells of in a Send. The
+	// sender gives them, in order, once out is empty (unlock); as the
+	// link's own reads happen before, the race detector sees the order.
+	held   []heldCompletion
+	failed bool
+	err    error
+	done   chan struct{}
 
 	// Requester.
 	sq        []*wqe // posted, not yet completed, in order
@@ -478,7 +487,39 @@ func (q *RC) push(b, ext []byte) {
 	q.out = append(q.out, b)
 	if q.vec != nil {
 		q.outExt = append(q.outExt, ext)
+		if ext != nil {
+			q.refs++
+		}
 	}
+}
+
+// heldCompletion is a completion for cq that waits (RC.held).
+type heldCompletion struct {
+	cq *rdma.CQ
+	c  rdma.Completion
+}
+
+// complete gives c to cq, or holds it until what is being sent has left
+// (held).
+func (q *RC) complete(cq *rdma.CQ, c rdma.Completion) {
+	if cq == nil {
+		return
+	}
+	if q.sending || q.refs > 0 || len(q.held) > 0 {
+		q.held = append(q.held, heldCompletion{cq, c})
+		return
+	}
+	cq.Push(c)
+}
+
+// releaseHeldLocked gives the held completions (out is empty and nothing
+// is being sent).
+func (q *RC) releaseHeldLocked() {
+	for i, h := range q.held {
+		h.cq.Push(h.c)
+		q.held[i] = heldCompletion{}
+	}
+	q.held = q.held[:0]
 }
 
 // emitRef queues p with payload, which the link copies as it sends when
@@ -538,6 +579,9 @@ func (q *RC) outBuf() []byte {
 // leave in the order they were built.
 func (q *RC) unlock() {
 	if q.sending || len(q.out) == 0 {
+		if !q.sending {
+			q.releaseHeldLocked()
+		}
 		q.mu.Unlock()
 		return
 	}
@@ -549,6 +593,7 @@ func (q *RC) unlock() {
 		batch, ext := q.out, q.outExt
 		q.out, q.spare = q.spare[:0], nil
 		q.outExt, q.spareExt = q.spareExt[:0], nil
+		q.refs = 0
 		q.mu.Unlock()
 		if q.vec != nil {
 			q.vec.SendVec(batch, ext)
@@ -564,6 +609,7 @@ func (q *RC) unlock() {
 		q.spare, q.spareExt = batch[:0], ext[:0]
 	}
 	q.sending = false
+	q.releaseHeldLocked()
 	q.mu.Unlock()
 }
 
@@ -742,9 +788,7 @@ func (q *RC) deliver(w *wqe, st rdma.Status, n int) {
 	if st == rdma.Success && w.wr.Unsignaled {
 		return
 	}
-	if q.cfg.SendCQ != nil {
-		q.cfg.SendCQ.Push(rdma.Completion{ID: w.wr.ID, Op: w.wr.Op, Status: st, Len: n, QP: q})
-	}
+	q.complete(q.cfg.SendCQ, rdma.Completion{ID: w.wr.ID, Op: w.wr.Op, Status: st, Len: n, QP: q})
 }
 
 func (q *RC) gotAck(p *ib.Packet) {
@@ -985,9 +1029,7 @@ func (q *RC) send(p *ib.Packet) {
 }
 
 func (q *RC) pushRecv(c rdma.Completion) {
-	if q.cfg.RecvCQ != nil {
-		q.cfg.RecvCQ.Push(c)
-	}
+	q.complete(q.cfg.RecvCQ, c)
 }
 
 func (q *RC) write(p *ib.Packet) {

@@ -518,3 +518,129 @@ func TestRCReadResponsesInOrder(t *testing.T) {
 		}
 	}
 }
+
+// holdingLink is a VecLink that hands each packet to the peer at once but
+// returns from its first SendVec only after the sending queue pair has
+// taken in answers packets from the peer — a kernel still copying the
+// last packets of a batch while the first ones are acknowledged. It notes
+// the completions the sender's CQs offer meanwhile (and gives them back).
+type holdingLink struct {
+	to       chan []byte
+	answered chan struct{} // one per packet the sender took in
+	answers  int
+	cqs      []*rdma.CQ
+	held     bool
+	early    []rdma.Completion
+}
+
+func (h *holdingLink) Send(b []byte) { h.to <- append(append([]byte(nil), b...), 0, 0, 0, 0) }
+
+func (h *holdingLink) SendBatch(pkts [][]byte) {
+	for _, b := range pkts {
+		h.Send(b)
+	}
+}
+
+func (h *holdingLink) SendVec(pkts, ext [][]byte) {
+	for i, b := range pkts {
+		p := append([]byte(nil), b...)
+		if ext[i] != nil {
+			p = append(p, ext[i]...)
+			p = append(p, make([]byte, -len(ext[i])&3)...)
+		}
+		h.to <- append(p, 0, 0, 0, 0)
+	}
+	if h.held {
+		return
+	}
+	h.held = true
+	for range h.answers {
+		select {
+		case <-h.answered:
+		case <-time.After(5 * time.Second):
+			return
+		}
+	}
+	buf := make([]rdma.Completion, 8)
+	for _, cq := range h.cqs {
+		n := cq.Poll(buf)
+		h.early = append(h.early, buf[:n]...)
+		for _, c := range buf[:n] {
+			cq.Push(c)
+		}
+	}
+}
+
+// A Send or Write completes only once its packets have left: its gather
+// list is sent from where it lies (VecLink), so a completion given while
+// the link still reads the payload would let the owner reuse memory being
+// sent (and the race detector sees no order between the two — as the SRP
+// target's responses showed). Nor does a receive complete meanwhile: the
+// peer may tell of a Read it made of memory whose response is still being
+// sent. Here the peer acknowledges the Send and sends one of its own while
+// SendVec still holds the batch: both completions wait for SendVec.
+func TestCompletionWaitsForTheSend(t *testing.T) {
+	mk := func(name string) *side {
+		d := rdma.NewDevice(name)
+		return &side{dev: d, pd: d.AllocPD(), scq: rdma.NewCQ(16), rcq: rdma.NewCQ(16)}
+	}
+	a, b := mk("a"), mk("b")
+	cfg := func(s *side, local, remote uint32) RCConfig {
+		return RCConfig{QPConfig: rdma.QPConfig{SendCQ: s.scq, RecvCQ: s.rcq, SendDepth: 16, RecvDepth: 16, IRD: 8, ORD: 8},
+			PD: s.pd, LocalQPN: local, RemoteQPN: remote, SendPSN: 100, RecvPSN: 100, MTU: 1024,
+			Timeout: time.Second, RetryCount: 7}
+	}
+	hold := &holdingLink{to: make(chan []byte, 64), answered: make(chan struct{}, 64), answers: 2, cqs: []*rdma.CQ{a.scq, a.rcq}}
+	back := newLossy(1, 0, 0, 0)
+	a.qp = NewRC(cfg(a, 0x21, 0x22), hold)
+	b.qp = NewRC(cfg(b, 0x22, 0x21), back)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() { cancel(); a.qp.Close(); b.qp.Close() }()
+	reply := []byte("and one back")
+	go func() {
+		first := true
+		for {
+			select {
+			case p := <-hold.to:
+				b.qp.Input(p)
+				if first {
+					first = false
+					b.qp.PostSend(&rdma.SendWR{ID: 2, Op: rdma.OpSend, SG: [][]byte{reply}})
+				}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	go func() {
+		for {
+			select {
+			case p := <-back.ch:
+				a.qp.Input(p)
+				hold.answered <- struct{}{}
+			case <-ctx.Done():
+				return
+			}
+		}
+	}()
+	bufA, bufB := make([]byte, 64), make([]byte, 64)
+	a.qp.PostRecv(rdma.RecvWR{ID: 1, Buf: bufA})
+	b.qp.PostRecv(rdma.RecvWR{ID: 1, Buf: bufB})
+	msg := []byte("sent from where it lies")
+	if err := a.qp.PostSend(&rdma.SendWR{ID: 1, Op: rdma.OpSend, SG: [][]byte{msg}}); err != nil {
+		t.Fatal(err)
+	}
+	if c := waitN(t, a.scq, 1)[0]; c.Status != rdma.Success {
+		t.Fatalf("send: %+v", c)
+	}
+	if c := waitN(t, b.rcq, 1)[0]; string(bufB[:c.Len]) != string(msg) {
+		t.Fatalf("b received %q", bufB[:c.Len])
+	}
+	if c := waitN(t, a.rcq, 1)[0]; string(bufA[:c.Len]) != string(reply) {
+		t.Fatalf("a received %q", bufA[:c.Len])
+	}
+	waitN(t, b.scq, 1)
+	if len(hold.early) != 0 {
+		t.Fatalf("completions given while the link still held a batch: %+v", hold.early)
+	}
+}
