@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -468,5 +469,24 @@ func TestSessionsPerSource(t *testing.T) {
 			t.Fatalf("after a logout: login status %04x", st)
 		}
 		next.nc.Close()
+	}
+}
+
+// TestUnfinishedLoginsDoNotFloodTheLog: anyone who can reach a portal can
+// open connections and never log in; each is dropped at the login timeout,
+// and its warning must not give such a client a line of the log each. The
+// first 16 are logged, then one in 1024, with the count.
+func TestUnfinishedLoginsDoNotFloodTheLog(t *testing.T) {
+	var log logSink
+	ts := startServerLog(t, Options{LoginTimeout: 100 * time.Millisecond, MaxLoginsPerSource: 64}, nil, &log)
+	idle := servetest.HoldIdle(t, ts.addr, 40)
+	for _, c := range idle {
+		c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Read(make([]byte, 1)); err == nil {
+			t.Fatal("the target sent something to a connection that never logged in")
+		}
+	}
+	if n := strings.Count(log.String(), "login not complete"); n != 16 {
+		t.Fatalf("%d warnings for 40 unfinished logins, want the first 16:\n%s", n, log.String())
 	}
 }

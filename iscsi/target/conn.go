@@ -129,7 +129,11 @@ func (c *conn) run() {
 			c.mu.Lock() // the login may be naming the logger (firstLogin)
 			log := c.log
 			c.mu.Unlock()
-			log.Warn("dropping connection: login not complete", "timeout", c.srv.opts.LoginTimeout)
+			// Anyone who reaches the portal can cause this: the first
+			// few are logged, then one in 1024 (with the count).
+			if n := c.srv.loginTimeouts.Add(1); n <= 16 || n%1024 == 0 {
+				log.Warn("dropping connection: login not complete", "timeout", c.srv.opts.LoginTimeout, "dropped", n)
+			}
 			c.terminate()
 		}
 	})

@@ -264,6 +264,10 @@ type Server struct {
 	// counts the connections closed for it.
 	logins  map[string]int
 	refused atomic.Int64
+	// loginTimeouts counts the connections dropped for a login not
+	// complete in time (their warnings are thinned out past 16).
+	loginTimeouts atomic.Int64
+	setupFailed   atomic.Int64 // connections whose fabric set-up failed
 }
 
 // loginSlot is an accepted connection's place among its source's logins
@@ -569,7 +573,12 @@ func (s *Server) establish(in datamover.Incoming, slot *loginSlot) {
 		SendTimeout: s.opts.NopTimeout, Logger: s.log})
 	if err != nil {
 		slot.release()
-		s.log.Info("connection refused", "remote", in.RemoteAddr().String(), "err", err)
+		// A fabric's set-up that fails (junk instead of an MPA
+		// Request, a refused RDMA/CM connection) is anyone's to cause:
+		// thinned out as the login timeouts are.
+		if n := s.setupFailed.Add(1); n <= 16 || n%1024 == 0 {
+			s.log.Info("connection refused", "remote", in.RemoteAddr().String(), "err", err, "refused", n)
+		}
 		return
 	}
 	remote := in.RemoteAddr().String()

@@ -24,6 +24,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/rdma"
@@ -383,6 +384,7 @@ type listener struct {
 	pending int
 	from    map[string]int
 	refused int
+	failed  atomic.Int64 // handshakes that failed (their log is thinned out)
 }
 
 // enter admits a connection from src among the handshakes in progress,
@@ -439,7 +441,11 @@ func (l *listener) loop() {
 			defer l.leave(src)
 			r, err := l.f.Respond(l.ctx, c)
 			if err != nil {
-				l.f.opt.Logger.Info("siw: connection refused", "remote", c.RemoteAddr(), "err", err)
+				// Anyone who reaches the port can cause this: the
+				// first few are logged, then one in 1024.
+				if n := l.failed.Add(1); n <= 16 || n%1024 == 0 {
+					l.f.opt.Logger.Info("siw: connection refused", "remote", c.RemoteAddr(), "err", err, "refused", n)
+				}
 				c.Close()
 				return
 			}
