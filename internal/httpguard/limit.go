@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"sync"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/persource"
 )
 
 // The bounds of Limit as the node uses them: a scraper or an
@@ -28,7 +30,7 @@ func NewServer(h http.Handler) *http.Server {
 // many and leaves them idle holds a few sockets, not the process's, and
 // another client is still served.
 func Limit(l net.Listener, perSource, total int) net.Listener {
-	return &limited{Listener: l, perSource: perSource, total: total, from: map[string]int{}}
+	return &limited{Listener: l, perSource: perSource, total: total}
 }
 
 type limited struct {
@@ -37,7 +39,7 @@ type limited struct {
 
 	mu   sync.Mutex // a leaf: nothing else is locked under it
 	open int
-	from map[string]int
+	from persource.Counts[string]
 }
 
 func (l *limited) Accept() (net.Conn, error) {
@@ -46,15 +48,11 @@ func (l *limited) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		src := c.RemoteAddr().String()
-		if host, _, err := net.SplitHostPort(src); err == nil {
-			src = host
-		}
+		src := persource.Host(c.RemoteAddr())
 		l.mu.Lock()
-		ok := l.open < l.total && l.from[src] < l.perSource
+		ok := l.open < l.total && l.from.Take(src, l.perSource)
 		if ok {
 			l.open++
-			l.from[src]++
 		}
 		l.mu.Unlock()
 		if !ok {
@@ -77,9 +75,7 @@ func (c *limitedConn) Close() error {
 		l := c.l
 		l.mu.Lock()
 		l.open--
-		if l.from[c.src]--; l.from[c.src] <= 0 {
-			delete(l.from, c.src)
-		}
+		l.from.Give(c.src)
 		l.mu.Unlock()
 	})
 	return c.Conn.Close()

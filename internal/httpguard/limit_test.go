@@ -42,13 +42,5 @@ func TestLimitedListener(t *testing.T) {
 		t.Fatalf("another address: %v", err)
 	}
 	idle[0].Close()
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err := get("127.0.0.1")
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("after an idle connection closed: %v", err)
-		}
-	}
+	servetest.Eventually(t, 2*time.Second, "after an idle connection closed", func() error { return get("127.0.0.1") })
 }

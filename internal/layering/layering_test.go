@@ -69,6 +69,8 @@ func TestImportsPointOneWay(t *testing.T) {
 		// The io_uring ring is a system-call layer under the file backend:
 		// nothing of ours, no network, no logging.
 		{"internal/uring", []string{mod, "net", "log"}},
+		// The per-source counts every bound shares: a leaf of ours.
+		{"internal/persource", []string{mod, "log"}},
 		// A remote backend sees a block device, never the fabric behind it.
 		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 		// The datamover interface knows no concrete datamover and no session.

@@ -44,3 +44,19 @@ func ClosedAtOnce(t testing.TB, addr, what string) {
 		t.Fatalf("%s: still open after 2 s", what)
 	}
 }
+
+// Eventually retries try every 20 ms until it succeeds; t fails, saying
+// what and try's last error, unless it does within d — for a place a
+// closing connection frees a moment later.
+func Eventually(t testing.TB, d time.Duration, what string, try func() error) {
+	t.Helper()
+	for deadline := time.Now().Add(d); ; time.Sleep(20 * time.Millisecond) {
+		err := try()
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: %v", what, err)
+		}
+	}
+}

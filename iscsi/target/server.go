@@ -23,6 +23,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/bufpool"
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/scsitarget"
 )
@@ -262,7 +263,7 @@ type Server struct {
 	// logins counts, by source address, accepted connections that have
 	// not finished logging in (Options.MaxLoginsPerSource); refused
 	// counts the connections closed for it.
-	logins  map[string]int
+	logins  persource.Counts[string]
 	refused atomic.Int64
 	// loginTimeouts counts the connections dropped for a login not
 	// complete in time (their warnings are thinned out past 16).
@@ -282,21 +283,12 @@ type loginSlot struct {
 // takeLoginSlot admits a new connection from addr, or returns nil when its
 // source has too many logins in progress.
 func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
-	// The address without its port, whatever carries it (TCP, or the
-	// UDP address a RoCE device gives).
-	src := addr.String()
-	if host, _, err := net.SplitHostPort(src); err == nil {
-		src = host
-	}
+	src := persource.Host(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.logins[src] >= s.opts.MaxLoginsPerSource {
+	if !s.logins.Take(src, s.opts.MaxLoginsPerSource) {
 		return nil
 	}
-	if s.logins == nil {
-		s.logins = map[string]int{}
-	}
-	s.logins[src]++
 	return &loginSlot{s: s, src: src}
 }
 
@@ -315,9 +307,7 @@ func (l *loginSlot) release() {
 	}
 	l.once.Do(func() {
 		l.s.mu.Lock()
-		if l.s.logins[l.src]--; l.s.logins[l.src] <= 0 {
-			delete(l.s.logins, l.src)
-		}
+		l.s.logins.Give(l.src)
 		l.s.mu.Unlock()
 	})
 }

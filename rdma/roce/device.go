@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/ib"
 	"golang.org/x/sys/unix"
@@ -64,7 +65,7 @@ type Device struct {
 	// grow it, and a later REQ that reuses the IDs is not answered with a
 	// stale REP or REJ.
 	seen      map[[2]uint32]*connRequest
-	seenFrom  map[netip.Addr]int // seen's requests by peer
+	seenFrom  persource.Counts[netip.Addr] // seen's requests by peer
 	lastSweep time.Time
 	maxReqs   int
 	maxFrom   int
@@ -210,7 +211,7 @@ func Open(ip string, opt Options) (*Device, error) {
 	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
-		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, seenFrom: map[netip.Addr]int{}, maxReqs: opt.MaxConnRequests, maxFrom: opt.MaxConnRequestsPerSource, reqTTL: opt.ConnRequestTTL, raw: raw}
+		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, maxFrom: opt.MaxConnRequestsPerSource, reqTTL: opt.ConnRequestTTL, raw: raw}
 	d.noGSO.Store(opt.NoGSO)
 	d.poll = opt.Poll
 	if d.tx, d.txPort, err = openTx(addr); err == nil {
@@ -1020,7 +1021,7 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		}
 	}
 	full := len(d.seen) >= d.maxReqs
-	fromPeer := d.seenFrom[peer] >= d.maxFrom
+	fromPeer := d.seenFrom.Of(peer) >= d.maxFrom
 	d.mu.Unlock()
 	if l == nil {
 		// Seed 001 §II: no iSER service on this port — reason 8.
@@ -1041,7 +1042,7 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		d.forgetLocked(old) // raced in meanwhile: replaced
 	}
 	d.seen[key] = r
-	d.seenFrom[peer]++
+	d.seenFrom.Add(peer)
 	d.mu.Unlock()
 	select {
 	case l.reqs <- r:
@@ -1151,9 +1152,7 @@ type connRequest struct {
 // forgetLocked drops r, which Device.seen holds, from it (d.mu held).
 func (d *Device) forgetLocked(r *connRequest) {
 	delete(d.seen, r.key)
-	if d.seenFrom[r.peer]--; d.seenFrom[r.peer] <= 0 {
-		delete(d.seenFrom, r.peer)
-	}
+	d.seenFrom.Give(r.peer)
 }
 
 // forget drops the request from Device.seen now (connection established

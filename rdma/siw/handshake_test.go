@@ -58,13 +58,5 @@ func TestHandshakesInProgressPerSource(t *testing.T) {
 	for _, c := range idle {
 		c.Close()
 	}
-	for deadline := time.Now().Add(2 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		err := handshake("127.0.0.1")
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("a handshake after the idle ones closed: %v", err)
-		}
-	}
+	servetest.Eventually(t, 2*time.Second, "a handshake after the idle ones closed", func() error { return handshake("127.0.0.1") })
 }

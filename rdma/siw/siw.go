@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/iwarp/mpa"
 )
@@ -364,7 +365,7 @@ func (f *Fabric) Listen(addr string) (rdma.Listener, error) {
 // Serve turns an existing TCP listener into an rdma.Listener.
 func (f *Fabric) Serve(ln net.Listener) rdma.Listener {
 	ctx, cancel := context.WithCancel(context.Background())
-	l := &listener{f: f, ln: ln, reqs: make(chan rdma.ConnRequest), ctx: ctx, cancel: cancel, from: map[string]int{}}
+	l := &listener{f: f, ln: ln, reqs: make(chan rdma.ConnRequest), ctx: ctx, cancel: cancel}
 	go l.loop()
 	return l
 }
@@ -382,7 +383,7 @@ type listener struct {
 	// closed for the bounds. A leaf: nothing else is locked under it.
 	mu      sync.Mutex
 	pending int
-	from    map[string]int
+	from    persource.Counts[string]
 	refused int
 	failed  atomic.Int64 // handshakes that failed (their log is thinned out)
 }
@@ -392,7 +393,7 @@ type listener struct {
 func (l *listener) enter(src string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.pending >= l.f.opt.MaxHandshakes || l.from[src] >= l.f.opt.MaxHandshakesPerSource {
+	if l.pending >= l.f.opt.MaxHandshakes || !l.from.Take(src, l.f.opt.MaxHandshakesPerSource) {
 		if l.refused++; l.refused&(l.refused-1) == 0 {
 			// 1, 2, 4, …: a flood is visible without a line per
 			// connection.
@@ -402,7 +403,6 @@ func (l *listener) enter(src string) bool {
 		return false
 	}
 	l.pending++
-	l.from[src]++
 	return true
 }
 
@@ -410,18 +410,7 @@ func (l *listener) leave(src string) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.pending--
-	if l.from[src]--; l.from[src] <= 0 {
-		delete(l.from, src)
-	}
-}
-
-// sourceOf is c's peer address without its port.
-func sourceOf(c net.Conn) string {
-	a := c.RemoteAddr().String()
-	if host, _, err := net.SplitHostPort(a); err == nil {
-		return host
-	}
-	return a
+	l.from.Give(src)
 }
 
 func (l *listener) loop() {
@@ -431,7 +420,7 @@ func (l *listener) loop() {
 			l.cancel()
 			return
 		}
-		src := sourceOf(c)
+		src := persource.Host(c.RemoteAddr())
 		if !l.enter(src) {
 			c.Close()
 			continue

@@ -29,6 +29,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/internal/bufpool"
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -108,7 +109,7 @@ type Server struct {
 	reserved int // channels being set up
 	// from counts the channels of each source address, set up or being
 	// set up (Options.MaxChannelsPerSource).
-	from   map[string]int
+	from   persource.Counts[string]
 	own    []*Ports // the listeners of Serve, each with this port alone
 	closed bool
 	wg     sync.WaitGroup
@@ -175,7 +176,7 @@ func New(opts Options) *Server {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	s := &Server{opts: opts, log: opts.Logger, port: srp.MakePortID(opts.IDExt, opts.IOCGUID),
-		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}, from: map[string]int{}}
+		nexuses: map[srp.PortID]*nexus{}, channels: map[*channel]struct{}{}}
 	if opts.Memory != nil {
 		s.pool.Source = opts.Memory
 	}
@@ -334,13 +335,12 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels already", s.opts.MaxChannels)
 		return
 	}
-	src := sourceOf(req.RemoteAddr())
-	if s.from[src] >= s.opts.MaxChannelsPerSource {
+	src := persource.Host(req.RemoteAddr())
+	if !s.from.Take(src, s.opts.MaxChannelsPerSource) {
 		s.mu.Unlock()
 		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels from %s already (the limit)", s.opts.MaxChannelsPerSource, src)
 		return
 	}
-	s.from[src]++
 	s.reserved++
 	var existing []*channel
 	if nx := s.nexuses[lr.Initiator]; nx != nil {
@@ -370,7 +370,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	s.mu.Lock()
 	s.reserved--
 	if err != nil {
-		s.leaveSource(src)
+		s.from.Give(src)
 		s.mu.Unlock()
 		s.log.Warn("srp: accepting a login failed", "remote", req.RemoteAddr(), "err", err)
 		return
@@ -420,7 +420,7 @@ func (s *Server) leave(ch *channel) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.channels[ch]; ok {
-		s.leaveSource(ch.source)
+		s.from.Give(ch.source)
 	}
 	delete(s.channels, ch)
 	nx := ch.nx
@@ -432,26 +432,6 @@ func (s *Server) leave(ch *channel) {
 		delete(s.nexuses, ch.initiator)
 		s.opts.Device.RemoveNexus(nx.n)
 	}
-}
-
-// leaveSource gives back a channel's place among its address's. Called
-// with s.mu held.
-func (s *Server) leaveSource(src string) {
-	if s.from[src]--; s.from[src] <= 0 {
-		delete(s.from, src)
-	}
-}
-
-// sourceOf is the address a login came from, without its port: what
-// MaxChannelsPerSource counts.
-func sourceOf(a net.Addr) string {
-	if a == nil {
-		return ""
-	}
-	if host, _, err := net.SplitHostPort(a.String()); err == nil {
-		return host
-	}
-	return a.String()
 }
 
 // ---- channels ----
