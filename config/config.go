@@ -150,6 +150,10 @@ type Limits struct {
 	// MaxSessionsPerSource counts the normal sessions of one address
 	// (128): one initiator host cannot take them all.
 	MaxSessionsPerSource int `toml:"max_sessions_per_source,omitzero"`
+	// MaxWorkingPerSource counts one address's commands on LU workers,
+	// executing or waiting for the peer to take their answers, across
+	// its connections (256); past it they stop being read.
+	MaxWorkingPerSource int `toml:"max_working_per_source,omitzero"`
 	// MaxDiscoverySessions bounds discovery sessions, counted apart from
 	// MaxSessions (16); MaxLoginsPerSource the connections of one address
 	// still logging in (8).
@@ -200,6 +204,9 @@ func (l *Limits) Validate(where string) error {
 	}
 	if l.MaxSessionsPerSource < 0 {
 		add("max_sessions_per_source: %d is negative", l.MaxSessionsPerSource)
+	}
+	if l.MaxWorkingPerSource < 0 {
+		add("max_working_per_source: %d is negative", l.MaxWorkingPerSource)
 	}
 	if l.MaxDiscoverySessions < 0 {
 		add("max_discovery_sessions: %d is negative", l.MaxDiscoverySessions)

@@ -168,7 +168,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		errc:  make(chan error, 1), stopc: make(chan struct{})}
 	io := iscsitarget.Options{
 		LoginTimeout: lim.LoginTimeout, NopInterval: lim.NopInterval, NopTimeout: lim.NopTimeout,
-		MaxSessions: lim.MaxSessions, MaxSessionsPerSource: lim.MaxSessionsPerSource, MaxConnections: lim.MaxConnections, MaxDiscoverySessions: lim.MaxDiscoverySessions,
+		MaxSessions: lim.MaxSessions, MaxSessionsPerSource: lim.MaxSessionsPerSource, MaxWorkingPerSource: lim.MaxWorkingPerSource, MaxConnections: lim.MaxConnections, MaxDiscoverySessions: lim.MaxDiscoverySessions,
 		MaxLoginsPerSource: lim.MaxLoginsPerSource, CmdWindow: uint32(lim.CmdWindow),
 		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength, Budget: n.budget,
 		RequireHeaderDigest: opts.RequireHeaderDigest, RequireDataDigest: opts.RequireDataDigest,
@@ -897,7 +897,7 @@ func (n *Node) Config() *config.Config {
 func DefaultLimits() config.Limits {
 	o := iscsitarget.DefaultOptions()
 	return config.Limits{LoginTimeout: o.LoginTimeout, NopInterval: o.NopInterval, NopTimeout: o.NopTimeout,
-		MaxSessions: o.MaxSessions, MaxSessionsPerSource: o.MaxSessionsPerSource, MaxDiscoverySessions: o.MaxDiscoverySessions, MaxLoginsPerSource: o.MaxLoginsPerSource,
+		MaxSessions: o.MaxSessions, MaxSessionsPerSource: o.MaxSessionsPerSource, MaxWorkingPerSource: o.MaxWorkingPerSource, MaxDiscoverySessions: o.MaxDiscoverySessions, MaxLoginsPerSource: o.MaxLoginsPerSource,
 		MaxConnections: o.MaxConnections, CmdWindow: int(o.CmdWindow), MaxRecvDataSegmentLength: o.MaxRecvDataSegmentLength,
 		IOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultIOBudget>>20), SessionIOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultSessionIOBudget>>20)}
 }

@@ -22,9 +22,12 @@ const (
 	// DefaultQueueDepth bounds the commands waiting for a worker.
 	DefaultQueueDepth = 2048
 	// detachedPerWorker bounds the detached workers of an LU: 16 per
-	// worker, 1024 with the default workers (8 KiB of stack each, at
-	// least), beyond which Detach refuses and a worker stays counted.
+	// worker, and minDetached at least (8 KiB of stack each, at least),
+	// beyond which Detach refuses and a worker stays counted. The
+	// fabrics bound what one host holds of it (iSCSI: 256 commands on
+	// workers per address), so no LU has fewer than minDetached.
 	detachedPerWorker = 16
+	minDetached       = 1024
 )
 
 // queue is an LU's bounded queue of commands and its workers (started with
@@ -57,7 +60,7 @@ type queue struct {
 
 func (q *queue) init(workers, depth int) {
 	q.workers = int32(workers)
-	q.maxDetached = int32(workers) * detachedPerWorker
+	q.maxDetached = int32(max(workers*detachedPerWorker, minDetached))
 	q.work = make(chan Work, depth)
 	q.quit = make(chan struct{})
 }

@@ -108,11 +108,12 @@ func (d detaching) Run() {
 // TestDetachedWorkersLeaveTheLUToOthers: commands whose answers wait on a
 // peer that takes none detach their workers, and the LU goes on running
 // the other commands with its 2 workers — never more than 2 in the
-// backend at once; past 16 detached per worker Detach refuses, and the
-// workers left over end once the answers are taken.
+// backend at once; past 16 detached per worker, and no fewer than
+// minDetached (1024), Detach refuses, and the workers left over end once
+// the answers are taken.
 func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	be, _ := mem.New(1 << 20)
-	lu, err := NewLU("iqn.2026-11.org.example:q", LUConfig{Backend: be, Workers: 2, QueueDepth: 64})
+	lu, err := NewLU("iqn.2026-11.org.example:q", LUConfig{Backend: be, Workers: 2, QueueDepth: 2048})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +121,7 @@ func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	var done sync.WaitGroup
 	release := make(chan struct{})
 	d := detaching{lu, &backend, &most, &detached, &refused, release, &done}
-	const stuck = 2*detachedPerWorker + 2 // 2 beyond the bound
+	const stuck = minDetached + 2 // 2 beyond the bound (2 workers: 32 would be 16 each)
 	for range stuck {
 		done.Add(1)
 		if !lu.Submit(d) {
@@ -131,8 +132,8 @@ func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	for detached.Load()+refused.Load() < stuck && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if detached.Load() != 2*detachedPerWorker || refused.Load() != 2 {
-		t.Fatalf("%d detached, %d refused; want %d and 2 (live %d idle %d detached %d queued %d)", detached.Load(), refused.Load(), 2*detachedPerWorker, lu.q.live.Load(), lu.q.idle.Load(), lu.q.detached.Load(), len(lu.q.work))
+	if detached.Load() != minDetached || refused.Load() != 2 {
+		t.Fatalf("%d detached, %d refused; want %d and 2 (live %d idle %d detached %d queued %d)", detached.Load(), refused.Load(), minDetached, lu.q.live.Load(), lu.q.idle.Load(), lu.q.detached.Load(), len(lu.q.work))
 	}
 	if m := most.Load(); m > 2 {
 		t.Fatalf("%d commands in the backend at once, want at most the 2 workers", m)

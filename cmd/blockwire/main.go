@@ -130,6 +130,7 @@ type serveFlags struct {
 	nop, nopTimeout, loginTimeout, poll                                         *time.Duration
 	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
 	ioBudget, sessionIOBudget                                                   *string
+	maxWorking                                                                  *int
 }
 
 func newServeFlags(stderr io.Writer) *serveFlags {
@@ -163,6 +164,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.loginTimeout = fs.Duration("login-timeout", d.LoginTimeout, "drop a connection whose login has not finished after this long")
 	f.maxSessions = fs.Int("max-sessions", d.MaxSessions, "sessions allowed at once (logins beyond it fail with out of resources)")
 	f.maxPerSource = fs.Int("max-sessions-per-source", d.MaxSessionsPerSource, "sessions one address may hold (of --max-sessions; raise it for a host with a session to each of many targets)")
+	f.maxWorking = fs.Int("max-working-per-source", d.MaxWorkingPerSource, "commands of one address on LU workers, executing or waiting for it to take their answers, across its connections; past it they stop being read")
 	f.maxConns = fs.Int("max-connections", d.MaxConnections, "connections per session")
 	f.maxDiscovery = fs.Int("max-discovery-sessions", d.MaxDiscoverySessions, "discovery sessions allowed at once (not counted in --max-sessions)")
 	f.maxLogins = fs.Int("max-logins-per-source", d.MaxLoginsPerSource, "connections from one address still logging in; more are closed")
@@ -386,6 +388,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		dst  *int
 		v    int
 	}{{"max-sessions", &lim.MaxSessions, *f.maxSessions}, {"max-sessions-per-source", &lim.MaxSessionsPerSource, *f.maxPerSource},
+		{"max-working-per-source", &lim.MaxWorkingPerSource, *f.maxWorking},
 		{"max-connections", &lim.MaxConnections, *f.maxConns},
 		{"max-discovery-sessions", &lim.MaxDiscoverySessions, *f.maxDiscovery}, {"max-logins-per-source", &lim.MaxLoginsPerSource, *f.maxLogins},
 		{"cmd-window", &lim.CmdWindow, *f.window}, {"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *f.mrdsl}} {

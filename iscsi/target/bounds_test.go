@@ -15,6 +15,7 @@ import (
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/initiator"
@@ -486,4 +487,58 @@ func TestUnfinishedLoginsDoNotFloodTheLog(t *testing.T) {
 	if n := strings.Count(log.String(), "login not complete"); n != 16 {
 		t.Fatalf("%d warnings for 40 unfinished logins, want the first 16:\n%s", n, log.String())
 	}
+}
+
+// TestPeerThatStopsReadingOnManyConnections: one host that stops taking
+// its answers on many sessions holds at most MaxWorkingPerSource of the
+// LU's workers and answers (each connection alone holds maxWorking+1):
+// past it, all its connections stop being read. An LU with 4 workers
+// keeps serving another host at once — before the bound, ten such
+// sessions held 330 answers, past the LU's 64, and the rest took its
+// workers until the send timeout.
+func TestPeerThatStopsReadingOnManyConnections(t *testing.T) {
+	var lu *scsitarget.LU
+	ts := startServer(t, Options{}, func(tg *Target) {
+		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
+		be, _ := mem.New(16 << 20)
+		var err error
+		lu, err = scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: 4})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev.AddLU(lu)
+		tg.Device = dev
+	})
+	const sessions = 10
+	for i := range sessions {
+		c := dial(t, ts.addr)
+		c.nc.(*net.TCPConn).SetReadBuffer(4096)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(normalKeys(ini)...)
+		for range 48 {
+			c.sendCmd(read10(0, 512), true, 256<<10, false, nil) // never read
+		}
+	}
+	time.Sleep(time.Second) // the sockets fill
+	if n, max := lu.Detached(), defaultMaxWorkingPerSource+sessions; n > max {
+		t.Fatalf("%d answers wait for one host that stopped reading, want at most %d", n, max)
+	} else if n < defaultMaxWorkingPerSource/2 {
+		t.Fatalf("only %d answers wait for the host that stopped reading: the test did not reach the bound", n)
+	}
+	servetest.ReadsWithin(t, 5*time.Second, 32, func() (servetest.Disk, error) {
+		return initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN),
+			initiator.Options{Dialer: dialFrom("127.0.0.2"), InitiatorName: ini + "-good"})
+	}, "another host waits behind the workers of one that stopped reading on many connections")
+}
+
+// dialFrom dials iSCSI/TCP from its address: another host, on loopback.
+type dialFrom string
+
+func (d dialFrom) Dial(ctx context.Context, portal string, _ datamover.DialParams) (*datamover.Established, error) {
+	nd := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(string(d))}}
+	nc, err := nd.DialContext(ctx, "tcp", portal)
+	if err != nil {
+		return nil, err
+	}
+	return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return tcp.New(nc, st) }, Close: func() { nc.Close() }}, nil
 }

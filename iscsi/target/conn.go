@@ -46,6 +46,9 @@ type conn struct {
 	// them is done (throttle; workFree says so).
 	working  atomic.Int32
 	workFree chan struct{}
+	// src is what the connection shares with the others from its address:
+	// their commands on workers, bounded together (throttle).
+	src *source
 	// taskGone is signaled when a task leaves tasks (release), for the
 	// receiver waiting to reuse an ITT (handleCommand).
 	taskGone chan struct{}
@@ -338,14 +341,37 @@ func (c *conn) ControlNotify(p *datamover.PDU) error {
 // other initiators. A worker waits only for the datamover's sending side
 // (send slots, send completions: iSER's dispatch goroutine), never for a
 // PDU this receiver delivers: commands go to workers with their data in.
+//
+// The connections from one address are bounded together as well
+// (Options.MaxWorkingPerSource): a host that stops taking answers on many
+// connections stalls all of them, not the LU's other initiators.
 func (c *conn) throttle() {
-	for c.working.Load() > maxWorking {
-		<-c.workFree
+	for {
+		if c.working.Load() > maxWorking {
+			<-c.workFree
+			continue
+		}
+		if c.src.working.Load() <= c.src.limit {
+			return
+		}
+		if n := c.src.over.Add(1); n <= 16 || n%1024 == 0 {
+			c.log.Warn("the address's commands hold its share of the LU workers and answers: its connections wait",
+				"source", c.src.addr, "working", c.src.working.Load(), "limit", c.src.limit, "count", n)
+		}
+		if !c.src.wait(c.stop) {
+			return
+		}
+		select {
+		case <-c.stop:
+			return
+		default:
+		}
 	}
 }
 
 // workerDone counts a worker's command answered (throttle).
 func (c *conn) workerDone() {
+	c.src.done()
 	if c.working.Add(-1) <= maxWorking {
 		select {
 		case c.workFree <- struct{}{}:

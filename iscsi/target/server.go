@@ -159,6 +159,15 @@ type Options struct {
 	// it fails with "out of resources". A host with a session to each of
 	// many targets (one target per volume) may need it raised.
 	MaxSessionsPerSource int
+	// MaxWorkingPerSource bounds one address's commands on the LUs'
+	// workers — executing, or answered and waiting for the peer to take
+	// the answer — across all its connections (256). Each connection
+	// holds at most maxWorking alone; a host that stops taking answers on
+	// many connections would otherwise hold all of an LU's detached
+	// answers (scsitarget: 1024 at least) and then its workers. Past the
+	// bound every connection of the address stops being read until one
+	// of its commands is done (conn.throttle).
+	MaxWorkingPerSource int
 	// Budget bounds the I/O buffers of all sessions together and each
 	// session's share (scsitarget.IOBudget; shared with the node's other
 	// fabrics). Nil: 1 GiB, 128 MiB a session. A command that finds no
@@ -226,6 +235,9 @@ func (o *Options) defaults() {
 	if o.MaxSessionsPerSource == 0 {
 		o.MaxSessionsPerSource = 128
 	}
+	if o.MaxWorkingPerSource == 0 {
+		o.MaxWorkingPerSource = defaultMaxWorkingPerSource
+	}
 	if o.Budget == nil {
 		o.Budget = scsitarget.NewIOBudget(DefaultIOBudget, DefaultSessionIOBudget)
 	}
@@ -265,6 +277,9 @@ type Server struct {
 	// counts the connections closed for it.
 	logins  persource.Counts[string]
 	refused atomic.Int64
+	// sources holds, by address, what its connections share: the count
+	// of their commands on LU workers (Options.MaxWorkingPerSource).
+	sources map[string]*source
 	// loginTimeouts counts the connections dropped for a login not
 	// complete in time (their warnings are thinned out past 16).
 	loginTimeouts atomic.Int64
@@ -590,6 +605,7 @@ func (s *Server) start(c *conn, abort func()) {
 		return
 	}
 	s.conns[c] = struct{}{}
+	c.src = s.joinSource(c.slot.source())
 	s.connWG.Add(1)
 	s.mu.Unlock()
 	go func() {
@@ -597,6 +613,7 @@ func (s *Server) start(c *conn, abort func()) {
 		c.run()
 		s.mu.Lock()
 		delete(s.conns, c)
+		s.leaveSource(c.src)
 		s.mu.Unlock()
 	}()
 }
@@ -710,4 +727,89 @@ func (s *Server) Sessions() []scsitarget.SessionInfo {
 		out = append(out, ss.info())
 	}
 	return out
+}
+
+// defaultMaxWorkingPerSource is Options.MaxWorkingPerSource's default: a
+// quarter of the detached answers an LU allows at least (1024), and 8
+// connections at their maxWorking.
+const defaultMaxWorkingPerSource = 256
+
+// source is what the connections from one address share (Server.sources).
+type source struct {
+	addr  string
+	limit int32
+	refs  int // connections; Server.mu
+
+	working atomic.Int32  // the connections' commands on LU workers
+	waiting atomic.Int32  // receivers waiting for working to fall
+	mu      sync.Mutex    // a leaf: guards free
+	free    chan struct{} // closed when working falls to limit
+	over    atomic.Int64  // times a receiver waited (its warnings are thinned)
+}
+
+// joinSource counts a connection from addr among its source's (s.mu
+// held).
+func (s *Server) joinSource(addr string) *source {
+	src := s.sources[addr]
+	if src == nil {
+		if s.sources == nil {
+			s.sources = map[string]*source{}
+		}
+		src = &source{addr: addr, limit: int32(s.opts.MaxWorkingPerSource), free: make(chan struct{})}
+		s.sources[addr] = src
+	}
+	src.refs++
+	return src
+}
+
+// leaveSource ends a connection's place in its source (s.mu held).
+func (s *Server) leaveSource(src *source) {
+	if src == nil {
+		return
+	}
+	if src.refs--; src.refs <= 0 {
+		delete(s.sources, src.addr)
+	}
+}
+
+// add counts a command handed to an LU's worker.
+func (src *source) add() {
+	if src != nil {
+		src.working.Add(1)
+	}
+}
+
+// done counts a worker's command answered, waking the receivers that wait
+// once the count is back within the limit.
+func (src *source) done() {
+	if src == nil {
+		return
+	}
+	if src.working.Add(-1) <= src.limit && src.waiting.Load() > 0 {
+		src.mu.Lock()
+		close(src.free)
+		src.free = make(chan struct{})
+		src.mu.Unlock()
+	}
+}
+
+// wait blocks while the source's commands on workers exceed its limit
+// (or until stop is closed); it reports whether it waited.
+func (src *source) wait(stop <-chan struct{}) bool {
+	if src == nil || src.working.Load() <= src.limit {
+		return false
+	}
+	src.waiting.Add(1)
+	defer src.waiting.Add(-1)
+	src.mu.Lock()
+	free := src.free
+	src.mu.Unlock()
+	if src.working.Load() <= src.limit {
+		return false
+	}
+	select {
+	case <-free:
+	case <-stop:
+	}
+	return true
 }

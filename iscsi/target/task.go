@@ -413,6 +413,7 @@ func (t *task) run(a action) {
 		}
 		t.worker = true
 		c.working.Add(1)
+		c.src.add()
 		c.srv.dispatch(t)
 	}
 }
