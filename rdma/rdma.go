@@ -944,5 +944,11 @@ var ErrClosed = errors.New("rdma: queue pair closed")
 // connection without an error.
 var ErrDisconnected = errors.New("rdma: peer disconnected")
 
+// ErrSetupFailed is wrapped by a Dial whose connection's set-up failed
+// below the peer's consumer: the connection manager reported an error
+// (RDMA/CM's CONNECT_ERROR; on siw, an MPA exchange cut short), neither an
+// answer (RejectError) nor silence. The peer may accept a moment later.
+var ErrSetupFailed = errors.New("rdma: connection set-up failed")
+
 // ErrQueueFull is returned when a queue already holds its depth.
 var ErrQueueFull = errors.New("rdma: work queue full")

@@ -365,6 +365,38 @@ func checkURL(u string) error {
 
 // openDevice logs in to the LUN of an iscsi://, iser:// or srp:// URL.
 func openDevice(ctx context.Context, u string, o initiator.Options) (device, error) {
+	return retrySetup(ctx, o.Logger, setupRetries, func() (device, error) { return openOnce(ctx, u, o) })
+}
+
+// setupRetries is how often a connection whose set-up failed below the
+// target (rdma.ErrSetupFailed) is tried again, after 250 ms, 500 ms, then
+// 1 s: as open-iscsi retries an initial login and ib_srp's daemon
+// reconnects. LIO's ib_srpt over the kernel's siw now and then cuts the
+// MPA exchange of a new connection for a second after another one ended.
+const setupRetries = 3
+
+// retrySetup runs open, again after a failed set-up (rdma.ErrSetupFailed)
+// up to retries times. Anything else — a login answered, a reject, a
+// refused or unreachable address — is the answer, returned at once.
+func retrySetup(ctx context.Context, log *slog.Logger, retries int, open func() (device, error)) (device, error) {
+	wait := 250 * time.Millisecond
+	for try := 1; ; try++ {
+		d, err := open()
+		if err == nil || try > retries || !errors.Is(err, rdma.ErrSetupFailed) {
+			return d, err
+		}
+		log.Info("connection set-up failed; trying again", "err", err, "in", wait, "try", try+1)
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return nil, err
+		}
+		wait *= 2
+	}
+}
+
+// openOnce is one attempt of openDevice.
+func openOnce(ctx context.Context, u string, o initiator.Options) (device, error) {
 	if strings.HasPrefix(u, "srp://") {
 		var f rdma.Fabric = siw.New(siw.Options{Logger: o.Logger})
 		if d, ok := o.Dialer.(*fabric.Dialer); ok && d.RDMA != nil {

@@ -1354,6 +1354,9 @@ func (q *qp) established(timeout time.Duration, reply *[]byte) error {
 				continue
 			}
 			q.destroy()
+			if e.typ == C.RDMA_CM_EVENT_CONNECT_ERROR {
+				return fmt.Errorf("verbs: connection %s (status %d): %w", eventName(e.typ), e.status, rdma.ErrSetupFailed)
+			}
 			return fmt.Errorf("verbs: connection %s (status %d)", eventName(e.typ), e.status)
 		case <-t.C:
 			q.destroy()

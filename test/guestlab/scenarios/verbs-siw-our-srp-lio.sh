@@ -23,6 +23,6 @@ rm -f /tmp/src /tmp/back /tmp/srpi.log /tmp/pat /tmp/rb
 rc=0
 bench_copy /tmp/srpi.log "1 16" 2s 8MiB /lab/bin/blockwire-verbs "--log-level info --rdma-windows --rdma-device siw0" && say "copy through ib_srpt readback OK" || rc=1
 grep -q "one key (no memory windows" /tmp/srpi.log && say "siw0 has no memory windows: one key per chunk" || rc=1
-[ $rc = 0 ] || dmesg | grep -iE 'srp|siw|iw_' | grep -v "speed is" | tail -12
+[ $rc = 0 ] || dmesg | grep -iE "srp|siw|iw_" | grep -v "speed is" | tail -40
 echo 0 > $T/enable
 exit $rc
