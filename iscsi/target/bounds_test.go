@@ -374,19 +374,7 @@ func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(ne
 // and the connection holds at most maxWorking+1 of them, its receiver
 // reading nothing more meanwhile.
 func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
-	var lu *scsitarget.LU
-	ts := startServer(t, Options{}, func(tg *Target) {
-		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
-		be, _ := mem.New(16 << 20)
-		// Without NonBlocking, so that every command goes to a worker.
-		var err error
-		lu, err = scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dev.AddLU(lu)
-		tg.Device = dev
-	})
+	ts, lu := startServerBlockingLU(t, 4)
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini)...)
 	for range 48 {
@@ -399,6 +387,26 @@ func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 	servetest.ReadsWithin(t, 5*time.Second, 32, func() (servetest.Disk, error) {
 		return initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	}, "another initiator waits behind the workers of a peer that stopped reading")
+}
+
+// startServerBlockingLU starts a server whose LU has the workers given
+// and may block (not NonBlocking), so that every command goes to a
+// worker.
+func startServerBlockingLU(t *testing.T, workers int) (*testServer, *scsitarget.LU) {
+	t.Helper()
+	var lu *scsitarget.LU
+	ts := startServer(t, Options{}, func(tg *Target) {
+		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
+		be, _ := mem.New(16 << 20)
+		var err error
+		lu, err = scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: workers})
+		if err != nil {
+			t.Fatal(err)
+		}
+		dev.AddLU(lu)
+		tg.Device = dev
+	})
+	return ts, lu
 }
 
 // sessions logs n sessions in, the ISIDs ending in 1 to n.
@@ -497,18 +505,7 @@ func TestUnfinishedLoginsDoNotFloodTheLog(t *testing.T) {
 // sessions held 330 answers, past the LU's 64, and the rest took its
 // workers until the send timeout.
 func TestPeerThatStopsReadingOnManyConnections(t *testing.T) {
-	var lu *scsitarget.LU
-	ts := startServer(t, Options{}, func(tg *Target) {
-		dev := scsitarget.NewDevice(testIQN, slog.New(slog.DiscardHandler))
-		be, _ := mem.New(16 << 20)
-		var err error
-		lu, err = scsitarget.NewLU(testIQN, scsitarget.LUConfig{Backend: struct{ backend.Backend }{be}, Workers: 4})
-		if err != nil {
-			t.Fatal(err)
-		}
-		dev.AddLU(lu)
-		tg.Device = dev
-	})
+	ts, lu := startServerBlockingLU(t, 4)
 	const sessions = 10
 	for i := range sessions {
 		c := dial(t, ts.addr)
