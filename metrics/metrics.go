@@ -25,6 +25,9 @@ type Source interface {
 	// LoginFailures counts failed iSCSI logins by status class (RFC 7143
 	// §11.13.5): index 1 redirection, 2 initiator error, 3 target error.
 	LoginFailures() [4]uint64
+	// BoundsHit counts, by bound, the times a peer met a bound on what
+	// it may make the node hold (iscsi/target.Server.BoundsHit).
+	BoundsHit() map[string]uint64
 }
 
 // Collector is a prometheus.Collector over a Source.
@@ -35,6 +38,7 @@ type Collector struct {
 	lunWaiting                         *prometheus.Desc
 	sesCmds, sesBytes, sesLat          *prometheus.Desc
 	sessions, loginFail                *prometheus.Desc
+	boundsHit                          *prometheus.Desc
 }
 
 // New returns a collector reading src's LUNs and sessions.
@@ -55,6 +59,7 @@ func New(src Source) *Collector {
 		sesLat:     prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
 		sessions:   prometheus.NewDesc("blockwire_sessions", "Sessions (SRP: I_T nexuses) logged in, by fabric and type.", []string{"fabric", "type"}, nil),
 		loginFail:  prometheus.NewDesc("blockwire_iscsi_login_failures_total", "Failed logins, by status class.", []string{"class"}, nil),
+		boundsHit:  prometheus.NewDesc("blockwire_iscsi_bounds_hit_total", "Times a peer met a bound on what it may make the target hold (connections closed, logins refused, receivers paused), by bound.", []string{"bound"}, nil),
 	}
 }
 
@@ -89,7 +94,7 @@ func Protect(h http.Handler, addr, token string) http.Handler {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lunCmds, c.lunBytes, c.lunErrs, c.lunLat, c.lunWaiting, c.sesCmds, c.sesBytes, c.sesLat, c.sessions, c.loginFail} {
+	for _, d := range []*prometheus.Desc{c.lunCmds, c.lunBytes, c.lunErrs, c.lunLat, c.lunWaiting, c.sesCmds, c.sesBytes, c.sesLat, c.sessions, c.loginFail, c.boundsHit} {
 		ch <- d
 	}
 }
@@ -178,5 +183,8 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		if name != "" {
 			ch <- prometheus.MustNewConstMetric(c.loginFail, prometheus.CounterValue, float64(lf[i]), name)
 		}
+	}
+	for bound, n := range c.src.BoundsHit() {
+		ch <- prometheus.MustNewConstMetric(c.boundsHit, prometheus.CounterValue, float64(n), bound)
 	}
 }

@@ -874,6 +874,10 @@ func (n *Node) DropSession(id string) bool {
 // LoginFailures counts failed iSCSI logins by status class (metrics).
 func (n *Node) LoginFailures() [4]uint64 { return n.iscsi.LoginFailures() }
 
+// BoundsHit implements metrics.Source: the iSCSI target's bounds met by
+// peers.
+func (n *Node) BoundsHit() map[string]uint64 { return n.iscsi.BoundsHit() }
+
 func (n *Node) srpServers() []*srptarget.Server {
 	n.mu.Lock()
 	defer n.mu.Unlock()

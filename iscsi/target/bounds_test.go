@@ -285,6 +285,17 @@ func TestDiscoverySessionsHaveTheirOwnLimit(t *testing.T) {
 		c.mustLogin(normalKeys(ini)...) // not locked out by the discovery sessions
 	}
 	ts.refused(t, 30, normalKeys(ini), "third normal session")
+	ts.hit(t, "discovery_sessions", 1)
+	ts.hit(t, "sessions", 1)
+}
+
+// hit fails t unless the server counts n hits of bound (BoundsHit, the
+// metric blockwire_iscsi_bounds_hit_total).
+func (ts *testServer) hit(t *testing.T, bound string, n uint64) {
+	t.Helper()
+	if got, ok := ts.srv.BoundsHit()[bound]; !ok || got != n {
+		t.Fatalf("bound %s hit %d times (counted: %v), want %d", bound, got, ok, n)
+	}
 }
 
 // TestLoginsInProgressPerSource: one address may hold only a few
@@ -296,6 +307,7 @@ func TestLoginsInProgressPerSource(t *testing.T) {
 	for i := range 3 {
 		servetest.ClosedAtOnce(t, ts.addr, fmt.Sprintf("connection %d beyond the per-source limit", i))
 	}
+	ts.hit(t, "logins_per_source", 3)
 	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
 	nc, err := d.Dial("tcp", ts.addr)
 	if err != nil {
@@ -442,6 +454,7 @@ func TestSessionsPerSource(t *testing.T) {
 	ts := startServer(t, Options{MaxSessions: 16, MaxSessionsPerSource: 2}, nil)
 	cs := ts.sessions(t, 2, normalKeys(ini))
 	ts.refused(t, 9, normalKeys(ini), "third session from one address")
+	ts.hit(t, "sessions_per_source", 1)
 	// Discovery sessions have their own limit.
 	disc := dial(t, ts.addr)
 	disc.isid[5] = 10
@@ -495,6 +508,7 @@ func TestUnfinishedLoginsDoNotFloodTheLog(t *testing.T) {
 	if n := strings.Count(log.String(), "login not complete"); n != 16 {
 		t.Fatalf("%d warnings for 40 unfinished logins, want the first 16:\n%s", n, log.String())
 	}
+	ts.hit(t, "login_timeout", 40)
 }
 
 // TestPeerThatStopsReadingOnManyConnections: one host that stops taking
@@ -525,6 +539,9 @@ func TestPeerThatStopsReadingOnManyConnections(t *testing.T) {
 	time.Sleep(200 * time.Millisecond) // time to go past it, were it not held
 	if n, max := lu.Detached(), defaultMaxWorkingPerSource+sessions; n > max {
 		t.Fatalf("%d answers wait for one host that stopped reading, want at most %d", n, max)
+	}
+	if ts.srv.BoundsHit()["working_per_source"] == 0 {
+		t.Fatal("the host's connections were held back, yet bounds_hit{working_per_source} is 0")
 	}
 	servetest.ReadsWithin(t, 5*time.Second, 32, func() (servetest.Disk, error) {
 		return initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN),

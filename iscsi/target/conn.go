@@ -354,6 +354,7 @@ func (c *conn) throttle() {
 		if c.src.working.Load() <= c.src.limit {
 			return
 		}
+		c.srv.sourceWaits.Add(1)
 		if n := c.src.over.Add(1); n <= 16 || n%1024 == 0 {
 			c.log.Warn("the address's commands hold its share of the LU workers and answers: its connections wait",
 				"source", c.src.addr, "working", c.src.working.Load(), "limit", c.src.limit, "count", n)

@@ -437,10 +437,16 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			}
 			if n >= limit {
 				s.mu.Unlock()
+				if ls.discovery {
+					s.discoveryFull.Add(1)
+				} else {
+					s.sessionsFull.Add(1)
+				}
 				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions already (the limit; %s)", n, what))
 			}
 			if !ls.discovery && fromSrc >= s.opts.MaxSessionsPerSource {
 				s.mu.Unlock()
+				s.sourceSessionsFull.Add(1)
 				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions from %s already (the limit; --max-sessions-per-source)", fromSrc, c.slot.source()))
 			}
 		}

@@ -280,6 +280,9 @@ type Server struct {
 	// sources holds, by address, what its connections share: the count
 	// of their commands on LU workers (Options.MaxWorkingPerSource).
 	sources map[string]*source
+	// Logins refused for the session bounds, and receivers that waited
+	// for their address's commands on workers (BoundsHit).
+	sessionsFull, discoveryFull, sourceSessionsFull, sourceWaits atomic.Uint64
 	// loginTimeouts counts the connections dropped for a login not
 	// complete in time (their warnings are thinned out past 16).
 	loginTimeouts atomic.Int64
@@ -682,6 +685,25 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 		}
 	}
 	return nil
+}
+
+// BoundsHit counts, by bound, the times a peer met one of the bounds on
+// what it may make the server hold: connections closed for their
+// address's logins in progress (logins_per_source) and for a login not
+// finished in time (login_timeout); logins refused "out of resources"
+// for the sessions (sessions, discovery_sessions, sessions_per_source);
+// and receivers that stopped reading while their address's commands held
+// its share of the LU workers (working_per_source). A count that grows
+// is a host at a bound: one misbehaving, or one that needs it raised.
+func (s *Server) BoundsHit() map[string]uint64 {
+	return map[string]uint64{
+		"logins_per_source":   uint64(s.refused.Load()),
+		"login_timeout":       uint64(s.loginTimeouts.Load()),
+		"sessions":            s.sessionsFull.Load(),
+		"discovery_sessions":  s.discoveryFull.Load(),
+		"sessions_per_source": s.sourceSessionsFull.Load(),
+		"working_per_source":  s.sourceWaits.Load(),
+	}
 }
 
 // LoginFailures counts failed logins by status class (RFC 7143 §11.13.5):

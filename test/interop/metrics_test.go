@@ -76,6 +76,13 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 	if v := value("blockwire_iscsi_login_failures_total", `class="initiator_error"`); v < 1 {
 		t.Errorf("failed logins %v", v)
 	}
+	// Two well-behaved clients met none of the bounds on what a peer
+	// may make the target hold.
+	for _, b := range []string{"logins_per_source", "login_timeout", "sessions", "discovery_sessions", "sessions_per_source", "working_per_source"} {
+		if v := value("blockwire_iscsi_bounds_hit_total", `bound="`+b+`"`); v != 0 {
+			t.Errorf("bounds_hit{bound=%q} = %v after well-behaved clients", b, v)
+		}
+	}
 	if !regexp.MustCompile(`(?m)^go_goroutines `).MatchString(text) {
 		t.Error("no Go runtime metrics")
 	}
