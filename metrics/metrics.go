@@ -25,9 +25,10 @@ type Source interface {
 	// LoginFailures counts failed iSCSI logins by status class (RFC 7143
 	// §11.13.5): index 1 redirection, 2 initiator error, 3 target error.
 	LoginFailures() [4]uint64
-	// BoundsHit counts, by bound, the times a peer met a bound on what
-	// it may make the node hold (iscsi/target.Server.BoundsHit).
-	BoundsHit() map[string]uint64
+	// BoundsHit counts, by fabric (iscsi, srp, iwarp, roce) and bound,
+	// the times a peer met a bound on what it may make the node hold
+	// (iscsi/target.Server.BoundsHit and its kin).
+	BoundsHit() map[string]map[string]uint64
 }
 
 // Collector is a prometheus.Collector over a Source.
@@ -59,7 +60,7 @@ func New(src Source) *Collector {
 		sesLat:     prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
 		sessions:   prometheus.NewDesc("blockwire_sessions", "Sessions (SRP: I_T nexuses) logged in, by fabric and type.", []string{"fabric", "type"}, nil),
 		loginFail:  prometheus.NewDesc("blockwire_iscsi_login_failures_total", "Failed logins, by status class.", []string{"class"}, nil),
-		boundsHit:  prometheus.NewDesc("blockwire_iscsi_bounds_hit_total", "Times a peer met a bound on what it may make the target hold (connections closed, logins refused, receivers paused), by bound.", []string{"bound"}, nil),
+		boundsHit:  prometheus.NewDesc("blockwire_bounds_hit_total", "Times a peer met a bound on what it may make the node hold (connections closed, logins or connection requests refused, receivers paused), by fabric and bound.", []string{"fabric", "bound"}, nil),
 	}
 }
 
@@ -184,7 +185,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(c.loginFail, prometheus.CounterValue, float64(lf[i]), name)
 		}
 	}
-	for bound, n := range c.src.BoundsHit() {
-		ch <- prometheus.MustNewConstMetric(c.boundsHit, prometheus.CounterValue, float64(n), bound)
+	for fabric, bounds := range c.src.BoundsHit() {
+		for bound, n := range bounds {
+			ch <- prometheus.MustNewConstMetric(c.boundsHit, prometheus.CounterValue, float64(n), fabric, bound)
+		}
 	}
 }

@@ -874,9 +874,30 @@ func (n *Node) DropSession(id string) bool {
 // LoginFailures counts failed iSCSI logins by status class (metrics).
 func (n *Node) LoginFailures() [4]uint64 { return n.iscsi.LoginFailures() }
 
-// BoundsHit implements metrics.Source: the iSCSI target's bounds met by
-// peers.
-func (n *Node) BoundsHit() map[string]uint64 { return n.iscsi.BoundsHit() }
+// BoundsHit implements metrics.Source: the bounds peers met, by fabric —
+// the iSCSI target's, the SRP targets' (summed), the software iWARP
+// device's and the software RoCE devices' (summed).
+func (n *Node) BoundsHit() map[string]map[string]uint64 {
+	out := map[string]map[string]uint64{"iscsi": n.iscsi.BoundsHit(), "iwarp": n.iwarp.BoundsHit(),
+		"srp": {"channels": 0, "channels_per_source": 0}, "roce": {"conn_requests": 0, "conn_requests_per_source": 0}}
+	for _, s := range n.srpServers() {
+		for b, v := range s.BoundsHit() {
+			out["srp"][b] += v
+		}
+	}
+	n.mu.Lock()
+	devs := make([]*roce.Device, 0, len(n.roce))
+	for _, d := range n.roce {
+		devs = append(devs, d)
+	}
+	n.mu.Unlock()
+	for _, d := range devs {
+		for b, v := range d.BoundsHit() {
+			out["roce"][b] += v
+		}
+	}
+	return out
+}
 
 func (n *Node) srpServers() []*srptarget.Server {
 	n.mu.Lock()

@@ -89,6 +89,8 @@ type counts struct {
 	split   atomic.Uint64 // datagrams received whole and cut into packets
 	badICRC atomic.Uint64 // packets dropped for their ICRC
 	polled  atomic.Uint64 // receive batches found while polling (Options.Poll)
+	// REQs rejected for the bounds on connection requests (BoundsHit).
+	reqsFull, reqsFromPeer atomic.Uint64
 }
 
 type connection struct {
@@ -1029,10 +1031,12 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		return
 	}
 	if full {
+		d.counts.reqsFull.Add(1)
 		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests", nil)
 		return
 	}
 	if fromPeer {
+		d.counts.reqsFromPeer.Add(1)
 		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests from this address", nil)
 		return
 	}
@@ -1351,3 +1355,10 @@ var (
 	_ rdma.ConnRequest    = (*connRequest)(nil)
 	_ rdma.ReasonRejecter = (*connRequest)(nil)
 )
+
+// BoundsHit counts the connection requests the device rejected for its
+// bounds on those it remembers: all of them (conn_requests,
+// Options.MaxConnRequests) and one address's (conn_requests_per_source).
+func (d *Device) BoundsHit() map[string]uint64 {
+	return map[string]uint64{"conn_requests": d.counts.reqsFull.Load(), "conn_requests_per_source": d.counts.reqsFromPeer.Load()}
+}

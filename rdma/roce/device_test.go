@@ -601,6 +601,14 @@ func TestConnRequestsPerSource(t *testing.T) {
 	if n := held(); n != 8 {
 		t.Fatalf("%d connection requests from one address remembered, want its bound 8", n)
 	}
+	for deadline := time.Now().Add(5 * time.Second); b.BoundsHit()["conn_requests_per_source"] < 32; time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	if h := b.BoundsHit(); h["conn_requests_per_source"] != 32 || h["conn_requests"] != 0 {
+		t.Fatalf("bounds hit %v, want the 32 requests past the address's 8 rejected for conn_requests_per_source", h)
+	}
 	other := newFakePeerAt(t, netip.MustParseAddr("127.0.0.4"))
 	other.to = netip.MustParseAddr("127.0.0.2")
 	send(other, 7)

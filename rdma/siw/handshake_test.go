@@ -35,6 +35,9 @@ func TestHandshakesInProgressPerSource(t *testing.T) {
 	addr := ln.Addr().String()
 	idle := servetest.HoldIdle(t, addr, 2)
 	servetest.ClosedAtOnce(t, addr, "a third handshake from one address")
+	if h := f.BoundsHit(); h["handshakes_per_source"] != 1 || h["handshakes"] != 0 {
+		t.Fatalf("bounds hit %v, want one connection closed for handshakes_per_source", h)
+	}
 
 	handshake := func(from string) error {
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}

@@ -71,6 +71,9 @@ const maxReadDepth = 128
 // Fabric is the software iWARP connection manager.
 type Fabric struct {
 	opt Options
+	// Connections closed for the bounds on handshakes in progress
+	// (BoundsHit): all of them, one address's.
+	full, sourceFull atomic.Uint64
 }
 
 // New returns a Fabric.
@@ -393,7 +396,13 @@ type listener struct {
 func (l *listener) enter(src string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.pending >= l.f.opt.MaxHandshakes || !l.from.Take(src, l.f.opt.MaxHandshakesPerSource) {
+	all := l.pending >= l.f.opt.MaxHandshakes
+	if all || !l.from.Take(src, l.f.opt.MaxHandshakesPerSource) {
+		if all {
+			l.f.full.Add(1)
+		} else {
+			l.f.sourceFull.Add(1)
+		}
 		if l.refused++; l.refused&(l.refused-1) == 0 {
 			// 1, 2, 4, …: a flood is visible without a line per
 			// connection.
@@ -502,4 +511,11 @@ func (f *Fabric) Pair(a, b rdma.ConnParams) (rdma.QP, rdma.QP, error) {
 		return nil, nil, err
 	}
 	return qa, rb.qp, nil
+}
+
+// BoundsHit counts the connections the fabric's listeners closed for the
+// bounds on MPA handshakes in progress: all of them (handshakes,
+// Options.MaxHandshakes) and one address's (handshakes_per_source).
+func (f *Fabric) BoundsHit() map[string]uint64 {
+	return map[string]uint64{"handshakes": f.full.Load(), "handshakes_per_source": f.sourceFull.Load()}
 }

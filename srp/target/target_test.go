@@ -488,6 +488,9 @@ func TestChannelsPerSource(t *testing.T) {
 	if !errors.As(err, &rj) || rej.Decode(rj.PrivateData) != nil || rej.Reason != srp.RejectChannelLimit {
 		t.Fatalf("a third channel from one address: %v, want SRP_LOGIN_REJ with the channel limit reason", err)
 	}
+	if h := srv.BoundsHit(); h["channels_per_source"] != 1 || h["channels"] != 0 {
+		t.Fatalf("bounds hit %v, want one login rejected for channels_per_source", h)
+	}
 	if _, err := dialRawFrom(t, "127.0.0.2", addr); err != nil {
 		t.Fatalf("a channel from another address: %v", err)
 	}

@@ -79,9 +79,12 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 	// Two well-behaved clients met none of the bounds on what a peer
 	// may make the target hold.
 	for _, b := range []string{"logins_per_source", "login_timeout", "sessions", "discovery_sessions", "sessions_per_source", "working_per_source"} {
-		if v := value("blockwire_iscsi_bounds_hit_total", `bound="`+b+`"`); v != 0 {
-			t.Errorf("bounds_hit{bound=%q} = %v after well-behaved clients", b, v)
+		if v := value("blockwire_bounds_hit_total", `fabric="iscsi"`, `bound="`+b+`"`); v != 0 {
+			t.Errorf("bounds_hit{fabric=iscsi,bound=%q} = %v after well-behaved clients", b, v)
 		}
+	}
+	for _, fb := range [][2]string{{"iwarp", "handshakes_per_source"}, {"srp", "channels_per_source"}, {"roce", "conn_requests_per_source"}} {
+		value("blockwire_bounds_hit_total", `fabric="`+fb[0]+`"`, `bound="`+fb[1]+`"`) // exported, even at 0
 	}
 	if !regexp.MustCompile(`(?m)^go_goroutines `).MatchString(text) {
 		t.Error("no Go runtime metrics")
