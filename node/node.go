@@ -114,7 +114,8 @@ type Node struct {
 	pending []func()          // iSCSI portals' accept loops, started once access is set
 	tcp     []net.Listener
 	https   []*http.Server
-	cleanup []func() // at Shutdown, last first
+	limits  []*httpguard.Limited // the control surfaces' listeners (BoundsHit)
+	cleanup []func()             // at Shutdown, last first
 	started bool
 	stopped bool
 	stopc   chan struct{} // closed at Shutdown
@@ -773,7 +774,9 @@ func (n *Node) startMetrics() error {
 func (n *Node) httpServe(l net.Listener, h http.Handler) {
 	hs := httpguard.NewServer(h)
 	n.https = append(n.https, hs)
-	go hs.Serve(httpguard.Limit(l, httpguard.PerSource, httpguard.Total))
+	lim := httpguard.Limit(l, httpguard.PerSource, httpguard.Total)
+	n.limits = append(n.limits, lim)
+	go hs.Serve(lim)
 }
 
 // Portals returns the portals being served, with the addresses they got.
@@ -876,10 +879,12 @@ func (n *Node) LoginFailures() [4]uint64 { return n.iscsi.LoginFailures() }
 
 // BoundsHit implements metrics.Source: the bounds peers met, by fabric —
 // the iSCSI target's, the SRP targets' (summed), the software iWARP
-// device's and the software RoCE devices' (summed).
+// device's, the software RoCE devices' (summed) and the control surfaces'
+// (admin socket, admin HTTP, metrics: summed, as "control").
 func (n *Node) BoundsHit() map[string]map[string]uint64 {
 	out := map[string]map[string]uint64{"iscsi": n.iscsi.BoundsHit(), "iwarp": n.iwarp.BoundsHit(),
-		"srp": {"channels": 0, "channels_per_source": 0}, "roce": {"conn_requests": 0, "conn_requests_per_source": 0}}
+		"srp": {"channels": 0, "channels_per_source": 0}, "roce": {"conn_requests": 0, "conn_requests_per_source": 0},
+		"control": {"connections": 0, "connections_per_source": 0}}
 	for _, s := range n.srpServers() {
 		for b, v := range s.BoundsHit() {
 			out["srp"][b] += v
@@ -889,6 +894,11 @@ func (n *Node) BoundsHit() map[string]map[string]uint64 {
 	devs := make([]*roce.Device, 0, len(n.roce))
 	for _, d := range n.roce {
 		devs = append(devs, d)
+	}
+	for _, l := range n.limits {
+		for b, v := range l.BoundsHit() {
+			out["control"][b] += v
+		}
 	}
 	n.mu.Unlock()
 	for _, d := range devs {

@@ -4,6 +4,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/internal/persource"
@@ -29,20 +30,32 @@ func NewServer(h http.Handler) *http.Server {
 // Connections beyond are closed as they arrive, so a client that opens
 // many and leaves them idle holds a few sockets, not the process's, and
 // another client is still served.
-func Limit(l net.Listener, perSource, total int) net.Listener {
-	return &limited{Listener: l, perSource: perSource, total: total}
+func Limit(l net.Listener, perSource, total int) *Limited {
+	return &Limited{Listener: l, perSource: perSource, total: total}
 }
 
-type limited struct {
+// Limited is a listener whose connections Limit bounds.
+type Limited struct {
 	net.Listener
 	perSource, total int
 
 	mu   sync.Mutex // a leaf: nothing else is locked under it
 	open int
 	from persource.Counts[string]
+	// Connections closed for the bounds (BoundsHit): all, one address's.
+	full, sourceFull atomic.Uint64
 }
 
-func (l *limited) Accept() (net.Conn, error) {
+// BoundsHit counts the connections closed as they arrived for the bounds:
+// all the listener's (connections) and one address's
+// (connections_per_source).
+func (l *Limited) BoundsHit() map[string]uint64 {
+	return map[string]uint64{"connections": l.full.Load(), "connections_per_source": l.sourceFull.Load()}
+}
+
+// Accept returns the next connection within the bounds, closing those
+// beyond them.
+func (l *Limited) Accept() (net.Conn, error) {
 	for {
 		c, err := l.Listener.Accept()
 		if err != nil {
@@ -50,12 +63,18 @@ func (l *limited) Accept() (net.Conn, error) {
 		}
 		src := persource.Host(c.RemoteAddr())
 		l.mu.Lock()
-		ok := l.open < l.total && l.from.Take(src, l.perSource)
+		all := l.open >= l.total
+		ok := !all && l.from.Take(src, l.perSource)
 		if ok {
 			l.open++
 		}
 		l.mu.Unlock()
 		if !ok {
+			if all {
+				l.full.Add(1)
+			} else {
+				l.sourceFull.Add(1)
+			}
 			c.Close()
 			continue
 		}
@@ -65,7 +84,7 @@ func (l *limited) Accept() (net.Conn, error) {
 
 type limitedConn struct {
 	net.Conn
-	l    *limited
+	l    *Limited
 	src  string
 	once sync.Once
 }

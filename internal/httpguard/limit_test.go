@@ -28,6 +28,9 @@ func TestLimitedListener(t *testing.T) {
 
 	idle := servetest.HoldIdle(t, addr, 2)
 	servetest.ClosedAtOnce(t, addr, "a third connection from one address")
+	if h := ll.BoundsHit(); h["connections_per_source"] != 1 || h["connections"] != 0 {
+		t.Fatalf("bounds hit %v, want one connection closed for connections_per_source", h)
+	}
 
 	get := func(from string) error {
 		tr := &http.Transport{DialContext: (&net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}).DialContext, DisableKeepAlives: true}
