@@ -351,11 +351,11 @@ func (c *conn) throttle() {
 			<-c.workFree
 			continue
 		}
-		if c.src.working.Load() <= c.src.limit {
+		if !c.src.over() {
 			return
 		}
 		c.srv.sourceWaits.Add(1)
-		if n := c.src.over.Add(1); n <= 16 || n%1024 == 0 {
+		if n := c.src.waits.Add(1); n <= 16 || n%1024 == 0 {
 			c.log.Warn("the address's commands hold its share of the LU workers and answers: its connections wait",
 				"source", c.src.addr, "working", c.src.working.Load(), "limit", c.src.limit, "count", n)
 		}

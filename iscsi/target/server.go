@@ -766,7 +766,7 @@ type source struct {
 	waiting atomic.Int32  // receivers waiting for working to fall
 	mu      sync.Mutex    // a leaf: guards free
 	free    chan struct{} // closed when working falls to limit
-	over    atomic.Int64  // times a receiver waited (its warnings are thinned)
+	waits   atomic.Int64  // times a receiver waited (its warnings are thinned)
 }
 
 // joinSource counts a connection from addr among its source's (s.mu
@@ -815,10 +815,16 @@ func (src *source) done() {
 	}
 }
 
-// wait blocks while the source's commands on workers exceed its limit
-// (or until stop is closed); it reports whether it waited.
+// over reports whether the source's commands on workers exceed its limit
+// (never, without a source).
+func (src *source) over() bool {
+	return src != nil && src.working.Load() > src.limit
+}
+
+// wait blocks while the source is over its limit (or until stop is
+// closed); it reports whether it waited.
 func (src *source) wait(stop <-chan struct{}) bool {
-	if src == nil || src.working.Load() <= src.limit {
+	if !src.over() {
 		return false
 	}
 	src.waiting.Add(1)
@@ -826,7 +832,9 @@ func (src *source) wait(stop <-chan struct{}) bool {
 	src.mu.Lock()
 	free := src.free
 	src.mu.Unlock()
-	if src.working.Load() <= src.limit {
+	// Checked again once free is ours: a done between the first check
+	// and here closed the channel before it, and would wake no one.
+	if !src.over() {
 		return false
 	}
 	select {
