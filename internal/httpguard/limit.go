@@ -4,7 +4,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/internal/persource"
@@ -39,18 +38,17 @@ type Limited struct {
 	net.Listener
 	perSource, total int
 
-	mu   sync.Mutex // a leaf: nothing else is locked under it
-	open int
-	from persource.Counts[string]
-	// Connections closed for the bounds (BoundsHit): all, one address's.
-	full, sourceFull atomic.Uint64
+	mu      sync.Mutex // a leaf: nothing else is locked under it
+	open    int
+	from    persource.Counts[string]
+	refused persource.Refusals // connections closed for the bounds (BoundsHit)
 }
 
 // BoundsHit counts the connections closed as they arrived for the bounds:
 // all the listener's (connections) and one address's
 // (connections_per_source).
 func (l *Limited) BoundsHit() map[string]uint64 {
-	return map[string]uint64{"connections": l.full.Load(), "connections_per_source": l.sourceFull.Load()}
+	return l.refused.Hits("connections", "connections_per_source")
 }
 
 // Accept returns the next connection within the bounds, closing those
@@ -70,11 +68,7 @@ func (l *Limited) Accept() (net.Conn, error) {
 		}
 		l.mu.Unlock()
 		if !ok {
-			if all {
-				l.full.Add(1)
-			} else {
-				l.sourceFull.Add(1)
-			}
+			l.refused.Refused(all)
 			c.Close()
 			continue
 		}

@@ -8,7 +8,10 @@
 // surface (internal/httpguard).
 package persource
 
-import "net"
+import (
+	"net"
+	"sync/atomic"
+)
 
 // Host is a's address without its port — the host one peer is, whatever
 // carries it (a TCP address, a RoCE device's UDP address, an InfiniBand
@@ -68,3 +71,25 @@ func (c *Counts[K]) Of(src K) int { return c.m[src] }
 
 // Sources is how many sources hold something.
 func (c *Counts[K]) Sources() int { return len(c.m) }
+
+// Refusals counts what a pair of bounds refused: the bound on everyone's
+// (all) and the one on each source's — for the metrics
+// (blockwire_bounds_hit_total). The zero value is ready.
+type Refusals struct {
+	all, source atomic.Uint64
+}
+
+// Refused counts one refusal, by the bound on everyone's when all, else
+// by the source's.
+func (r *Refusals) Refused(all bool) {
+	if all {
+		r.all.Add(1)
+	} else {
+		r.source.Add(1)
+	}
+}
+
+// Hits are the counts under their bounds' names: allName's, sourceName's.
+func (r *Refusals) Hits(allName, sourceName string) map[string]uint64 {
+	return map[string]uint64{allName: r.all.Load(), sourceName: r.source.Load()}
+}

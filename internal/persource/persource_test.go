@@ -52,3 +52,14 @@ func TestCounts(t *testing.T) {
 		t.Fatal("taken past a limit of 0")
 	}
 }
+
+// Refusals keeps the two bounds' counts apart, under the names given.
+func TestRefusals(t *testing.T) {
+	var r Refusals
+	r.Refused(true)
+	r.Refused(false)
+	r.Refused(false)
+	if h := r.Hits("all", "per_source"); len(h) != 2 || h["all"] != 1 || h["per_source"] != 2 {
+		t.Fatalf("hits %v, want all 1, per_source 2", h)
+	}
+}

@@ -90,7 +90,7 @@ type counts struct {
 	badICRC atomic.Uint64 // packets dropped for their ICRC
 	polled  atomic.Uint64 // receive batches found while polling (Options.Poll)
 	// REQs rejected for the bounds on connection requests (BoundsHit).
-	reqsFull, reqsFromPeer atomic.Uint64
+	reqsRefused persource.Refusals
 }
 
 type connection struct {
@@ -1031,12 +1031,12 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		return
 	}
 	if full {
-		d.counts.reqsFull.Add(1)
+		d.counts.reqsRefused.Refused(true)
 		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests", nil)
 		return
 	}
 	if fromPeer {
-		d.counts.reqsFromPeer.Add(1)
+		d.counts.reqsRefused.Refused(false)
 		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests from this address", nil)
 		return
 	}
@@ -1360,5 +1360,5 @@ var (
 // bounds on those it remembers: all of them (conn_requests,
 // Options.MaxConnRequests) and one address's (conn_requests_per_source).
 func (d *Device) BoundsHit() map[string]uint64 {
-	return map[string]uint64{"conn_requests": d.counts.reqsFull.Load(), "conn_requests_per_source": d.counts.reqsFromPeer.Load()}
+	return d.counts.reqsRefused.Hits("conn_requests", "conn_requests_per_source")
 }

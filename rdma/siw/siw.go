@@ -72,8 +72,8 @@ const maxReadDepth = 128
 type Fabric struct {
 	opt Options
 	// Connections closed for the bounds on handshakes in progress
-	// (BoundsHit): all of them, one address's.
-	full, sourceFull atomic.Uint64
+	// (BoundsHit).
+	refused persource.Refusals
 }
 
 // New returns a Fabric.
@@ -398,11 +398,7 @@ func (l *listener) enter(src string) bool {
 	defer l.mu.Unlock()
 	all := l.pending >= l.f.opt.MaxHandshakes
 	if all || !l.from.Take(src, l.f.opt.MaxHandshakesPerSource) {
-		if all {
-			l.f.full.Add(1)
-		} else {
-			l.f.sourceFull.Add(1)
-		}
+		l.f.refused.Refused(all)
 		if l.refused++; l.refused&(l.refused-1) == 0 {
 			// 1, 2, 4, …: a flood is visible without a line per
 			// connection.
@@ -517,5 +513,5 @@ func (f *Fabric) Pair(a, b rdma.ConnParams) (rdma.QP, rdma.QP, error) {
 // bounds on MPA handshakes in progress: all of them (handshakes,
 // Options.MaxHandshakes) and one address's (handshakes_per_source).
 func (f *Fabric) BoundsHit() map[string]uint64 {
-	return map[string]uint64{"handshakes": f.full.Load(), "handshakes_per_source": f.sourceFull.Load()}
+	return f.refused.Hits("handshakes", "handshakes_per_source")
 }

@@ -114,8 +114,7 @@ type Server struct {
 	closed bool
 	wg     sync.WaitGroup
 
-	// Logins rejected for the channel bounds (BoundsHit).
-	channelsFull, sourceFull atomic.Uint64
+	refused persource.Refusals // logins rejected for the channel bounds (BoundsHit)
 }
 
 // nexus is one I_T nexus: an initiator port's channels to this target
@@ -335,14 +334,14 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	}
 	if len(s.channels)+s.reserved >= s.opts.MaxChannels {
 		s.mu.Unlock()
-		s.channelsFull.Add(1)
+		s.refused.Refused(true)
 		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels already", s.opts.MaxChannels)
 		return
 	}
 	src := persource.Host(req.RemoteAddr())
 	if !s.from.Take(src, s.opts.MaxChannelsPerSource) {
 		s.mu.Unlock()
-		s.sourceFull.Add(1)
+		s.refused.Refused(false)
 		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels from %s already (the limit)", s.opts.MaxChannelsPerSource, src)
 		return
 	}
@@ -424,7 +423,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 // target's (channels, Options.MaxChannels) and one address's
 // (channels_per_source).
 func (s *Server) BoundsHit() map[string]uint64 {
-	return map[string]uint64{"channels": s.channelsFull.Load(), "channels_per_source": s.sourceFull.Load()}
+	return s.refused.Hits("channels", "channels_per_source")
 }
 
 // leave removes a finished channel; the last channel of a nexus ends it.
