@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"path/filepath"
@@ -232,5 +233,35 @@ func TestRDMADeviceChoice(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		n.Shutdown(ctx)
 		cancel()
+	}
+}
+
+// TestBoundsHitNamesEveryBound: a node with only an iSCSI portal shows
+// every fabric's bounds at 0 (the metrics series exist before a peer
+// meets one), under the names a node that has each fabric's server,
+// device and control listener reports.
+func TestBoundsHitNamesEveryBound(t *testing.T) {
+	target := []config.Target{{Name: diskA, LUNs: []config.LUN{{Size: "1MiB"}}}}
+	bare := startNode(t, &config.Config{Listen: []string{"127.0.0.1:0"}, Targets: target}, node.Options{})
+	pc, err := net.ListenPacket("udp4", "127.0.0.3:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp := pc.LocalAddr().(*net.UDPAddr).Port
+	pc.Close()
+	full := startNode(t, &config.Config{Listen: []string{"127.0.0.1:0"}, SRPListen: []string{"127.0.0.1:0"},
+		ROCEListen: []string{"127.0.0.3:3260"}, ROCEUDPPort: udp, Metrics: "127.0.0.1:0", AdminSocket: filepath.Join(t.TempDir(), "admin.sock"),
+		Targets: target}, node.Options{})
+	got, want := bare.BoundsHit(), full.BoundsHit()
+	for _, fabric := range []string{"iscsi", "srp", "iwarp", "roce", "control"} {
+		g, w := slices.Sorted(maps.Keys(got[fabric])), slices.Sorted(maps.Keys(want[fabric]))
+		if len(w) == 0 || !slices.Equal(g, w) {
+			t.Errorf("%s: a bare node names %v, a node serving it %v", fabric, g, w)
+		}
+		for b, v := range got[fabric] {
+			if v != 0 {
+				t.Errorf("%s %s: %d on a node nobody reached", fabric, b, v)
+			}
+		}
 	}
 }

@@ -880,11 +880,14 @@ func (n *Node) LoginFailures() [4]uint64 { return n.iscsi.LoginFailures() }
 // BoundsHit implements metrics.Source: the bounds peers met, by fabric —
 // the iSCSI target's, the SRP targets' (summed), the software iWARP
 // device's, the software RoCE devices' (summed) and the control surfaces'
-// (admin socket, admin HTTP, metrics: summed, as "control").
+// (admin socket, admin HTTP, metrics: summed, as "control"). A fabric with
+// no server or device yet shows each of its bounds at 0, named by a zero
+// value of its type (whose counts are zero), so the names are each
+// package's alone.
 func (n *Node) BoundsHit() map[string]map[string]uint64 {
 	out := map[string]map[string]uint64{"iscsi": n.iscsi.BoundsHit(), "iwarp": n.iwarp.BoundsHit(),
-		"srp": {"channels": 0, "channels_per_source": 0}, "roce": {"conn_requests": 0, "conn_requests_per_source": 0},
-		"control": {"connections": 0, "connections_per_source": 0}}
+		"srp": new(srptarget.Server).BoundsHit(), "roce": new(roce.Device).BoundsHit(),
+		"control": new(httpguard.Limited).BoundsHit()}
 	for _, s := range n.srpServers() {
 		for b, v := range s.BoundsHit() {
 			out["srp"][b] += v
