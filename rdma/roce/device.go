@@ -79,6 +79,7 @@ type Device struct {
 	txRaw  syscall.RawConn
 	txPort int
 	poll   time.Duration // Options.Poll
+	dropIn func() bool   // Options.dropIn (tests)
 	noGSO  atomic.Bool   // the kernel refused a UDP GSO datagram
 	counts counts
 }
@@ -136,6 +137,9 @@ type Options struct {
 	Poll time.Duration
 
 	udpOnly bool // tests: no raw socket, as when not root
+	// dropIn, in tests, drops the received datagrams it reports true for
+	// (the lossy network of TestDeviceOverLossyNetwork).
+	dropIn func() bool
 }
 
 // Open starts a device on ip (an IPv4 or IPv6 address of this host).
@@ -216,6 +220,7 @@ func Open(ip string, opt Options) (*Device, error) {
 		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, maxFrom: opt.MaxConnRequestsPerSource, reqTTL: opt.ConnRequestTTL, raw: raw}
 	d.noGSO.Store(opt.NoGSO)
 	d.poll = opt.Poll
+	d.dropIn = opt.dropIn
 	if d.tx, d.txPort, err = openTx(addr); err == nil {
 		d.txRaw, err = d.tx.SyscallConn()
 	}
@@ -506,6 +511,9 @@ func (d *Device) receiveRaw(f *os.File) {
 // (or id, a fixed-identification sender's datagrams merged by GRO), its
 // own lengths.
 func (d *Device) datagram(src netip.Addr, ip *ipHdr, udp, pkt []byte, gso int, h *held) {
+	if d.dropIn != nil && d.dropIn() {
+		return
+	}
 	guessed := false
 	if gso <= 0 {
 		gso, guessed = d.segmentSize(pkt), true

@@ -886,7 +886,11 @@ func (q *RC) gotReadResponse(p *ib.Packet) {
 	q.ackedTo(psn)
 	if last {
 		w.done = true
-		q.completeUpTo(psn)
+		// Up to the last acknowledged packet, not only to this one: an
+		// acknowledgement of Sends and Writes behind the Read may have
+		// come while it waited for this response, and nothing will
+		// acknowledge them again.
+		q.completeUpTo(q.acked)
 	}
 	q.progressLocked()
 	q.pumpLocked()
