@@ -797,6 +797,7 @@ func (q *RC) gotAck(p *ib.Packet) {
 	case ib.SyndromeACK:
 		q.ackedTo(psn)
 		q.completeUpTo(psn)
+		q.impliedNAK(psn)
 		q.pumpLocked()
 	case ib.SyndromeRNR:
 		// Everything before psn arrived; psn waits for a receive.
@@ -830,6 +831,26 @@ func (q *RC) gotAck(p *ib.Packet) {
 			}
 			q.failLocked(&rdma.TerminateError{Remote: true, Layer: "IB transport", EType: syn, Msg: fmt.Sprintf("NAK %d for PSN %#x", syn&0x1f, psn)})
 		}
+	}
+}
+
+// impliedNAK: an acknowledgement of psn, at or past the end of a Read
+// still missing responses, says the responder has answered the Read (it
+// executes requests in order), so the missing responses were lost: they
+// are asked for again now, not after a timeout (once per loss, as in
+// gotReadResponse).
+func (q *RC) impliedNAK(psn uint32) {
+	if len(q.sq) == 0 {
+		return
+	}
+	w := q.sq[0]
+	if w.wr.Op != rdma.OpRead || w.done || psnDiff(psn, w.lastPSN()) < 0 {
+		return
+	}
+	if !q.rereqSet || q.rereq != w.readNext {
+		q.rereq, q.rereqSet = w.readNext, true
+		q.stats.ReadRetries++
+		q.goBackLocked(w.readNext)
 	}
 }
 

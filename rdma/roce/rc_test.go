@@ -316,10 +316,9 @@ func TestRCTailLossTimeout(t *testing.T) {
 func TestRCSendAcknowledgedBehindALostReadResponse(t *testing.T) {
 	ba := newLossy(12, 0, 0, 0)
 	// B sends the Read Response Only (lost), the Send's acknowledgement,
-	// then — asked again after A's timeout — the response again and the
-	// acknowledgement of the Send A sent again with it (lost): A's last
-	// word on the Send is the acknowledgement that came before the Read
-	// was done.
+	// then — asked again — the response again and the acknowledgement of
+	// the Send A sent again with it (lost): A's last word on the Send is
+	// the acknowledgement that came before the Read was done.
 	ba.dropNth = []int{0, 3}
 	a, b := pair(t, newLossy(11, 0, 0, 0), ba, 1024)
 	a.qp.mu.Lock()
@@ -343,6 +342,11 @@ func TestRCSendAcknowledgedBehindALostReadResponse(t *testing.T) {
 	}
 	if c := waitN(t, b.rcq, 1)[0]; string(buf[:c.Len]) != "after the read" {
 		t.Fatalf("received %q", buf[:c.Len])
+	}
+	// The acknowledgement past the Read says its response was lost (an
+	// implied NAK): asked again at once, not after a timeout.
+	if s := a.qp.Stats(); s.Timeouts != 0 || s.ReadRetries != 1 {
+		t.Errorf("the lost response was not asked for again on the acknowledgement past the Read: %+v", s)
 	}
 }
 
