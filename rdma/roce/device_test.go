@@ -20,12 +20,17 @@ func devices(t *testing.T) (a, b *Device) {
 	t.Helper()
 	// Two devices on two loopback addresses, on a port of their own so a
 	// kernel rxe (which owns 4791) cannot interfere.
-	const port = 14791
+	return devicesWith(t, Options{Port: 14791}, Options{Port: 14791})
+}
+
+// devicesWith opens a on 127.0.0.1 and b on 127.0.0.2 with these options.
+func devicesWith(t *testing.T, oa, ob Options) (a, b *Device) {
+	t.Helper()
 	var err error
-	if a, err = Open("127.0.0.1", Options{Port: port}); err != nil {
+	if a, err = Open("127.0.0.1", oa); err != nil {
 		t.Fatal(err)
 	}
-	if b, err = Open("127.0.0.2", Options{Port: port}); err != nil {
+	if b, err = Open("127.0.0.2", ob); err != nil {
 		a.Close()
 		t.Fatal(err)
 	}

@@ -37,17 +37,7 @@ func TestDeviceOverLossyNetwork(t *testing.T) {
 }
 
 func lossyNetworkRun(t *testing.T, loss float64) {
-	const port = 14793
-	a, err := Open("127.0.0.1", Options{Port: port, dropIn: dropper(1, loss)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer a.Close()
-	b, err := Open("127.0.0.2", Options{Port: port, dropIn: dropper(2, loss)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	a, b := devicesWith(t, Options{Port: 14793, dropIn: dropper(1, loss)}, Options{Port: 14793, dropIn: dropper(2, loss)})
 	ea, eb := newEnd(a), newEnd(b)
 	ea.scq, eb.rcq = rdma.NewCQ(256), rdma.NewCQ(256)
 	ln, err := b.Listen("127.0.0.2:3260")
