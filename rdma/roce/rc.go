@@ -837,21 +837,25 @@ func (q *RC) gotAck(p *ib.Packet) {
 // impliedNAK: an acknowledgement of psn, at or past the end of a Read
 // still missing responses, says the responder has answered the Read (it
 // executes requests in order), so the missing responses were lost: they
-// are asked for again now, not after a timeout (once per loss, as in
-// gotReadResponse).
+// are asked for again now, not after a timeout.
 func (q *RC) impliedNAK(psn uint32) {
 	if len(q.sq) == 0 {
 		return
 	}
-	w := q.sq[0]
-	if w.wr.Op != rdma.OpRead || w.done || psnDiff(psn, w.lastPSN()) < 0 {
+	if w := q.sq[0]; w.wr.Op == rdma.OpRead && !w.done && psnDiff(psn, w.lastPSN()) >= 0 {
+		q.askReadAgain(w)
+	}
+}
+
+// askReadAgain asks for a Read's responses again from the one expected:
+// once per loss, not for every packet that shows it.
+func (q *RC) askReadAgain(w *wqe) {
+	if q.rereqSet && q.rereq == w.readNext {
 		return
 	}
-	if !q.rereqSet || q.rereq != w.readNext {
-		q.rereq, q.rereqSet = w.readNext, true
-		q.stats.ReadRetries++
-		q.goBackLocked(w.readNext)
-	}
+	q.rereq, q.rereqSet = w.readNext, true
+	q.stats.ReadRetries++
+	q.goBackLocked(w.readNext)
 }
 
 // rnrDelay decodes an RNR NAK timer (the IBA table; a few entries).
@@ -880,10 +884,8 @@ func (q *RC) gotReadResponse(p *ib.Packet) {
 	if psn != w.readNext {
 		// A response was lost: ask again from the one expected (once,
 		// not for every response behind the gap).
-		if psnDiff(psn, w.readNext) > 0 && (!q.rereqSet || q.rereq != w.readNext) {
-			q.rereq, q.rereqSet = w.readNext, true
-			q.stats.ReadRetries++
-			q.goBackLocked(w.readNext)
+		if psnDiff(psn, w.readNext) > 0 {
+			q.askReadAgain(w)
 		}
 		return
 	}
