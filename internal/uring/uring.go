@@ -17,6 +17,9 @@
 //   - reaps the completion queue: an operation the kernel completed
 //     inline (page-cache hits, tmpfs) is done when the submit returns —
 //     one system call, no hand-off between goroutines;
+//   - a caller alone on the ring submits and waits in one
+//     io_uring_enter (submitAndWait), as a blocking pread would: its
+//     completion, task work of its own thread, wakes it once;
 //   - otherwise it waits on its slot's channel. The completion then
 //     arrives from the kernel's worker or from task work; the ring's
 //     eventfd, watched by Go's netpoller (no thread blocked in the
@@ -136,6 +139,8 @@ type Ring struct {
 	waiting   int        // callers waiting for an asynchronous completion
 	ev        *os.File   // the eventfd, nonblocking, in the netpoller
 	reaperEnd chan struct{}
+
+	inflight atomic.Int32 // operations between taking a slot and giving it back
 
 	slots  []slot
 	free   chan uint32 // free slot indices
@@ -265,6 +270,8 @@ func (r *Ring) do(op uint8, fd int, p []byte, off int64, rwFlags uint32) (int32,
 	case idx = <-r.free:
 	}
 	s := &r.slots[idx]
+	alone := r.inflight.Add(1) == 1
+	defer r.inflight.Add(-1)
 	p = p[:min(len(p), 1<<30)] // a result must fit the CQE's int32; callers loop
 	var addr uintptr
 	if len(p) > 0 {
@@ -280,7 +287,11 @@ func (r *Ring) do(op uint8, fd int, p []byte, off int64, rwFlags uint32) (int32,
 		r.sqArray[i] = i
 		atomic.StoreUint32(r.sqTail, tail+1)
 		r.sqMu.Unlock()
-		r.submit()
+		if alone {
+			r.submitAndWait()
+		} else {
+			r.submit()
+		}
 		r.reap()
 		res := r.wait(s)
 		if res == -int32(unix.EINTR) || res == -int32(unix.EAGAIN) {
@@ -314,6 +325,26 @@ func (r *Ring) submit() {
 			// programming error gets here.
 			panic(fmt.Sprintf("uring: io_uring_enter: %v", errno))
 		}
+	}
+}
+
+// submitAndWait hands the kernel one SQE and waits in the same system
+// call for a completion: the path of a caller alone on the ring. The
+// kernel completes a read or write as task work of the task that
+// submitted it, so a caller that sleeps in io_uring_enter is woken once,
+// by its own completion, and finds it posted; one that parks on its
+// channel instead costs a wake-up of its thread for the task work and
+// another of the netpoller's for the eventfd (measured on a loop device,
+// 4 KiB O_DIRECT reads one at a time: 136 µs against 71 µs for pread).
+// Whatever the outcome — a completion of another caller's operation, an
+// interrupted wait — the caller then reaps and waits as any other.
+func (r *Ring) submitAndWait() {
+	const getEvents = 1 << 0 // IORING_ENTER_GETEVENTS
+	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 1, 1, getEvents, 0, 0)
+	if errno != 0 {
+		// Nothing was submitted (the count would have been returned):
+		// the SQE may still be in the ring.
+		r.submit()
 	}
 }
 

@@ -142,8 +142,8 @@ func TestErrors(t *testing.T) {
 }
 
 // TestAsyncCompletion waits on a pipe, which the kernel completes from
-// its worker once data arrives — the path through the eventfd and the
-// reaper, not the inline one.
+// its worker once data arrives — not inline. The reader is alone on the
+// ring, so it waits in io_uring_enter (submitAndWait).
 func TestAsyncCompletion(t *testing.T) {
 	r := newRing(t, 4)
 	pr, pw, err := os.Pipe()
@@ -183,6 +183,77 @@ func TestAsyncCompletion(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("an asynchronous completion was never delivered")
+	}
+}
+
+// TestWaitersTogether: a caller alone on the ring waits in the kernel;
+// a second one, arriving meanwhile, waits on its channel, and its
+// completion, posted first, wakes the first one's wait too. Each must get
+// its own result: the second through the reap of whoever sees its
+// completion first, the first afterwards through the eventfd and the
+// reaper, since it no longer waits in the kernel.
+func TestWaitersTogether(t *testing.T) {
+	for range 20 {
+		r := newRing(t, 4)
+		type pipe struct{ rfd, w *os.File }
+		var ps [2]pipe
+		for i := range ps {
+			pr, pw, err := os.Pipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pr.Close()
+			defer pw.Close()
+			fd, err := unix.Dup(int(pr.Fd()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			unix.SetNonblock(fd, false)
+			ps[i] = pipe{os.NewFile(uintptr(fd), "pipe"), pw}
+			defer ps[i].rfd.Close()
+		}
+		got := [2]chan string{make(chan string, 1), make(chan string, 1)}
+		read := func(i int) {
+			buf := make([]byte, 3)
+			n, err := r.ReadAt(int(ps[i].rfd.Fd()), buf, -1)
+			if err != nil {
+				got[i] <- err.Error()
+				return
+			}
+			got[i] <- string(buf[:n])
+		}
+		go read(0)
+		for r.inflight.Load() != 1 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(5 * time.Millisecond) // the first is in io_uring_enter by now, most likely
+		go read(1)
+		for r.inflight.Load() != 2 {
+			time.Sleep(time.Millisecond)
+		}
+		ps[1].w.Write([]byte("two"))
+		select {
+		case s := <-got[1]:
+			if s != "two" {
+				t.Fatalf("second read: %q", s)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the second caller's completion was never delivered")
+		}
+		select {
+		case s := <-got[0]:
+			t.Fatalf("the first read returned %q before its pipe had data", s)
+		case <-time.After(5 * time.Millisecond):
+		}
+		ps[0].w.Write([]byte("one"))
+		select {
+		case s := <-got[0]:
+			if s != "one" {
+				t.Fatalf("first read: %q", s)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the first caller's completion was never delivered after its wait in the kernel ended")
+		}
 	}
 }
 
