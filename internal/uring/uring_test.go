@@ -231,29 +231,33 @@ func TestWaitersTogether(t *testing.T) {
 		for r.inflight.Load() != 2 {
 			time.Sleep(time.Millisecond)
 		}
-		ps[1].w.Write([]byte("two"))
-		select {
-		case s := <-got[1]:
-			if s != "two" {
-				t.Fatalf("second read: %q", s)
+		// expect waits for caller i's result; on a failure it feeds both
+		// pipes first, so that the ring's Close (a cleanup) can return.
+		expect := func(i int, want, what string) {
+			t.Helper()
+			select {
+			case s := <-got[i]:
+				if s == want {
+					return
+				}
+				ps[0].w.Write([]byte("end"))
+				ps[1].w.Write([]byte("end"))
+				t.Fatalf("%s: read %q, want %q", what, s, want)
+			case <-time.After(10 * time.Second):
+				ps[0].w.Write([]byte("end"))
+				ps[1].w.Write([]byte("end"))
+				t.Fatalf("%s: its completion was never delivered", what)
 			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the second caller's completion was never delivered")
 		}
+		ps[1].w.Write([]byte("two"))
+		expect(1, "two", "the second caller")
 		select {
 		case s := <-got[0]:
 			t.Fatalf("the first read returned %q before its pipe had data", s)
 		case <-time.After(5 * time.Millisecond):
 		}
 		ps[0].w.Write([]byte("one"))
-		select {
-		case s := <-got[0]:
-			if s != "one" {
-				t.Fatalf("first read: %q", s)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the first caller's completion was never delivered after its wait in the kernel ended")
-		}
+		expect(0, "one", "the first caller, after its wait in the kernel ended")
 	}
 }
 
