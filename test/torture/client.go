@@ -135,7 +135,7 @@ func (c *client) run(ctx context.Context) {
 				c.cfg.Log.Info("torn read", "block", block, "at", time.Duration(op.Call), "words", tornWords(buf))
 			}
 			for _, v := range vs {
-				op.Output = output{value: v}
+				op.Output = v
 				c.rec.add(op)
 			}
 		default:
@@ -193,26 +193,71 @@ func fill(b []byte, v uint64) {
 }
 
 // values reads back what fill wrote: one value, or for a torn block
-// each value found in it. The tear itself may fall inside a word (a copy
-// by bytes, as Linux's page cache and an emulated CPU do): a word whose
-// every byte is that of the word before or of the word after, those two
-// differing, is where one value gives way to the other and is no value
-// of its own. Only such a word is passed over: a word of bytes from
-// anything else counts as the value it spells, and breaks the model.
-func values(b []byte) []uint64 {
+// each value found in it, as read outputs. The tear itself may fall
+// inside a word (a copy by bytes, as Linux's page cache and an emulated
+// CPU do):
+//
+//   - a word whose every byte is that of the word before or of the word
+//     after, those two differing, is where one value gives way to the
+//     other and is no value of its own: it is passed over;
+//   - the first or the last word, which has one neighbour, may hold the
+//     bytes of a value seen nowhere else in the block (the tear fell in
+//     its first or last eight bytes). When it differs from its neighbour
+//     and spells no value found whole in the block, it counts as a part
+//     of a value: the bytes that differ from the neighbour's (mask),
+//     which must be those of a value the block held while the read ran.
+//
+// Any other word counts as the value it spells, and one that was never
+// written breaks the model.
+func values(b []byte) []output {
 	n := len(b) / 8
 	word := func(i int) uint64 { return binary.LittleEndian.Uint64(b[i*8:]) }
-	var vs []uint64
+	var whole []uint64
 	for i := 0; i < n; i++ {
 		v := word(i)
 		if i > 0 && i+1 < n && tornBetween(v, word(i-1), word(i+1)) {
 			continue
 		}
-		if !slices.Contains(vs, v) {
-			vs = append(vs, v)
+		if !slices.Contains(whole, v) {
+			whole = append(whole, v)
 		}
 	}
-	return vs
+	var out []output
+	for _, v := range whole {
+		o := output{value: v}
+		if n > 1 && !wholeElsewhere(b, v) {
+			switch {
+			case v == word(0) && v != word(1):
+				o.mask = bytesDiffering(v, word(1))
+			case v == word(n-1) && v != word(n-2):
+				o.mask = bytesDiffering(v, word(n-2))
+			}
+		}
+		out = append(out, o)
+	}
+	return out
+}
+
+// wholeElsewhere reports whether v is a word of b other than its first
+// and last.
+func wholeElsewhere(b []byte, v uint64) bool {
+	for i := 8; i+16 <= len(b); i += 8 {
+		if binary.LittleEndian.Uint64(b[i:]) == v {
+			return true
+		}
+	}
+	return false
+}
+
+// bytesDiffering is the mask of the bytes in which v and w differ.
+func bytesDiffering(v, w uint64) uint64 {
+	var m uint64
+	for k := 0; k < 64; k += 8 {
+		if (v^w)>>k&0xff != 0 {
+			m |= 0xff << k
+		}
+	}
+	return m
 }
 
 // tornBetween reports whether v, differing from both a and b (which

@@ -26,7 +26,8 @@ import (
 //     cache gives none between a pread and a pwrite of one page, so a
 //     file LUN shows it. Such a read enters the history once per value
 //     it holds, each with the read's times: every part must be a value
-//     the block held while it ran.
+//     the block held while it ran (a value of which the read holds only
+//     some bytes, in the block's first or last word, by those bytes).
 //
 // A write that ended in an error may or may not have happened: it takes
 // effect at some point after its call, or never (its return is the end
@@ -69,7 +70,10 @@ type input struct {
 // output is an operation's result: the value a read returned; unknown
 // for an operation that ended in an error (it happened or not).
 type output struct {
-	value   uint64
+	value uint64
+	// mask, when not 0, says a read saw only these bytes of value (the
+	// rest of the word was another value's: values in client.go).
+	mask    uint64
 	unknown bool
 	// failed is when the client saw an unknown operation fail (0: not
 	// known); the checker of stretches bounds its effect by the first
@@ -145,7 +149,7 @@ func newModel(owner map[int]int) porcupine.NondeterministicModel {
 		}
 		switch i.kind {
 		case opRead:
-			if o.value == s.cur {
+			if o.value == s.cur || o.mask != 0 && (o.value^s.cur)&o.mask == 0 {
 				return []any{s}
 			}
 			return nil
@@ -199,6 +203,9 @@ var modelDescriptions = porcupine.NondeterministicModel{
 		i := in.(input)
 		switch i.kind {
 		case opRead:
+			if o := out.(output); o.mask != 0 {
+				return fmt.Sprintf("read b%d -> %x (bytes %x of it)", i.block, o.value, o.mask)
+			}
 			return fmt.Sprintf("read b%d -> %x", i.block, out.(output).value)
 		case opWrite:
 			if i.fua {
