@@ -146,18 +146,7 @@ func TestErrors(t *testing.T) {
 // ring, so it waits in io_uring_enter (submitAndWait).
 func TestAsyncCompletion(t *testing.T) {
 	r := newRing(t, 4)
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	defer pw.Close()
-	rfd, err := unix.Dup(int(pr.Fd())) // a blocking descriptor, outside the netpoller
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer unix.Close(rfd)
-	unix.SetNonblock(rfd, false)
+	rfd, pw := blockingPipe(t)
 	got := make(chan string, 1)
 	go func() {
 		buf := make([]byte, 5)
@@ -195,27 +184,18 @@ func TestAsyncCompletion(t *testing.T) {
 func TestWaitersTogether(t *testing.T) {
 	for range 20 {
 		r := newRing(t, 4)
-		type pipe struct{ rfd, w *os.File }
+		type pipe struct {
+			rfd int
+			w   *os.File
+		}
 		var ps [2]pipe
 		for i := range ps {
-			pr, pw, err := os.Pipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pr.Close()
-			defer pw.Close()
-			fd, err := unix.Dup(int(pr.Fd()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			unix.SetNonblock(fd, false)
-			ps[i] = pipe{os.NewFile(uintptr(fd), "pipe"), pw}
-			defer ps[i].rfd.Close()
+			ps[i].rfd, ps[i].w = blockingPipe(t)
 		}
 		got := [2]chan string{make(chan string, 1), make(chan string, 1)}
 		read := func(i int) {
 			buf := make([]byte, 3)
-			n, err := r.ReadAt(int(ps[i].rfd.Fd()), buf, -1)
+			n, err := r.ReadAt(ps[i].rfd, buf, -1)
 			if err != nil {
 				got[i] <- err.Error()
 				return
@@ -268,15 +248,7 @@ func TestCloseWaitsForOperations(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pr.Close()
-	defer pw.Close()
-	rfd, _ := unix.Dup(int(pr.Fd()))
-	defer unix.Close(rfd)
-	unix.SetNonblock(rfd, false)
+	rfd, pw := blockingPipe(t)
 	readDone := make(chan error, 1)
 	go func() {
 		_, err := r.ReadAt(rfd, make([]byte, 1), -1)
@@ -298,6 +270,27 @@ func TestCloseWaitsForOperations(t *testing.T) {
 	if _, err := r.ReadAt(rfd, make([]byte, 1), -1); !errors.Is(err, ErrClosed) {
 		t.Fatalf("read after Close: %v, want ErrClosed", err)
 	}
+}
+
+// blockingPipe is a pipe whose read end is a blocking descriptor outside
+// the netpoller: the kernel completes a read of it from its worker once
+// data arrives, not inline. Both ends close when the test ends.
+func blockingPipe(t *testing.T) (rfd int, w *os.File) {
+	t.Helper()
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pw.Close(); pr.Close() })
+	rfd, err = unix.Dup(int(pr.Fd()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(rfd) })
+	if err := unix.SetNonblock(rfd, false); err != nil {
+		t.Fatal(err)
+	}
+	return rfd, pw
 }
 
 // TestNoAllocations: an inline read or write costs no allocation.
