@@ -334,6 +334,22 @@ func TestValuesTornInAnEdgeWord(t *testing.T) {
 			t.Errorf("torn in the %s word: the model took bytes of no value written", c.name)
 		}
 	}
+	// The read of CI's failure (block 13, 2026-11-27): 0x200000000063d
+	// written over 0x30000000005ef, the first two words torn, each in its
+	// own way.
+	const old2, new2 = 0x30000000005ef, 0x200000000063d
+	fill(blk, new2)
+	binary.LittleEndian.PutUint64(blk[0:], 0x20000000005ef)
+	binary.LittleEndian.PutUint64(blk[8:], 0x20000000006ef)
+	h := []porcupine.Operation{op(0, w(0, old2, false), 0, 0, 1), op(1, w(0, new2, false), 0, 2, 5)}
+	for _, o := range values(blk) {
+		r := op(2, rd(0), 0, 3, 4)
+		r.Output = o
+		h = append(h, r)
+	}
+	if m := newModel(nil); !porcupine.CheckOperations(m.ToModel(), h) {
+		t.Errorf("CI's torn read refused: %+v", values(blk))
+	}
 	// A first word that is a whole value found elsewhere in the block is
 	// that value, every byte of it.
 	fill(blk, new)
