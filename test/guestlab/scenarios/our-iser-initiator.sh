@@ -1,8 +1,7 @@
 # our-iser-initiator: blockwire's initiator over iSER (connection-first,
 # its userspace iWARP device) against tgt's userspace iSER target, which
-# uses the kernel's siw through librdmacm on dummy0. (LIO's isert cannot
-# listen on siw here — it needs the TCP port LIO's own portal holds, see
-# shared/spec/guestlab.md — so tgt is the Linux-side iSER target.) The
+# uses the kernel's siw through librdmacm on dummy0 (LIO's isert on siw is
+# verbs-siw-our-iser-lio's peer: it needs a second namespace). The
 # verifying benchmark (random writes and reads at QD 8) and a 4 MiB copy in
 # and out.
 rdma_dev siw dummy || exit 1
