@@ -102,6 +102,7 @@ type tclient struct {
 	hd, dd    bool
 	badDD     bool     // corrupt the next data digest
 	pending   *pdu.BHS // a PDU read ahead by a test action
+	rerr      error    // why the last recv returned no PDU
 }
 
 func dial(t testing.TB, addr string) *tclient {
@@ -144,7 +145,7 @@ func (c *tclient) sendRaw(h *pdu.BHS, ahs, data []byte) {
 // recv reads one PDU; ok is false when the connection ended.
 func (c *tclient) recv(timeout time.Duration) (h pdu.BHS, data []byte, ok bool) {
 	c.nc.SetReadDeadline(time.Now().Add(timeout))
-	if _, err := io.ReadFull(c.r, h[:]); err != nil {
+	if _, c.rerr = io.ReadFull(c.r, h[:]); c.rerr != nil {
 		return h, nil, false
 	}
 	if n := h.TotalAHSLength(); n > 0 {
@@ -155,7 +156,7 @@ func (c *tclient) recv(timeout time.Duration) (h pdu.BHS, data []byte, ok bool) 
 	}
 	n := h.DataSegmentLength()
 	data = make([]byte, pdu.PaddedLen(n))
-	if _, err := io.ReadFull(c.r, data); err != nil {
+	if _, c.rerr = io.ReadFull(c.r, data); c.rerr != nil {
 		return h, nil, false
 	}
 	if c.dd && n > 0 {

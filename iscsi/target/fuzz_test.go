@@ -1,6 +1,9 @@
 package target
 
 import (
+	"errors"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -27,9 +30,17 @@ func FuzzTargetConnection(f *testing.F) {
 		c := dial(t, ts.addr)
 		c.mustLogin(normalKeys(ini)...)
 		c.nc.Write(b)
+		// The input ends there: the target answers what it read and,
+		// reading the end of the stream, drops the connection. It must
+		// do so soon — a hang fails (as a wait for silence could not
+		// tell), and no wait for silence slows every run.
+		c.nc.(*net.TCPConn).CloseWrite()
 		for {
-			rh, _, ok := c.recv(30 * time.Millisecond)
+			rh, _, ok := c.recv(5 * time.Second)
 			if !ok {
+				if errors.Is(c.rerr, os.ErrDeadlineExceeded) {
+					t.Fatalf("the target neither answered nor dropped the connection within 5 s of the input's end (%d bytes)", len(b))
+				}
 				break
 			}
 			if op := rh.Opcode(); !op.Known() || op.FromInitiator() {
