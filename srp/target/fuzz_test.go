@@ -2,8 +2,8 @@ package target_test
 
 import (
 	"testing"
-	"time"
 
+	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/srp"
 )
@@ -30,16 +30,35 @@ func FuzzTargetIU(f *testing.F) {
 		if len(iu) == 0 || len(iu) > 8260 {
 			return
 		}
+		turIU, _ := (&srp.Cmd{Tag: 77, CDB: []byte{scsi.OpTestUnitReady}}).Append(nil, 0)
 		r := dialRaw(t, addr)
 		r.send(t, iu)
-		// Whatever happened, the target must still answer a new channel.
-		select {
-		case <-r.qp.Done():
-		case <-time.After(20 * time.Millisecond):
+		// A TEST UNIT READY behind it: its answer, or the channel's end,
+		// says the target has taken the fuzzed IU. A target that gives
+		// neither hangs, and next fails after 5 s (no fixed wait: it
+		// cost each run 20 ms). A task management function may abort
+		// the TEST UNIT READY, which then ends with no status (SAM): its
+		// own answer ends the wait too.
+		var tm srp.TskMgmt
+		tmTag, isTM := uint64(0), tm.Decode(iu) == nil
+		if isTM {
+			tmTag = tm.Tag
+		}
+		if r.qp.PostSend(&rdma.SendWR{Op: rdma.OpSend, SG: [][]byte{turIU}, Unsignaled: true}) == nil {
+			for {
+				b := r.next(t)
+				if b == nil {
+					break // the channel ended
+				}
+				var rsp srp.Rsp
+				if rsp.Decode(b) == nil && (rsp.Tag == 77 || isTM && rsp.Tag == tmTag) {
+					break
+				}
+			}
 		}
 		r.qp.Close()
+		// Whatever happened, the target must still answer a new channel.
 		s := dialRaw(t, addr)
-		turIU, _ := (&srp.Cmd{Tag: 77, CDB: []byte{scsi.OpTestUnitReady}}).Append(nil, 0)
 		s.send(t, turIU)
 		var rsp srp.Rsp
 		if err := rsp.Decode(s.next(t)); err != nil || rsp.Tag != 77 {
