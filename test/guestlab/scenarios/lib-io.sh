@@ -75,3 +75,27 @@ hostile_check() {
     cmp /tmp/pat /tmp/rb && say "new I/O after the attacks: dd readback OK" || hrc=1
   return $hrc
 }
+
+# remove_under DEV ADDR LOG: the kernel RDMA device DEV goes away (rdma
+# link delete) under the serving blockwire $B (its log LOG, its iSCSI/TCP
+# portal on ADDR:3260): it must stay up, log the removal, go on serving
+# iSCSI/TCP, and let the deletion complete while it runs. Returns 1 when a
+# check failed, 2 when blockwire died or the deletion did not complete
+# (blockwire then stopped: the scenario ends).
+remove_under() {
+  rdev=$1; raddr=$2; rlog=$3; rrc=0
+  rdma link delete $rdev & D=$!
+  sleep 3
+  kill -0 $B 2>/dev/null || { say "blockwire died when $rdev went away"; grep -m1 -B2 -A30 -E "^(SIG|panic|fatal)" $rlog; return 2; }
+  grep -q "RDMA device removed: the connection ends" $rlog && say "removal logged: $(grep -o 'msg="[^"]*RDMA device[^"]*"' $rlog | sort -u | tr '\n' ' ')" || { say "no log line for the removal"; rrc=1; }
+  timeout 30 /lab/bin/blockwire-verbs inquiry iscsi://$raddr:3260/$IQN/0 > /tmp/inq.out 2>&1 && say "iSCSI/TCP still serves: $(head -1 /tmp/inq.out)" || { cat /tmp/inq.out; rrc=1; }
+  # The process lets go of everything it held on the device, its
+  # librdmacm contexts included.
+  for i in $(seq 1 100); do kill -0 $D 2>/dev/null || break; sleep 0.2; done
+  if kill -0 $D 2>/dev/null; then
+    say "$rdev not deleted while blockwire runs; it holds: $(ls -l /proc/$B/fd | grep -oE '(infiniband|uverbs|rdma_cm|anon_inode)[^ ]*' | sort | uniq -c | tr '\n' ' ')"
+    kill $B; wait $D; return 2
+  fi
+  say "$rdev deleted while blockwire runs"
+  return $rrc
+}

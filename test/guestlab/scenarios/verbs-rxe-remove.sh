@@ -5,6 +5,7 @@
 # comes back (rdma link add) and the same process serves on it again. Then
 # a device it does not use goes away, and last the host's only one
 # (whose deletion waits for the process to exit: librdmacm).
+. /lab/lib-io.sh
 . /lab/lib-roce.sh
 roce_lab || exit 1
 # A bystander device (siw on a dummy link): librdmacm forgets a removed
@@ -20,23 +21,11 @@ rc=0
 iscsid_up && iscsi_login iser 3260 $LADDR || { tail -20 /tmp/bvr.log; exit 1; }
 dd if=/dev/urandom of=/dev/$DEV bs=64k count=16 oflag=direct 2>/dev/null || rc=1
 iscsiadm -m node -T $IQN -p $LADDR:3260 -I iser -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null 2>&1
-rdma link delete rxe0 & D=$!
-sleep 3
-kill -0 $B 2>/dev/null || { say "blockwire died when the device went away"; grep -m1 -B2 -A30 -E "^(SIG|panic|fatal)" /tmp/bvr.log; exit 1; }
-grep -q "RDMA device removed: the connection ends" /tmp/bvr.log && say "removal logged: $(grep -o 'msg="[^"]*RDMA device[^"]*"' /tmp/bvr.log | sort -u | tr '\n' ' ')" || { say "no log line for the removal"; rc=1; }
-timeout 30 /lab/bin/blockwire-verbs inquiry iscsi://$LADDR:3260/$IQN/0 > /tmp/inq.out 2>&1 && say "iSCSI/TCP still serves: $(head -1 /tmp/inq.out)" || { cat /tmp/inq.out; rc=1; }
-# The deletion completes while blockwire runs: the process lets go of
-# everything it held on the device (its librdmacm contexts included).
-for i in $(seq 1 100); do kill -0 $D 2>/dev/null || break; sleep 0.2; done
-if kill -0 $D 2>/dev/null; then
-  say "rxe0 not deleted while blockwire runs; it holds: $(ls -l /proc/$B/fd | grep -oE '(infiniband|uverbs|rdma_cm|anon_inode)[^ ]*' | sort | uniq -c | tr '\n' ' ')"
-  grep -E "level=(WARN|ERROR|INFO)" /tmp/bvr.log | tail -20
-  kill $B; wait $D; exit 1
-fi
-say "rxe0 deleted while blockwire runs"
+remove_under rxe0 $LADDR /tmp/bvr.log; case $? in 1) rc=1 ;; 2) exit 1 ;; esac
 timeout 30 iscsiadm -m node -u >/dev/null 2>&1; iscsiadm -m node -o delete >/dev/null 2>&1
 # The device comes back: the same process serves on it again.
 rdma link add rxe0 type rxe netdev va || rc=1
+roce_lab >/dev/null || rc=1 # its GIDs: ib_iser's connection fails until they are there
 for i in $(seq 1 100); do grep -q "the RDMA device is back; serving again" /tmp/bvr.log && break; sleep 0.2; done
 grep -q "the RDMA device is back; serving again" /tmp/bvr.log && say "the portal is back: $(grep -o 'msg="[^"]*is back[^"]*"' /tmp/bvr.log | head -1)" || { say "the portal did not come back"; rc=1; }
 if iscsi_login iser 3260 $LADDR; then

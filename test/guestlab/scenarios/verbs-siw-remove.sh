@@ -5,6 +5,7 @@
 # completes while it runs (a bystander siw device keeps librdmacm's device
 # list from going empty); siw0 comes back (rdma link add) and the same
 # process serves iSER on it again.
+. /lab/lib-io.sh
 rdma_dev siw dummy || exit 1
 modprobe ib_iser
 IP=/usr/bin/ip
@@ -25,16 +26,7 @@ rc=0
 iscsid_up && login_iser || { say "no iSER session over siw0"; tail -20 /tmp/bvs.log; kill $W $B; exit 1; }
 dd if=/dev/urandom of=/dev/$DEV bs=64k count=16 oflag=direct 2>/dev/null || rc=1
 iscsiadm -m node -T $IQN -p $RADDR:3261 -I iser -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null 2>&1
-rdma link delete siw0 & D=$!
-sleep 3
-kill -0 $B 2>/dev/null || { say "blockwire died when the device went away"; grep -m1 -B2 -A30 -E "^(SIG|panic|fatal)" /tmp/bvs.log; exit 1; }
-grep -q "RDMA device removed: the connection ends" /tmp/bvs.log && say "removal logged: $(grep -o 'msg="[^"]*RDMA device[^"]*"' /tmp/bvs.log | sort -u | tr '\n' ' ')" || { say "no log line for the removal"; rc=1; }
-timeout 30 /lab/bin/blockwire-verbs inquiry iscsi://$RADDR:3260/$IQN/0 > /tmp/inq.out 2>&1 && say "iSCSI/TCP still serves: $(head -1 /tmp/inq.out)" || { cat /tmp/inq.out; rc=1; }
-for i in $(seq 1 100); do kill -0 $D 2>/dev/null || break; sleep 0.2; done
-if kill -0 $D 2>/dev/null; then
-  say "siw0 not deleted while blockwire runs"; kill $W $B; wait $D; exit 1
-fi
-say "siw0 deleted while blockwire runs"
+remove_under siw0 $RADDR /tmp/bvs.log; case $? in 1) rc=1 ;; 2) kill $W; exit 1 ;; esac
 logout_all
 rdma link add siw0 type siw netdev dummy0 || rc=1
 for i in $(seq 1 100); do grep -q "the RDMA device is back; serving again" /tmp/bvs.log && break; sleep 0.2; done
