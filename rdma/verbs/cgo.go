@@ -492,16 +492,16 @@ func Open(name string, o Options) (*Device, error) {
 const deviceListPoll = 2 * time.Second
 
 // forgetRemoved has librdmacm read the kernel's device list every
-// deviceListPoll while the device is open. librdmacm keeps a context of every device it
-// has seen (rdma_get_devices opens them all) and lets go of one the
-// kernel removed only when it next reads the list; a device whose driver
-// cannot take a context away from a process (rxe, siw: no
-// disassociation) is not deleted until then — one this device never used
-// as much as this one, once its connections have ended (release reads
-// the list as well). librdmacm lets go of none while the list is empty
-// (its sync_devices_list returns ENODEV first: rdma-core 44 to at least
-// 65): the last RDMA device of the host is deleted when the process
-// exits.
+// deviceListPoll while the device is open. librdmacm keeps a context of
+// every device it has seen (rdma_get_devices opens them all), and closes
+// that of a device the kernel removed only when it next reads the list.
+// A driver that cannot take a context away from a process (rxe, siw: no
+// disassociation) finishes removing its device only then — this device,
+// once its connections have ended (release reads the list too), and as
+// well any other, which blockwire may never have used. With no device
+// left, librdmacm closes none (its sync_devices_list returns ENODEV
+// first: rdma-core 44 to at least 65): the host's last RDMA device is
+// deleted when the process exits.
 func (d *Device) forgetRemoved() {
 	t := time.NewTicker(deviceListPoll)
 	defer t.Stop()
