@@ -40,10 +40,7 @@ func FuzzTargetIU(f *testing.F) {
 		// the TEST UNIT READY, which then ends with no status (SAM): its
 		// own answer ends the wait too.
 		var tm srp.TskMgmt
-		tmTag, isTM := uint64(0), tm.Decode(iu) == nil
-		if isTM {
-			tmTag = tm.Tag
-		}
+		isTM := tm.Decode(iu) == nil
 		if r.qp.PostSend(&rdma.SendWR{Op: rdma.OpSend, SG: [][]byte{turIU}, Unsignaled: true}) == nil {
 			for {
 				b := r.next(t)
@@ -51,7 +48,7 @@ func FuzzTargetIU(f *testing.F) {
 					break // the channel ended
 				}
 				var rsp srp.Rsp
-				if rsp.Decode(b) == nil && (rsp.Tag == 77 || isTM && rsp.Tag == tmTag) {
+				if rsp.Decode(b) == nil && (rsp.Tag == 77 || isTM && rsp.Tag == tm.Tag) {
 					break
 				}
 			}

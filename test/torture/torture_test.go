@@ -294,6 +294,23 @@ func TestValuesTornInsideAWord(t *testing.T) {
 	if got := values(blk); !slices.Contains(got, output{value: 0x1000000000077}) {
 		t.Errorf("a word of other bytes passed over: %+v", got)
 	}
+	fill(blk, a)
+	binary.LittleEndian.PutUint64(blk[0:], 0x1000000000054) // no word before it
+	if got := values(blk); !slices.ContainsFunc(got, func(o output) bool { return o.value == 0x1000000000054 }) {
+		t.Errorf("a first word passed over: %+v", got)
+	}
+}
+
+// reads is a read of block 0 by client from call to ret that returned
+// outs: one history entry per value (model.go).
+func reads(client int, outs []output, call, ret int64) []porcupine.Operation {
+	var h []porcupine.Operation
+	for _, o := range outs {
+		r := op(client, rd(0), 0, call, ret)
+		r.Output = o
+		h = append(h, r)
+	}
+	return h
 }
 
 // TestValuesTornInAnEdgeWord: the tear falls in the block's first (or
@@ -320,12 +337,7 @@ func TestValuesTornInAnEdgeWord(t *testing.T) {
 		}
 		m := newModel(nil)
 		// old written, then new written while the block is read.
-		h := []porcupine.Operation{op(0, w(0, old, false), 0, 0, 1), op(0, w(0, new, false), 0, 2, 5)}
-		for _, o := range got {
-			r := op(1, rd(0), 0, 3, 4)
-			r.Output = o
-			h = append(h, r)
-		}
+		h := append([]porcupine.Operation{op(0, w(0, old, false), 0, 0, 1), op(0, w(0, new, false), 0, 2, 5)}, reads(1, got, 3, 4)...)
 		if !porcupine.CheckOperations(m.ToModel(), h) {
 			t.Errorf("torn in the %s word: the model refused %+v", c.name, got)
 		}
@@ -341,12 +353,7 @@ func TestValuesTornInAnEdgeWord(t *testing.T) {
 	fill(blk, new2)
 	binary.LittleEndian.PutUint64(blk[0:], 0x20000000005ef)
 	binary.LittleEndian.PutUint64(blk[8:], 0x20000000006ef)
-	h := []porcupine.Operation{op(0, w(0, old2, false), 0, 0, 1), op(1, w(0, new2, false), 0, 2, 5)}
-	for _, o := range values(blk) {
-		r := op(2, rd(0), 0, 3, 4)
-		r.Output = o
-		h = append(h, r)
-	}
+	h := append([]porcupine.Operation{op(0, w(0, old2, false), 0, 0, 1), op(1, w(0, new2, false), 0, 2, 5)}, reads(2, values(blk), 3, 4)...)
 	if m := newModel(nil); !porcupine.CheckOperations(m.ToModel(), h) {
 		t.Errorf("CI's torn read refused: %+v", values(blk))
 	}
