@@ -121,8 +121,9 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 // answering a READ waits for its Send to complete, so each of that
 // peer's commands would hold one of the LU's 64 workers until the
 // target's NOP-In timed out (25 s): the other initiators of the LU would
-// wait as long. The target stops reading such a connection once it holds
-// maxWorking workers (iscsi/target conn.throttle), on iSER as on TCP;
+// wait as long. Once such a connection holds maxWorking workers, its
+// further commands wait for one of them (iscsi/target conn.toWorker), on
+// iSER as on TCP;
 // and a worker whose command waits only for its answer to be taken is
 // counted out of the LU's workers (scsitarget.LU.Detach), so even an LU
 // with fewer workers than that bound keeps serving the others.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -167,7 +168,8 @@ func heapInUse() uint64 {
 // holds at most maxWorking of the LU's workers meanwhile (more than 64 of
 // them otherwise), or the writer's answers would find none — on a memory
 // LU, whose commands a receiver runs itself past that, and on one whose
-// commands may block, where the receiver stops reading (conn.throttle).
+// commands may block, where the commands beyond it wait for a worker
+// (conn.toWorker).
 func TestFloodStaysWithinTheIOBudget(t *testing.T) {
 	t.Run("memory", func(t *testing.T) { testFlood(t, nil) })
 	t.Run("blocking", func(t *testing.T) {
@@ -383,8 +385,8 @@ func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(ne
 // answering it wait in their writes; those workers are counted out of
 // the LU's (scsitarget.LU.Detach), so an LU with 4 workers goes on
 // serving another initiator at once rather than after the send timeout;
-// and the connection holds at most maxWorking+1 of them, its receiver
-// reading nothing more meanwhile.
+// and the connection holds at most maxWorking of them, its further
+// commands waiting for one of those (conn.toWorker).
 func TestPeerThatStopsReadingLeavesTheLUToOthers(t *testing.T) {
 	ts, lu := startServerBlockingLU(t, 4)
 	c := dial(t, ts.addr)
@@ -559,4 +561,125 @@ func (d dialFrom) Dial(ctx context.Context, portal string, _ datamover.DialParam
 		return nil, err
 	}
 	return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return tcp.New(nc, st) }, Close: func() { nc.Close() }}, nil
+}
+
+// stalledDisk holds every read until gate is closed, counting the reads
+// inside it. Only backend.Backend: it may block, so every command goes to
+// a worker.
+type stalledDisk struct {
+	backend.Backend
+	gate         chan struct{}
+	inside, peak atomic.Int32
+}
+
+func (s *stalledDisk) ReadAt(p []byte, off int64) (int, error) {
+	n := s.inside.Add(1)
+	for {
+		if p := s.peak.Load(); n <= p || s.peak.CompareAndSwap(p, n) {
+			break
+		}
+	}
+	<-s.gate
+	s.inside.Add(-1)
+	return s.Backend.ReadAt(p, off)
+}
+
+// TestStalledStorageStillAnswersPings: with the storage stalled and more
+// commands outstanding than a connection may have on workers
+// (maxWorking), or its address (MaxWorkingPerSource), the connections
+// still read: a NOP-Out ping is answered, which is what keeps Linux from
+// dropping a connection after its noop_out_timeout (5 s), and an ABORT
+// TASK of a command still waiting for a worker is answered at once. The
+// commands beyond the bound wait without holding a worker, and all run
+// once the storage is back.
+func TestStalledStorageStillAnswersPings(t *testing.T) {
+	t.Run("one connection", func(t *testing.T) { testStalledStorage(t, 1, maxWorking+8, Options{}, maxWorking) })
+	// Two sessions from one address, sharing a bound of 8: the commands
+	// parked for the address's share (conn.waitSource) run too.
+	t.Run("the address's share", func(t *testing.T) { testStalledStorage(t, 2, 12, Options{MaxWorkingPerSource: 8}, 8) })
+}
+
+func testStalledStorage(t *testing.T, conns, perConn int, opts Options, bound int32) {
+	d, _ := mem.New(1 << 20)
+	s := &stalledDisk{Backend: d, gate: make(chan struct{})}
+	opts.NopInterval = -1
+	ts := startServer(t, opts, onLU(t, scsitarget.LUConfig{Backend: s}))
+	var cs []*tclient
+	var itts [][]uint32
+	for i := range conns {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(normalKeys(ini)...)
+		c.command(tur(), false, 0, nil, 0) // the power-on unit attention
+		cs = append(cs, c)
+	}
+	for _, c := range cs {
+		var is []uint32
+		for i := range perConn {
+			is = append(is, c.sendCmd(read10(uint32(i), 1), true, 512, false, nil))
+		}
+		itts = append(itts, is)
+	}
+	for deadline := time.Now().Add(5 * time.Second); s.inside.Load() < bound; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("only %d reads reached the storage", s.inside.Load())
+		}
+	}
+	released := false
+	defer func() {
+		if !released {
+			close(s.gate)
+		}
+	}()
+	for _, c := range cs {
+		nop := pdu.NopOut{Immediate: true, ITT: 0x7777, TTT: pdu.ReservedTTT, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+		var h pdu.BHS
+		nop.Encode(&h)
+		c.sendRaw(&h, nil, nil)
+		if rh, _, ok := c.recv(2 * time.Second); !ok || rh.Opcode() != pdu.OpNopIn || rh.ITT() != 0x7777 {
+			t.Fatalf("no answer to a ping within 2 s while the storage is stalled (got %v, ok %v)", rh.Opcode(), ok)
+		}
+	}
+	c := cs[0]
+	last := itts[0][perConn-1]
+	tmf := pdu.TaskMgmtReq{Immediate: true, Function: pdu.TMFAbortTask, ITT: 0x8888, RTT: last, CmdSN: c.cmdSN, RefCmdSN: c.cmdSN - 1, ExpStatSN: c.expStatSN}
+	var h pdu.BHS
+	tmf.Encode(&h)
+	c.sendRaw(&h, nil, nil)
+	if rh, _, ok := c.recv(2 * time.Second); !ok || rh.Opcode() != pdu.OpTaskMgmtResp || rh[2] != pdu.TMFRespComplete {
+		t.Fatalf("ABORT TASK of a command waiting for a worker: got %v (response %d), ok %v, within 2 s", rh.Opcode(), rh[2], ok)
+	}
+	// The address's bound is checked before a command goes to a worker,
+	// by each connection: each may pass it by one.
+	if p, max := s.peak.Load(), bound+int32(conns); p > max {
+		t.Fatalf("%d reads in the storage at once, at most %d", p, max)
+	}
+
+	close(s.gate)
+	released = true
+	for k, c := range cs {
+		want := perConn
+		if k == 0 {
+			want-- // the aborted one
+		}
+		answered := map[uint32]bool{}
+		for len(answered) < want {
+			rh, _, ok := c.recv(5 * time.Second)
+			if !ok {
+				t.Fatalf("connection %d: %d of %d reads answered once the storage was back", k, len(answered), want)
+			}
+			if rh.Opcode() == pdu.OpSCSIResponse || rh.Opcode() == pdu.OpDataIn {
+				if k == 0 && rh.ITT() == last {
+					t.Fatal("the aborted read was answered")
+				}
+				if rh.Opcode() == pdu.OpSCSIResponse || rh.DataInStatus() {
+					answered[rh.ITT()] = true
+				}
+			}
+		}
+		c.stillServes(t)
+	}
+	if n := ts.tasks(); n != 0 {
+		t.Fatalf("%d tasks left", n)
+	}
 }

@@ -42,12 +42,11 @@ type conn struct {
 	// (on iSER, for its Send to complete), so a peer that stops taking
 	// answers holds the workers its commands reach. At maxWorking the
 	// receiver runs commands for LUs that never block itself (task.run;
-	// not on iSER); past it, it stops reading the connection until one of
-	// them is done (throttle; workFree says so).
-	working  atomic.Int32
-	workFree chan struct{}
+	// not on iSER); the others wait in parked, holding no worker, until
+	// one of the connection's is done (toWorker, unpark).
+	working atomic.Int32
 	// src is what the connection shares with the others from its address:
-	// their commands on workers, bounded together (throttle).
+	// their commands on workers, bounded together (toWorker).
 	src *source
 	// taskGone is signaled when a task leaves tasks (release), for the
 	// receiver waiting to reuse an ITT (handleCommand).
@@ -76,6 +75,16 @@ type conn struct {
 	closed    bool
 	draining  bool // a target cold reset: commands are no longer taken
 	loggedOut bool
+	// parked are tasks ready to execute that wait for a worker: the
+	// connection has maxWorking on workers, or its address its share
+	// (Options.MaxWorkingPerSource). The receiver goes on reading
+	// meanwhile — NOP-Out pings, task management, Logout — so a stalled
+	// backend does not look like a dead connection to the initiator; the
+	// command window bounds them (twice the window per connection, see
+	// handleCommand). They leave in order (unpark). srcWaiter: a
+	// goroutine waits for the address's share to free (waitSource).
+	parked    []*task
+	srcWaiter bool
 	// logoutAsked is the logout wait (seconds) requested by Shutdown
 	// during login, or -1.
 	logoutAsked int
@@ -114,7 +123,6 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 		byTTT: map[uint32]*task{},
 		stop:  make(chan struct{}),
 
-		workFree: make(chan struct{}, 1),
 		taskGone: make(chan struct{}, 1),
 	}
 	c.statSN = 1
@@ -194,10 +202,14 @@ func (c *conn) ConnectionTerminateNotify(err error) {
 	var waiting []*task
 	for _, t := range c.tasks {
 		t.aborted = true
-		if !t.executing {
+		if !t.executing || t.parked {
 			waiting = append(waiting, t)
 		}
 	}
+	for _, t := range c.parked {
+		t.parked = false
+	}
+	c.parked = nil
 	c.mu.Unlock()
 	for _, t := range waiting {
 		c.release(t, false)
@@ -326,58 +338,135 @@ func (c *conn) ControlNotify(p *datamover.PDU) error {
 	if err != nil {
 		c.noteRejected(&p.BHS, err)
 	}
-	c.throttle()
 	return err
 }
 
-// throttle holds the receiver while the connection's commands occupy more
-// than maxWorking of its LUs' workers (on TCP, LUs whose commands may
-// block: for the others task.run stops at maxWorking; on iSER, every LU,
-// since nothing runs on its receiver): the peer's next PDUs wait in the
-// socket or in the posted receive buffers until one of them is answered.
-// A peer that stops taking its answers — stops reading its socket, or on
-// iSER posts no receive buffers, so that every Send of ours waits on RNR
-// NAKs, retried for ever — so stalls its own connection, never the LU's
-// other initiators. A worker waits only for the datamover's sending side
-// (send slots, send completions: iSER's dispatch goroutine), never for a
-// PDU this receiver delivers: commands go to workers with their data in.
-//
-// The connections from one address are bounded together as well
-// (Options.MaxWorkingPerSource): a host that stops taking answers on many
-// connections stalls all of them, not the LU's other initiators.
-func (c *conn) throttle() {
-	for {
-		if c.working.Load() > maxWorking {
-			<-c.workFree
-			continue
-		}
-		if !c.src.over() {
-			return
-		}
+// toWorker hands a task whose data is complete to its LU's workers, or
+// parks it while the connection's commands occupy maxWorking of them (on
+// TCP, LUs whose commands may block: for the others task.run stops at
+// maxWorking; on iSER, every LU, since nothing runs on its receiver) or
+// its address's ones their share. A peer that stops taking its answers —
+// stops reading its socket, or on iSER posts no receive buffers, so that
+// every Send of ours waits on RNR NAKs, retried for ever — so holds
+// maxWorking workers per connection and MaxWorkingPerSource per address,
+// never the LU's other initiators' share; its further commands wait in
+// parked, bounded by the command window. A worker waits only for the
+// datamover's sending side (send slots, send completions: iSER's dispatch
+// goroutine), never for a PDU the receiver delivers: commands go to
+// workers with their data in.
+func (c *conn) toWorker(t *task) {
+	c.mu.Lock()
+	// An ended connection parks nothing: its tasks are aborted, and
+	// its end released the parked ones already.
+	if c.closed || len(c.parked) == 0 && c.working.Load() < maxWorking && !c.src.over() {
+		c.working.Add(1)
+		c.mu.Unlock()
+		c.startWorker(t)
+		return
+	}
+	t.parked = true
+	c.parked = append(c.parked, t)
+	c.mu.Unlock()
+	if c.src.over() && c.startSourceWaiter() {
 		c.srv.sourceWaits.Add(1)
 		if n := c.src.waits.Add(1); n <= 16 || n%1024 == 0 {
-			c.log.Warn("the address's commands hold its share of the LU workers and answers: its connections wait",
+			c.log.Warn("the address's commands hold its share of the LU workers and answers: its connections' commands wait",
 				"source", c.src.addr, "working", c.src.working.Load(), "limit", c.src.limit, "count", n)
-		}
-		if !c.src.wait(c.stop) {
-			return
-		}
-		select {
-		case <-c.stop:
-			return
-		default:
 		}
 	}
 }
 
-// workerDone counts a worker's command answered (throttle).
+// startSourceWaiter starts waitSource unless it runs; it reports whether
+// it started it.
+func (c *conn) startSourceWaiter() bool {
+	c.mu.Lock()
+	start := !c.srcWaiter && !c.closed
+	c.srcWaiter = c.srcWaiter || start
+	c.mu.Unlock()
+	if start {
+		go c.waitSource()
+	}
+	return start
+}
+
+// startWorker dispatches t, already counted in working.
+func (c *conn) startWorker(t *task) {
+	t.worker = true
+	c.src.add()
+	c.srv.dispatch(t)
+}
+
+// unpark hands parked tasks to workers, in order, while the connection
+// and its address are within their bounds. It reports whether tasks stay
+// parked for the address's share alone (waitSource waits for it).
+func (c *conn) unpark() (forSource bool) {
+	for {
+		c.mu.Lock()
+		if len(c.parked) == 0 || c.working.Load() >= maxWorking {
+			c.mu.Unlock()
+			return false
+		}
+		if c.src.over() {
+			c.mu.Unlock()
+			return true
+		}
+		t := c.parked[0]
+		c.parked[0] = nil
+		c.parked = c.parked[1:]
+		t.parked = false
+		c.working.Add(1)
+		c.mu.Unlock()
+		c.startWorker(t)
+	}
+}
+
+// waitSource waits for the address's commands on workers to fall within
+// its share and unparks the connection's tasks; one per connection at a
+// time (srcWaiter).
+func (c *conn) waitSource() {
+	for {
+		c.src.wait(c.stop)
+		select {
+		case <-c.stop:
+		default:
+			if c.unpark() {
+				continue
+			}
+		}
+		c.mu.Lock()
+		// Parked for the source after the last look (toWorker saw a
+		// waiter and started none): wait on.
+		again := len(c.parked) > 0 && c.src.over() && !c.closed
+		c.srcWaiter = again
+		c.mu.Unlock()
+		if !again {
+			return
+		}
+	}
+}
+
+// unparkDropped takes t out of parked (an abort, or the connection's
+// end); it reports whether t was there.
+func (c *conn) unparkDropped(t *task) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !t.parked {
+		return false
+	}
+	t.parked = false
+	if i := slices.Index(c.parked, t); i >= 0 {
+		c.parked = slices.Delete(c.parked, i, i+1)
+	}
+	return true
+}
+
+// workerDone counts a worker's command answered, and lets a parked task
+// take its place.
 func (c *conn) workerDone() {
 	c.src.done()
-	if c.working.Add(-1) <= maxWorking {
-		select {
-		case c.workFree <- struct{}{}:
-		default:
-		}
+	c.working.Add(-1)
+	if c.unpark() {
+		c.startSourceWaiter()
 	}
 }
 

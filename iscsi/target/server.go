@@ -165,8 +165,8 @@ type Options struct {
 	// holds at most maxWorking alone; a host that stops taking answers on
 	// many connections would otherwise hold all of an LU's detached
 	// answers (scsitarget: 1024 at least) and then its workers. Past the
-	// bound every connection of the address stops being read until one
-	// of its commands is done (conn.throttle).
+	// bound the address's further commands wait, holding no worker,
+	// until one of its commands is done (conn.toWorker).
 	MaxWorkingPerSource int
 	// Budget bounds the I/O buffers of all sessions together and each
 	// session's share (scsitarget.IOBudget; shared with the node's other
@@ -359,8 +359,9 @@ const (
 // maxWorking is how many commands one connection may have on its LUs'
 // workers (scsitarget.DefaultWorkers: 64 per LU), executing or answering,
 // before its receiver runs them itself (LUs that never block, over TCP)
-// or stops reading (conn.throttle). It bounds what a peer that stops
-// taking its answers holds per connection (their workers are detached:
+// or the commands wait for a worker (conn.toWorker). It bounds what a
+// peer that stops taking its answers holds per connection (their workers
+// are detached:
 // scsitarget.LU.Detach). 32 is a whole Linux session's default queue
 // depth: at 16, two qemu-img processes 16 deep on one core reached 124–136k
 // 4 KiB reads/s against 127–147k at 32 (4 alternating rounds), one

@@ -57,6 +57,7 @@ type task struct {
 	// sent, release next — its ITT is as good as free (see register).
 	finishing bool
 	solo      bool // delivered as the connection's only task
+	parked    bool // in conn.parked, waiting for a worker (conn.mu)
 	worker    bool // handed to a worker (conn.working counts it)
 	// next is what enter decided and act carries out (both on the
 	// delivering goroutine, enter under session.mu, act after it).
@@ -403,18 +404,15 @@ func (t *task) run(a action) {
 		//
 		// And once the connection holds maxWorking workers, its receiver
 		// runs the command itself: on a LU that never blocks that bounds
-		// what the connection holds (conn.throttle bounds it on others,
-		// and on iSER).
+		// what the connection holds (conn.toWorker parks the others'
+		// commands, and iSER's).
 		c := t.c
 		if c.inline.Load() == t && !c.onRDMA() && (t.solo && !c.pending() || c.working.Load() >= maxWorking) {
 			if lu := t.cmd.LU(); lu != nil && lu.NonBlocking() && c.inline.CompareAndSwap(t, &c.inlineClaimed) {
 				return // handleCommand runs it once sequence returns
 			}
 		}
-		t.worker = true
-		c.working.Add(1)
-		c.src.add()
-		c.srv.dispatch(t)
+		c.toWorker(t)
 	}
 }
 
@@ -560,7 +558,9 @@ func (t *task) onAbort() {
 	t.aborted = true
 	waiting := !t.executing && !t.released
 	c.mu.Unlock()
-	if waiting {
+	// A task parked for a worker has not begun to execute: it ends now
+	// too, rather than when a worker frees (behind a stalled backend).
+	if waiting || c.unparkDropped(t) {
 		c.release(t, false)
 	}
 }
