@@ -42,7 +42,7 @@ addmod() { local m=$1 f d; [ -n "${seen[$m]:-}" ] && return 0; seen[$m]=1
   for d in $(modinfo -F softdep $f | tr ' ' '\n' | grep -v :); do addmod $d; done; }
 for m in scsi_mod sd_mod sg iscsi_tcp ib_iser rdma_rxe ib_srp ib_srpt ib_isert target_core_mod target_core_file \
   target_core_iblock iscsi_target_mod ib_uverbs rdma_ucm ib_umad ext4 dummy veth sch_netem loop configfs crc32c_generic \
-  crc32c-intel crct10dif_generic crct10dif-pclmul libcrc32c crc64_rocksoft_generic crc32_generic crc32-pclmul; do addmod $m; done
+  scsi_debug crc32c-intel crct10dif_generic crct10dif-pclmul libcrc32c crc64_rocksoft_generic crc32_generic crc32-pclmul; do addmod $m; done
 strip --strip-debug -o $D/extra/siw.ko siwsrc/drivers/infiniband/sw/siw/siw.ko
 depmod -b root $KV
 # config files + lab scripts
