@@ -99,3 +99,51 @@ remove_under() {
   say "$rdev deleted while blockwire runs"
   return $rrc
 }
+
+# scsi_debug_disk: loads scsi_debug (a 64 MiB RAM disk whose command delay
+# can be raised) and sets SD to its block device. Returns 0 when it is there.
+scsi_debug_disk() {
+  modprobe sd_mod; modprobe scsi_debug dev_size_mb=64 max_queue=128 || { say "no scsi_debug"; return 1; }
+  for i in $(seq 1 50); do SD=$(ls /sys/bus/pseudo/drivers/scsi_debug/adapter*/host*/target*/*/block 2>/dev/null | head -1); [ -n "$SD" ] && [ -b /dev/$SD ] && break; sleep 0.2; done
+  [ -b /dev/$SD ] || { say "no scsi_debug disk"; return 1; }
+  say "scsi_debug disk /dev/$SD"
+}
+
+# scsi_debug_gone: unloads scsi_debug once nothing holds its disk, so the
+# next scenarios of the boot find only their own SCSI disks.
+scsi_debug_gone() {
+  echo 1 > /sys/bus/pseudo/drivers/scsi_debug/delay 2>/dev/null
+  for i in $(seq 1 25); do rmmod scsi_debug 2>/dev/null && return 0; sleep 0.2; done
+  say "scsi_debug stays loaded"; return 1
+}
+
+# stall_reads LOG: with open-iscsi logged in to blockwire (log LOG) whose
+# LUN is the scsi_debug disk, and /dev/$DEV its disk with queue_depth 64,
+# the storage stalls (every scsi_debug command takes 12 s: delay=3000
+# jiffies at HZ=250) while 48 reads are outstanding: more than one
+# connection's 32 commands on workers, so 16 of them wait for a worker and
+# end after 24 s, within the SCSI layer's 30 s. open-iscsi pings a
+# connection it has heard nothing from for 5 s (noop_out_interval) and
+# drops it when the ping is not answered within 5 s more
+# (noop_out_timeout): blockwire must go on reading the connection while
+# commands wait. Returns 0 when every read returned the data written
+# before, with no connection error in the kernel log and none in LOG.
+stall_reads() {
+  say "queue depth $(cat /sys/block/$DEV/device/queue_depth) on /dev/$DEV"
+  dd if=/dev/urandom of=/tmp/pat bs=4k count=48 2>/dev/null
+  dd if=/tmp/pat of=/dev/$DEV bs=4k oflag=direct 2>/dev/null
+  mark=$(dmesg | wc -l)
+  echo 3000 > /sys/bus/pseudo/drivers/scsi_debug/delay
+  t0=$(date +%s)
+  pids=; for i in $(seq 0 47); do dd if=/dev/$DEV of=/tmp/r$i bs=4k count=1 skip=$i iflag=direct 2>/dev/null & pids="$pids $!"; done
+  bad=0; for j in $pids; do wait $j || bad=$((bad+1)); done
+  t1=$(date +%s)
+  echo 1 > /sys/bus/pseudo/drivers/scsi_debug/delay
+  say "48 reads done in $((t1-t0)) s, $bad failed"
+  ok=0; for i in $(seq 0 47); do dd if=/tmp/pat bs=4k count=1 skip=$i 2>/dev/null | cmp -s - /tmp/r$i && ok=$((ok+1)); done
+  errs=$(dmesg | tail -n +$((mark+1)) | grep -ci "ping timeout\|conn error")
+  dmesg | tail -n +$((mark+1)) | grep -i "iscsi\|iser\|connection" | tail -5
+  say "$ok of 48 reads match; $errs connection errors in the kernel log"
+  [ $bad = 0 ] && [ $ok = 48 ] && [ "$errs" = 0 ] && [ $((t1-t0)) -ge 20 ] || return 1
+  ! grep -q "connection ended" $1 || { say "blockwire saw the connection end"; return 1; }
+}
