@@ -428,15 +428,20 @@ func (c *conn) waitSource() {
 		c.src.wait(c.stop)
 		select {
 		case <-c.stop:
+			// The connection's end releases what is parked.
+			c.mu.Lock()
+			c.srcWaiter = false
+			c.mu.Unlock()
+			return
 		default:
-			if c.unpark() {
-				continue
-			}
+		}
+		if c.unpark() {
+			continue
 		}
 		c.mu.Lock()
 		// Parked for the source after the last look (toWorker saw a
 		// waiter and started none): wait on.
-		again := len(c.parked) > 0 && c.src.over() && !c.closed
+		again := len(c.parked) > 0 && c.src.over()
 		c.srcWaiter = again
 		c.mu.Unlock()
 		if !again {
