@@ -37,7 +37,7 @@ type Collector struct {
 	src Source
 
 	lunCmds, lunBytes, lunErrs, lunLat *prometheus.Desc
-	lunWaiting                         *prometheus.Desc
+	lunWaiting, lunInProgress          *prometheus.Desc
 	sesCmds, sesBytes, sesLat          *prometheus.Desc
 	sessions, loginFail                *prometheus.Desc
 	boundsHit                          *prometheus.Desc
@@ -51,17 +51,18 @@ func New(src Source) *Collector {
 	// TSIH, srp-N).
 	ses := []string{"fabric", "target", "initiator", "port", "session"}
 	return &Collector{src: src,
-		lunCmds:    prometheus.NewDesc("blockwire_lun_commands_total", "SCSI commands completed, by class (read, write, other).", append(lun, "class"), nil),
-		lunBytes:   prometheus.NewDesc("blockwire_lun_bytes_total", "Bytes moved by reads and writes.", append(lun, "direction"), nil),
-		lunErrs:    prometheus.NewDesc("blockwire_lun_errors_total", "Commands that did not end GOOD, by kind (a sense key's name, reservation_conflict, busy).", append(lun, "kind"), nil),
-		lunLat:     prometheus.NewDesc("blockwire_lun_command_duration_seconds", "Command latency from arrival to completion, by class.", append(lun, "class"), nil),
-		lunWaiting: prometheus.NewDesc("blockwire_lun_answers_waiting", "Answers written or sent and not yet taken by their initiators (their workers are counted out of the LUN's).", lun, nil),
-		sesCmds:    prometheus.NewDesc("blockwire_session_commands_total", "SCSI commands completed in a session, by class.", append(ses, "class"), nil),
-		sesBytes:   prometheus.NewDesc("blockwire_session_bytes_total", "Bytes moved by a session's reads and writes.", append(ses, "direction"), nil),
-		sesLat:     prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
-		sessions:   prometheus.NewDesc("blockwire_sessions", "Sessions (SRP: I_T nexuses) logged in, by fabric and type.", []string{"fabric", "type"}, nil),
-		loginFail:  prometheus.NewDesc("blockwire_iscsi_login_failures_total", "Failed logins, by status class.", []string{"class"}, nil),
-		boundsHit:  prometheus.NewDesc("blockwire_bounds_hit_total", "Times a peer met a bound on what it may make the node hold (connections closed, logins or connection requests refused, receivers paused), by fabric and bound.", []string{"fabric", "bound"}, nil),
+		lunCmds:       prometheus.NewDesc("blockwire_lun_commands_total", "SCSI commands completed, by class (read, write, other).", append(lun, "class"), nil),
+		lunBytes:      prometheus.NewDesc("blockwire_lun_bytes_total", "Bytes moved by reads and writes.", append(lun, "direction"), nil),
+		lunErrs:       prometheus.NewDesc("blockwire_lun_errors_total", "Commands that did not end GOOD, by kind (a sense key's name, reservation_conflict, busy).", append(lun, "kind"), nil),
+		lunLat:        prometheus.NewDesc("blockwire_lun_command_duration_seconds", "Command latency from arrival to completion, by class.", append(lun, "class"), nil),
+		lunWaiting:    prometheus.NewDesc("blockwire_lun_answers_waiting", "Answers written or sent and not yet taken by their initiators (their workers are counted out of the LUN's).", lun, nil),
+		lunInProgress: prometheus.NewDesc("blockwire_lun_commands_in_progress", "Commands arrived and not ended: waiting for their data, a worker or the storage, or for their answer to be taken.", lun, nil),
+		sesCmds:       prometheus.NewDesc("blockwire_session_commands_total", "SCSI commands completed in a session, by class.", append(ses, "class"), nil),
+		sesBytes:      prometheus.NewDesc("blockwire_session_bytes_total", "Bytes moved by a session's reads and writes.", append(ses, "direction"), nil),
+		sesLat:        prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
+		sessions:      prometheus.NewDesc("blockwire_sessions", "Sessions (SRP: I_T nexuses) logged in, by fabric and type.", []string{"fabric", "type"}, nil),
+		loginFail:     prometheus.NewDesc("blockwire_iscsi_login_failures_total", "Failed logins, by status class.", []string{"class"}, nil),
+		boundsHit:     prometheus.NewDesc("blockwire_bounds_hit_total", "Times a peer met a bound on what it may make the node hold (connections closed, logins or connection requests refused, commands held back), by fabric and bound.", []string{"fabric", "bound"}, nil),
 	}
 }
 
@@ -96,7 +97,7 @@ func Protect(h http.Handler, addr, token string) http.Handler {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.lunCmds, c.lunBytes, c.lunErrs, c.lunLat, c.lunWaiting, c.sesCmds, c.sesBytes, c.sesLat, c.sessions, c.loginFail, c.boundsHit} {
+	for _, d := range []*prometheus.Desc{c.lunCmds, c.lunBytes, c.lunErrs, c.lunLat, c.lunWaiting, c.lunInProgress, c.sesCmds, c.sesBytes, c.sesLat, c.sessions, c.loginFail, c.boundsHit} {
 		ch <- d
 	}
 }
@@ -159,6 +160,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Conflicts.Load()), append(labels, "reservation_conflict")...)
 				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Busy.Load()), append(labels, "busy")...)
 				ch <- prometheus.MustNewConstMetric(c.lunWaiting, prometheus.GaugeValue, float64(lu.Detached()), labels...)
+				ch <- prometheus.MustNewConstMetric(c.lunInProgress, prometheus.GaugeValue, float64(lu.InProgress()), labels...)
 			}
 		}
 	}

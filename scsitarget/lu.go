@@ -81,6 +81,8 @@ type LU struct {
 
 	taskMu sync.Mutex
 	tasks  *Command
+	// inTasks counts tasks (written under taskMu, read without it).
+	inTasks atomic.Int32
 
 	// sanitizing is set while a SANITIZE runs: media access is NOT READY.
 	sanitizing atomic.Bool

@@ -95,8 +95,15 @@ func (d *Device) Begin(c *Command) {
 		lu.tasks.prev = c
 	}
 	lu.tasks = c
+	lu.inTasks.Add(1)
 	lu.taskMu.Unlock()
 }
+
+// InProgress is how many commands are in the LU's task set: arrived and
+// not ended — waiting for their data, for a worker or for the storage,
+// or answered and waiting for the initiator to take the answer. A figure
+// that stays high while commands complete slowly is storage that stalls.
+func (lu *LU) InProgress() int { return int(lu.inTasks.Load()) }
 
 // End removes the command from its task set; an abort waiting for it is
 // released.
@@ -115,6 +122,7 @@ func (d *Device) End(c *Command) {
 		c.next.prev = c.prev
 	}
 	c.prev, c.next = nil, nil
+	lu.inTasks.Add(-1)
 	wg := c.abortWG
 	c.abortWG = nil
 	c.begun = false

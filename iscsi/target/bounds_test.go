@@ -625,6 +625,15 @@ func testStalledStorage(t *testing.T, conns, perConn int, opts Options, bound in
 			t.Fatalf("only %d reads reached the storage", s.inside.Load())
 		}
 	}
+	// Every read is in the LU's task set, those in the storage and those
+	// waiting for a worker alike: what an operator sees as
+	// blockwire_lun_commands_in_progress.
+	lu := ts.srv.targets[testIQN].Device.LU(0)
+	for deadline := time.Now().Add(5 * time.Second); lu.InProgress() != conns*perConn; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d commands in progress on the LU, want the %d sent", lu.InProgress(), conns*perConn)
+		}
+	}
 	released := false
 	defer func() {
 		if !released {
@@ -680,9 +689,9 @@ func testStalledStorage(t *testing.T, conns, perConn int, opts Options, bound in
 		c.stillServes(t)
 	}
 	// A task leaves the table just after its answer is written.
-	for deadline := time.Now().Add(2 * time.Second); ts.tasks() != 0; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(2 * time.Second); ts.tasks() != 0 || lu.InProgress() != 0; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d tasks left", ts.tasks())
+			t.Fatalf("%d tasks left, %d commands in progress on the LU", ts.tasks(), lu.InProgress())
 		}
 	}
 }

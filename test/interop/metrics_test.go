@@ -73,6 +73,9 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 	if v := value("blockwire_lun_answers_waiting", lun); v != 0 {
 		t.Errorf("%v answers waiting for their initiators after every command was answered", v)
 	}
+	if v := value("blockwire_lun_commands_in_progress", lun); v != 0 {
+		t.Errorf("%v commands in progress after every command was answered", v)
+	}
 	if v := value("blockwire_iscsi_login_failures_total", `class="initiator_error"`); v < 1 {
 		t.Errorf("failed logins %v", v)
 	}
