@@ -139,6 +139,9 @@ func Discover(ctx context.Context, portal string, opts Options) ([]DiscoveredTar
 		if err := r.Decode(&rp.BHS); err != nil {
 			return nil, err
 		}
+		if len(all)+len(rp.Data) > text.MaxTextLen {
+			return nil, fmt.Errorf("iscsi: the target's SendTargets text exceeds %d bytes", text.MaxTextLen)
+		}
 		all = append(all, rp.Data...)
 		if r.Final {
 			break

@@ -93,8 +93,11 @@ func (l *link) ControlNotify(p *datamover.PDU) error {
 			return errors.New("iscsi: unsolicited Text Response")
 		}
 	case pdu.OpLogoutResp:
+		// One answer ends the wait; a second one, or one nobody asked
+		// for, is ignored.
 		s.mu.Lock()
 		ch := s.logoutCh
+		s.logoutCh = nil
 		s.mu.Unlock()
 		if ch != nil {
 			close(ch)
@@ -363,7 +366,10 @@ func (l *link) ConnectionTerminateNotify(err error) {
 			x.dm.ConnectionTerminate()
 		}
 	}
-	go s.recover()
+	if err == nil {
+		err = errors.New("the target closed the connection")
+	}
+	go s.recover(err)
 }
 
 // DataCompletionNotify and DataACKNotify implement datamover.Upcalls; the
@@ -373,11 +379,12 @@ func (l *link) DataACKNotify(itt, dataSN uint32)     {}
 
 // recover reconnects with the same ISID (session reinstatement) and
 // replays every unfinished command, with backoff, for up to
-// RecoveryTimeout (RFC 7143 §6.3.5, ERL 0).
-func (s *Session) recover() {
+// RecoveryTimeout (RFC 7143 §6.3.5, ERL 0). lost is why the connection
+// ended: the error the session fails with when recovery is disabled.
+func (s *Session) recover(lost error) {
 	deadline := time.Now().Add(s.opts.RecoveryTimeout)
 	backoff := 100 * time.Millisecond
-	var lastErr error
+	lastErr := lost
 	// The portal that was lost first, then the other paths (multipath
 	// failover: Options.Paths), in turn.
 	paths := []string{s.portal}

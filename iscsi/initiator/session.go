@@ -433,6 +433,11 @@ func (l *link) exchange(ctx context.Context, req *pdu.LoginReq, kvs []text.KV) (
 		if err := resp.Decode(&rp.BHS); err != nil {
 			return nil, nil, err
 		}
+		if len(all)+len(rp.Data) > text.MaxTextLen {
+			// A target whose text never ends is given up on (RFC 7143
+			// §6.1 bounds a negotiation's text; we hold no more).
+			return nil, nil, fmt.Errorf("iscsi: the target's login text exceeds %d bytes", text.MaxTextLen)
+		}
 		all = append(all, rp.Data...)
 		if !resp.Continue || resp.StatusClass != 0 {
 			kv, err := text.Parse(all)

@@ -1,0 +1,356 @@
+package initiator
+
+// A target that misbehaves — sends what no command asked for, text without
+// end, the same answer twice, or bytes that are no PDU at all — must not
+// make our initiator panic, hang, or hold without bound what it sends:
+// every call ends, with an error where the target broke the protocol.
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/datamover/tcp"
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/iscsi/text"
+)
+
+// scriptDialer connects the initiator to a scripted target over an
+// in-memory pipe: script plays the target's side and the pipe closes when
+// it returns.
+type scriptDialer struct{ script func(*fakeTarget) }
+
+func (d scriptDialer) Dial(ctx context.Context, portal string, p datamover.DialParams) (*datamover.Established, error) {
+	a, b := net.Pipe()
+	f := &fakeTarget{c: b, reqs: make(chan fakePDU, 64)}
+	go f.read()
+	go func() {
+		defer b.Close()
+		d.script(f)
+	}()
+	return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return tcp.New(a, st) },
+		Close: func() { a.Close() }}, nil
+}
+
+type fakePDU struct {
+	h    pdu.BHS
+	data []byte
+}
+
+// fakeTarget is the target's end of the pipe: what the initiator sends
+// arrives on reqs (closed when the initiator closes); what the script
+// writes goes out as it is.
+type fakeTarget struct {
+	c     net.Conn
+	reqs  chan fakePDU
+	sent  atomic.Int64 // bytes written
+	stuck atomic.Bool  // a write found the initiator not reading
+}
+
+var errDeadline = os.ErrDeadlineExceeded
+
+func (f *fakeTarget) read() {
+	defer close(f.reqs)
+	for {
+		var p fakePDU
+		if _, err := io.ReadFull(f.c, p.h[:]); err != nil {
+			return
+		}
+		n := p.h.TotalAHSLength() + (p.h.DataSegmentLength()+3)&^3
+		buf := make([]byte, n)
+		if _, err := io.ReadFull(f.c, buf); err != nil {
+			return
+		}
+		p.data = buf[p.h.TotalAHSLength():][:p.h.DataSegmentLength()]
+		select {
+		case f.reqs <- p:
+		default: // nobody looks at that many: dropped, the pipe drained
+		}
+	}
+}
+
+// next waits for the initiator's next PDU (ok false once it closed).
+func (f *fakeTarget) next() (fakePDU, bool) {
+	select {
+	case p, ok := <-f.reqs:
+		return p, ok
+	case <-time.After(5 * time.Second):
+		return fakePDU{}, false
+	}
+}
+
+// write sends b; an initiator that stops reading for 2 s while the
+// connection is open (its receiver stuck) fails the write.
+func (f *fakeTarget) write(b []byte) error {
+	f.c.SetWriteDeadline(time.Now().Add(2 * time.Second))
+	n, err := f.c.Write(b)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errDeadline) {
+		f.stuck.Store(true)
+	}
+	f.sent.Add(int64(n))
+	return err
+}
+
+// pduBytes is a PDU as the wire carries it: the BHS with its data segment
+// length set, the data, padding to 4 bytes.
+func pduBytes(h pdu.BHS, data []byte) []byte {
+	h.SetDataSegmentLength(len(data))
+	b := append(h[:], data...)
+	return append(b, make([]byte, (4-len(data)%4)%4)...)
+}
+
+// loginKeys are a target's answer to our operational keys; FirstBurstLength
+// 4096 makes a larger write wait for an R2T.
+var loginKeys = []text.KV{
+	{Key: "HeaderDigest", Value: "None"}, {Key: "DataDigest", Value: "None"},
+	{Key: "MaxRecvDataSegmentLength", Value: "8192"}, {Key: "DefaultTime2Wait", Value: "0"},
+	{Key: "DefaultTime2Retain", Value: "0"}, {Key: "ErrorRecoveryLevel", Value: "0"},
+	{Key: "IFMarker", Value: "No"}, {Key: "OFMarker", Value: "No"},
+	{Key: "InitialR2T", Value: "No"}, {Key: "ImmediateData", Value: "Yes"},
+	{Key: "MaxBurstLength", Value: "262144"}, {Key: "FirstBurstLength", Value: "4096"},
+	{Key: "MaxOutstandingR2T", Value: "1"}, {Key: "MaxConnections", Value: "1"},
+	{Key: "DataPDUInOrder", Value: "Yes"}, {Key: "DataSequenceInOrder", Value: "Yes"},
+}
+
+// login answers the initiator's first Login Request with a final
+// response (CmdSN window of 32) and returns false if none came.
+func (f *fakeTarget) login() bool {
+	p, ok := f.next()
+	if !ok || p.h.Opcode() != pdu.OpLoginReq {
+		return false
+	}
+	var req pdu.LoginReq
+	if req.Decode(&p.h) != nil {
+		return false
+	}
+	r := pdu.LoginResp{Transit: true, CSG: pdu.StageOperational, NSG: pdu.StageFullFeature, ISID: req.ISID, TSIH: 1,
+		ITT: req.ITT, StatSN: 1, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN + 31}
+	var h pdu.BHS
+	r.Encode(&h)
+	return f.write(pduBytes(h, text.Append(nil, loginKeys...))) == nil
+}
+
+func hostileOptions(d scriptDialer) Options {
+	return Options{Dialer: d, DialTimeout: 5 * time.Second, RecoveryTimeout: -1, NopInterval: -1}
+}
+
+// TestHostileTargetEndlessLoginText: a target that answers every Login
+// Request with "more text follows" (the C bit) is given up on once the
+// text passes text.MaxTextLen, not read until the login times out.
+func TestHostileTargetEndlessLoginText(t *testing.T) {
+	d := scriptDialer{func(f *fakeTarget) {
+		chunk := bytes.Repeat([]byte("a"), 8192)
+		for {
+			p, ok := f.next()
+			if !ok {
+				return
+			}
+			r := pdu.LoginResp{Continue: true, CSG: pdu.StageOperational, NSG: pdu.StageFullFeature, ITT: p.h.ITT(), StatSN: 1, ExpCmdSN: 1, MaxCmdSN: 32}
+			var h pdu.BHS
+			r.Encode(&h)
+			if f.write(pduBytes(h, chunk)) != nil {
+				return
+			}
+		}
+	}}
+	start := time.Now()
+	_, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
+	took := time.Since(start)
+	if err == nil || errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "exceeds") {
+		t.Fatalf("login against endless text: err %v after %v; want a text-limit error", err, took)
+	}
+	if took > 2*time.Second {
+		t.Fatalf("the initiator read endless login text for %v", took)
+	}
+}
+
+// TestHostileTargetEndlessDiscoveryText: the same for SendTargets: Text
+// Responses that never set F stop once the text passes text.MaxTextLen.
+func TestHostileTargetEndlessDiscoveryText(t *testing.T) {
+	var sent atomic.Int64
+	d := scriptDialer{func(f *fakeTarget) {
+		defer func() { sent.Store(f.sent.Load()) }()
+		if !f.login() {
+			return
+		}
+		chunk := bytes.Repeat([]byte("a"), 8192)
+		for {
+			p, ok := f.next()
+			if !ok || p.h.Opcode() != pdu.OpTextReq {
+				return
+			}
+			r := pdu.TextResp{ITT: p.h.ITT(), TTT: 7, StatSN: 2, ExpCmdSN: 1, MaxCmdSN: 32}
+			var h pdu.BHS
+			r.Encode(&h)
+			if f.write(pduBytes(h, chunk)) != nil {
+				return
+			}
+		}
+	}}
+	_, err := Discover(context.Background(), "fake:3260", hostileOptions(d))
+	if err == nil || !strings.Contains(err.Error(), "exceeds") {
+		t.Fatalf("discovery against endless text: err %v; want a text-limit error", err)
+	}
+	time.Sleep(100 * time.Millisecond) // the script sees the close
+	if n := sent.Load(); n > 2*text.MaxTextLen {
+		t.Fatalf("the initiator took %d bytes of SendTargets text; the bound is %d", n, text.MaxTextLen)
+	}
+}
+
+// TestHostileTargetTwoLogoutResponses: a target that answers our Logout
+// twice must not crash the initiator (the second answer is ignored).
+func TestHostileTargetTwoLogoutResponses(t *testing.T) {
+	d := scriptDialer{func(f *fakeTarget) {
+		if !f.login() {
+			return
+		}
+		p, ok := f.next()
+		if !ok || p.h.Opcode() != pdu.OpLogoutReq {
+			return
+		}
+		var h pdu.BHS
+		h[0] = byte(pdu.OpLogoutResp)
+		h[1] = 0x80
+		binary.BigEndian.PutUint32(h[16:], p.h.ITT())
+		binary.BigEndian.PutUint32(h[24:], 2)
+		binary.BigEndian.PutUint32(h[28:], 1)
+		binary.BigEndian.PutUint32(h[32:], 32)
+		b := pduBytes(h, nil)
+		f.write(append(b, b...))
+		time.Sleep(50 * time.Millisecond)
+	}}
+	s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- s.Close() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("close: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close hangs")
+	}
+}
+
+// FuzzHostileTarget: after a good login, the initiator sends one command
+// (the first byte: even a READ of 8 KiB, odd a WRITE of 16 KiB whose
+// last 12 KiB wait for an R2T) and the target answers with the rest of the
+// input as raw bytes, then closes the connection. The command must end —
+// with an error or a result within its buffer — and the session close,
+// with the initiator reading all the while: no panic, no hang.
+func FuzzHostileTarget(f *testing.F) {
+	lun := [8]byte{}
+	enc := func(h pdu.BHS, data []byte) []byte { return pduBytes(h, data) }
+	var h pdu.BHS
+	// A read answered in full: Data-In with status.
+	(&pdu.DataIn{Final: true, HasStatus: true, LUN: lun, ITT: 1, TTT: pdu.ReservedTTT, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33}).Encode(&h)
+	f.Add(append([]byte{0}, enc(h, make([]byte, 8192))...))
+	// Data-In beyond the buffer.
+	(&pdu.DataIn{Final: true, HasStatus: true, LUN: lun, ITT: 1, TTT: pdu.ReservedTTT, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33, Offset: 8000}).Encode(&h)
+	f.Add(append([]byte{0}, enc(h, make([]byte, 512))...))
+	// A SCSI Response with sense data, and a second one for the same task.
+	(&pdu.SCSIResponse{Status: 0x02, ITT: 1, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33}).Encode(&h)
+	sense := []byte{0, 18, 0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0}
+	r := enc(h, sense)
+	f.Add(append(append([]byte{0}, r...), r...))
+	// A sense length that runs past the data.
+	f.Add(append([]byte{0}, enc(h, []byte{0xff, 0xff, 0x70, 0})...))
+	// R2Ts for the write: in range, beyond it, twice.
+	(&pdu.R2T{LUN: lun, ITT: 1, TTT: 9, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33, Offset: 4096, Desired: 12288}).Encode(&h)
+	r = enc(h, nil)
+	f.Add(append(append([]byte{1}, r...), r...))
+	(&pdu.R2T{LUN: lun, ITT: 1, TTT: 9, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33, Offset: 0xfffff000, Desired: 0xffffffff}).Encode(&h)
+	f.Add(append([]byte{1}, enc(h, nil)...))
+	// A ping from the target, a Reject of our command, an Async Message
+	// asking for logout, an unsolicited Logout and Text Response.
+	(&pdu.NopIn{LUN: lun, ITT: pdu.ReservedITT, TTT: 5, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33}).Encode(&h)
+	f.Add(append([]byte{0}, enc(h, nil)...))
+	(&pdu.Reject{Reason: pdu.RejectProtocolError, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33}).Encode(&h)
+	var cmd pdu.BHS
+	(&pdu.SCSICommand{Final: true, Read: true, LUN: lun, ITT: 1, EDTL: 8192, CmdSN: 1}).Encode(&cmd)
+	f.Add(append([]byte{0}, enc(h, cmd[:])...))
+	(&pdu.AsyncMsg{LUN: lun, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33, Event: pdu.AsyncLogoutRequest, Parameter3: 1}).Encode(&h)
+	f.Add(append([]byte{0}, enc(h, nil)...))
+	var lo pdu.BHS
+	lo[0], lo[1] = byte(pdu.OpLogoutResp), 0x80
+	f.Add(append([]byte{1}, enc(lo, nil)...))
+	(&pdu.TextResp{Final: true, ITT: 3, TTT: pdu.ReservedTTT, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 33}).Encode(&h)
+	f.Add(append([]byte{0}, enc(h, []byte("a=b\x00"))...))
+	// A window that closes (MaxCmdSN below ExpCmdSN), and a data segment
+	// longer than we declared.
+	(&pdu.NopIn{LUN: lun, ITT: pdu.ReservedITT, TTT: pdu.ReservedTTT, StatSN: 1, ExpCmdSN: 40, MaxCmdSN: 2}).Encode(&h)
+	f.Add(append([]byte{1}, enc(h, nil)...))
+	(&pdu.DataIn{LUN: lun, ITT: 1, TTT: pdu.ReservedTTT}).Encode(&h)
+	h.SetDataSegmentLength(0xffffff)
+	f.Add(append([]byte{0}, h[:]...))
+
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if len(in) == 0 || len(in) > 1<<20 {
+			return
+		}
+		mode, raw := in[0], in[1:]
+		var target *fakeTarget
+		closed := make(chan struct{})
+		d := scriptDialer{func(f *fakeTarget) {
+			target = f
+			defer close(closed)
+			if !f.login() {
+				return
+			}
+			if _, ok := f.next(); !ok {
+				return
+			}
+			f.write(raw)
+		}}
+		s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
+		if err != nil {
+			t.Fatalf("login: %v", err)
+		}
+		var cdb, out, buf []byte
+		if mode%2 == 0 {
+			cdb, buf = []byte{0x28, 0, 0, 0, 0, 0, 0, 0, 16, 0}, make([]byte, 8192)
+		} else {
+			cdb, out = []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 32, 0}, make([]byte, 16384)
+		}
+		type answer struct {
+			res Result
+			err error
+		}
+		done := make(chan answer, 1)
+		go func() {
+			res, err := s.Do(context.Background(), 0, cdb, out, buf)
+			done <- answer{res, err}
+		}()
+		select {
+		case a := <-done:
+			if a.err == nil && (a.res.In < 0 || a.res.In > len(buf)) {
+				t.Fatalf("a read of %d bytes reports %d in", len(buf), a.res.In)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the command did not end after the target closed the connection")
+		}
+		<-closed
+		if target.stuck.Load() {
+			t.Fatal("the initiator stopped reading the connection")
+		}
+		cl := make(chan struct{})
+		go func() { s.Close(); close(cl) }()
+		select {
+		case <-cl:
+		case <-time.After(15 * time.Second):
+			t.Fatal("Close hangs")
+		}
+	})
+}
