@@ -102,7 +102,9 @@ func TestGuestLab(t *testing.T) {
 				t.Errorf("%s: no result (boot: %v)", s, err)
 				failed = true
 			case rc != "0":
-				t.Errorf("%s: rc=%s", s, rc)
+				// Its own check lines first: the console below is long,
+				// and a summary that keeps only the top says why.
+				t.Errorf("%s: rc=%s\n%s", s, rc, says(out, s))
 				failed = true
 			default:
 				t.Logf("%s: pass", s)
@@ -123,8 +125,32 @@ func TestGuestLab(t *testing.T) {
 	}
 }
 
+// says returns the last 40 lines scenario s printed on the console
+// (between its start and its result, the kernel's own lines left out), so
+// a failure reads first why.
+func says(out []byte, s string) string {
+	var lines []string
+	in := false
+	for _, line := range strings.Split(string(out), "\n") {
+		line = strings.TrimSpace(line)
+		switch {
+		case strings.Contains(line, "===== test /lab/"+s+".sh start"):
+			in = true
+		case strings.Contains(line, "LAB-RESULT: /lab/"+s+".sh "):
+			in = false
+		case in && line != "" && !kernelRE.MatchString(line):
+			lines = append(lines, "    "+line)
+		}
+	}
+	if len(lines) > 40 {
+		lines = lines[len(lines)-40:]
+	}
+	return strings.Join(lines, "\n")
+}
+
 var (
 	resultRE   = regexp.MustCompile(`LAB-RESULT: (\S+) rc=(\d+)`)
+	kernelRE   = regexp.MustCompile(`^\[ *\d+\.\d+\] `)
 	evidenceRE = regexp.MustCompile(`LAB\[|LAB: =====|IOPS=|verify: `)
 )
 
@@ -293,4 +319,20 @@ func tail(b []byte, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return fmt.Sprint(strings.Join(lines, "\n"))
+}
+
+func TestSays(t *testing.T) {
+	out := []byte("LAB: ===== test /lab/a.sh start uptime 1.0s\n" +
+		"LAB[1.10]: a said this\n" +
+		"LAB-RESULT: /lab/a.sh rc=0 uptime 1.2s\n" +
+		"LAB: ===== test /lab/b.sh start uptime 1.2s\n" +
+		"[    1.300000] a kernel line\n" +
+		"time=x level=WARN msg=\"a warning b grepped\"\n" +
+		"LAB[1.40]: the portal did not come back\n" +
+		"LAB-RESULT: /lab/b.sh rc=1 uptime 1.5s\n")
+	got := says(out, "b")
+	want := "    time=x level=WARN msg=\"a warning b grepped\"\n    LAB[1.40]: the portal did not come back"
+	if got != want {
+		t.Fatalf("says(b) = %q, want %q", got, want)
+	}
 }

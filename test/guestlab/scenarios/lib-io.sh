@@ -100,6 +100,16 @@ remove_under() {
   return $rrc
 }
 
+# logout_gone: logs every session out and waits for them to be gone, so
+# that a device coming back finds none to log in again (iscsid would) and
+# the next login finds only its own disk. Returns 1, saying so, if one
+# stays.
+logout_gone() {
+  timeout 30 iscsiadm -m node -u >/dev/null 2>&1; iscsiadm -m node -o delete >/dev/null 2>&1
+  for i in $(seq 1 50); do iscsiadm -m session >/dev/null 2>&1 || return 0; sleep 0.2; done
+  say "a session stays after logout: $(iscsiadm -m session 2>&1 | head -2 | tr '\n' ' ')"; return 1
+}
+
 # scsi_debug_disk: loads scsi_debug (a 64 MiB RAM disk whose command delay
 # can be raised) and sets SD to its block device. Returns 0 when it is there.
 scsi_debug_disk() {

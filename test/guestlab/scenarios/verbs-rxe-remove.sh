@@ -22,7 +22,7 @@ iscsid_up && iscsi_login iser 3260 $LADDR || { tail -20 /tmp/bvr.log; exit 1; }
 dd if=/dev/urandom of=/dev/$DEV bs=64k count=16 oflag=direct 2>/dev/null || rc=1
 iscsiadm -m node -T $IQN -p $LADDR:3260 -I iser -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null 2>&1
 remove_under rxe0 $LADDR /tmp/bvr.log; case $? in 1) rc=1 ;; 2) exit 1 ;; esac
-timeout 30 iscsiadm -m node -u >/dev/null 2>&1; iscsiadm -m node -o delete >/dev/null 2>&1
+logout_gone || rc=1
 # The device comes back: the same process serves on it again.
 rdma link add rxe0 type rxe netdev va || rc=1
 roce_lab >/dev/null || rc=1 # its GIDs: ib_iser's connection fails until they are there

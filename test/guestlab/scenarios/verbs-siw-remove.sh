@@ -27,7 +27,7 @@ iscsid_up && login_iser || { say "no iSER session over siw0"; tail -20 /tmp/bvs.
 dd if=/dev/urandom of=/dev/$DEV bs=64k count=16 oflag=direct 2>/dev/null || rc=1
 iscsiadm -m node -T $IQN -p $RADDR:3261 -I iser -o update -n node.session.timeo.replacement_timeout -v 5 >/dev/null 2>&1
 remove_under siw0 $RADDR /tmp/bvs.log; case $? in 1) rc=1 ;; 2) kill $W; exit 1 ;; esac
-logout_all
+logout_gone || rc=1
 rdma link add siw0 type siw netdev dummy0 || rc=1
 for i in $(seq 1 100); do grep -q "the RDMA device is back; serving again" /tmp/bvs.log && break; sleep 0.2; done
 grep -q "the RDMA device is back; serving again" /tmp/bvs.log && say "the portal is back" || { say "the portal did not come back"; rc=1; }
