@@ -65,8 +65,10 @@ func ParseURL(raw string) (*URL, error) {
 		return nil, fmt.Errorf("iscsi URL %q: an IPv6 address goes in brackets, the port after them (iscsi://[%s]:3260/TARGET/LUN)", raw, host)
 	}
 	u.Portal = withPort(host)
-	if _, port, err := net.SplitHostPort(u.Portal); err != nil {
+	if h, port, err := net.SplitHostPort(u.Portal); err != nil {
 		return nil, fmt.Errorf("iscsi URL %q: host %q: %v", raw, host, err)
+	} else if h == "" {
+		return nil, fmt.Errorf("iscsi URL %q: no host", raw)
 	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return nil, fmt.Errorf("iscsi URL %q: port %q is not 1 to 65535", raw, port)
 	}

@@ -458,6 +458,10 @@ func FuzzParseURL(f *testing.F) {
 		if u.Portal == "" || (u.HasLUN && u.LUN > 65535) {
 			t.Fatalf("%q parsed to %+v", s, u)
 		}
+		// The portal is what Login dials: a host, and a port.
+		if h, _, err := net.SplitHostPort(withPort(u.Portal)); err != nil || h == "" {
+			t.Fatalf("%q parsed to portal %q: %v", s, u.Portal, err)
+		}
 	})
 }
 

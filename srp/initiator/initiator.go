@@ -577,6 +577,11 @@ func ParseURL(raw string) (*URL, error) {
 		}
 		host += ":" + strconv.Itoa(DefaultPort)
 	}
+	if h, port, err := net.SplitHostPort(host); err != nil || h == "" {
+		return nil, fmt.Errorf("srp URL %q: needs a host (srp://HOST[:PORT]/…)", raw)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return nil, fmt.Errorf("srp URL %q: port %q is not 1 to 65535", raw, port)
+	}
 	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
 	if len(parts) != 2 || parts[0] == "" {
 		return nil, fmt.Errorf("srp URL %q: needs /ID_EXT[:IOC_GUID]/LUN", raw)

@@ -342,3 +342,24 @@ func TestServerCloseLogsOut(t *testing.T) {
 		t.Fatal("channel still up after the server closed")
 	}
 }
+
+// FuzzParseURL: a URL it accepts names a host:port and a LUN SRP can
+// address (below 2^14).
+func FuzzParseURL(f *testing.F) {
+	for _, s := range []string{"srp://127.0.0.1/c8995efffe09646d/0", "srp://[::1]:5555/0xc8995efffe09646d:0x0002c90300b10c6b/3",
+		"srp://h/1:2/16384", "srp://h:1/a/0?initiator=1:2", "srp://h/a/0?x=1", "srp:///a/0", "iscsi://h/a/0"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := ParseURL(s)
+		if err != nil {
+			return
+		}
+		if h, _, err := net.SplitHostPort(u.Addr); err != nil || h == "" {
+			t.Fatalf("ParseURL(%q): address %q: %v", s, u.Addr, err)
+		}
+		if u.LUN >= 1<<14 {
+			t.Fatalf("ParseURL(%q): LUN %d", s, u.LUN)
+		}
+	})
+}
