@@ -135,6 +135,31 @@ func (p *prState) encode() prFile {
 	return f
 }
 
+// check refuses a record no target writes — a reservation of a type SPC-4
+// does not define (§6.16.4, table 212), a registration with key 0 or no
+// initiator port, an ALUA state outside the four SPC-4 defines — so a
+// damaged file is an error that names it, not a state commands trip over.
+func (f *prFile) check() error {
+	if f.Holder != nil {
+		switch f.Type {
+		case prWE, prEA, prWERO, prEARO, prWEAR, prEAAR:
+		default:
+			return fmt.Errorf("reservation of type %d (SPC-4 defines 1, 3, 5, 6, 7 and 8)", f.Type)
+		}
+	}
+	for _, r := range f.Regs {
+		if r.Initiator == "" || r.Key == 0 {
+			return fmt.Errorf("registration %q with key %#x (a registration has an initiator port and a key other than 0)", r.Initiator, r.Key)
+		}
+	}
+	for _, e := range f.ALUA {
+		if ALUAState(e.State) > Unavailable {
+			return fmt.Errorf("target port group %d in ALUA state %d (0 to 3 are defined)", e.Group, e.State)
+		}
+	}
+	return nil
+}
+
 // decode replaces the state with f's.
 func (p *prState) decode(f *prFile) {
 	p.generation, p.regs, p.order, p.rtype, p.holder = f.Generation, nil, nil, 0, prKey{}
@@ -209,7 +234,11 @@ func (p *prState) refresh(force bool) error {
 	}
 	var f prFile
 	if len(b) > 0 {
-		if err := json.Unmarshal(b, &f); err != nil {
+		err := json.Unmarshal(b, &f)
+		if err == nil {
+			err = f.check()
+		}
+		if err != nil {
 			p.stale.Store(true)
 			return fmt.Errorf("shared reservation record: %w", err)
 		}
@@ -315,7 +344,11 @@ func (p *prState) load() error {
 		return err
 	}
 	var f prFile
-	if err := json.Unmarshal(b, &f); err != nil {
+	err = json.Unmarshal(b, &f)
+	if err == nil {
+		err = f.check()
+	}
+	if err != nil {
 		return fmt.Errorf("%s: %w", p.file, err)
 	}
 	p.generation = f.Generation
