@@ -19,6 +19,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
 )
@@ -837,6 +838,8 @@ func (c *Config) Validate() error {
 					add("%s.size: %v", lw, err)
 				} else if bs := max(l.BlockSize, 512); n%int64(bs) != 0 {
 					add("%s.size: %d bytes is not a multiple of the %d-byte block", lw, n, bs)
+				} else if l.File == "" && n > mem.MaxSize {
+					add("%s.size: %q: an in-memory LUN holds at most 1 PiB", lw, l.Size)
 				}
 			} else if l.File == "" {
 				add("%s: an in-memory LUN needs a size", lw)

@@ -284,6 +284,11 @@ func (lu *LU) Resize(size int64) error {
 	if !ok {
 		return fmt.Errorf("target: LUN %d backend cannot be resized", lu.lun)
 	}
+	if size <= 0 || size%int64(lu.blockSize) != 0 {
+		// A LUN is whole blocks, at least one: a size between them would
+		// leave a tail no command reaches (or no LUN at all).
+		return fmt.Errorf("target: LUN %d: %d bytes is not a positive multiple of its %d-byte block", lu.lun, size, lu.blockSize)
+	}
 	if err := r.Resize(size); err != nil {
 		return err
 	}

@@ -6,51 +6,91 @@ package mem
 import (
 	"fmt"
 	"io"
+	"slices"
 	"sync"
 )
 
 const chunkShift = 20
 const chunkSize = 1 << chunkShift
 
+// A page holds the chunks of 1 GiB. Pages and chunks are made on the
+// first write into them, so what a LUN's size alone costs is one pointer
+// per GiB: 8 MiB for MaxSize.
+const pageShift = 10
+const pageChunks = 1 << pageShift
+
+// MaxSize is the largest memory LUN: 1 PiB. Its page table takes 8 MiB;
+// far beyond it the table alone would exhaust the host.
+const MaxSize = 1 << 50
+
 type chunk struct {
 	mu   sync.RWMutex
-	data []byte // nil until first written
+	data []byte // nil once unmapped
 }
+
+type page [pageChunks]*chunk
 
 // Disk is an in-memory backend. It is safe for concurrent use.
 type Disk struct {
-	mu     sync.RWMutex // guards size and the chunks slice itself
-	size   int64
-	chunks []*chunk
+	mu    sync.RWMutex // guards size, the page table and the pages' entries
+	size  int64
+	pages []*page
 }
 
-// New returns a zero-filled disk of size bytes.
+// New returns a zero-filled disk of size bytes (at most MaxSize).
 func New(size int64) (*Disk, error) {
-	if size < 0 {
-		return nil, fmt.Errorf("mem: negative size %d", size)
+	if err := checkSize(size); err != nil {
+		return nil, err
 	}
 	d := &Disk{}
 	d.setSize(size)
 	return d, nil
 }
 
+func checkSize(size int64) error {
+	switch {
+	case size < 0:
+		return fmt.Errorf("mem: negative size %d", size)
+	case size > MaxSize:
+		return fmt.Errorf("mem: %d bytes: a memory LUN holds at most 1 PiB (%d bytes)", size, int64(MaxSize))
+	}
+	return nil
+}
+
+// chunkAt is the chunk holding byte pos, nil when never written. Called
+// with d.mu held (either way).
+func (d *Disk) chunkAt(pos int64) *chunk {
+	i := pos >> chunkShift
+	if pg := d.pages[i>>pageShift]; pg != nil {
+		return pg[i&(pageChunks-1)]
+	}
+	return nil
+}
+
+// setSize changes the size; called with d.mu held for writing (or before
+// d is shared).
 func (d *Disk) setSize(size int64) {
-	n := int((size + chunkSize - 1) >> chunkShift)
-	for len(d.chunks) < n {
-		d.chunks = append(d.chunks, &chunk{})
-	}
-	// Shrinking drops the chunks past the end so growing again reads zeroes.
-	for i := n; i < len(d.chunks); i++ {
-		d.chunks[i] = &chunk{}
-	}
-	d.chunks = d.chunks[:n]
-	if size < d.size && n > 0 {
-		// Zero the tail of the last chunk past the new end.
-		c := d.chunks[n-1]
-		if c.data != nil {
-			clear(c.data[size-int64(n-1)<<chunkShift:])
+	chunks := (size + chunkSize - 1) >> chunkShift
+	n := int((chunks + pageChunks - 1) >> pageShift)
+	if size < d.size {
+		// Shrinking drops what lies past the end, so growing again reads
+		// zeroes: the pages past it, the chunks past it in the last page,
+		// and the tail of the last chunk.
+		clear(d.pages[n:])
+		if n > 0 {
+			if pg := d.pages[n-1]; pg != nil {
+				clear(pg[chunks-int64(n-1)<<pageShift:])
+			}
+		}
+		if size > 0 {
+			if c := d.chunkAt(size - 1); c != nil && c.data != nil {
+				clear(c.data[size-(chunks-1)<<chunkShift:])
+			}
 		}
 	}
+	// Entries past the length are nil (shrinking cleared them), so the
+	// table grows into zeroes.
+	d.pages = slices.Grow(d.pages, max(0, n-len(d.pages)))[:n]
 	d.size = size
 }
 
@@ -67,8 +107,8 @@ func (d *Disk) Size() int64 {
 
 // Resize changes the capacity; new space reads as zeroes.
 func (d *Disk) Resize(size int64) error {
-	if size < 0 {
-		return fmt.Errorf("mem: negative size %d", size)
+	if err := checkSize(size); err != nil {
+		return err
 	}
 	d.mu.Lock()
 	d.setSize(size)
@@ -96,9 +136,14 @@ func (d *Disk) ReadAt(p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		pos := off + int64(done)
-		c := d.chunks[pos>>chunkShift]
+		c := d.chunkAt(pos)
 		in := int(pos & (chunkSize - 1))
 		n := min(len(p)-done, chunkSize-in)
+		if c == nil {
+			clear(p[done : done+n])
+			done += n
+			continue
+		}
 		c.mu.RLock()
 		if c.data == nil {
 			clear(p[done : done+n])
@@ -121,7 +166,26 @@ func (d *Disk) WriteAt(p []byte, off int64) (int, error) {
 	done := 0
 	for done < len(p) {
 		pos := off + int64(done)
-		c := d.chunks[pos>>chunkShift]
+		c := d.chunkAt(pos)
+		if c == nil {
+			// The first write into this MiB: its chunk (and page) are
+			// made under the write lock, then the read lock is taken
+			// back. The size may have changed meanwhile.
+			d.mu.RUnlock()
+			d.mu.Lock()
+			if pos < d.size {
+				d.makeChunk(pos)
+			}
+			d.mu.Unlock()
+			d.mu.RLock()
+			if err := d.check(off, len(p)); err != nil {
+				return done, err
+			}
+			c = d.chunkAt(pos)
+			if c == nil {
+				continue // dropped by a shrink and grow meanwhile: again
+			}
+		}
 		in := int(pos & (chunkSize - 1))
 		n := min(len(p)-done, chunkSize-in)
 		c.mu.Lock()
@@ -145,9 +209,13 @@ func (d *Disk) Unmap(off, length int64) error {
 	}
 	end := off + length
 	for pos := off; pos < end; {
-		c := d.chunks[pos>>chunkShift]
+		c := d.chunkAt(pos)
 		in := pos & (chunkSize - 1)
 		n := min(end-pos, chunkSize-in)
+		if c == nil {
+			pos += n
+			continue
+		}
 		c.mu.Lock()
 		if c.data != nil {
 			if n == chunkSize {
@@ -173,16 +241,42 @@ func (d *Disk) Mapped(off int64) (bool, int64, error) {
 	if off < 0 || off >= d.size {
 		return false, off, fmt.Errorf("mem: offset %d outside disk of %d bytes", off, d.size)
 	}
-	i := int(off >> chunkShift)
+	i := off >> chunkShift
 	state := d.chunkMapped(i)
-	for i++; i < len(d.chunks) && d.chunkMapped(i) == state; i++ {
+	last := (d.size - 1) >> chunkShift
+	for i++; i <= last; i++ {
+		if !state && d.pages[i>>pageShift] == nil {
+			// A page never written: 1 GiB unmapped at once.
+			i |= pageChunks - 1
+			continue
+		}
+		if d.chunkMapped(i) != state {
+			break
+		}
 	}
-	return state, min(int64(i)<<chunkShift, d.size), nil
+	return state, min(i<<chunkShift, d.size), nil
 }
 
-func (d *Disk) chunkMapped(i int) bool {
-	c := d.chunks[i]
+func (d *Disk) chunkMapped(i int64) bool {
+	c := d.chunkAt(i << chunkShift)
+	if c == nil {
+		return false
+	}
 	c.mu.RLock()
 	defer c.mu.RUnlock()
 	return c.data != nil
+}
+
+// makeChunk makes the chunk holding byte pos (and its page) if need be.
+// Called with d.mu held for writing.
+func (d *Disk) makeChunk(pos int64) {
+	i := pos >> chunkShift
+	pg := d.pages[i>>pageShift]
+	if pg == nil {
+		pg = new(page)
+		d.pages[i>>pageShift] = pg
+	}
+	if pg[i&(pageChunks-1)] == nil {
+		pg[i&(pageChunks-1)] = &chunk{}
+	}
 }
