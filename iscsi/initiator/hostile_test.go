@@ -13,6 +13,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -352,5 +353,95 @@ func FuzzHostileTarget(f *testing.F) {
 		case <-time.After(15 * time.Second):
 			t.Fatal("Close hangs")
 		}
+	})
+}
+
+// FuzzHostileLogin: the target answers the first Login Request with a
+// final response carrying the input as its text (the keys it declares),
+// then asks for a 16 KiB write's data with one R2T. The login either
+// fails with an error or gives a session whose write sends what the R2T
+// asked in PDUs the declared sizes allow — not a flood of PDUs — and
+// ends once the target closes.
+func FuzzHostileLogin(f *testing.F) {
+	f.Add(text.Append(nil, loginKeys...))
+	for _, kv := range []text.KV{{Key: "MaxRecvDataSegmentLength", Value: "0"}, {Key: "MaxRecvDataSegmentLength", Value: "16777216"},
+		{Key: "FirstBurstLength", Value: "0"}, {Key: "MaxBurstLength", Value: "1"}, {Key: "MaxConnections", Value: "0"},
+		{Key: "HeaderDigest", Value: "CRC32C"}, {Key: "ImmediateData", Value: "No"}, {Key: "InitialR2T", Value: "Yes"}} {
+		keys := slices.Clone(loginKeys)
+		for i := range keys {
+			if keys[i].Key == kv.Key {
+				keys[i] = kv
+			}
+		}
+		f.Add(text.Append(nil, keys...))
+	}
+	f.Fuzz(func(t *testing.T, keys []byte) {
+		if len(keys) > 8192 {
+			return
+		}
+		var pdus atomic.Int64
+		closed := make(chan struct{})
+		d := scriptDialer{func(f *fakeTarget) {
+			defer close(closed)
+			p, ok := f.next()
+			if !ok {
+				return
+			}
+			var req pdu.LoginReq
+			if req.Decode(&p.h) != nil {
+				return
+			}
+			r := pdu.LoginResp{Transit: true, CSG: pdu.StageOperational, NSG: pdu.StageFullFeature, ISID: req.ISID, TSIH: 1,
+				ITT: req.ITT, StatSN: 1, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN + 31}
+			var h pdu.BHS
+			r.Encode(&h)
+			if f.write(pduBytes(h, keys)) != nil {
+				return
+			}
+			cmd, ok := f.next()
+			if !ok || cmd.h.Opcode() != pdu.OpSCSICommand {
+				return
+			}
+			(&pdu.R2T{ITT: cmd.h.ITT(), TTT: 9, StatSN: 2, ExpCmdSN: 2, MaxCmdSN: 33, Offset: 0, Desired: 16384}).Encode(&h)
+			f.write(pduBytes(h, nil))
+			// What the write sends, for a while: a bounded number of
+			// Data-Out PDUs.
+			deadline := time.After(200 * time.Millisecond)
+			for {
+				select {
+				case p, ok := <-f.reqs:
+					if !ok {
+						return
+					}
+					pdus.Add(1)
+					if p.h.Opcode() == pdu.OpDataOut && p.h.Final() && p.h.TTT() == 9 {
+						return // the R2T's data is all there
+					}
+				case <-deadline:
+					return
+				}
+			}
+		}}
+		s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
+		if err != nil {
+			<-closed
+			return
+		}
+		done := make(chan error, 1)
+		go func() {
+			_, err := s.Do(context.Background(), 0, []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 32, 0}, make([]byte, 16384), nil)
+			done <- err
+		}()
+		<-closed
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatal("the write did not end after the target closed the connection")
+		}
+		// 16 KiB in PDUs of at least 512 bytes: 32, and the command.
+		if n := pdus.Load(); n > 40 {
+			t.Fatalf("the initiator sent %d PDUs for a 16 KiB write (declared keys %q)", n, keys)
+		}
+		s.Close()
 	})
 }

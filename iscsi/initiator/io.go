@@ -189,6 +189,25 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 	l.ffp.Store(true)
 }
 
+// check refuses what a target may not declare (RFC 7143 §13.12–13.14):
+// data segments, bursts and first bursts of 512 to 2^24-1 bytes, a first
+// burst no longer than a burst. A target that declared 0 would otherwise
+// get empty Data-Out PDUs without end.
+func (p params) check() error {
+	for _, v := range []struct {
+		key string
+		n   int
+	}{{"MaxRecvDataSegmentLength", p.maxXmit}, {"MaxBurstLength", p.maxBurst}, {"FirstBurstLength", p.firstBurst}} {
+		if v.n < 512 || v.n > 1<<24-1 {
+			return fmt.Errorf("iscsi: the target declared %s=%d (512 to 16777215)", v.key, v.n)
+		}
+	}
+	if p.firstBurst > p.maxBurst {
+		return fmt.Errorf("iscsi: the target declared FirstBurstLength=%d above MaxBurstLength=%d", p.firstBurst, p.maxBurst)
+	}
+	return nil
+}
+
 // notePDU takes ExpCmdSN, MaxCmdSN and StatSN from a target PDU.
 func (s *Session) notePDU(h *pdu.BHS) {
 	exp, max := h.ExpCmdSN(), h.MaxCmdSN()

@@ -375,6 +375,17 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 			continue
 		}
 		if resp.Transit && resp.NSG == pdu.StageFullFeature {
+			// RFC 7143 §6.2: the target chooses from what we offered.
+			for _, k := range []string{"HeaderDigest", "DataDigest"} {
+				if v, ok := l.keys[k]; ok && v != l.offers[k] {
+					return fmt.Errorf("iscsi: the target chose %s=%s; we offered %s", k, v, l.offers[k])
+				}
+			}
+			if !discovery {
+				if err := l.params.check(); err != nil {
+					return err
+				}
+			}
 			s.mu.Lock()
 			if l.leading {
 				s.tsih = resp.TSIH
