@@ -365,7 +365,7 @@ func FuzzHostileTarget(f *testing.F) {
 func FuzzHostileLogin(f *testing.F) {
 	f.Add(text.Append(nil, loginKeys...))
 	for _, kv := range []text.KV{{Key: "MaxRecvDataSegmentLength", Value: "0"}, {Key: "MaxRecvDataSegmentLength", Value: "16777216"},
-		{Key: "FirstBurstLength", Value: "0"}, {Key: "MaxBurstLength", Value: "1"}, {Key: "MaxConnections", Value: "0"},
+		{Key: "FirstBurstLength", Value: "0"}, {Key: "MaxRecvDataSegmentLength", Value: "18446744073709551615"}, {Key: "MaxBurstLength", Value: "1"}, {Key: "MaxConnections", Value: "0"},
 		{Key: "HeaderDigest", Value: "CRC32C"}, {Key: "ImmediateData", Value: "No"}, {Key: "InitialR2T", Value: "Yes"}} {
 		keys := slices.Clone(loginKeys)
 		for i := range keys {

@@ -190,16 +190,24 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 }
 
 // check refuses what a target may not declare (RFC 7143 §13.12–13.14):
-// data segments, bursts and first bursts of 512 to 2^24-1 bytes, a first
-// burst no longer than a burst. A target that declared 0 would otherwise
-// get empty Data-Out PDUs without end.
+// data segments, bursts and first bursts outside the key table's bounds
+// (512 to 2^24-1 bytes), a first burst longer than a burst. A target that
+// declared 0 would otherwise get empty Data-Out PDUs without end.
 func (p params) check() error {
-	for _, v := range []struct {
-		key string
-		n   int
-	}{{"MaxRecvDataSegmentLength", p.maxXmit}, {"MaxBurstLength", p.maxBurst}, {"FirstBurstLength", p.firstBurst}} {
-		if v.n < 512 || v.n > 1<<24-1 {
-			return fmt.Errorf("iscsi: the target declared %s=%d (512 to 16777215)", v.key, v.n)
+	for _, k := range text.Keys() {
+		var n int
+		switch k.Name {
+		case "MaxRecvDataSegmentLength":
+			n = p.maxXmit
+		case "MaxBurstLength":
+			n = p.maxBurst
+		case "FirstBurstLength":
+			n = p.firstBurst
+		default:
+			continue
+		}
+		if n < 0 || uint64(n) < k.Min || uint64(n) > k.Max {
+			return fmt.Errorf("iscsi: the target declared %s=%d (%d to %d)", k.Name, n, k.Min, k.Max)
 		}
 	}
 	if p.firstBurst > p.maxBurst {
