@@ -73,7 +73,9 @@ type prState struct {
 	onALUA  func(map[uint16]ALUAState)
 	stale   atomic.Bool   // the shared record changed: reload before use
 	known   atomic.Uint64 // version, for the watch callback
-	log     *slog.Logger
+	// reloadFails counts the reloads that failed in a row (p.mu).
+	reloadFails uint64
+	log         *slog.Logger
 }
 
 // find returns the registration that covers nexus k: its own, or its
@@ -259,9 +261,20 @@ func (p *prState) refresh(force bool) error {
 // fresh brings a shared state up to date before it is used; when the
 // storage cannot be read the last copy is used (commands that need the
 // storage fail on their own). Called with p.mu held.
+// Every command tries: the first 16 failures in a row are logged, then
+// one in 1024 with the count, and the first success after them.
 func (p *prState) fresh() {
-	if err := p.refresh(false); err != nil && p.log != nil {
-		p.log.Warn("persistent reservations: shared record not reloaded; using the last copy", "err", err)
+	err := p.refresh(false)
+	if err == nil {
+		if p.reloadFails > 0 && p.log != nil {
+			p.log.Info("persistent reservations: shared record reloaded", "failures_before", p.reloadFails)
+		}
+		p.reloadFails = 0
+		return
+	}
+	p.reloadFails++
+	if n := p.reloadFails; p.log != nil && (n <= 16 || n%1024 == 0) {
+		p.log.Warn("persistent reservations: shared record not reloaded; using the last copy", "err", err, "failures", n)
 	}
 }
 

@@ -1,10 +1,14 @@
 package scsitarget
 
 import (
+	"context"
 	"encoding/binary"
+	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/blockwire/blockwire/backend/mem"
@@ -127,5 +131,73 @@ func TestDamagedSharedRecordKeepsLastCopy(t *testing.T) {
 	good(t, run(ds[0], a, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
 	if c := run(ds[1], b, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)); c.Status != scsi.StatusReservationConflict {
 		t.Fatalf("a write by a non-holder after a damaged record: status %#x", c.Status)
+	}
+}
+
+// brokenShared is shared storage whose record cannot be read after the
+// first load (a damaged record, or the cluster out of reach).
+type brokenShared struct {
+	sharedMem
+	broken *atomic.Bool
+}
+
+func (s brokenShared) LoadState() ([]byte, uint64, error) {
+	if s.broken.Load() {
+		return nil, 0, errors.New("the record is out of reach")
+	}
+	return s.sharedMem.LoadState()
+}
+
+// countingHandler counts the records logged at Warn or above.
+type countingHandler struct{ n *atomic.Int64 }
+
+func (h countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h countingHandler) Handle(_ context.Context, r slog.Record) error {
+	if r.Level >= slog.LevelWarn {
+		h.n.Add(1)
+	}
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestUnreadableSharedRecordDoesNotFloodTheLog: while the shared record
+// cannot be reloaded, every command goes on with the last copy — and the
+// log says so for the first 16 commands, then one in 1024 with the count,
+// not once per command (100 000 lines a second at this LU's rate).
+func TestUnreadableSharedRecordDoesNotFloodTheLog(t *testing.T) {
+	var warns atomic.Int64
+	var broken atomic.Bool
+	disk, _ := mem.New(16 << 20)
+	rec := &record{version: 1}
+	log := slog.New(countingHandler{&warns})
+	d := NewDevice("iqn.2026-11.org.blockwire:shared", log)
+	lu, err := NewLU(d.Name(), LUConfig{Backend: brokenShared{sharedMem{disk, rec}, &broken}, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.AddLU(lu)
+	n := nexus(d, "iqn.a,i,0x1", "t,0x1")
+	run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	broken.Store(true)
+	// Another gateway changed the record: this one must reload it.
+	lu.pr.stale.Store(true)
+	for range 3000 {
+		good(t, run(d, n, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
+	}
+	// A command may try twice (at its start, and for its reservation
+	// check): up to 6000 failures, 16 + 5 lines.
+	if w := warns.Load(); w < 1 || w > 16+6000/1024 {
+		t.Fatalf("%d warnings for 3000 commands on an unreadable shared record; want 1 to %d", w, 16+6000/1024)
+	}
+	// Readable again: one line says so, and a new failure is logged.
+	broken.Store(false)
+	run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	broken.Store(true)
+	lu.pr.stale.Store(true)
+	before := warns.Load()
+	run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
+	if warns.Load() == before {
+		t.Fatal("a new failure after a reload was not logged")
 	}
 }
