@@ -25,7 +25,7 @@ const MaxSize = 1 << 50
 
 type chunk struct {
 	mu   sync.RWMutex
-	data []byte // nil once unmapped
+	data []byte // nil until written, and again once unmapped
 }
 
 type page [pageChunks]*chunk
