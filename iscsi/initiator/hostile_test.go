@@ -21,6 +21,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/tcp"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
 )
@@ -319,30 +320,9 @@ func FuzzHostileTarget(f *testing.F) {
 		if err != nil {
 			t.Fatalf("login: %v", err)
 		}
-		var cdb, out, buf []byte
-		if mode%2 == 0 {
-			cdb, buf = []byte{0x28, 0, 0, 0, 0, 0, 0, 0, 16, 0}, make([]byte, 8192)
-		} else {
-			cdb, out = []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 32, 0}, make([]byte, 16384)
-		}
-		type answer struct {
-			res Result
-			err error
-		}
-		done := make(chan answer, 1)
-		go func() {
-			res, err := s.Do(context.Background(), 0, cdb, out, buf)
-			done <- answer{res, err}
-		}()
-		select {
-		case a := <-done:
-			if a.err == nil && (a.res.In < 0 || a.res.In > len(buf)) {
-				t.Fatalf("a read of %d bytes reports %d in", len(buf), a.res.In)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the command did not end after the target closed the connection")
-		}
+		wait := servetest.OneCommand(s.Do, mode%2 == 1)
 		<-closed
+		wait(t)
 		if target.stuck.Load() {
 			t.Fatal("the initiator stopped reading the connection")
 		}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/srp"
@@ -86,21 +87,7 @@ func FuzzHostileTarget(f *testing.F) {
 			t.Fatalf("login: %v", d.err)
 		}
 		ch := d.ch
-		var cdb, out, buf []byte
-		if mode&1 == 0 {
-			cdb, buf = []byte{0x28, 0, 0, 0, 0, 0, 0, 0, 16, 0}, make([]byte, 8192)
-		} else {
-			cdb, out = []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 32, 0}, make([]byte, 16384)
-		}
-		type answer struct {
-			in  int
-			err error
-		}
-		done := make(chan answer, 1)
-		go func() {
-			res, err := ch.Do(context.Background(), 0, cdb, out, buf)
-			done <- answer{res.In, err}
-		}()
+		wait := servetest.OneCommand(ch.Do, mode&1 == 1)
 		// The command, then the fuzzed IU in answer.
 		var comps [4]rdma.Completion
 		n, err := cq.Wait(ctx, comps[:])
@@ -124,14 +111,7 @@ func FuzzHostileTarget(f *testing.F) {
 			}
 		}
 		qp.Close()
-		select {
-		case a := <-done:
-			if a.err == nil && (a.in < 0 || a.in > len(buf)) {
-				t.Fatalf("a read of %d bytes reports %d in", len(buf), a.in)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the command did not end after the target dropped the channel")
-		}
+		wait(t)
 		cl := make(chan struct{})
 		go func() { ch.Close(); close(cl) }()
 		select {
