@@ -142,12 +142,8 @@ func (p *prState) encode() prFile {
 // initiator port, an ALUA state outside the four SPC-4 defines — so a
 // damaged file is an error that names it, not a state commands trip over.
 func (f *prFile) check() error {
-	if f.Holder != nil {
-		switch f.Type {
-		case prWE, prEA, prWERO, prEARO, prWEAR, prEAAR:
-		default:
-			return fmt.Errorf("reservation of type %d (SPC-4 defines 1, 3, 5, 6, 7 and 8)", f.Type)
-		}
+	if f.Holder != nil && !prTypeDefined(f.Type) {
+		return fmt.Errorf("reservation of type %d (SPC-4 defines 1, 3, 5, 6, 7 and 8)", f.Type)
 	}
 	for _, r := range f.Regs {
 		if r.Initiator == "" || r.Key == 0 {
@@ -160,6 +156,24 @@ func (f *prFile) check() error {
 		}
 	}
 	return nil
+}
+
+// prTypeDefined reports whether SPC-4 defines reservation type t.
+func prTypeDefined(t uint8) bool {
+	switch t {
+	case prWE, prEA, prWERO, prEARO, prWEAR, prEAAR:
+		return true
+	}
+	return false
+}
+
+// parsePRFile decodes and checks an APTPL file or a shared record.
+func parsePRFile(b []byte) (prFile, error) {
+	var f prFile
+	if err := json.Unmarshal(b, &f); err != nil {
+		return f, err
+	}
+	return f, f.check()
 }
 
 // decode replaces the state with f's.
@@ -236,11 +250,7 @@ func (p *prState) refresh(force bool) error {
 	}
 	var f prFile
 	if len(b) > 0 {
-		err := json.Unmarshal(b, &f)
-		if err == nil {
-			err = f.check()
-		}
-		if err != nil {
+		if f, err = parsePRFile(b); err != nil {
 			p.stale.Store(true)
 			return fmt.Errorf("shared reservation record: %w", err)
 		}
@@ -356,22 +366,12 @@ func (p *prState) load() error {
 	if err != nil {
 		return err
 	}
-	var f prFile
-	err = json.Unmarshal(b, &f)
-	if err == nil {
-		err = f.check()
-	}
+	f, err := parsePRFile(b)
 	if err != nil {
 		return fmt.Errorf("%s: %w", p.file, err)
 	}
-	p.generation = f.Generation
-	for _, r := range f.Regs {
-		p.register(prKey{r.Initiator, r.Target}, r.Key)
-	}
-	if f.Holder != nil {
-		p.rtype, p.holder = f.Type, prKey{f.Holder.Initiator, f.Holder.Target}
-	}
-	p.aptpl = true
+	p.decode(&f)
+	p.aptpl = true // implied by the file
 	return nil
 }
 
@@ -628,9 +628,7 @@ func cmdPROut(lu *LU, c *Command) error {
 		if scope != 0 {
 			return scsi.InvalidFieldInCDB(2, 7)
 		}
-		switch typ {
-		case prWE, prEA, prWERO, prEARO, prWEAR, prEAAR:
-		default:
+		if !prTypeDefined(typ) {
 			return scsi.InvalidFieldInCDB(2, 3)
 		}
 	}
