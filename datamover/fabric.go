@@ -53,8 +53,9 @@ type AcceptParams struct {
 	// III): EndNode when it has LUNs of its own, Gateway when it reaches
 	// LUNs through other targets; neither means an end node.
 	EndNode, Gateway bool
-	// SendTimeout bounds how long a send may make no progress before the
-	// connection fails (a peer that stops reading); 0: no bound.
+	// SendTimeout bounds how long a send may go without moving 64 KiB
+	// (sendguard.MinProgress) before the connection fails: a peer that
+	// stops reading, or reads a trickle; 0: no bound.
 	SendTimeout time.Duration
 	Logger      *slog.Logger
 }

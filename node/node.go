@@ -162,7 +162,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: scsitarget.NewIOBudget(ioB, sessB),
-		// A stream that takes no bytes for the NOP timeout fails its
+		// A stream that takes under 64 KiB in the NOP timeout fails its
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
 		iwarp: siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim)}),
 		srpPD: rdma.NewDevice("blockwire-srp").AllocPD(),
@@ -941,7 +941,8 @@ func DefaultLimits() config.Limits {
 }
 
 // nopTimeout is the NOP timeout the limits give (their default when
-// unset): also how long any connection's send may make no progress.
+// unset): also how long any connection's send may go without moving
+// 64 KiB (sendguard.MinProgress).
 func nopTimeout(lim config.Limits) time.Duration {
 	if lim.NopTimeout > 0 {
 		return lim.NopTimeout

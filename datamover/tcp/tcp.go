@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/internal/sendguard"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -104,13 +105,6 @@ type slot struct {
 type batch struct {
 	slots [batchSize]slot
 	n     int
-}
-
-// isTimeout reports a deadline error (apart, so that the hot path does not
-// allocate the error variable errors.As needs).
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }
 
 // SetPoll makes the connection's reader poll its socket for up to d after
@@ -362,18 +356,9 @@ func (c *Conn) writeBatch(b *batch) error {
 			c.bufs = append(c.bufs, s.trailer[:s.tl])
 		}
 	}
-	var err error
-	for len(c.bufs) > 0 {
-		if c.sendTimeout > 0 {
-			c.nc.SetWriteDeadline(time.Now().Add(c.sendTimeout))
-		}
-		var n int64
-		n, err = c.bufs.WriteTo(c.nc) // consumes what it wrote
-		if err != nil && n > 0 && isTimeout(err) {
-			continue // slow, but reading: a new deadline for the rest
-		}
-		break
-	}
+	// Each stretch of the send timeout must move sendguard.MinProgress
+	// bytes: a peer that stops reading, or reads a trickle, is dropped.
+	_, err := sendguard.Write(c.nc, &c.bufs, c.sendTimeout)
 	if err != nil {
 		// A stream with a failed or timed-out write is broken: close it,
 		// so the receiver ends too and the connection's tasks are released.

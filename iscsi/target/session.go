@@ -69,7 +69,7 @@ type session struct {
 	// never the reverse. Server.mu is never held with either. No
 	// datamover call — no socket or RDMA I/O — is made under session.mu
 	// or conn.mu: sequence runs the deliveries' I/O (act) after releasing
-	// mu, and a send that makes no progress fails after the NOP timeout
+	// mu, and a send that moves under 64 KiB in the NOP timeout fails
 	// (fabric: AcceptParams.SendTimeout), so a blocked send holds no lock
 	// and ends.
 	mu     sync.Mutex

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/sendguard"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/iwarp/ddp"
 	"github.com/blockwire/blockwire/rdma/iwarp/mpa"
@@ -56,8 +57,8 @@ type qp struct {
 	crc    bool
 	mulpdu int
 	log    *slog.Logger
-	// sendTimeout fails the queue pair when a write to the stream makes
-	// no progress this long (Options.SendTimeout); set before start.
+	// sendTimeout fails the queue pair when a write to the stream moves
+	// under 64 KiB in this long (Options.SendTimeout); set before start.
 	sendTimeout time.Duration
 
 	mu     sync.Mutex
@@ -583,21 +584,12 @@ func (q *qp) segments(h *ddp.Header, extra []byte, sg [][]byte, total int, at fu
 // by the send timeout.
 func (q *qp) flush() error { return q.flushBy(q.sendTimeout) }
 
-// flushBy writes the batch; to > 0 renews the write deadline for every
-// stretch that makes progress (0: the deadline already set stays).
+// flushBy writes the batch; to > 0 gives every stretch of the write a
+// deadline to away, and a stretch must move sendguard.MinProgress bytes (a
+// peer that stops reading, or reads a trickle, fails the queue pair); 0:
+// the deadline already set stays.
 func (q *qp) flushBy(to time.Duration) error {
-	var err error
-	for len(q.bufs) > 0 {
-		if to > 0 {
-			_ = q.conn.SetWriteDeadline(time.Now().Add(to))
-		}
-		var n int64
-		n, err = q.bufs.WriteTo(q.conn) // consumes what it wrote
-		if err != nil && n > 0 && isTimeout(err) {
-			continue // slow, but reading: a new deadline for the rest
-		}
-		break
-	}
+	_, err := sendguard.Write(q.conn, &q.bufs, to)
 	for i := range q.iovs[:cap(q.iovs)] {
 		q.iovs[:cap(q.iovs)][i] = nil
 	}
@@ -1042,9 +1034,4 @@ func layerName(l uint8) string {
 		return "LLP"
 	}
 	return fmt.Sprintf("layer %d", l)
-}
-
-func isTimeout(err error) bool {
-	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout()
 }

@@ -49,10 +49,11 @@ type Options struct {
 	// HandshakeTimeout bounds the MPA exchange (default 10 s, siw's
 	// active-side wait).
 	HandshakeTimeout time.Duration
-	// SendTimeout fails a queue pair whose stream takes no bytes for
-	// this long — a peer that stops reading (what TCP's retransmission
-	// limit does to a dead peer, sooner); its work requests complete in
-	// error, releasing what they hold. Zero: no bound.
+	// SendTimeout fails a queue pair whose stream takes less than
+	// sendguard.MinProgress (64 KiB) in this long — a peer that stops
+	// reading, or reads a trickle (what TCP's retransmission limit does
+	// to a dead peer, sooner); its work requests complete in error,
+	// releasing what they hold. Zero: no bound.
 	SendTimeout time.Duration
 	// MaxHandshakes bounds the connections of a listener whose MPA
 	// Request has not arrived and been taken by Accept (256), and
