@@ -86,8 +86,11 @@ func (r *TskMgmt) Decode(b []byte) error {
 
 // CredReq is SRP_CRED_REQ (target asks the initiator to take credits).
 type CredReq struct {
-	SolNT       bool
-	ReqLimDelta uint32
+	SolNT bool
+	// ReqLimDelta, as in every IU that carries it from the target, is
+	// signed: a target may take credits back (SRP r16a §6.9; Linux's
+	// ib_srp reads it as s32).
+	ReqLimDelta int32
 	Tag         uint64
 }
 
@@ -98,7 +101,7 @@ func (r *CredReq) Append(b []byte) []byte {
 	if r.SolNT {
 		p[1] = 1
 	}
-	be.PutUint32(p[4:], r.ReqLimDelta)
+	be.PutUint32(p[4:], uint32(r.ReqLimDelta))
 	be.PutUint64(p[8:], r.Tag)
 	return b
 }
@@ -109,7 +112,7 @@ func (r *CredReq) Decode(b []byte) error {
 		return err
 	}
 	r.SolNT = b[1]&1 != 0
-	r.ReqLimDelta = be.Uint32(b[4:])
+	r.ReqLimDelta = int32(be.Uint32(b[4:]))
 	r.Tag = be.Uint64(b[8:])
 	return nil
 }
@@ -141,7 +144,7 @@ func DecodeTagOnly(op Opcode, b []byte) (uint64, error) {
 // LUN, with its sense data.
 type AerReq struct {
 	SolNT       bool
-	ReqLimDelta uint32
+	ReqLimDelta int32 // signed, as in CredReq
 	Tag         uint64
 	LUN         uint64
 	Sense       []byte // aliases the IU on decode
@@ -154,7 +157,7 @@ func (r *AerReq) Append(b []byte) []byte {
 	if r.SolNT {
 		p[1] = 1
 	}
-	be.PutUint32(p[4:], r.ReqLimDelta)
+	be.PutUint32(p[4:], uint32(r.ReqLimDelta))
 	be.PutUint64(p[8:], r.Tag)
 	be.PutUint64(p[20:], r.LUN)
 	be.PutUint32(p[28:], uint32(len(r.Sense)))
@@ -168,7 +171,7 @@ func (r *AerReq) Decode(b []byte) error {
 		return err
 	}
 	r.SolNT = b[1]&1 != 0
-	r.ReqLimDelta = be.Uint32(b[4:])
+	r.ReqLimDelta = int32(be.Uint32(b[4:]))
 	r.Tag = be.Uint64(b[8:])
 	r.LUN = be.Uint64(b[20:])
 	n := be.Uint32(b[28:])
@@ -182,7 +185,7 @@ func (r *AerReq) Decode(b []byte) error {
 // Rsp is SRP_RSP.
 type Rsp struct {
 	SolNT       bool
-	ReqLimDelta uint32
+	ReqLimDelta int32 // signed, as in CredReq
 	Tag         uint64
 	Flags       uint8 // DataOutOver, … (RspValid and SenseValid are set by Append)
 	Status      uint8
@@ -201,7 +204,7 @@ func (r *Rsp) Append(b []byte) []byte {
 	if r.SolNT {
 		p[1] = 1
 	}
-	be.PutUint32(p[4:], r.ReqLimDelta)
+	be.PutUint32(p[4:], uint32(r.ReqLimDelta))
 	be.PutUint64(p[8:], r.Tag)
 	f := r.Flags &^ (RspValid | SenseValid)
 	if len(r.RespData) > 0 {
@@ -228,7 +231,7 @@ func (r *Rsp) Decode(b []byte) error {
 		return err
 	}
 	r.SolNT = b[1]&1 != 0
-	r.ReqLimDelta = be.Uint32(b[4:])
+	r.ReqLimDelta = int32(be.Uint32(b[4:]))
 	r.Tag = be.Uint64(b[8:])
 	r.Flags = b[18]
 	r.Status = b[19]

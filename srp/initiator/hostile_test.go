@@ -33,7 +33,7 @@ func FuzzHostileTarget(f *testing.F) {
 	f.Add(withTag(1, (&srp.Rsp{ReqLimDelta: 1}).Append(nil)))
 	f.Add(withTag(0, (&srp.Rsp{Flags: srp.DataInUnder, DataInRes: 1 << 30, Status: 0x02,
 		Sense: []byte{0x70, 0, 0x05, 0, 0, 0, 0, 10, 0, 0, 0, 0, 0x24, 0, 0, 0, 0, 0}}).Append(nil)))
-	f.Add(withTag(0, (&srp.Rsp{Flags: srp.DataInOver, DataInRes: 0xffffffff, ReqLimDelta: 0xffffffff}).Append(nil)))
+	f.Add(withTag(0, (&srp.Rsp{Flags: srp.DataInOver, DataInRes: 0xffffffff, ReqLimDelta: -1}).Append(nil)))
 	long := (&srp.Rsp{Sense: make([]byte, 900)}).Append(nil)
 	binary.BigEndian.PutUint32(long[28:], 0xfffffff0) // a sense length past the IU
 	f.Add(withTag(0, long))

@@ -331,8 +331,9 @@ func (c *Channel) receive(iu []byte) {
 	}
 }
 
-// grant adds credits the target returned.
-func (c *Channel) grant(delta uint32) {
+// grant adds credits the target returned, or takes back those it took
+// back (a negative delta).
+func (c *Channel) grant(delta int32) {
 	c.mu.Lock()
 	c.reqLim += int(delta)
 	c.cond.Broadcast()

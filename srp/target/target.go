@@ -686,11 +686,11 @@ func (ch *channel) sendAER(lun uint64, s *scsi.Sense) {
 	ch.aerTag++
 	var sense [252]byte
 	lf := scsi.EncodeLUN(lun)
-	ar := srp.AerReq{ReqLimDelta: uint32(ch.delta.Swap(0)), Tag: ch.aerTag, LUN: binary.BigEndian.Uint64(lf[:]), Sense: s.AppendFixed(sense[:0])}
+	ar := srp.AerReq{ReqLimDelta: ch.delta.Swap(0), Tag: ch.aerTag, LUN: binary.BigEndian.Uint64(lf[:]), Sense: s.AppendFixed(sense[:0])}
 	b := ar.Append(ch.aerBuf[:0])
 	ch.mu.Unlock()
 	if err := ch.qp.PostSend(&rdma.SendWR{ID: kindCtl, Op: rdma.OpSend, SG: [][]byte{b}}); err != nil {
-		ch.delta.Add(int32(ar.ReqLimDelta))
+		ch.delta.Add(ar.ReqLimDelta)
 	}
 }
 

@@ -355,14 +355,14 @@ func (ch *channel) place(t *task, data []byte) bool {
 func (ch *channel) send(t *task, r *srp.Rsp, good bool) {
 	ch.repost(t.slot, true)
 	t.slot = -1
-	r.ReqLimDelta = uint32(ch.delta.Swap(0))
+	r.ReqLimDelta = ch.delta.Swap(0)
 	r.SolNT = (good && t.sol&srp.SolSuccess != 0) || (!good && t.sol&srp.SolFailure != 0)
 	b := r.Append(t.rsp[:0])
 	t.sg[0] = b
 	t.wr = rdma.SendWR{ID: ch.id(t, kindRsp), Op: rdma.OpSend, Solicited: r.SolNT, SG: t.sg[:]}
 	err := ch.qp.PostSend(&t.wr)
 	if err != nil {
-		ch.delta.Add(int32(r.ReqLimDelta))
+		ch.delta.Add(r.ReqLimDelta)
 		ch.release(t)
 	}
 }
@@ -464,7 +464,7 @@ func (ch *channel) grantCredits() {
 	}
 	ch.mu.Lock()
 	ch.credReqs++
-	cr := srp.CredReq{ReqLimDelta: uint32(d)}
+	cr := srp.CredReq{ReqLimDelta: d}
 	b := cr.Append(ch.credBuf[:0])
 	ch.mu.Unlock()
 	if err := ch.qp.PostSend(&rdma.SendWR{ID: kindCtl, Op: rdma.OpSend, SG: [][]byte{b}}); err != nil {
