@@ -419,3 +419,59 @@ func FuzzHostileLogin(f *testing.F) {
 		s.Close()
 	})
 }
+
+// TestHostileTargetImpossibleAnswers: a target's answer to an offer of
+// ours must be what the key's function could give (RFC 7143 §6.2.2);
+// anything else fails the login instead of running on values the two
+// sides disagree on. InitialR2T=Maybe was taken for No: the initiator
+// then sent unsolicited data a target meaning Yes does not expect. The
+// special answers leave a key at its default, and the login goes on.
+func TestHostileTargetImpossibleAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		kv text.KV
+		ok bool
+	}{
+		{text.KV{Key: "InitialR2T", Value: "Maybe"}, false},
+		{text.KV{Key: "ImmediateData", Value: "yes"}, false},
+		{text.KV{Key: "DataPDUInOrder", Value: "No"}, false},       // OR with our Yes is Yes
+		{text.KV{Key: "MaxBurstLength", Value: "16777215"}, false}, // above our 16776192
+		{text.KV{Key: "ErrorRecoveryLevel", Value: "2"}, false},    // above our 0
+		{text.KV{Key: "MaxOutstandingR2T", Value: "0"}, false},     // below the key's range
+		{text.KV{Key: "InitialR2T", Value: "Yes"}, true},           // OR with our No
+		{text.KV{Key: "ImmediateData", Value: "No"}, true},
+		{text.KV{Key: "ImmediateData", Value: "Reject"}, true},
+		{text.KV{Key: "FirstBurstLength", Value: "NotUnderstood"}, true},
+	} {
+		keys := slices.Clone(loginKeys)
+		for i := range keys {
+			if keys[i].Key == tc.kv.Key {
+				keys[i] = tc.kv
+			}
+		}
+		d := scriptDialer{func(f *fakeTarget) {
+			p, ok := f.next()
+			if !ok {
+				return
+			}
+			var req pdu.LoginReq
+			if req.Decode(&p.h) != nil {
+				return
+			}
+			r := pdu.LoginResp{Transit: true, CSG: pdu.StageOperational, NSG: pdu.StageFullFeature, ISID: req.ISID, TSIH: 1,
+				ITT: req.ITT, StatSN: 1, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN + 31}
+			var h pdu.BHS
+			r.Encode(&h)
+			f.write(pduBytes(h, text.Append(nil, keys...)))
+			// Then the connection ends (no answer to a Logout to wait for).
+		}}
+		s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
+		if s != nil {
+			s.Close()
+		}
+		if tc.ok != (err == nil) {
+			t.Errorf("answer %s=%s: login error %v, want ok=%v", tc.kv.Key, tc.kv.Value, err, tc.ok)
+		} else if err != nil {
+			t.Logf("%s=%s: %v", tc.kv.Key, tc.kv.Value, err)
+		}
+	}
+}

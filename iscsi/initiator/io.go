@@ -146,11 +146,13 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 		return def
 	}
 	yes := func(k string, def bool) bool {
-		v, ok := l.keys[k]
-		if !ok {
-			return def
+		switch v := l.keys[k]; v {
+		case "Yes", "No":
+			return v == "Yes"
 		}
-		return v == "Yes"
+		// Not answered, or NotUnderstood, Irrelevant, Reject: the default
+		// (RFC 7143 §6.2); anything else fails the login (text.Settle).
+		return def
 	}
 	pr := params{
 		immediateData: yes("ImmediateData", true),

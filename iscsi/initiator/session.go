@@ -381,6 +381,19 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 					return fmt.Errorf("iscsi: the target chose %s=%s; we offered %s", k, v, l.offers[k])
 				}
 			}
+			// Every answer to an offer of ours must be one the key's
+			// function could give (RFC 7143 §6.2.2).
+			for k, offer := range l.offers {
+				v, ok := l.keys[k]
+				if !ok {
+					continue
+				}
+				if key, known := neg.Lookup(k); known {
+					if _, err := text.Settle(*key, offer, v); err != nil {
+						return err
+					}
+				}
+			}
 			if !discovery {
 				if err := l.params.check(); err != nil {
 					return err

@@ -243,3 +243,50 @@ func (n *Negotiator) Number(key string) uint64 {
 
 // Bool returns a boolean value.
 func (n *Negotiator) Bool(key string) bool { return n.values[key] == "Yes" }
+
+// Settle is the offering side of a negotiation (RFC 7143 §6.2): the value
+// key k takes when this side offered offer and the peer answered answer.
+// NotUnderstood, Irrelevant and Reject leave the key at its default. The
+// responder answers with the result of the key's function (§6.2.2), so an
+// answer no result could be — a boolean that is not Yes or No or that the
+// function would not give (No to a Yes offered for an OR key), a number
+// outside the key's range or past the offer (above it for a key that takes
+// the minimum), a list item that was not offered — is an error, and the
+// login must fail rather than run on values the two sides disagree on.
+// Declarations are not answers: Settle returns them as they are.
+func Settle(k Key, offer, answer string) (string, error) {
+	switch answer {
+	case NotUnderstood, Irrelevant, Reject:
+		return k.Default, nil
+	}
+	bad := func(why string) error {
+		return &Error{Rule: "§6.2.2", Msg: fmt.Sprintf("the answer %s=%q to our %q is %s", k.Name, truncate([]byte(answer)), offer, why)}
+	}
+	switch k.Kind {
+	case BoolAnd, BoolOr:
+		if answer != "Yes" && answer != "No" {
+			return "", bad("not a boolean")
+		}
+		res := answer == "Yes" && offer == "Yes"
+		if k.Kind == BoolOr {
+			res = answer == "Yes" || offer == "Yes"
+		}
+		if res != (answer == "Yes") {
+			return "", bad("not the result of the key's function")
+		}
+	case NumMin, NumMax:
+		num, err := ParseNumber(answer)
+		if err != nil || num < k.Min || num > k.Max {
+			return "", bad(fmt.Sprintf("outside %d to %d", k.Min, k.Max))
+		}
+		mine, err := ParseNumber(offer)
+		if err == nil && (k.Kind == NumMin && num > mine || k.Kind == NumMax && num < mine) {
+			return "", bad("past the offer")
+		}
+	case List:
+		if !contains(strings.Split(offer, ","), answer) {
+			return "", bad("not one of the values offered")
+		}
+	}
+	return answer, nil
+}

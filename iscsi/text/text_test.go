@@ -149,12 +149,63 @@ func FuzzNegotiate(f *testing.F) {
 		if err != nil {
 			return
 		}
+		offered := map[string]string{}
+		for _, kv := range kvs {
+			offered[kv.Key] = kv.Value
+		}
 		for _, a := range ans {
 			if len(a.Value) > 255 {
 				t.Fatalf("answer %s of %d bytes", a.Key, len(a.Value))
 			}
+			// What we answer, the offering side accepts (Settle).
+			if k, ok := n.Lookup(a.Key); ok {
+				if _, err := Settle(*k, offered[a.Key], a.Value); err != nil {
+					t.Fatalf("our answer %s=%s to %q: %v", a.Key, a.Value, offered[a.Key], err)
+				}
+			}
 		}
 	})
+}
+
+// TestSettle: the offering side's check of an answer (RFC 7143 §6.2.2).
+func TestSettle(t *testing.T) {
+	key := func(name string) Key {
+		n := NewNegotiator(nil, true)
+		k, ok := n.Lookup(name)
+		if !ok {
+			t.Fatalf("no key %s", name)
+		}
+		return *k
+	}
+	for _, tc := range []struct {
+		key, offer, answer, want string // want "": an error
+	}{
+		{"ImmediateData", "Yes", "No", "No"}, // AND
+		{"ImmediateData", "No", "Yes", ""},
+		{"ImmediateData", "Yes", "Reject", "Yes"}, // the default
+		{"InitialR2T", "No", "Yes", "Yes"},        // OR
+		{"InitialR2T", "Yes", "No", ""},
+		{"InitialR2T", "No", "Maybe", ""},
+		{"MaxBurstLength", "262144", "65536", "65536"}, // min
+		{"MaxBurstLength", "65536", "262144", ""},
+		{"MaxBurstLength", "65536", "0x100", ""}, // 256: below the range
+		{"DefaultTime2Wait", "2", "5", "5"},      // max
+		{"DefaultTime2Wait", "2", "1", ""},
+		{"HeaderDigest", "CRC32C,None", "None", "None"},
+		{"HeaderDigest", "None", "CRC32C", ""},
+		{"MaxRecvDataSegmentLength", "8192", "262144", "262144"}, // a declaration
+	} {
+		got, err := Settle(key(tc.key), tc.offer, tc.answer)
+		if tc.want == "" {
+			if err == nil {
+				t.Errorf("%s: %s answered %s: accepted as %s", tc.key, tc.offer, tc.answer, got)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %s answered %s: %q, %v; want %q", tc.key, tc.offer, tc.answer, got, err, tc.want)
+		}
+	}
 }
 
 func BenchmarkNegotiateLinuxOffer(b *testing.B) {
