@@ -73,10 +73,22 @@ type prState struct {
 	onALUA  func(map[uint16]ALUAState)
 	stale   atomic.Bool   // the shared record changed: reload before use
 	known   atomic.Uint64 // version, for the watch callback
-	// reloadFails counts the reloads that failed in a row (p.mu).
+	// reloadFails counts the reloads that failed in a row, and retryAt
+	// is when the next may be tried (p.mu).
 	reloadFails uint64
+	retryAt     time.Time
 	log         *slog.Logger
 }
+
+// After a reload of the shared record fails, commands use the last copy
+// without asking the storage again until reloadBackoffMin has passed,
+// then twice as long after each further failure, up to reloadBackoffMax:
+// every command asked it before, under p.mu, so a cluster out of reach
+// held each command of the LU for a timeout in turn.
+const (
+	reloadBackoffMin = 10 * time.Millisecond
+	reloadBackoffMax = time.Second
+)
 
 // find returns the registration that covers nexus k: its own, or its
 // initiator port's ALL_TG_PT one.
@@ -271,9 +283,14 @@ func (p *prState) refresh(force bool) error {
 // fresh brings a shared state up to date before it is used; when the
 // storage cannot be read the last copy is used (commands that need the
 // storage fail on their own). Called with p.mu held.
-// Every command tries: the first 16 failures in a row are logged, then
-// one in 1024 with the count, and the first success after them.
+// After a failure it tries again only once the backoff has passed
+// (reloadBackoffMin, doubling to reloadBackoffMax). The first 16
+// failures in a row are logged, then one in 1024 with the count, and the
+// first success after them.
 func (p *prState) fresh() {
+	if p.reloadFails > 0 && time.Now().Before(p.retryAt) {
+		return
+	}
 	err := p.refresh(false)
 	if err == nil {
 		if p.reloadFails > 0 && p.log != nil {
@@ -283,6 +300,7 @@ func (p *prState) fresh() {
 		return
 	}
 	p.reloadFails++
+	p.retryAt = time.Now().Add(min(reloadBackoffMin<<min(p.reloadFails-1, 10), reloadBackoffMax))
 	if n := p.reloadFails; p.log != nil && (n <= 16 || n%1024 == 0) {
 		p.log.Warn("persistent reservations: shared record not reloaded; using the last copy", "err", err, "failures", n)
 	}

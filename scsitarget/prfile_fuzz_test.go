@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/scsi"
@@ -139,10 +140,12 @@ func TestDamagedSharedRecordKeepsLastCopy(t *testing.T) {
 type brokenShared struct {
 	sharedMem
 	broken *atomic.Bool
+	tries  *atomic.Int64 // loads while broken
 }
 
 func (s brokenShared) LoadState() ([]byte, uint64, error) {
 	if s.broken.Load() {
+		s.tries.Add(1)
 		return nil, 0, errors.New("the record is out of reach")
 	}
 	return s.sharedMem.LoadState()
@@ -166,13 +169,13 @@ func (h countingHandler) WithGroup(string) slog.Handler      { return h }
 // log says so for the first 16 commands, then one in 1024 with the count,
 // not once per command (100 000 lines a second at this LU's rate).
 func TestUnreadableSharedRecordDoesNotFloodTheLog(t *testing.T) {
-	var warns atomic.Int64
+	var warns, tries atomic.Int64
 	var broken atomic.Bool
 	disk, _ := mem.New(16 << 20)
 	rec := &record{version: 1}
 	log := slog.New(countingHandler{&warns})
 	d := NewDevice("iqn.2026-11.org.blockwire:shared", log)
-	lu, err := NewLU(d.Name(), LUConfig{Backend: brokenShared{sharedMem{disk, rec}, &broken}, Logger: log})
+	lu, err := NewLU(d.Name(), LUConfig{Backend: brokenShared{sharedMem{disk, rec}, &broken, &tries}, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -182,16 +185,26 @@ func TestUnreadableSharedRecordDoesNotFloodTheLog(t *testing.T) {
 	broken.Store(true)
 	// Another gateway changed the record: this one must reload it.
 	lu.pr.stale.Store(true)
+	start := time.Now()
 	for range 3000 {
 		good(t, run(d, n, []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)))
 	}
-	// A command may try twice (at its start, and for its reservation
-	// check): up to 6000 failures, 16 + 5 lines.
+	took := time.Since(start)
+	// The storage is not asked at every command (it was twice per
+	// command: 6000 tries, each under the reservation lock, which on a
+	// cluster out of reach is a timeout each): after a failure the next
+	// try waits reloadBackoffMin, doubling to reloadBackoffMax.
+	if n, most := tries.Load(), 2+int64(took/reloadBackoffMin); n < 1 || n > most {
+		t.Fatalf("%d tries to reload an unreadable shared record in %v (3000 commands); want 1 to %d", n, took, most)
+	}
+	t.Logf("%d tries in %v", tries.Load(), took)
 	if w := warns.Load(); w < 1 || w > 16+6000/1024 {
 		t.Fatalf("%d warnings for 3000 commands on an unreadable shared record; want 1 to %d", w, 16+6000/1024)
 	}
-	// Readable again: one line says so, and a new failure is logged.
+	// Readable again: once the wait has passed, one line says so, and a
+	// new failure is logged.
 	broken.Store(false)
+	time.Sleep(reloadBackoffMax)
 	run(d, n, []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}, nil)
 	broken.Store(true)
 	lu.pr.stale.Store(true)
