@@ -125,7 +125,10 @@ var loginKeys = []text.KV{
 
 // login answers the initiator's first Login Request with a final
 // response (CmdSN window of 32) and returns false if none came.
-func (f *fakeTarget) login() bool {
+func (f *fakeTarget) login() bool { return f.loginWith(text.Append(nil, loginKeys...)) }
+
+// loginWith is login with keys as the response's text.
+func (f *fakeTarget) loginWith(keys []byte) bool {
 	p, ok := f.next()
 	if !ok || p.h.Opcode() != pdu.OpLoginReq {
 		return false
@@ -138,7 +141,7 @@ func (f *fakeTarget) login() bool {
 		ITT: req.ITT, StatSN: 1, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN + 31}
 	var h pdu.BHS
 	r.Encode(&h)
-	return f.write(pduBytes(h, text.Append(nil, loginKeys...))) == nil
+	return f.write(pduBytes(h, keys)) == nil
 }
 
 func hostileOptions(d scriptDialer) Options {
@@ -363,25 +366,14 @@ func FuzzHostileLogin(f *testing.F) {
 		closed := make(chan struct{})
 		d := scriptDialer{func(f *fakeTarget) {
 			defer close(closed)
-			p, ok := f.next()
-			if !ok {
-				return
-			}
-			var req pdu.LoginReq
-			if req.Decode(&p.h) != nil {
-				return
-			}
-			r := pdu.LoginResp{Transit: true, CSG: pdu.StageOperational, NSG: pdu.StageFullFeature, ISID: req.ISID, TSIH: 1,
-				ITT: req.ITT, StatSN: 1, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN + 31}
-			var h pdu.BHS
-			r.Encode(&h)
-			if f.write(pduBytes(h, keys)) != nil {
+			if !f.loginWith(keys) {
 				return
 			}
 			cmd, ok := f.next()
 			if !ok || cmd.h.Opcode() != pdu.OpSCSICommand {
 				return
 			}
+			var h pdu.BHS
 			(&pdu.R2T{ITT: cmd.h.ITT(), TTT: 9, StatSN: 2, ExpCmdSN: 2, MaxCmdSN: 33, Offset: 0, Desired: 16384}).Encode(&h)
 			f.write(pduBytes(h, nil))
 			// What the write sends, for a while: a bounded number of
@@ -448,22 +440,8 @@ func TestHostileTargetImpossibleAnswers(t *testing.T) {
 				keys[i] = tc.kv
 			}
 		}
-		d := scriptDialer{func(f *fakeTarget) {
-			p, ok := f.next()
-			if !ok {
-				return
-			}
-			var req pdu.LoginReq
-			if req.Decode(&p.h) != nil {
-				return
-			}
-			r := pdu.LoginResp{Transit: true, CSG: pdu.StageOperational, NSG: pdu.StageFullFeature, ISID: req.ISID, TSIH: 1,
-				ITT: req.ITT, StatSN: 1, ExpCmdSN: req.CmdSN, MaxCmdSN: req.CmdSN + 31}
-			var h pdu.BHS
-			r.Encode(&h)
-			f.write(pduBytes(h, text.Append(nil, keys...)))
-			// Then the connection ends (no answer to a Logout to wait for).
-		}}
+		// After the login the connection ends: no Logout to wait for.
+		d := scriptDialer{func(f *fakeTarget) { f.loginWith(text.Append(nil, keys...)) }}
 		s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
 		if s != nil {
 			s.Close()
