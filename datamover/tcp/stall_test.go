@@ -73,21 +73,23 @@ func TestSendTimeoutDropsATricklingPeer(t *testing.T) {
 }
 
 // TestSendTimeoutKeepsASlowReader: a peer that reads steadily, if slowly —
-// 32 KiB every 20 ms, ten times the least a send timeout's stretch must
-// move — is not taken for a stalled one.
+// 64 KiB every 10 ms, a hundred times the least a send timeout's stretch
+// (1 s here) must move — is not taken for a stalled one. One read per
+// stretch is enough, so only a reader held up for a whole second (not a
+// loaded machine's scheduling) could fail it.
 func TestSendTimeoutKeepsASlowReader(t *testing.T) {
-	const timeout = 300 * time.Millisecond
+	const timeout = time.Second
 	c, client := sendingConn(t, timeout)
 	go func() {
-		buf := make([]byte, 32<<10)
+		buf := make([]byte, 64<<10)
 		for {
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 			if _, err := io.ReadFull(client, buf); err != nil {
 				return
 			}
 		}
 	}()
-	if d, err := sendUntilError(c, 10*timeout); err != nil {
-		t.Fatalf("a peer reading 1.6 MB/s was dropped after %v: %v", d, err)
+	if d, err := sendUntilError(c, 3*timeout); err != nil {
+		t.Fatalf("a peer reading 6.4 MB/s was dropped after %v: %v", d, err)
 	}
 }
