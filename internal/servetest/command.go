@@ -42,3 +42,19 @@ func OneCommand(do Doer, write bool) (wait func(t testing.TB)) {
 		}
 	}
 }
+
+// Closes runs close and returns its error; it fails t if close has not
+// returned within d (a session or channel whose peer misbehaved must
+// still close).
+func Closes(t testing.TB, close func() error, d time.Duration) error {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- close() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(d):
+		t.Fatal("Close hangs")
+		return nil
+	}
+}

@@ -237,15 +237,8 @@ func TestHostileTargetTwoLogoutResponses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	done := make(chan error, 1)
-	go func() { done <- s.Close() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatalf("close: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("Close hangs")
+	if err := servetest.Closes(t, s.Close, 5*time.Second); err != nil {
+		t.Fatalf("close: %v", err)
 	}
 }
 
@@ -329,13 +322,7 @@ func FuzzHostileTarget(f *testing.F) {
 		if target.stuck.Load() {
 			t.Fatal("the initiator stopped reading the connection")
 		}
-		cl := make(chan struct{})
-		go func() { s.Close(); close(cl) }()
-		select {
-		case <-cl:
-		case <-time.After(15 * time.Second):
-			t.Fatal("Close hangs")
-		}
+		servetest.Closes(t, s.Close, 15*time.Second)
 	})
 }
 

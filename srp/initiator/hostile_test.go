@@ -112,12 +112,6 @@ func FuzzHostileTarget(f *testing.F) {
 		}
 		qp.Close()
 		wait(t)
-		cl := make(chan struct{})
-		go func() { ch.Close(); close(cl) }()
-		select {
-		case <-cl:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Close hangs")
-		}
+		servetest.Closes(t, ch.Close, 10*time.Second)
 	})
 }
