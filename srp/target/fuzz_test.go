@@ -36,9 +36,15 @@ func FuzzTargetIU(f *testing.F) {
 		// A TEST UNIT READY behind it: its answer, or the channel's end,
 		// says the target has taken the fuzzed IU. A target that gives
 		// neither hangs, and next fails after 5 s (no fixed wait: it
-		// cost each run 20 ms). A task management function may abort
-		// the TEST UNIT READY, which then ends with no status (SAM): its
-		// own answer ends the wait too.
+		// cost each run 20 ms).
+		//
+		// A task management function runs beside the commands, and may
+		// end after the TEST UNIT READY's answer; a LOGICAL UNIT RESET or
+		// CLEAR TASK SET still running then aborts every task on the LU,
+		// the fresh channel's TEST UNIT READY below too (aborted with no
+		// status, SAM-5 §5.6). So its own answer (response data: the TUR's
+		// has none) ends the wait, or the channel's end; it may also have
+		// aborted the TEST UNIT READY.
 		var tm srp.TskMgmt
 		isTM := tm.Decode(iu) == nil
 		if r.qp.PostSend(&rdma.SendWR{Op: rdma.OpSend, SG: [][]byte{turIU}, Unsignaled: true}) == nil {
@@ -48,7 +54,10 @@ func FuzzTargetIU(f *testing.F) {
 					break // the channel ended
 				}
 				var rsp srp.Rsp
-				if rsp.Decode(b) == nil && (rsp.Tag == 77 || isTM && rsp.Tag == tm.Tag) {
+				if rsp.Decode(b) != nil {
+					continue
+				}
+				if isTM && rsp.Tag == tm.Tag && len(rsp.RespData) > 0 || !isTM && rsp.Tag == 77 {
 					break
 				}
 			}
