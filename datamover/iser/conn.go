@@ -753,13 +753,22 @@ func (c *Conn) startRead(i int, r2t *pdu.R2T, buf []byte, stag uint32, to uint64
 	return nil
 }
 
+// terminateGrace bounds how long ConnectionTerminate waits for the sends
+// already posted. On a reliable connection a lost message is resent after
+// the ACK timeout, and acknowledged one later: Linux's rdma_cm asks for
+// 4.096 µs × 2^17 ≈ 0.54 s on RoCE, and a retransmission timer that
+// checks once per timeout resends after one to two of them. Four seconds
+// cover two lost transmissions; a peer that never acknowledges holds a
+// closing connection no longer.
+const terminateGrace = 4 * time.Second
+
 // ConnectionTerminate implements datamover.Conn (seed 002 §9.7). Control
 // PDUs already handed to Send_Control (a Logout Response, a failed Login
 // Response) still go out first: the queue pair closes once its sends
-// have completed, or after a second.
+// have completed, once it has failed, or after terminateGrace.
 func (c *Conn) ConnectionTerminate() {
 	c.termOnce.Do(func() {
-		deadline := time.Now().Add(time.Second)
+		deadline := time.Now().Add(terminateGrace)
 		for len(c.freeSlot) < cap(c.freeSlot) && time.Now().Before(deadline) {
 			select {
 			case <-c.qp.Done():

@@ -68,6 +68,13 @@ type rawPeer struct {
 // pair connects a datamover (opt) to a raw peer in memory.
 func pair(t *testing.T, opt Options) (*Conn, *rawPeer) {
 	t.Helper()
+	return pairOn(t, opt, nil)
+}
+
+// pairOn is pair with the datamover's queue pair wrapped by wrap (nil:
+// as it is).
+func pairOn(t *testing.T, opt Options, wrap func(rdma.QP) rdma.QP) (*Conn, *rawPeer) {
+	t.Helper()
 	dev := rdma.NewDevice("test")
 	res := Prepare(dev.AllocPD(), opt)
 	peer := &rawPeer{pd: rdma.NewDevice("peer").AllocPD(), rcq: rdma.NewCQ(16), scq: rdma.NewCQ(16)}
@@ -82,6 +89,9 @@ func pair(t *testing.T, opt Options) (*Conn, *rawPeer) {
 		t.Fatal(err)
 	}
 	peer.qp = qb
+	if wrap != nil {
+		qa = wrap(qa)
+	}
 	c := res.Attach(qa, CMHeader{}, nil)
 	t.Cleanup(func() { c.ConnectionTerminate(); qb.Close() })
 	return c, peer
@@ -354,4 +364,64 @@ func TestMessageBeforeTheEndIsDelivered(t *testing.T) {
 	u.waitFor(t, 1)
 	qb.Close() // the disconnect: the receives flush
 	ended(t, u)
+}
+
+// lateQP delivers each Send late, as a reliable connection does when the
+// first transmission was lost: the peer has it, and the send completes,
+// one or two ACK timeouts later (Linux's rdma_cm asks for 0.54 s on
+// RoCE). A queue pair closed meanwhile never sends it.
+type lateQP struct {
+	rdma.QP
+	delay time.Duration
+}
+
+func (q *lateQP) PostSend(wr *rdma.SendWR) error {
+	w := *wr
+	w.SG = append([][]byte(nil), wr.SG...) // the slot stays ours until the completion
+	time.AfterFunc(q.delay, func() { q.QP.PostSend(&w) })
+	return nil
+}
+
+// TestTerminateAwaitsAResentResponse: a Logout Response handed to
+// Send_Control before ConnectionTerminate reaches the initiator even when
+// the link takes 1.5 s to deliver it (verbs-rxe-loss lost its Logout
+// Response so: the queue pair closed after a second, before the resend).
+func TestTerminateAwaitsAResentResponse(t *testing.T) {
+	c, peer := pairOn(t, Options{}, func(q rdma.QP) rdma.QP { return &lateQP{QP: q, delay: 1500 * time.Millisecond} })
+	go c.Serve(newUpcalls())
+	var p datamover.PDU
+	(&pdu.LogoutResp{ITT: 5, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 2}).Encode(&p.BHS)
+	if err := c.SendControl(&p, true); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.ConnectionTerminate()
+	waited := time.Since(start)
+	msg := peer.recv(t)
+	var h pdu.BHS
+	copy(h[:], msg[HeaderLenLinux:])
+	if h.Opcode() != pdu.OpLogoutResp {
+		t.Fatalf("the initiator received %v, not the Logout Response", h.Opcode())
+	}
+	if waited > 2500*time.Millisecond {
+		t.Fatalf("ConnectionTerminate took %v for a send that completed after 1.5 s", waited)
+	}
+}
+
+// TestTerminateGraceIsBounded: a send that never completes (a peer that
+// never acknowledges) holds ConnectionTerminate for terminateGrace, no
+// longer.
+func TestTerminateGraceIsBounded(t *testing.T) {
+	c, _ := pairOn(t, Options{}, func(q rdma.QP) rdma.QP { return &lateQP{QP: q, delay: time.Hour} })
+	go c.Serve(newUpcalls())
+	var p datamover.PDU
+	(&pdu.LogoutResp{ITT: 5}).Encode(&p.BHS)
+	if err := c.SendControl(&p, true); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	c.ConnectionTerminate()
+	if d := time.Since(start); d < terminateGrace-100*time.Millisecond || d > terminateGrace+time.Second {
+		t.Fatalf("ConnectionTerminate returned after %v; its grace is %v", d, terminateGrace)
+	}
 }
