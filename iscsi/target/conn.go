@@ -103,6 +103,11 @@ type conn struct {
 	pingSent atomic.Int64
 	stop     chan struct{}
 	stopOnce sync.Once
+	// background counts the task management functions and Logouts
+	// running on goroutines of their own (goBounded), refusedBG those
+	// refused at the bound.
+	background atomic.Int32
+	refusedBG  atomic.Uint64
 }
 
 type doPlacement struct {
@@ -870,7 +875,18 @@ type logoutDelivery struct {
 
 func (d *logoutDelivery) drop()  {}
 func (d *logoutDelivery) enter() {}
-func (d *logoutDelivery) act()   { go d.c.logout(d.req) }
+
+// act runs the Logout on a goroutine of its own (it waits for the
+// connections' tasks), or, at the connection's bound, answers "cleanup
+// failed" (RFC 7143 §11.15.1).
+func (d *logoutDelivery) act() {
+	d.c.goBounded("Logout", d.req.ITT, func() { d.c.logout(d.req) }, func() {
+		resp := pdu.LogoutResp{ITT: d.req.ITT, Response: pdu.LogoutRespCleanupFailed}
+		var h pdu.BHS
+		resp.Encode(&h)
+		d.c.send(&h, nil, true)
+	})
+}
 
 func (c *conn) handleLogout(p *datamover.PDU) error {
 	var req pdu.LogoutReq
@@ -956,7 +972,48 @@ type tmfDelivery struct {
 
 func (d *tmfDelivery) drop()  {}
 func (d *tmfDelivery) enter() {}
-func (d *tmfDelivery) act()   { go d.c.taskManagement(d.req) }
+
+// act runs the function on a goroutine of its own (it waits for the
+// affected tasks to end, and the receiver reads on meanwhile), or, at the
+// connection's bound, answers "Function rejected" (RFC 7143 §11.6.1).
+func (d *tmfDelivery) act() {
+	d.c.goBounded("task management function", d.req.ITT, func() { d.c.taskManagement(d.req) }, func() {
+		resp := pdu.TaskMgmtResp{ITT: d.req.ITT, Response: pdu.TMFRespRejected}
+		var h pdu.BHS
+		resp.Encode(&h)
+		d.c.send(&h, nil, true)
+	})
+}
+
+// goBounded runs fn, a task management function or a Logout, on a
+// goroutine of its own, at most maxBackground of them at once on the
+// connection; beyond that it runs refuse, which answers at once, on the
+// goroutine that delivers the request (the receiver, mostly). So a peer
+// that sends them faster than they end, or never reads their answers,
+// makes the connection hold no more than the bound
+// (TestBackgroundRequestFloodIsBounded); what it holds then is the
+// receiver, in refuse's send, as for a NOP-Out.
+func (c *conn) goBounded(what string, itt uint32, fn, refuse func()) {
+	if c.background.Add(1) > maxBackground {
+		c.background.Add(-1)
+		if n := c.refusedBG.Add(1); n <= 16 || n%1024 == 0 {
+			c.log.Warn(what+" refused: too many running on the connection", "itt", fmt.Sprintf("%#x", itt),
+				"running", maxBackground, "refused", n)
+		}
+		refuse()
+		return
+	}
+	go func() {
+		defer c.background.Add(-1)
+		fn()
+	}()
+}
+
+// maxBackground bounds the task management functions and Logouts running
+// at once on one connection. Linux's initiator sends one task management
+// function at a time (its error handler holds the session's), and each
+// ends when the tasks it affects have.
+const maxBackground = 32
 
 func (c *conn) handleTMF(p *datamover.PDU) error {
 	var req pdu.TaskMgmtReq
