@@ -58,6 +58,12 @@ func startServerOn[A datamover.Acceptor](t testing.TB, opts Options, mod func(*T
 	if os.Getenv("BLOCKWIRE_TEST_DEBUG") != "" {
 		lvl = slog.LevelDebug
 	}
+	return startServerAt(t, opts, mod, w, accept, lvl)
+}
+
+// startServerAt is startServerOn logging from level lvl up.
+func startServerAt[A datamover.Acceptor](t testing.TB, opts Options, mod func(*Target), w io.Writer, accept func(net.Listener) A, lvl slog.Level) *testServer {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 	dev := scsitarget.NewDevice(testIQN, log)
 	be, _ := mem.New(16 << 20)

@@ -108,6 +108,7 @@ type conn struct {
 	// refused at the bound.
 	background atomic.Int32
 	refusedBG  atomic.Uint64
+	tmfs       atomic.Uint64 // task management functions run, for their log
 }
 
 type doPlacement struct {
@@ -1095,7 +1096,12 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 	default:
 		resp.Response = pdu.TMFRespRejected
 	}
-	c.log.Info("task management", "function", req.Function, "lun", lun, "rtt", fmt.Sprintf("%#x", req.RTT), "response", resp.Response)
+	// The first few of a connection, then one in 1024: a peer sending
+	// them in a loop does not flood the log.
+	if n := c.tmfs.Add(1); n <= 16 || n%1024 == 0 {
+		c.log.Info("task management", "function", req.Function, "lun", lun, "rtt", fmt.Sprintf("%#x", req.RTT),
+			"response", resp.Response, "count", n)
+	}
 	var all []*session
 	if cold {
 		// RFC 7143 §11.5.1: after a target cold reset the target drops all

@@ -1,11 +1,14 @@
 package target
 
 import (
+	"log/slog"
 	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -65,5 +68,29 @@ func testBackgroundFlood(t *testing.T, build func(c *tclient, i int, h *pdu.BHS)
 		if i == n-1 {
 			t.Fatal("no request was refused: the bound was never reached")
 		}
+	}
+}
+
+// TestTaskManagementLogIsBounded: task management functions are logged at
+// Info, the first 16 of a connection and then one in 1024, so a peer
+// sending them in a loop (and reading the answers) does not flood the log.
+func TestTaskManagementLogIsBounded(t *testing.T) {
+	var logs logSink
+	ts := startServerAt(t, Options{NopInterval: -1}, nil, &logs, fabric.TCP, slog.LevelInfo)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	const n = 5000
+	for i := range n {
+		var h pdu.BHS
+		(&pdu.TaskMgmtReq{Immediate: true, Function: pdu.TMFAbortTask, ITT: uint32(0x10000 + i), RTT: 0x7fffffff,
+			CmdSN: c.cmdSN, RefCmdSN: c.cmdSN, ExpStatSN: c.expStatSN}).Encode(&h)
+		c.sendRaw(&h, nil, nil)
+		if rh, _, ok := c.recv(5 * time.Second); !ok || rh.Opcode() != pdu.OpTaskMgmtResp {
+			t.Fatalf("request %d: %v %v", i, rh.Opcode(), c.rerr)
+		}
+	}
+	lines := strings.Count(logs.String(), `msg="task management"`)
+	if lines < 16 || lines > 16+n/1024 {
+		t.Fatalf("%d task management functions logged %d lines, want 16 to %d", n, lines, 16+n/1024)
 	}
 }

@@ -472,7 +472,8 @@ type channel struct {
 	qp        rdma.QP
 	cq        *rdma.CQ
 	nx        *nexus
-	fulls     atomic.Int64 // commands answered TASK SET FULL
+	fulls     atomic.Int64  // commands answered TASK SET FULL
+	tmfs      atomic.Uint64 // task management functions run, for their log
 	initiator srp.PortID
 	remote    string
 	source    string // remote's address, for Options.MaxChannelsPerSource

@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,8 +56,8 @@ func startBudget(t testing.TB, credits int, budget *scsitarget.IOBudget) (string
 	return startWith(t, srptarget.Options{Credits: credits, Budget: budget})
 }
 
-// startWith starts a target port with opts (its device, port and logger
-// filled in) on a software iWARP listener.
+// startWith starts a target port with opts (its device and port filled
+// in, and its logger unless it has one) on a software iWARP listener.
 func startWith(t testing.TB, opts srptarget.Options) (string, *srptarget.Server, *gated) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
@@ -67,6 +69,9 @@ func startWith(t testing.TB, opts srptarget.Options) (string, *srptarget.Server,
 		t.Fatal(err)
 	}
 	dev.AddLU(lu)
+	if opts.Logger != nil {
+		log = opts.Logger
+	}
 	opts.PD, opts.Device, opts.IDExt, opts.IOCGUID, opts.Logger = rdma.NewDevice("t").AllocPD(), dev, idExt, idExt, log
 	srv := srptarget.New(opts)
 	ln, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
@@ -510,4 +515,46 @@ func TestChannelsPerSource(t *testing.T) {
 	if _, err := dialRawFrom(t, "127.0.0.1", addr); err != nil {
 		t.Fatalf("a channel after one from the address ended: %v", err)
 	}
+}
+
+// TestTaskManagementLogIsBounded: task management functions are logged at
+// Info, the first 16 of a channel and then one in 1024, so an initiator
+// sending them in a loop does not flood the log.
+func TestTaskManagementLogIsBounded(t *testing.T) {
+	var logs syncBuffer
+	addr, _, _ := startWith(t, srptarget.Options{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
+	r := dialRaw(t, addr)
+	const n = 3000
+	for i := range n {
+		tm := srp.TskMgmt{Tag: uint64(i), Function: srp.TMFAbortTask, TaskTag: 1 << 40}
+		r.send(t, tm.Append(nil))
+		for {
+			var rsp srp.Rsp
+			if rsp.Decode(r.next(t)) == nil && rsp.Tag == uint64(i) {
+				break
+			}
+		}
+	}
+	lines := strings.Count(logs.String(), `msg="srp: task management"`)
+	if lines < 16 || lines > 16+n/1024 {
+		t.Fatalf("%d task management functions logged %d lines, want 16 to %d", n, lines, 16+n/1024)
+	}
+}
+
+// syncBuffer is a bytes.Buffer for a log written from several goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

@@ -513,8 +513,12 @@ func (ch *channel) taskMgmt(t *task) {
 		}
 		// TMFNoSuchTask: the task already ended, which is FUNCTION
 		// COMPLETE for ABORT TASK (SAM-5 §7.2).
-		ch.log.Info("srp: task management", "function", fmt.Sprintf("%#02x", m.Function), "lun", m.LUN,
-			"task", m.TaskTag, "response", code)
+		// The first few of a channel, then one in 1024: an initiator
+		// sending them in a loop does not flood the log.
+		if n := ch.tmfs.Add(1); n <= 16 || n%1024 == 0 {
+			ch.log.Info("srp: task management", "function", fmt.Sprintf("%#02x", m.Function), "lun", m.LUN,
+				"task", m.TaskTag, "response", code, "count", n)
+		}
 		ch.mu.Lock()
 		closing := ch.closing
 		ch.mu.Unlock()
