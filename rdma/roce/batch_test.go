@@ -526,3 +526,64 @@ func TestPayloadsSentFromTheirBuffers(t *testing.T) {
 		t.Fatalf("%d packets failed their ICRC", bad)
 	}
 }
+
+// TestSendWaitsForAFullSocket: sendmmsg asks without waiting first; a
+// socket that cannot take the message then is waited for, not skipped
+// (the datagram would be lost) and not spun on. A Unix datagram socket
+// whose peer does not read fills up as a UDP socket's send buffer can.
+func TestSendWaitsForAFullSocket(t *testing.T) {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(fds[0])
+	defer unix.Close(fds[1])
+	msg := make([]byte, 1024)
+	filled := 0
+	for ; filled < 100000; filled++ {
+		if err := unix.Sendto(fds[0], msg, unix.MSG_DONTWAIT, nil); err == unix.EAGAIN {
+			break
+		} else if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if filled == 100000 {
+		t.Fatal("the socket never filled")
+	}
+	iov := unix.Iovec{Base: &msg[0]}
+	iov.SetLen(len(msg))
+	msgs := []unix.Mmsghdr{{Hdr: unix.Msghdr{Iov: &iov, Iovlen: 1}}}
+	type result struct {
+		n int
+		e syscall.Errno
+	}
+	done := make(chan result, 1)
+	go func() {
+		n, e := sendmmsg(uintptr(fds[0]), msgs)
+		done <- result{n, e}
+	}()
+	select {
+	case r := <-done:
+		t.Fatalf("sendmmsg on a full socket returned at once: %d sent, %v", r.n, r.e)
+	case <-time.After(200 * time.Millisecond):
+	}
+	// The peer reads what was queued: the waiting message goes too.
+	buf := make([]byte, 2048)
+	got := 0
+	deadline := time.Now().Add(5 * time.Second)
+	for got <= filled && time.Now().Before(deadline) {
+		if _, _, err := unix.Recvfrom(fds[1], buf, unix.MSG_DONTWAIT); err == nil {
+			got++
+		} else if err == unix.EAGAIN {
+			time.Sleep(time.Millisecond)
+		} else {
+			t.Fatal(err)
+		}
+	}
+	if got != filled+1 {
+		t.Fatalf("the peer read %d datagrams, want the %d queued and the one waiting", got, filled+1)
+	}
+	if r := <-done; r.n != 1 || r.e != 0 {
+		t.Fatalf("sendmmsg once there was room: %d sent, %v", r.n, r.e)
+	}
+}
