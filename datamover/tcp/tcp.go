@@ -22,7 +22,8 @@ import (
 type Conn struct {
 	nc    net.Conn
 	br    *bufio.Reader
-	poll  *poller // under br, after SetPoll on a TCP socket
+	poll  *poller    // under br, after SetPoll on a TCP socket
+	rw    *rawWriter // under wmu's flushing, after SetPoll on a TCP socket
 	stamp datamover.Stamper
 
 	// Receive-side settings; touched only by the Serve goroutine (login
@@ -108,14 +109,16 @@ type batch struct {
 }
 
 // SetPoll makes the connection's reader poll its socket for up to d after
-// finding it empty before it sleeps (see poller); 0: it sleeps at once.
-// Call it before Serve.
+// finding it empty before it sleeps (see poller), and its reads and writes
+// raw system calls (poller, rawWriter); 0: it sleeps at once. Call it
+// before Serve.
 func (c *Conn) SetPoll(d time.Duration) {
 	if d <= 0 {
 		return
 	}
 	if c.poll = newPoller(c.nc, d); c.poll != nil {
 		c.br.Reset(c.poll)
+		c.rw = newRawWriter(c.nc)
 	}
 }
 
@@ -358,7 +361,12 @@ func (c *Conn) writeBatch(b *batch) error {
 	}
 	// Each stretch of the send timeout must move sendguard.MinProgress
 	// bytes: a peer that stops reading, or reads a trickle, is dropped.
-	_, err := sendguard.Write(c.nc, &c.bufs, c.sendTimeout)
+	var err error
+	if c.rw != nil {
+		_, err = sendguard.WriteWith(c.nc, &c.bufs, c.sendTimeout, c.rw.write)
+	} else {
+		_, err = sendguard.Write(c.nc, &c.bufs, c.sendTimeout)
+	}
 	if err != nil {
 		// A stream with a failed or timed-out write is broken: close it,
 		// so the receiver ends too and the connection's tasks are released.

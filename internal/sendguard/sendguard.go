@@ -27,13 +27,18 @@ const MinProgress = 64 << 10
 // write with its timeout error. With d == 0 it is one write under whatever
 // deadline c has.
 func Write(c net.Conn, bufs *net.Buffers, d time.Duration) (int64, error) {
+	return WriteWith(c, bufs, d, func(b *net.Buffers) (int64, error) { return b.WriteTo(c) })
+}
+
+// WriteWith is Write with write doing each stretch's writing.
+func WriteWith(c net.Conn, bufs *net.Buffers, d time.Duration, write func(*net.Buffers) (int64, error)) (int64, error) {
 	if d <= 0 {
-		return bufs.WriteTo(c)
+		return write(bufs)
 	}
 	var total int64
 	for len(*bufs) > 0 {
 		_ = c.SetWriteDeadline(time.Now().Add(d))
-		n, err := bufs.WriteTo(c)
+		n, err := write(bufs)
 		total += n
 		if err == nil {
 			return total, nil
