@@ -4,10 +4,14 @@ import (
 	"encoding/binary"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/blockwire/blockwire/backend/file"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsitarget"
 )
@@ -28,7 +32,11 @@ func ioLoopOn(tb testing.TB, write bool, size int, mod func(*Target)) func(i int
 // bytes in one write and waits for their n answers, with an
 // allocation-free client.
 func batchLoop(tb testing.TB, write bool, size, n int, mod func(*Target)) func(i int) {
-	ts := startServer(tb, Options{NopInterval: -1}, mod)
+	return batchLoopAt(tb, startServer(tb, Options{NopInterval: -1}, mod), write, size, n)
+}
+
+// batchLoopAt is batchLoop against ts.
+func batchLoopAt(tb testing.TB, ts *testServer, write bool, size, n int) func(i int) {
 	c := dial(tb, ts.addr)
 	c.mustLogin(normalKeys(ini, kv("ImmediateData", "Yes"), kv("FirstBurstLength", "262144"), kv("MaxBurstLength", "262144"))...)
 	c.command(tur(), false, 0, nil, 0)
@@ -112,6 +120,20 @@ func TestNoAllocationsPerIO(t *testing.T) {
 		i := 0
 		if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.1 {
 			t.Errorf("write=%v size=%d: %.2f allocations per I/O, want 0", tc.write, tc.size, a)
+		}
+		// The same through a connection that polls (raw reads and
+		// writes: datamover/tcp's poller and rawWriter).
+		polling := func(l net.Listener) *fabric.TCPAcceptor {
+			a := fabric.TCP(l)
+			a.Poll = 20 * time.Microsecond
+			return a
+		}
+		io = batchLoopAt(t, startServerOn(t, Options{NopInterval: -1}, nil, os.Stderr, polling), tc.write, tc.size, 1)
+		for i := range 200 {
+			io(i)
+		}
+		if a := testing.AllocsPerRun(500, func() { io(i); i++ }); a > 0.1 {
+			t.Errorf("polling: write=%v size=%d: %.2f allocations per I/O, want 0", tc.write, tc.size, a)
 		}
 		// The same on a file LUN, on each of its I/O paths.
 		for _, o := range []file.Options{{Engine: file.EngineURing}, {Engine: file.EnginePread}, {Engine: file.EngineURing, Direct: true, BlockSize: 512}} {
