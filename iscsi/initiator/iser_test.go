@@ -13,6 +13,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/servetest"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -198,24 +199,6 @@ func TestServeISER(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log sink tests read while sessions write.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestISERUnexpectedPDULimit: the target declares MaxOutstandingUnexpectedPDUs
 // = 2 (seed 004 §6.7). An idle session's immediate NOP-Out pings are
 // unexpected PDUs that only a regulated PDU can retire (§8.1.1.3), so once
@@ -232,7 +215,7 @@ func TestISERUnexpectedPDULimit(t *testing.T) {
 	})
 	for _, prof := range []iser.Profile{iser.ProfileLinux, iser.ProfileRFC5046} {
 		t.Run(prof.String(), func(t *testing.T) {
-			var logs syncBuffer
+			var logs servetest.LogBuffer
 			log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 			d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN),
 				Options{Dialer: &fabric.Dialer{Profile: prof}, NopInterval: 20 * time.Millisecond, Logger: log})
@@ -303,7 +286,7 @@ type preferCase struct {
 // iWARP), checks how it connected (connection-first iSER on transport, or
 // iSCSI/TCP) and the refusal logged, then writes and reads back.
 func (tc preferCase) run(t *testing.T, rdmaFabric rdma.Fabric, transport string) {
-	var logs syncBuffer
+	var logs servetest.LogBuffer
 	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	d, err := Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", tc.addr, tIQN),
 		Options{Dialer: &fabric.Dialer{RDMA: rdmaFabric}, Prefer: tc.prefer, Logger: log, DialTimeout: 3 * time.Second})

@@ -9,6 +9,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/servetest"
 )
 
 // failingPutData is a datamover whose Put_Data cannot deliver (an iSER
@@ -25,7 +26,7 @@ func (failingPutData) PutData(d *datamover.DataIn) error {
 // answered. As with a Get_Data that fails, the connection ends at once,
 // with the reason in the log, so the initiator recovers on a new one.
 func TestUndeliverableAnswerEndsTheConnection(t *testing.T) {
-	var log logSink
+	var log servetest.LogBuffer
 	ts := startServerOn(t, Options{}, nil, &log, func(l net.Listener) datamover.Acceptor {
 		return &establishedWith{fabric.TCP(l), func(e *datamover.Established) {
 			open := e.Open

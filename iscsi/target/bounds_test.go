@@ -342,7 +342,7 @@ func TestPeerThatStopsReadingIsDropped(t *testing.T) {
 
 func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(net.Listener) A) {
 	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
-	var logs logSink
+	var logs servetest.LogBuffer
 	ts := startServerOn(t, Options{Budget: budget, NopInterval: -1, NopTimeout: 500 * time.Millisecond}, nil, &logs, accept)
 	c := dial(t, ts.addr)
 	c.nc.(*net.TCPConn).SetReadBuffer(4096)
@@ -498,7 +498,7 @@ func TestSessionsPerSource(t *testing.T) {
 // and its warning must not give such a client a line of the log each. The
 // first 16 are logged, then one in 1024, with the count.
 func TestUnfinishedLoginsDoNotFloodTheLog(t *testing.T) {
-	var log logSink
+	var log servetest.LogBuffer
 	ts := startServerLog(t, Options{LoginTimeout: 100 * time.Millisecond, MaxLoginsPerSource: 64}, nil, &log)
 	idle := servetest.HoldIdle(t, ts.addr, 40)
 	for _, c := range idle {

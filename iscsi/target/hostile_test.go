@@ -9,33 +9,15 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
 )
-
-// logSink collects a server's log for assertions.
-type logSink struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logSink) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logSink) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // How the target must answer a hostile PDU (RFC 7143).
 type answer int
@@ -65,7 +47,7 @@ const chapIni = "iqn.2026-11.org.blockwire:chap-initiator"
 // dropped connection) and a log line saying why, while a well-behaved
 // session writes and verifies data the whole time on the same target.
 func TestHostileInitiators(t *testing.T) {
-	var logs logSink
+	var logs servetest.LogBuffer
 	ts := startServerLog(t, Options{LoginTimeout: 800 * time.Millisecond, NopInterval: 300 * time.Millisecond, NopTimeout: 400 * time.Millisecond},
 		func(tg *Target) {
 			tg.InitiatorCHAP = map[string]authCreds{chapIni: {User: "chapuser", Secret: "chap-secret-16b!"}}
@@ -433,7 +415,7 @@ func (c *tclient) stillServes(t *testing.T) {
 	}
 }
 
-func waitLog(t *testing.T, logs *logSink, from int, want string) {
+func waitLog(t *testing.T, logs *servetest.LogBuffer, from int, want string) {
 	t.Helper()
 	deadline := time.Now().Add(3 * time.Second)
 	for {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -18,7 +19,7 @@ import (
 // else (issue 21).
 func TestStalledConnectionOfAnMCSSession(t *testing.T) {
 	const nopTimeout = 2 * time.Second
-	var logs logSink
+	var logs servetest.LogBuffer
 	ts := startServerLog(t, Options{NopInterval: -1, NopTimeout: nopTimeout}, nil, &logs)
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -75,7 +76,7 @@ func testBackgroundFlood(t *testing.T, build func(c *tclient, i int, h *pdu.BHS)
 // Info, the first 16 of a connection and then one in 1024, so a peer
 // sending them in a loop (and reading the answers) does not flood the log.
 func TestTaskManagementLogIsBounded(t *testing.T) {
-	var logs logSink
+	var logs servetest.LogBuffer
 	ts := startServerAt(t, Options{NopInterval: -1}, nil, &logs, fabric.TCP, slog.LevelInfo)
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini)...)

@@ -8,13 +8,13 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/blockdev"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsi"
@@ -521,7 +521,7 @@ func TestChannelsPerSource(t *testing.T) {
 // Info, the first 16 of a channel and then one in 1024, so an initiator
 // sending them in a loop does not flood the log.
 func TestTaskManagementLogIsBounded(t *testing.T) {
-	var logs syncBuffer
+	var logs servetest.LogBuffer
 	addr, _, _ := startWith(t, srptarget.Options{Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
 	r := dialRaw(t, addr)
 	const n = 3000
@@ -539,22 +539,4 @@ func TestTaskManagementLogIsBounded(t *testing.T) {
 	if lines < 16 || lines > 16+n/1024 {
 		t.Fatalf("%d task management functions logged %d lines, want 16 to %d", n, lines, 16+n/1024)
 	}
-}
-
-// syncBuffer is a bytes.Buffer for a log written from several goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/servetest"
 )
 
 // startTgt runs Debian's tgtd with a RAM-backed (tmpfs) LUN 1 on a
@@ -31,7 +33,7 @@ func startTgtStop(t *testing.T, iqn string, size int64) (string, func()) {
 	ctl := strconv.Itoa(100 + os.Getpid()%1000)
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, "tgtd", "-f", "-C", ctl, "--iscsi", "portal="+addr)
-	log := &syncBuffer{}
+	log := &servetest.LogBuffer{}
 	cmd.Stdout, cmd.Stderr = log, log
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

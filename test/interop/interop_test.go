@@ -23,6 +23,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/servetest"
 )
 
 const defaultIQN = "iqn.2026-11.org.blockwire:default"
@@ -113,25 +115,8 @@ type daemon struct {
 	t    *testing.T
 	cmd  *exec.Cmd
 	addr string
-	log  *syncBuffer
+	log  *servetest.LogBuffer
 	done chan error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func freePort(t *testing.T) string {
@@ -149,7 +134,7 @@ func freePort(t *testing.T) string {
 func serve(t *testing.T, args ...string) *daemon {
 	t.Helper()
 	addr := freePort(t)
-	d := &daemon{t: t, addr: addr, log: &syncBuffer{}, done: make(chan error, 1)}
+	d := &daemon{t: t, addr: addr, log: &servetest.LogBuffer{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(binary, append([]string{"serve", "--listen", addr}, args...)...)
 	d.cmd.Stderr = d.log
 	d.cmd.Stdout = d.log

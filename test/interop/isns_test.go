@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/servetest"
 )
 
 // TestISNSRegistration: issue 11. blockwire registers its targets and
@@ -28,7 +30,7 @@ func TestISNSRegistration(t *testing.T) {
 	os.WriteFile(adminConf, []byte("ServerAddress = 127.0.0.1:"+port+"\nSecurity = 0\nSourceName = iqn.2026-11.org.blockwire:isnsadm\n"), 0o600)
 	ctx, cancel := context.WithCancel(context.Background())
 	isnsd := exec.CommandContext(ctx, "isnsd", "--config", conf, "--foreground")
-	log := &syncBuffer{}
+	log := &servetest.LogBuffer{}
 	isnsd.Stdout, isnsd.Stderr = log, log
 	if err := isnsd.Start(); err != nil {
 		t.Fatal(err)
