@@ -20,6 +20,7 @@ import (
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/internal/atomicfile"
+	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/scsi"
 )
 
@@ -301,7 +302,7 @@ func (p *prState) fresh() {
 	}
 	p.reloadFails++
 	p.retryAt = time.Now().Add(min(reloadBackoffMin<<min(p.reloadFails-1, 10), reloadBackoffMax))
-	if n := p.reloadFails; p.log != nil && (n <= 16 || n%1024 == 0) {
+	if n := p.reloadFails; p.log != nil && logsample.Keep(n) {
 		p.log.Warn("persistent reservations: shared record not reloaded; using the last copy", "err", err, "failures", n)
 	}
 }

@@ -71,6 +71,8 @@ func TestImportsPointOneWay(t *testing.T) {
 		{"internal/uring", []string{mod, "net", "log"}},
 		// The per-source counts every bound shares: a leaf of ours.
 		{"internal/persource", []string{mod, "log"}},
+		// Which repeated log lines are written: a leaf, logging nothing.
+		{"internal/logsample", []string{mod, "net", "log"}},
 		// A remote backend sees a block device, never the fabric behind it.
 		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 		// The datamover interface knows no concrete datamover and no session.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -148,7 +149,7 @@ func (c *conn) run() {
 			c.mu.Unlock()
 			// Anyone who reaches the portal can cause this: the first
 			// few are logged, then one in 1024 (with the count).
-			if n := c.srv.loginTimeouts.Add(1); n <= 16 || n%1024 == 0 {
+			if n := c.srv.loginTimeouts.Add(1); logsample.Keep(n) {
 				log.Warn("dropping connection: login not complete", "timeout", c.srv.opts.LoginTimeout, "dropped", n)
 			}
 			c.terminate()
@@ -375,7 +376,7 @@ func (c *conn) toWorker(t *task) {
 	c.mu.Unlock()
 	if c.src.over() && c.startSourceWaiter() {
 		c.srv.sourceWaits.Add(1)
-		if n := c.src.waits.Add(1); n <= 16 || n%1024 == 0 {
+		if n := c.src.waits.Add(1); logsample.Keep(n) {
 			c.log.Warn("the address's commands hold its share of the LU workers and answers: its connections' commands wait",
 				"source", c.src.addr, "working", c.src.working.Load(), "limit", c.src.limit, "count", n)
 		}
@@ -491,7 +492,7 @@ func (c *conn) noteRejected(h *pdu.BHS, err error) {
 		return
 	}
 	n := c.rejects.Add(1)
-	if n > 16 && n%1024 != 0 {
+	if !logsample.Keep(n) {
 		return
 	}
 	c.log.Warn("rejecting PDU", "op", h.Opcode(), "itt", fmt.Sprintf("%#x", h.ITT()),
@@ -997,7 +998,7 @@ func (d *tmfDelivery) act() {
 func (c *conn) goBounded(what string, itt uint32, fn, refuse func()) {
 	if c.background.Add(1) > maxBackground {
 		c.background.Add(-1)
-		if n := c.refusedBG.Add(1); n <= 16 || n%1024 == 0 {
+		if n := c.refusedBG.Add(1); logsample.Keep(n) {
 			c.log.Warn(what+" refused: too many running on the connection", "itt", fmt.Sprintf("%#x", itt),
 				"running", maxBackground, "refused", n)
 		}
@@ -1098,7 +1099,7 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 	}
 	// The first few of a connection, then one in 1024: a peer sending
 	// them in a loop does not flood the log.
-	if n := c.tmfs.Add(1); n <= 16 || n%1024 == 0 {
+	if n := c.tmfs.Add(1); logsample.Keep(n) {
 		c.log.Info("task management", "function", req.Function, "lun", lun, "rtt", fmt.Sprintf("%#x", req.RTT),
 			"response", resp.Response, "count", n)
 	}

@@ -23,6 +23,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/bufpool"
+	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -561,7 +562,7 @@ func (s *Server) Serve(a datamover.Acceptor) error {
 		delay = 0
 		slot := s.takeLoginSlot(in.RemoteAddr())
 		if slot == nil {
-			if n := s.refused.Add(1); n <= 16 || n%1024 == 0 {
+			if n := s.refused.Add(1); logsample.Keep(n) {
 				s.log.Warn("connection closed: its address has too many logins in progress", "remote", in.RemoteAddr().String(),
 					"limit", s.opts.MaxLoginsPerSource, "refused", n)
 			}
@@ -585,7 +586,7 @@ func (s *Server) establish(in datamover.Incoming, slot *loginSlot) {
 		// A fabric's set-up that fails (junk instead of an MPA
 		// Request, a refused RDMA/CM connection) is anyone's to cause:
 		// thinned out as the login timeouts are.
-		if n := s.setupFailed.Add(1); n <= 16 || n%1024 == 0 {
+		if n := s.setupFailed.Add(1); logsample.Keep(n) {
 			s.log.Info("connection refused", "remote", in.RemoteAddr().String(), "err", err, "refused", n)
 		}
 		return

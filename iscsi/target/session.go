@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/scsitarget"
 )
@@ -153,7 +154,7 @@ func (ss *session) openWindowLocked() {
 // budget: the first few, then one in 1024.
 func (ss *session) noteFull(edtl uint32) {
 	n := ss.full.Add(1)
-	if n > 8 && n%1024 != 0 {
+	if !logsample.KeepFirst(n, 8) {
 		return
 	}
 	ss.srv.log.Warn("TASK SET FULL: the session holds its share of the I/O buffer budget (or the target all of it)",
@@ -206,7 +207,7 @@ func (ss *session) sequence(cmdSN uint32, immediate bool, d deliverer) bool {
 	}
 	exp := ss.expCmdSN.Load()
 	if mx := ss.maxCmdSN.Load(); !serial.InWindow(cmdSN, exp, mx) {
-		if ss.outside++; ss.outside <= 16 || ss.outside%1024 == 0 {
+		if ss.outside++; logsample.Keep(ss.outside) {
 			ss.srv.log.Warn("ignoring a command outside the CmdSN window (RFC 7143 §4.2.2.1)",
 				"tsih", ss.tsih, "initiator", ss.initiator, "cmdsn", cmdSN, "exp_cmdsn", exp, "max_cmdsn", mx, "ignored", ss.outside)
 		}

@@ -27,6 +27,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/iwarp/mpa"
@@ -438,7 +439,7 @@ func (l *listener) loop() {
 			if err != nil {
 				// Anyone who reaches the port can cause this: the
 				// first few are logged, then one in 1024.
-				if n := l.failed.Add(1); n <= 16 || n%1024 == 0 {
+				if n := l.failed.Add(1); logsample.Keep(n) {
 					l.f.opt.Logger.Info("siw: connection refused", "remote", c.RemoteAddr(), "err", err, "refused", n)
 				}
 				c.Close()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 
 	"github.com/blockwire/blockwire/internal/bufpool"
+	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -380,7 +381,7 @@ func (ch *channel) fail(t *task, s *scsi.Sense) {
 // full answers TASK SET FULL: the command's buffer would exceed the I/O
 // budget (scsitarget.IOBudget); the initiator retries it later.
 func (ch *channel) full(t *task, n int64) {
-	if k := ch.fulls.Add(1); k <= 8 || k%1024 == 0 {
+	if k := ch.fulls.Add(1); logsample.KeepFirst(k, 8) {
 		ch.log.Warn("srp: TASK SET FULL: the nexus holds its share of the I/O buffer budget (or the node all of it)",
 			"held", ch.nx.io.Held(), "want", n, "used", ch.s.opts.Budget.Used(), "io_budget", ch.s.opts.Budget.Total(), "count", k)
 	}
@@ -515,7 +516,7 @@ func (ch *channel) taskMgmt(t *task) {
 		// COMPLETE for ABORT TASK (SAM-5 §7.2).
 		// The first few of a channel, then one in 1024: an initiator
 		// sending them in a loop does not flood the log.
-		if n := ch.tmfs.Add(1); n <= 16 || n%1024 == 0 {
+		if n := ch.tmfs.Add(1); logsample.Keep(n) {
 			ch.log.Info("srp: task management", "function", fmt.Sprintf("%#02x", m.Function), "lun", m.LUN,
 				"task", m.TaskTag, "response", code, "count", n)
 		}
