@@ -85,13 +85,10 @@ func newRawWriter(nc net.Conn) *rawWriter {
 // (sendguard.WriteWith), and returns how much it wrote.
 func (w *rawWriter) write(bufs *net.Buffers) (int64, error) {
 	w.bufs, w.n, w.err = bufs, 0, 0
-	err := w.rc.Write(w.call)
+	err := w.rc.Write(w.call) // its own errors (closed, past the deadline) come as net.OpErrors
 	w.bufs = nil
 	if err == nil && w.err != 0 {
-		err = os.NewSyscallError("writev", w.err)
-	}
-	if err != nil {
-		err = &net.OpError{Op: "write", Net: "tcp", Source: w.nc.LocalAddr(), Addr: w.nc.RemoteAddr(), Err: err}
+		err = &net.OpError{Op: "write", Net: "tcp", Source: w.nc.LocalAddr(), Addr: w.nc.RemoteAddr(), Err: os.NewSyscallError("writev", w.err)}
 	}
 	return w.n, err
 }

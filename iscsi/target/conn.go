@@ -882,12 +882,9 @@ func (d *logoutDelivery) enter() {}
 // connections' tasks), or, at the connection's bound, answers "cleanup
 // failed" (RFC 7143 §11.15.1).
 func (d *logoutDelivery) act() {
-	d.c.goBounded("Logout", d.req.ITT, func() { d.c.logout(d.req) }, func() {
-		resp := pdu.LogoutResp{ITT: d.req.ITT, Response: pdu.LogoutRespCleanupFailed}
-		var h pdu.BHS
-		resp.Encode(&h)
-		d.c.send(&h, nil, true)
-	})
+	var no pdu.BHS
+	(&pdu.LogoutResp{ITT: d.req.ITT, Response: pdu.LogoutRespCleanupFailed}).Encode(&no)
+	d.c.goBounded("Logout", func() { d.c.logout(d.req) }, &no)
 }
 
 func (c *conn) handleLogout(p *datamover.PDU) error {
@@ -979,30 +976,27 @@ func (d *tmfDelivery) enter() {}
 // affected tasks to end, and the receiver reads on meanwhile), or, at the
 // connection's bound, answers "Function rejected" (RFC 7143 §11.6.1).
 func (d *tmfDelivery) act() {
-	d.c.goBounded("task management function", d.req.ITT, func() { d.c.taskManagement(d.req) }, func() {
-		resp := pdu.TaskMgmtResp{ITT: d.req.ITT, Response: pdu.TMFRespRejected}
-		var h pdu.BHS
-		resp.Encode(&h)
-		d.c.send(&h, nil, true)
-	})
+	var no pdu.BHS
+	(&pdu.TaskMgmtResp{ITT: d.req.ITT, Response: pdu.TMFRespRejected}).Encode(&no)
+	d.c.goBounded("task management function", func() { d.c.taskManagement(d.req) }, &no)
 }
 
 // goBounded runs fn, a task management function or a Logout, on a
 // goroutine of its own, at most maxBackground of them at once on the
-// connection; beyond that it runs refuse, which answers at once, on the
-// goroutine that delivers the request (the receiver, mostly). So a peer
-// that sends them faster than they end, or never reads their answers,
-// makes the connection hold no more than the bound
-// (TestBackgroundRequestFloodIsBounded); what it holds then is the
-// receiver, in refuse's send, as for a NOP-Out.
-func (c *conn) goBounded(what string, itt uint32, fn, refuse func()) {
+// connection; beyond that it sends refusal, the request's answer saying
+// so, at once, from the goroutine that delivers the request (the
+// receiver, mostly). So a peer that sends them faster than they end, or
+// never reads their answers, makes the connection hold no more than the
+// bound (TestBackgroundRequestFloodIsBounded); what it holds then is the
+// receiver, in that send, as for a NOP-Out.
+func (c *conn) goBounded(what string, fn func(), refusal *pdu.BHS) {
 	if c.background.Add(1) > maxBackground {
 		c.background.Add(-1)
 		if n := c.refusedBG.Add(1); logsample.Keep(n) {
-			c.log.Warn(what+" refused: too many running on the connection", "itt", fmt.Sprintf("%#x", itt),
+			c.log.Warn(what+" refused: too many running on the connection", "itt", fmt.Sprintf("%#x", refusal.ITT()),
 				"running", maxBackground, "refused", n)
 		}
-		refuse()
+		c.send(refusal, nil, true)
 		return
 	}
 	go func() {
