@@ -695,8 +695,17 @@ func (ch *channel) sendAER(lun uint64, s *scsi.Sense) {
 	}
 }
 
+// logoutGrace bounds how long a channel being logged out waits for its
+// SRP_T_LOGOUT to be sent. On a reliable connection a lost message is
+// resent after the ACK timeout and acknowledged one later: Linux's rdma_cm
+// asks for 4.096 µs × 2^17 ≈ 0.54 s on RoCE, and a retransmission timer
+// that checks once per timeout resends after one to two of them. Four
+// seconds cover two lost transmissions (as iSER's terminateGrace); a peer
+// that never acknowledges holds a closing channel no longer.
+const logoutGrace = 4 * time.Second
+
 // logout sends SRP_T_LOGOUT with reason and closes the channel once it
-// has been sent (or after a second).
+// has been sent (or after logoutGrace).
 func (ch *channel) logout(reason srp.LogoutReason, why error) {
 	ch.mu.Lock()
 	if ch.closing {
@@ -717,7 +726,7 @@ func (ch *channel) logout(reason srp.LogoutReason, why error) {
 			select {
 			case <-ch.logoutCh:
 			case <-ch.qp.Done():
-			case <-time.After(time.Second):
+			case <-time.After(logoutGrace):
 			}
 			ch.qp.Close()
 		}()

@@ -540,3 +540,69 @@ func TestTaskManagementLogIsBounded(t *testing.T) {
 		t.Fatalf("%d task management functions logged %d lines, want 16 to %d", n, lines, 16+n/1024)
 	}
 }
+
+// lateListener hands out queue pairs whose Sends reach the peer late, as
+// on a reliable connection whose first transmission was lost: the peer
+// has each one, and the send completes, an ACK timeout or two later
+// (Linux's rdma_cm asks for 0.54 s on RoCE). A queue pair closed
+// meanwhile never sends it.
+type lateListener struct {
+	rdma.Listener
+	delay time.Duration
+}
+
+func (l lateListener) Accept(ctx context.Context) (rdma.ConnRequest, error) {
+	r, err := l.Listener.Accept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return lateRequest{r, l.delay}, nil
+}
+
+type lateRequest struct {
+	rdma.ConnRequest
+	delay time.Duration
+}
+
+func (r lateRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
+	qp, err := r.ConnRequest.Accept(p)
+	if err != nil {
+		return nil, err
+	}
+	return &lateQP{QP: qp, delay: r.delay}, nil
+}
+
+type lateQP struct {
+	rdma.QP
+	delay time.Duration
+}
+
+func (q *lateQP) PostSend(wr *rdma.SendWR) error {
+	w := *wr
+	w.SG = append([][]byte(nil), wr.SG...) // the buffer stays the target's until the completion
+	time.AfterFunc(q.delay, func() { q.QP.PostSend(&w) })
+	return nil
+}
+
+// TestLogoutAwaitsAResentSend: a channel the target logs out closes once
+// its SRP_T_LOGOUT has been sent — also when that takes a retransmission
+// (1.5 s here), so the initiator learns why the channel ends. (It closed
+// after a second before: the channel ended with no SRP_T_LOGOUT.)
+func TestLogoutAwaitsAResentSend(t *testing.T) {
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
+	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
+	srv := srptarget.New(srptarget.Options{PD: rdma.NewDevice("t").AllocPD(), Device: dev, IDExt: idExt, IOCGUID: idExt, Logger: log})
+	ln, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lateListener{ln, 1500 * time.Millisecond})
+	t.Cleanup(func() { srv.Close() })
+	r := dialRaw(t, ln.Addr().String())
+	start := time.Now()
+	r.send(t, append([]byte{0x55}, make([]byte, 15)...))
+	r.expectLogout(t, srp.LogoutInvalidIUType)
+	if d := time.Since(start); d < time.Second {
+		t.Fatalf("SRP_T_LOGOUT after %v, before the delayed send", d)
+	}
+}
