@@ -110,6 +110,11 @@ type conn struct {
 	background atomic.Int32
 	refusedBG  atomic.Uint64
 	tmfs       atomic.Uint64 // task management functions run, for their log
+	// ending is set once the connection's receiver has ended; bgIdle
+	// then hears when the last background function does
+	// (awaitBackground).
+	ending atomic.Bool
+	bgIdle chan struct{}
 }
 
 type doPlacement struct {
@@ -131,6 +136,7 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 		stop:  make(chan struct{}),
 
 		taskGone: make(chan struct{}, 1),
+		bgIdle:   make(chan struct{}, 1),
 	}
 	c.statSN = 1
 	c.logoutAsked = -1
@@ -1000,9 +1006,31 @@ func (c *conn) goBounded(what string, fn func(), refusal *pdu.BHS) {
 		return
 	}
 	go func() {
-		defer c.background.Add(-1)
+		defer func() {
+			if c.background.Add(-1) == 0 && c.ending.Load() {
+				select {
+				case c.bgIdle <- struct{}{}:
+				default:
+				}
+			}
+		}()
 		fn()
 	}()
+}
+
+// awaitBackground returns once the task management functions and Logouts
+// the connection started (goBounded) have ended. A connection is over —
+// for Shutdown, and for the sessions that come after it — only when
+// nothing it asked for still acts: a LOGICAL UNIT RESET it sent may wait
+// for other sessions' I/O, and would otherwise go on after its connection
+// ended, aborting commands of sessions logged in since
+// (TestConnectionEndsAfterItsTaskManagement). Call it once the receiver
+// has returned.
+func (c *conn) awaitBackground() {
+	c.ending.Store(true)
+	if c.background.Load() > 0 {
+		<-c.bgIdle
+	}
 }
 
 // maxBackground bounds the task management functions and Logouts running

@@ -49,11 +49,16 @@ func FuzzTargetConnection(f *testing.F) {
 			}
 		}
 		c.nc.Close()
-		// The target still serves. A reset the input asked for (a LUN or
-		// target reset) may still be running: its unit attention may
-		// reach the fresh session after the one of the session's start,
-		// so TEST UNIT READY is repeated while it reports unit
-		// attentions, and must then succeed.
+		// The connection ends once what it started has: a reset the
+		// input asked for (a LUN or target reset) could otherwise abort
+		// the fresh session's command below.
+		if !waitConns(ts, 0, 10*time.Second) {
+			t.Fatalf("the connection has not ended 10 s after the input's end (%d bytes)", len(b))
+		}
+		// The target still serves. The reset's unit attention may reach
+		// the fresh session after the one of the session's start, so
+		// TEST UNIT READY is repeated while it reports unit attentions,
+		// and must then succeed.
 		n := dial(t, ts.addr)
 		n.isid[5] = 0x77
 		n.mustLogin(normalKeys(ini)...)

@@ -616,6 +616,7 @@ func (s *Server) start(c *conn, abort func()) {
 	go func() {
 		defer s.connWG.Done()
 		c.run()
+		c.awaitBackground()
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.leaveSource(c.src)
