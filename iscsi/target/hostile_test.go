@@ -101,12 +101,7 @@ func TestHostileInitiators(t *testing.T) {
 	liveWrite := func(c *tclient) (itt, ttt uint32) {
 		itt = c.itt
 		c.itt++
-		cmd := pdu.SCSICommand{Final: true, Write: true, Attr: pdu.AttrSimple, ITT: itt, EDTL: 4096, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
-		c.cmdSN++
-		copy(cmd.CDB[:], write10(2000, 8))
-		var h pdu.BHS
-		cmd.Encode(&h)
-		c.sendRaw(&h, nil, nil)
+		sendCDB(c, itt, write10(2000, 8), true, 4096)
 		for {
 			rh, _ := c.must(5 * time.Second)
 			if rh.Opcode() == pdu.OpR2T {

@@ -24,6 +24,17 @@ func (g *gatedDisk) ReadAt(p []byte, off int64) (int, error) {
 	return g.Disk.ReadAt(p, off)
 }
 
+// sendCDB sends a command, tagged itt, of edtl bytes to read (or, with
+// write, to write, none of them sent), and does not wait for its answer.
+func sendCDB(c *tclient, itt uint32, cdb []byte, write bool, edtl uint32) {
+	cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, Attr: pdu.AttrSimple, ITT: itt, EDTL: edtl, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+	c.cmdSN++
+	copy(cmd.CDB[:], cdb)
+	var h pdu.BHS
+	cmd.Encode(&h)
+	c.sendRaw(&h, nil, nil)
+}
+
 // TestReinstatementEndsTheOldNexusFirst: a session that prevents medium
 // removal is reinstated (same initiator and ISID) while one of its reads
 // is stuck in the storage. The new session's login answers only once the
@@ -41,12 +52,7 @@ func TestReinstatementEndsTheOldNexusFirst(t *testing.T) {
 		t.Fatalf("PREVENT MEDIUM REMOVAL: status %d", r.status)
 	}
 	// A read that the storage holds.
-	cmd := pdu.SCSICommand{Final: true, Read: true, Attr: pdu.AttrSimple, ITT: 99, EDTL: 512, CmdSN: old.cmdSN, ExpStatSN: old.expStatSN}
-	old.cmdSN++
-	copy(cmd.CDB[:], read10(0, 1))
-	var h pdu.BHS
-	cmd.Encode(&h)
-	old.sendRaw(&h, nil, nil)
+	sendCDB(old, 99, read10(0, 1), false, 512)
 	<-g.entered
 
 	const held = 300 * time.Millisecond

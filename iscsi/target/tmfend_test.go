@@ -50,18 +50,14 @@ func TestConnectionEndsAfterItsTaskManagement(t *testing.T) {
 	b.isid[5] = 0x42
 	b.mustLogin(normalKeys(ini)...)
 	b.command(tur(), false, 0, nil, 0) // the power-on unit attention
-	cmd := pdu.SCSICommand{Final: true, Read: true, Attr: pdu.AttrSimple, ITT: 99, EDTL: 512, CmdSN: b.cmdSN, ExpStatSN: b.expStatSN}
-	b.cmdSN++
-	copy(cmd.CDB[:], read10(0, 1))
-	var h pdu.BHS
-	cmd.Encode(&h)
-	b.sendRaw(&h, nil, nil)
+	sendCDB(b, 99, read10(0, 1), false, 512)
 	<-g.entered
 
 	// Session A: a LOGICAL UNIT RESET, which waits for B's read; then A
 	// drops its connection.
 	a := dial(t, ts.addr)
 	a.mustLogin(normalKeys(ini)...)
+	var h pdu.BHS
 	(&pdu.TaskMgmtReq{Immediate: true, Function: pdu.TMFLUReset, ITT: 7, RTT: pdu.ReservedITT,
 		CmdSN: a.cmdSN, ExpStatSN: a.expStatSN}).Encode(&h)
 	a.sendRaw(&h, nil, nil)
