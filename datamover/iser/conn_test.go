@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -366,28 +367,12 @@ func TestMessageBeforeTheEndIsDelivered(t *testing.T) {
 	ended(t, u)
 }
 
-// lateQP delivers each Send late, as a reliable connection does when the
-// first transmission was lost: the peer has it, and the send completes,
-// one or two ACK timeouts later (Linux's rdma_cm asks for 0.54 s on
-// RoCE). A queue pair closed meanwhile never sends it.
-type lateQP struct {
-	rdma.QP
-	delay time.Duration
-}
-
-func (q *lateQP) PostSend(wr *rdma.SendWR) error {
-	w := *wr
-	w.SG = append([][]byte(nil), wr.SG...) // the slot stays ours until the completion
-	time.AfterFunc(q.delay, func() { q.QP.PostSend(&w) })
-	return nil
-}
-
 // TestTerminateAwaitsAResentResponse: a Logout Response handed to
 // Send_Control before ConnectionTerminate reaches the initiator even when
 // the link takes 1.5 s to deliver it (verbs-rxe-loss lost its Logout
 // Response so: the queue pair closed after a second, before the resend).
 func TestTerminateAwaitsAResentResponse(t *testing.T) {
-	c, peer := pairOn(t, Options{}, func(q rdma.QP) rdma.QP { return &lateQP{QP: q, delay: 1500 * time.Millisecond} })
+	c, peer := pairOn(t, Options{}, func(q rdma.QP) rdma.QP { return &servetest.LateQP{QP: q, Delay: 1500 * time.Millisecond} })
 	go c.Serve(newUpcalls())
 	var p datamover.PDU
 	(&pdu.LogoutResp{ITT: 5, StatSN: 1, ExpCmdSN: 2, MaxCmdSN: 2}).Encode(&p.BHS)
@@ -412,7 +397,7 @@ func TestTerminateAwaitsAResentResponse(t *testing.T) {
 // never acknowledges) holds ConnectionTerminate for terminateGrace, no
 // longer.
 func TestTerminateGraceIsBounded(t *testing.T) {
-	c, _ := pairOn(t, Options{}, func(q rdma.QP) rdma.QP { return &lateQP{QP: q, delay: time.Hour} })
+	c, _ := pairOn(t, Options{}, func(q rdma.QP) rdma.QP { return &servetest.LateQP{QP: q, Delay: time.Hour} })
 	go c.Serve(newUpcalls())
 	var p datamover.PDU
 	(&pdu.LogoutResp{ITT: 5}).Encode(&p.BHS)

@@ -60,6 +60,13 @@ func startBudget(t testing.TB, credits int, budget *scsitarget.IOBudget) (string
 // in, and its logger unless it has one) on a software iWARP listener.
 func startWith(t testing.TB, opts srptarget.Options) (string, *srptarget.Server, *gated) {
 	t.Helper()
+	return startServing(t, opts, nil)
+}
+
+// startServing is startWith serving the listener that wrap makes of the
+// software iWARP one (nil: that one itself).
+func startServing(t testing.TB, opts srptarget.Options, wrap func(rdma.Listener) rdma.Listener) (string, *srptarget.Server, *gated) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
 	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
 	m, _ := mem.New(16 << 20)
@@ -78,7 +85,11 @@ func startWith(t testing.TB, opts srptarget.Options) (string, *srptarget.Server,
 	if err != nil {
 		t.Fatal(err)
 	}
-	go srv.Serve(ln)
+	var served rdma.Listener = ln
+	if wrap != nil {
+		served = wrap(ln)
+	}
+	go srv.Serve(served)
 	t.Cleanup(func() {
 		if ch := g.gate.Swap(nil); ch != nil {
 			close(*ch)
@@ -541,64 +552,15 @@ func TestTaskManagementLogIsBounded(t *testing.T) {
 	}
 }
 
-// lateListener hands out queue pairs whose Sends reach the peer late, as
-// on a reliable connection whose first transmission was lost: the peer
-// has each one, and the send completes, an ACK timeout or two later
-// (Linux's rdma_cm asks for 0.54 s on RoCE). A queue pair closed
-// meanwhile never sends it.
-type lateListener struct {
-	rdma.Listener
-	delay time.Duration
-}
-
-func (l lateListener) Accept(ctx context.Context) (rdma.ConnRequest, error) {
-	r, err := l.Listener.Accept(ctx)
-	if err != nil {
-		return nil, err
-	}
-	return lateRequest{r, l.delay}, nil
-}
-
-type lateRequest struct {
-	rdma.ConnRequest
-	delay time.Duration
-}
-
-func (r lateRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
-	qp, err := r.ConnRequest.Accept(p)
-	if err != nil {
-		return nil, err
-	}
-	return &lateQP{QP: qp, delay: r.delay}, nil
-}
-
-type lateQP struct {
-	rdma.QP
-	delay time.Duration
-}
-
-func (q *lateQP) PostSend(wr *rdma.SendWR) error {
-	w := *wr
-	w.SG = append([][]byte(nil), wr.SG...) // the buffer stays the target's until the completion
-	time.AfterFunc(q.delay, func() { q.QP.PostSend(&w) })
-	return nil
-}
-
 // TestLogoutAwaitsAResentSend: a channel the target logs out closes once
 // its SRP_T_LOGOUT has been sent — also when that takes a retransmission
 // (1.5 s here), so the initiator learns why the channel ends. (It closed
 // after a second before: the channel ended with no SRP_T_LOGOUT.)
 func TestLogoutAwaitsAResentSend(t *testing.T) {
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	dev := scsitarget.NewDevice("iqn.2026-11.org.blockwire:srpt", log)
-	srv := srptarget.New(srptarget.Options{PD: rdma.NewDevice("t").AllocPD(), Device: dev, IDExt: idExt, IOCGUID: idExt, Logger: log})
-	ln, err := siw.New(siw.Options{}).Listen("127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lateListener{ln, 1500 * time.Millisecond})
-	t.Cleanup(func() { srv.Close() })
-	r := dialRaw(t, ln.Addr().String())
+	addr, _, _ := startServing(t, srptarget.Options{}, func(ln rdma.Listener) rdma.Listener {
+		return servetest.LateListener{Listener: ln, Delay: 1500 * time.Millisecond}
+	})
+	r := dialRaw(t, addr)
 	start := time.Now()
 	r.send(t, append([]byte{0x55}, make([]byte, 15)...))
 	r.expectLogout(t, srp.LogoutInvalidIUType)
