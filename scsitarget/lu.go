@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/scsi"
@@ -63,6 +64,10 @@ type LU struct {
 	vendor    string
 	product   string
 	naa       [16]byte
+	// epoch is the LU's creation; since reads the monotonic clock against
+	// it, one clock read where time.Now makes two (wall and monotonic):
+	// Begin and End time every command.
+	epoch time.Time
 
 	nblocks atomic.Uint64
 
@@ -125,6 +130,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		vendor:    cfg.VendorID,
 		product:   cfg.ProductID,
 		wce:       !cfg.WriteThrough,
+		epoch:     time.Now(),
 	}
 	for 1<<lu.blockBits != bs {
 		lu.blockBits++
@@ -355,3 +361,6 @@ func (lu *LU) notReady() *scsi.Sense {
 	}
 	return nil
 }
+
+// since is the time since the LU was made, on the monotonic clock.
+func (lu *LU) since() time.Duration { return time.Since(lu.epoch) }

@@ -40,7 +40,7 @@ type Command struct {
 	state      atomic.Int32 // taskActive, taskAborted or taskCommitted
 	abortWG    *sync.WaitGroup
 	begun      bool
-	start      time.Time // Begin, for the latency in Stats
+	start      time.Duration // Begin, on the LU's clock (lu.since), for the latency in Stats
 	class      int       // ClassRead, ClassWrite or ClassOther, at Begin
 }
 
@@ -81,7 +81,7 @@ func (d *Device) Begin(c *Command) {
 	}
 	c.lu = lu
 	c.begun = true
-	c.start = time.Now()
+	c.start = lu.since()
 	// The class now: a fabric may reuse the CDB's memory before End (SRP
 	// reposts the receive buffer once the response is out).
 	c.class = ClassOther
@@ -128,7 +128,7 @@ func (d *Device) End(c *Command) {
 	c.begun = false
 	lu.taskMu.Unlock()
 	if !c.Aborted() {
-		d := time.Since(c.start)
+		d := lu.since() - c.start
 		lu.stats.record(c, d)
 		if c.Nexus != nil {
 			c.Nexus.stats.record(c, d)

@@ -10,16 +10,22 @@ import "time"
 
 // Budget is the polling time of one wait for data. The zero Budget, or
 // one of no time, never polls.
+//
+// It reads the monotonic clock once per empty read, against an epoch
+// taken at New (time.Now reads the clock twice, wall and monotonic: a
+// receiver that polls makes many empty reads).
 type Budget struct {
-	d     time.Duration
-	until time.Time // zero: the wait has not found the socket empty yet
+	d       time.Duration
+	epoch   time.Time
+	until   time.Duration // since epoch; 0: the wait has not found the socket empty yet
+	polling bool          // the last Again said to poll again
 }
 
 // New returns a Budget of d per wait.
-func New(d time.Duration) Budget { return Budget{d: d} }
+func New(d time.Duration) Budget { return Budget{d: d, epoch: time.Now()} }
 
 // Start begins a wait.
-func (b *Budget) Start() { b.until = time.Time{} }
+func (b *Budget) Start() { b.until, b.polling = 0, false }
 
 // Again reports, after a read found the socket empty, whether the
 // receiver should poll again (yielding first) rather than sleep: the
@@ -28,13 +34,14 @@ func (b *Budget) Again() bool {
 	if b.d <= 0 {
 		return false
 	}
-	now := time.Now()
-	if b.until.IsZero() {
-		b.until = now.Add(b.d)
+	now := time.Since(b.epoch) + 1 // never 0, the unset until
+	if b.until == 0 {
+		b.until = now + b.d
 	}
-	return now.Before(b.until)
+	b.polling = now < b.until
+	return b.polling
 }
 
-// Polled reports whether a read that found data now found it while
-// polling: after an empty read of this wait, within its time.
-func (b *Budget) Polled() bool { return !b.until.IsZero() && time.Now().Before(b.until) }
+// Polled reports whether a read that found data found it while polling:
+// it followed an Again of this wait that said to poll again.
+func (b *Budget) Polled() bool { return b.polling }

@@ -40,7 +40,9 @@ func (l *link) DataBuffer(h *pdu.BHS) ([]byte, error) {
 // ControlNotify implements datamover.Upcalls.
 func (l *link) ControlNotify(p *datamover.PDU) error {
 	s := l.s
-	s.lastRecv.Store(time.Now().UnixNano())
+	if !s.heard.Load() {
+		s.heard.Store(true)
+	}
 	h := &p.BHS
 	if !l.ffp.Load() {
 		cp := &datamover.PDU{BHS: p.BHS, Data: append([]byte(nil), p.Data...)}
@@ -699,7 +701,11 @@ func (s *Session) abort(t *task) {
 func (s *Session) pinger() {
 	tick := time.NewTicker(s.opts.NopInterval / 2)
 	defer tick.Stop()
-	for range tick.C {
+	last := time.Now() // when a PDU was last heard, to within a tick
+	for now := range tick.C {
+		if s.heard.Swap(false) {
+			last = now
+		}
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()
@@ -709,7 +715,7 @@ func (s *Session) pinger() {
 		if len(s.links) > 0 {
 			l = s.links[0]
 		}
-		if l == nil || time.Since(time.Unix(0, s.lastRecv.Load())) < s.opts.NopInterval {
+		if l == nil || now.Sub(last) < s.opts.NopInterval {
 			s.mu.Unlock()
 			continue
 		}

@@ -46,8 +46,11 @@ type Session struct {
 	failed  error
 	// expStatSN is read by the stamper under the datamover's lock.
 	expStatSN atomic.Uint32
-	lastRecv  atomic.Int64
-	logoutCh  chan struct{}
+	// heard is set by every PDU received and cleared by the pinger at
+	// each tick: no clock read per PDU, and idleness measured on the
+	// monotonic clock, which a step of the wall clock does not move.
+	heard    atomic.Bool
+	logoutCh chan struct{}
 }
 
 type slogger = interface {

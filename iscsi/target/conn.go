@@ -96,12 +96,18 @@ type conn struct {
 	pendingDO   doPlacement
 
 	// Text negotiation continuation (RFC 7143 §11.10-11).
-	textIn   []byte
-	textOut  []byte
-	textTTT  uint32
-	lastRecv atomic.Int64
+	textIn  []byte
+	textOut []byte
+	textTTT uint32
+	// heard is set by every PDU received and cleared by the pinger at
+	// each of its ticks: a flag, not a time, so that receiving costs no
+	// read of the clock, and the pinger measures idleness on the
+	// monotonic clock (a step of the wall clock, as NTP makes after a
+	// virtual machine resumes, neither drops a connection nor stops its
+	// pings).
+	heard    atomic.Bool
 	pingTTT  atomic.Uint32
-	pingSent atomic.Int64
+	pingOut  atomic.Bool // a NOP-In ping awaits its NOP-Out
 	stop     chan struct{}
 	stopOnce sync.Once
 	// background counts the task management functions and Logouts
@@ -146,7 +152,6 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 }
 
 func (c *conn) run() {
-	c.lastRecv.Store(time.Now().UnixNano())
 	// RFC 7143 §6: a login that does not complete in time is dropped.
 	timer := time.AfterFunc(c.srv.opts.LoginTimeout, func() {
 		if !c.ffp.Load() {
@@ -506,7 +511,9 @@ func (c *conn) noteRejected(h *pdu.BHS, err error) {
 }
 
 func (c *conn) controlNotify(p *datamover.PDU) error {
-	c.lastRecv.Store(time.Now().UnixNano())
+	if !c.heard.Load() {
+		c.heard.Store(true)
+	}
 	if !c.ffp.Load() {
 		if err := c.handleLogin(p); err != nil {
 			return err
@@ -580,7 +587,7 @@ func (c *conn) handleNopOut(p *datamover.PDU) error {
 	if n.ITT == pdu.ReservedITT {
 		// The answer to our ping (RFC 7143 §11.18.3).
 		if n.TTT == c.pingTTT.Load() {
-			c.pingSent.Store(0)
+			c.pingOut.Store(false)
 		}
 		return nil
 	}
@@ -610,6 +617,9 @@ func (c *conn) pinger() {
 	// timeout together is over, and ends quietly.
 	quiet := c.sess != nil && c.sess.discovery && c.onRDMA()
 	ttt := uint32(0)
+	// last is when a PDU was last heard, to within a tick (the tick that
+	// found heard set); sent is when the ping awaiting its answer went.
+	last, sent := time.Now(), time.Time{}
 	for {
 		select {
 		case <-c.stop:
@@ -617,23 +627,26 @@ func (c *conn) pinger() {
 		case <-tick.C:
 		}
 		now := time.Now()
+		if c.heard.Swap(false) {
+			last = now
+		}
 		if quiet {
-			if now.Sub(time.Unix(0, c.lastRecv.Load())) > iv+c.srv.opts.NopTimeout {
+			if now.Sub(last) > iv+c.srv.opts.NopTimeout {
 				c.log.Info("ending an idle iSER discovery session (it is not pinged: the initiator may have no receive posted)", "idle", iv+c.srv.opts.NopTimeout)
 				c.terminate()
 				return
 			}
 			continue
 		}
-		if sent := c.pingSent.Load(); sent != 0 {
-			if now.Sub(time.Unix(0, sent)) > c.srv.opts.NopTimeout {
+		if c.pingOut.Load() {
+			if now.Sub(sent) > c.srv.opts.NopTimeout {
 				c.log.Warn("dropping connection: NOP-In ping unanswered", "timeout", c.srv.opts.NopTimeout)
 				c.terminate()
 				return
 			}
 			continue
 		}
-		if now.Sub(time.Unix(0, c.lastRecv.Load())) < iv {
+		if now.Sub(last) < iv {
 			continue
 		}
 		ttt++
@@ -641,7 +654,8 @@ func (c *conn) pinger() {
 			ttt = 1
 		}
 		c.pingTTT.Store(ttt)
-		c.pingSent.Store(now.UnixNano())
+		sent = now
+		c.pingOut.Store(true)
 		in := pdu.NopIn{ITT: pdu.ReservedITT, TTT: ttt}
 		var h pdu.BHS
 		in.Encode(&h)

@@ -339,6 +339,45 @@ func TestNopPingDropsSilentConnection(t *testing.T) {
 	}
 }
 
+// A connection that keeps talking is not pinged: every PDU it sends
+// counts as heard, whichever of the pinger's ticks it falls between.
+func TestBusyConnectionIsNotPinged(t *testing.T) {
+	ts := startServer(t, Options{NopInterval: 100 * time.Millisecond, NopTimeout: 300 * time.Millisecond}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+	pings := 0
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		itt := c.itt
+		c.itt++
+		cmd := pdu.SCSICommand{Final: true, Attr: pdu.AttrSimple, ITT: itt, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+		c.cmdSN++
+		copy(cmd.CDB[:], tur())
+		var h pdu.BHS
+		cmd.Encode(&h)
+		c.sendRaw(&h, nil, nil)
+		for {
+			rh, _ := c.must(5 * time.Second)
+			if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
+				pings++
+				continue
+			}
+			if rh.Opcode() != pdu.OpSCSIResponse || rh.ITT() != itt {
+				t.Fatalf("got %s (ITT %#x) waiting for the response to %#x", rh.Opcode(), rh.ITT(), itt)
+			}
+			break
+		}
+		time.Sleep(30 * time.Millisecond)
+	}
+	if pings != 0 {
+		t.Fatalf("%d pings in 1 s on a connection that sent a command every 30 ms (interval 100 ms)", pings)
+	}
+	// Silent from now on: pinged within the interval and a tick or two.
+	rh, _, ok := c.recv(time.Second)
+	if !ok || rh.Opcode() != pdu.OpNopIn || rh.ITT() != pdu.ReservedITT {
+		t.Fatalf("no ping within 1 s of silence: %v %s", ok, rh.Opcode())
+	}
+}
+
 func TestSessionReinstatement(t *testing.T) {
 	ts := startServer(t, Options{}, nil)
 	old := dial(t, ts.addr)
