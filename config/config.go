@@ -66,12 +66,13 @@ type Config struct {
 	ROCEGSO *bool `toml:"roce_gso,omitempty"`
 	// Poll has the target's receivers — each iSCSI/TCP connection's
 	// reader, each software RoCEv2 device's receiving goroutine — poll
-	// their sockets this long ("50us") after finding them empty before
-	// they sleep: what lands meanwhile is read without a wake-up, for
-	// lower latency at low queue depths, at the price of the CPU the
-	// polling takes while traffic flows (an idle socket costs none once
-	// the time has passed). 0, the default: they sleep at once. At most
-	// 1ms.
+	// their sockets up to this long ("1ms") after finding them empty
+	// before they sleep: what lands meanwhile is read without a wake-up,
+	// for lower latency at low queue depths, at the price of the CPU the
+	// polling takes while traffic flows. Each receiver adapts its polling
+	// within this to how long its peer takes to send again (internal/spin,
+	// KVM's halt-polling rule), and stops polling a peer that idles past
+	// a millisecond. 0, the default: they sleep at once. At most 1ms.
 	Poll time.Duration `toml:"poll,omitzero"`
 	// RDMADevice chooses the RDMA device under the iser-roce and srp-roce
 	// portals: "auto" (the default: the kernel RDMA device a portal's

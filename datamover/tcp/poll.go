@@ -102,6 +102,7 @@ func (r *poller) Read(p []byte) (int, error) {
 	r.spin.Start()
 	for {
 		r.buf = p
+		slept := r.wait
 		err := r.rc.Read(r.read)
 		r.buf, r.wait = nil, false
 		if err != nil {
@@ -110,6 +111,9 @@ func (r *poller) Read(p []byte) (int, error) {
 		if !r.empty {
 			if r.spin.Polled() {
 				r.polled++
+			}
+			if slept {
+				r.spin.Woke() // the next waits poll as long as this one took, within spin
 			}
 			if r.err != nil {
 				// As net.Conn's Read reports it.

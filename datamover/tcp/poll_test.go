@@ -66,6 +66,10 @@ func TestPollerReads(t *testing.T) {
 	if r.slept != 1 {
 		t.Fatalf("slept %d times, want 1", r.slept)
 	}
+	// That wait, 100 ms, was idleness: the polling time is halved.
+	if got := r.spin.Current(); got != 500*time.Microsecond {
+		t.Fatalf("polling after an idle wait: %v, want 500µs", got)
+	}
 	// A read deadline still holds.
 	server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 	if _, err := r.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {

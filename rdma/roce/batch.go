@@ -287,6 +287,7 @@ type rxBatch struct {
 	// the reads that found datagrams while polling).
 	spin   spin.Budget
 	empty  bool
+	slept  bool // this read's wait slept in Go's poller (spin said not to poll again)
 	polled *atomic.Uint64
 }
 
@@ -314,6 +315,7 @@ func newRxBatch(control bool, poll time.Duration, polled *atomic.Uint64) *rxBatc
 		r, _, e := unix.RawSyscall6(unix.SYS_RECVMMSG, fd, uintptr(unsafe.Pointer(&rb.msgs[0])), rxMsgs, unix.MSG_DONTWAIT, 0, 0)
 		if e == unix.EAGAIN {
 			rb.empty = rb.spin.Again()
+			rb.slept = rb.slept || !rb.empty
 			return rb.empty // false: Read waits for the socket
 		}
 		rb.n = int(r)
@@ -332,11 +334,15 @@ func newRxBatch(control bool, poll time.Duration, polled *atomic.Uint64) *rxBatc
 // meanwhile is read without a wake-up.
 func (rb *rxBatch) read(c syscall.RawConn) error {
 	rb.spin.Start()
+	rb.slept = false
 	for {
 		rb.n, rb.empty = 0, false
 		if err := c.Read(rb.call); err != nil || !rb.empty {
 			if err == nil && rb.spin.Polled() {
 				rb.polled.Add(1)
+			}
+			if err == nil && rb.slept {
+				rb.spin.Woke() // the next waits poll as long as this one took, within spin
 			}
 			return err
 		}

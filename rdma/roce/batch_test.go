@@ -5,10 +5,12 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"runtime"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -585,5 +587,42 @@ func TestSendWaitsForAFullSocket(t *testing.T) {
 	}
 	if r := <-done; r.n != 1 || r.e != 0 {
 		t.Fatalf("sendmmsg once there was room: %d sent, %v", r.n, r.e)
+	}
+}
+
+// The receiver's polling adapts (internal/spin): a datagram that comes
+// long after the socket went quiet halves the polling time; one waiting
+// when the receiver reads changes nothing.
+func TestReceiverPollingAdapts(t *testing.T) {
+	rx, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rx.Close()
+	tx, err := net.DialUDP("udp4", nil, rx.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Close()
+	rc, err := rx.SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var polled atomic.Uint64
+	rb := newRxBatch(false, time.Millisecond, &polled)
+	time.AfterFunc(100*time.Millisecond, func() { tx.Write([]byte("late")) })
+	if err := rb.read(rc); err != nil || rb.n != 1 {
+		t.Fatalf("read %d datagrams: %v", rb.n, err)
+	}
+	if got := rb.spin.Current(); got != 500*time.Microsecond {
+		t.Fatalf("polling after a 100 ms wait: %v, want 500µs", got)
+	}
+	tx.Write([]byte("waiting"))
+	time.Sleep(10 * time.Millisecond)
+	if err := rb.read(rc); err != nil || rb.n != 1 {
+		t.Fatalf("read %d datagrams: %v", rb.n, err)
+	}
+	if got := rb.spin.Current(); got != 500*time.Microsecond {
+		t.Fatalf("polling after a read that did not wait: %v, want 500µs", got)
 	}
 }
