@@ -41,7 +41,7 @@ type Command struct {
 	abortWG    *sync.WaitGroup
 	begun      bool
 	start      time.Duration // Begin, on the LU's clock (lu.since), for the latency in Stats
-	class      int       // ClassRead, ClassWrite or ClassOther, at Begin
+	class      int           // ClassRead, ClassWrite or ClassOther, at Begin
 }
 
 const (
