@@ -349,12 +349,7 @@ func TestBusyConnectionIsNotPinged(t *testing.T) {
 	for end := time.Now().Add(time.Second); time.Now().Before(end); {
 		itt := c.itt
 		c.itt++
-		cmd := pdu.SCSICommand{Final: true, Attr: pdu.AttrSimple, ITT: itt, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
-		c.cmdSN++
-		copy(cmd.CDB[:], tur())
-		var h pdu.BHS
-		cmd.Encode(&h)
-		c.sendRaw(&h, nil, nil)
+		sendCDB(c, itt, tur(), true, 0)
 		for {
 			rh, _ := c.must(5 * time.Second)
 			if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
