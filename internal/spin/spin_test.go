@@ -38,7 +38,7 @@ func TestBudget(t *testing.T) {
 
 // The polling time follows the peer: it doubles while the receiver
 // sleeps through waits it could have bridged, stays once it bridges
-// them, and halves to none over waits longer than the most.
+// them, and halves to none over idle waits (past the most and 1 ms).
 func TestBudgetAdapts(t *testing.T) {
 	var now time.Duration = 1
 	b := New(time.Millisecond)
