@@ -31,7 +31,9 @@
 // without IORING_ENTER_GETEVENTS (io_uring issues each operation
 // nonblocking and hands one that would block to its own workers) and the
 // read of the nonblocking eventfd — are raw system calls, which Go's
-// scheduler is not told of. An ordinary one wakes the runtime's monitor
+// scheduler is not told of (a submission that completes inline, a
+// page-cache hit, copies its data in that call: as long as a pread of
+// it). An ordinary one wakes the runtime's monitor
 // thread (sysmon) whenever the process had gone idle, and it then ticks
 // every 20 µs for a millisecond or more: a process waiting for a disk
 // goes idle often. Measured with BenchmarkQD32 (backend/file, 4 KiB
