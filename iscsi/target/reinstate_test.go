@@ -27,7 +27,13 @@ func (g *gatedDisk) ReadAt(p []byte, off int64) (int, error) {
 // sendCDB sends a command, tagged itt, of edtl bytes to read (or, with
 // write, to write, none of them sent), and does not wait for its answer.
 func sendCDB(c *tclient, itt uint32, cdb []byte, write bool, edtl uint32) {
-	cmd := pdu.SCSICommand{Final: true, Read: !write, Write: write, Attr: pdu.AttrSimple, ITT: itt, EDTL: edtl, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+	sendCommand(c, itt, cdb, !write, write, edtl)
+}
+
+// sendCommand is sendCDB with both direction bits given (neither: a
+// command without data, such as TEST UNIT READY).
+func sendCommand(c *tclient, itt uint32, cdb []byte, read, write bool, edtl uint32) {
+	cmd := pdu.SCSICommand{Final: true, Read: read, Write: write, Attr: pdu.AttrSimple, ITT: itt, EDTL: edtl, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
 	c.cmdSN++
 	copy(cmd.CDB[:], cdb)
 	var h pdu.BHS

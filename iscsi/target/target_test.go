@@ -349,7 +349,7 @@ func TestBusyConnectionIsNotPinged(t *testing.T) {
 	for end := time.Now().Add(time.Second); time.Now().Before(end); {
 		itt := c.itt
 		c.itt++
-		sendCDB(c, itt, tur(), true, 0)
+		sendCommand(c, itt, tur(), false, false, 0)
 		for {
 			rh, _ := c.must(5 * time.Second)
 			if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
