@@ -32,16 +32,15 @@
 // nonblocking and hands one that would block to its own workers) and the
 // read of the nonblocking eventfd — are raw system calls, which Go's
 // scheduler is not told of (a submission that completes inline, a
-// page-cache hit, copies its data in that call: as long as a pread of
-// it). An ordinary one wakes the runtime's monitor
-// thread (sysmon) whenever the process had gone idle, and it then ticks
-// every 20 µs for a millisecond or more: a process waiting for a disk
-// goes idle often. Measured with BenchmarkQD32 (backend/file, 4 KiB
-// O_DIRECT on a loop device, 32 goroutines, the process's CPU time
-// divided by the operations): reads 9.6-11.3 µs against 12.0-13.2 µs,
-// writes 11.2-12.5 against 15.0-18.2, in alternating runs; for 60 000
-// reads, sysmon's sleeps 0.9-1.1k against 5.1-6.7k and thread switches
-// 8.3-8.9k against 17.9-22.4k (perf stat).
+// page-cache hit, copies its data in that call: as long as a pread of it).
+// An ordinary one wakes the runtime's monitor thread (sysmon) whenever the
+// process had gone idle, and it then ticks every 20 µs for a millisecond
+// or more: a process waiting for a disk goes idle often. Measured with
+// BenchmarkQD32 (backend/file, 4 KiB O_DIRECT on a loop device, 32
+// goroutines, the process's CPU time divided by the operations): reads
+// 9.6-11.3 µs against 12.0-13.2 µs, writes 11.2-12.5 against 15.0-18.2, in
+// alternating runs; for 60 000 reads, sysmon's sleeps 0.9-1.1k against
+// 5.1-6.7k and thread switches 8.3-8.9k against 17.9-22.4k (perf stat).
 // A caller alone submits and waits in an ordinary system call: that one
 // sleeps.
 //
