@@ -8,16 +8,19 @@ import (
 	"golang.org/x/sys/cpu"
 )
 
-// The ICRC's payload runs through CRC-32 (IEEE 802.3), the largest cost
-// of a software RoCEv2 packet after the kernel's copies (issue 23:
-// 11-12 % of each side's CPU for 128 KiB iSER reads). hash/crc32 folds
-// 16 bytes per carry-less multiply on 128-bit registers (11.7 GB/s on the
-// 2026 AMD EPYC hosts); processors with VPCLMULQDQ on 256-bit registers
-// (AMD Zen 3 on, Intel Ice Lake on) multiply two lanes at once, and
-// fold256 keeps eight lanes in flight. It only folds: the 64 bytes it
-// leaves are a shorter message with the same CRC register value, which
-// hash/crc32 then finishes (its own fold and reduction), so the one piece
-// of arithmetic hand-written here is the forward fold.
+// The ICRC's payload runs through CRC-32 (IEEE 802.3), the largest cost of
+// a software RoCEv2 packet after the kernel's copies (issue 23: 11-12 % of
+// each side's CPU for 128 KiB iSER reads). hash/crc32 folds 16 bytes per
+// carry-less multiply on 128-bit registers (11.7 GB/s on the 2026 AMD EPYC
+// hosts); processors with VPCLMULQDQ on 256-bit registers (AMD Zen 3 on,
+// Intel Ice Lake on) multiply two lanes at once, which hash/crc32 (Go
+// 1.26) and klauspost/crc32 use only on 512-bit registers, with AVX-512: a
+// processor with AVX2 alone (AMD Zen 3, the hosts here) gets 128 bits.
+// fold256 keeps eight 128-bit lanes in flight; with AVX-512, hash/crc32's
+// own loop runs instead. It only folds: the 64 bytes it leaves are a
+// shorter message with the same CRC register value, which hash/crc32 then
+// finishes (its own fold and reduction), so the one piece of arithmetic
+// hand-written here is the forward fold.
 //
 // The constants (crc_amd64.s) are x^(D±32) mod P for the fold distance D
 // (1024 bits in the loop, 512 for the last step) in the bit-reflected
@@ -25,11 +28,12 @@ import (
 // TestFoldUpdate checks the whole against hash/crc32 on every length.
 
 // hasFold says the processor has AVX2 and VPCLMULQDQ (CPUID leaf 7, ECX
-// bit 10) and the kernel saves the YMM registers.
+// bit 10), the kernel saves the YMM registers, and hash/crc32 has no
+// AVX-512 loop to run instead.
 var hasFold = foldSupported()
 
 func foldSupported() bool {
-	if !cpu.X86.HasAVX2 || !cpu.X86.HasPCLMULQDQ {
+	if !cpu.X86.HasAVX2 || !cpu.X86.HasPCLMULQDQ || cpu.X86.HasAVX512VPCLMULQDQ {
 		return false
 	}
 	_, _, c, _ := cpuid(7, 0)
