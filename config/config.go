@@ -161,6 +161,14 @@ type Limits struct {
 	// still logging in (8).
 	MaxDiscoverySessions int `toml:"max_discovery_sessions,omitzero"`
 	MaxLoginsPerSource   int `toml:"max_logins_per_source,omitzero"`
+	// SourcePrefixV6 is what one source is to every per-source bound
+	// (logins, sessions, working commands, SRP channels, RoCE connection
+	// requests, MPA handshakes, control connections) when the peer is
+	// IPv6: the network of its address's first this many bits (128: each
+	// address alone; 1 to 128). A peer given a routed /64 takes any of its
+	// addresses at will: where such peers reach a portal, 64 bounds them.
+	// IPv4 addresses always count alone.
+	SourcePrefixV6 int `toml:"source_prefix_v6,omitzero"`
 	// MaxConnections per session (8).
 	MaxConnections int `toml:"max_connections,omitzero"`
 	// CmdWindow is how many commands a session may have outstanding
@@ -215,6 +223,9 @@ func (l *Limits) Validate(where string) error {
 	}
 	if l.MaxLoginsPerSource < 0 {
 		add("max_logins_per_source: %d is negative", l.MaxLoginsPerSource)
+	}
+	if l.SourcePrefixV6 < 0 || l.SourcePrefixV6 > 128 {
+		add("source_prefix_v6: %d (1 to 128 bits of an IPv6 address)", l.SourcePrefixV6)
 	}
 	if l.MaxConnections < 0 || l.MaxConnections > 65535 {
 		add("max_connections: %d (1 to 65535, RFC 7143 §13.2)", l.MaxConnections)

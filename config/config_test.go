@@ -44,6 +44,8 @@ listen = ["127.0.0.1:3260", "nohostport"]
 roce_listen = ["192.0.2.1:3260", "192.0.2.1"]
 srp_roce_listen = ["[2001:db8::1]:5555"]
 roce_udp_port = 70000
+[limits]
+source_prefix_v6 = 129
 [[target]]
 name = "iqn.2026-11.org.blockwire:a"
 [target.chap]
@@ -78,7 +80,7 @@ secret = "too-short"
 		"target[0].lun[1].id: duplicate LUN 0", "target[0].lun[1].block_size",
 		"target[0].lun[1]: direct and io_engine are for a file LUN", "target[0].lun[2].io_engine: \"aio\"", "target[1].name: duplicate", "unknown_key",
 		"target[1].acl[0].initiator", "target[1]: no lun", "target[1].acl[0].chap: a 9-byte secret is too short",
-		"roce_listen[1]", "roce_udp_port: 70000"} {
+		"roce_listen[1]", "roce_udp_port: 70000", "limits.source_prefix_v6: 129"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

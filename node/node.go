@@ -30,6 +30,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/httpguard"
+	"github.com/blockwire/blockwire/internal/persource"
 	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
 	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
@@ -115,6 +116,7 @@ type Node struct {
 	tcp     []net.Listener
 	https   []*http.Server
 	limits  []*httpguard.Limited // the control surfaces' listeners (BoundsHit)
+	sources persource.Sources    // what one peer is to the per-source bounds (Limits.SourcePrefixV6)
 	cleanup []func()             // at Shutdown, last first
 	started bool
 	stopped bool
@@ -148,6 +150,9 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	}
 	cfg = clone(cfg)
 	lim := cfg.Limits
+	// What one peer is to every per-source bound, on every fabric and
+	// control surface alike.
+	sources := persource.Sources{V6Bits: lim.SourcePrefixV6}
 	ioB, sessB, err := lim.Budgets()
 	if err != nil {
 		return nil, err
@@ -164,13 +169,14 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		budget: scsitarget.NewIOBudget(ioB, sessB),
 		// A stream that takes under 64 KiB in the NOP timeout fails its
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
-		iwarp: siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim)}),
-		srpPD: rdma.NewDevice("blockwire-srp").AllocPD(),
-		errc:  make(chan error, 1), stopc: make(chan struct{})}
+		iwarp:   siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim), Sources: sources}),
+		sources: sources,
+		srpPD:   rdma.NewDevice("blockwire-srp").AllocPD(),
+		errc:    make(chan error, 1), stopc: make(chan struct{})}
 	io := iscsitarget.Options{
 		LoginTimeout: lim.LoginTimeout, NopInterval: lim.NopInterval, NopTimeout: lim.NopTimeout,
 		MaxSessions: lim.MaxSessions, MaxSessionsPerSource: lim.MaxSessionsPerSource, MaxWorkingPerSource: lim.MaxWorkingPerSource, MaxConnections: lim.MaxConnections, MaxDiscoverySessions: lim.MaxDiscoverySessions,
-		MaxLoginsPerSource: lim.MaxLoginsPerSource, CmdWindow: uint32(lim.CmdWindow),
+		MaxLoginsPerSource: lim.MaxLoginsPerSource, Sources: sources, CmdWindow: uint32(lim.CmdWindow),
 		MaxRecvDataSegmentLength: lim.MaxRecvDataSegmentLength, Budget: n.budget,
 		RequireHeaderDigest: opts.RequireHeaderDigest, RequireDataDigest: opts.RequireDataDigest,
 	}
@@ -267,7 +273,7 @@ func (n *Node) addSRP(cfg *config.Config, i int, dev *scsitarget.Device) error {
 		n.log.Warn("target has an ACL or CHAP but no SRP initiators: SRP logins to it are refused", "target", name)
 	}
 	s := srptarget.New(srptarget.Options{PD: n.srpPD, Memory: n.memory, Device: dev, IDExt: hi, IOCGUID: lo,
-		Logger: n.log.With("target", name), Budget: n.budget,
+		Logger: n.log.With("target", name), Budget: n.budget, Sources: n.sources,
 		// The target's SRP ACL as it is now (reloads and the admin API
 		// change it): SRP has no CHAP, so a protected target admits only
 		// the ports listed (config.Target.SRPAllows).
@@ -499,7 +505,7 @@ func (n *Node) roceDevice(addr string) (*roce.Device, error) {
 	if port == 0 {
 		port = n.opts.RoCEUDPPort
 	}
-	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log, NoGSO: n.cfg.ROCEGSO != nil && !*n.cfg.ROCEGSO, Poll: n.cfg.Poll})
+	d, err := roce.Open(host, roce.Options{Port: port, Logger: n.log, Sources: n.sources, NoGSO: n.cfg.ROCEGSO != nil && !*n.cfg.ROCEGSO, Poll: n.cfg.Poll})
 	if err != nil {
 		return nil, err
 	}
@@ -774,7 +780,7 @@ func (n *Node) startMetrics() error {
 func (n *Node) httpServe(l net.Listener, h http.Handler) {
 	hs := httpguard.NewServer(h)
 	n.https = append(n.https, hs)
-	lim := httpguard.Limit(l, httpguard.PerSource, httpguard.Total)
+	lim := httpguard.Limit(l, n.sources, httpguard.PerSource, httpguard.Total)
 	n.limits = append(n.limits, lim)
 	go hs.Serve(lim)
 }
@@ -936,7 +942,7 @@ func DefaultLimits() config.Limits {
 	o := iscsitarget.DefaultOptions()
 	return config.Limits{LoginTimeout: o.LoginTimeout, NopInterval: o.NopInterval, NopTimeout: o.NopTimeout,
 		MaxSessions: o.MaxSessions, MaxSessionsPerSource: o.MaxSessionsPerSource, MaxWorkingPerSource: o.MaxWorkingPerSource, MaxDiscoverySessions: o.MaxDiscoverySessions, MaxLoginsPerSource: o.MaxLoginsPerSource,
-		MaxConnections: o.MaxConnections, CmdWindow: int(o.CmdWindow), MaxRecvDataSegmentLength: o.MaxRecvDataSegmentLength,
+		SourcePrefixV6: persource.DefaultV6Bits, MaxConnections: o.MaxConnections, CmdWindow: int(o.CmdWindow), MaxRecvDataSegmentLength: o.MaxRecvDataSegmentLength,
 		IOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultIOBudget>>20), SessionIOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultSessionIOBudget>>20)}
 }
 

@@ -117,20 +117,20 @@ func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 // serveFlags are serve's flags: the default target's, the portals', the
 // limits' and the surfaces'.
 type serveFlags struct {
-	fs                                                                          *flag.FlagSet
-	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                       listFlag
-	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser               *string
-	rdmaDevice, rdmaMemory, ioEngine                                            *string
-	grow, readOnly, removable, iser, writeCache, direct, roceGSO                *bool
-	tpgt                                                                        *uint
-	blockSize, roceUDP                                                          *int
-	cfgPath, logLevel, logFormat, cpuprofile, metrics                           *string
-	metricsToken, adminSocket, adminHTTP, adminToken, isns                      *string
-	hdigest, ddigest, srpID                                                     *string
-	nop, nopTimeout, loginTimeout, poll                                         *time.Duration
-	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
-	ioBudget, sessionIOBudget                                                   *string
-	maxWorking                                                                  *int
+	fs                                                                                        *flag.FlagSet
+	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                                     listFlag
+	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser                             *string
+	rdmaDevice, rdmaMemory, ioEngine                                                          *string
+	grow, readOnly, removable, iser, writeCache, direct, roceGSO                              *bool
+	tpgt                                                                                      *uint
+	blockSize, roceUDP                                                                        *int
+	cfgPath, logLevel, logFormat, cpuprofile, metrics                                         *string
+	metricsToken, adminSocket, adminHTTP, adminToken, isns                                    *string
+	hdigest, ddigest, srpID                                                                   *string
+	nop, nopTimeout, loginTimeout, poll                                                       *time.Duration
+	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, sourcePrefix, window, mrdsl *int
+	ioBudget, sessionIOBudget                                                                 *string
+	maxWorking                                                                                *int
 }
 
 func newServeFlags(stderr io.Writer) *serveFlags {
@@ -168,6 +168,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.maxConns = fs.Int("max-connections", d.MaxConnections, "connections per session")
 	f.maxDiscovery = fs.Int("max-discovery-sessions", d.MaxDiscoverySessions, "discovery sessions allowed at once (not counted in --max-sessions)")
 	f.maxLogins = fs.Int("max-logins-per-source", d.MaxLoginsPerSource, "connections from one address still logging in; more are closed")
+	f.sourcePrefix = fs.Int("source-prefix-v6", d.SourcePrefixV6, "what one address is to the per-source bounds when it is IPv6: its network of this many bits (1 to 128; 64 where peers with a routed /64 reach a portal)")
 	f.window = fs.Int("cmd-window", d.CmdWindow, "commands a session may have outstanding (the CmdSN window)")
 	f.mrdsl = fs.Int("max-recv-data-segment-length", d.MaxRecvDataSegmentLength, "largest data segment accepted (512 to 16777215)")
 	f.ioBudget = fs.String("io-budget", d.IOBudget, "I/O buffers all sessions may hold together (at least 64MiB); commands beyond get TASK SET FULL")
@@ -391,6 +392,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		{"max-working-per-source", &lim.MaxWorkingPerSource, *f.maxWorking},
 		{"max-connections", &lim.MaxConnections, *f.maxConns},
 		{"max-discovery-sessions", &lim.MaxDiscoverySessions, *f.maxDiscovery}, {"max-logins-per-source", &lim.MaxLoginsPerSource, *f.maxLogins},
+		{"source-prefix-v6", &lim.SourcePrefixV6, *f.sourcePrefix},
 		{"cmd-window", &lim.CmdWindow, *f.window}, {"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *f.mrdsl}} {
 		if isSet(fs, o.flag) {
 			*o.dst = o.v

@@ -25,17 +25,19 @@ func NewServer(h http.Handler) *http.Server {
 }
 
 // Limit bounds the connections l's server holds open: perSource from one
-// address (a Unix socket's clients are one source), total in all.
+// source (src says what one is; a Unix socket's clients are one), total
+// in all.
 // Connections beyond are closed as they arrive, so a client that opens
 // many and leaves them idle holds a few sockets, not the process's, and
 // another client is still served.
-func Limit(l net.Listener, perSource, total int) *Limited {
-	return &Limited{Listener: l, perSource: perSource, total: total}
+func Limit(l net.Listener, src persource.Sources, perSource, total int) *Limited {
+	return &Limited{Listener: l, sources: src, perSource: perSource, total: total}
 }
 
 // Limited is a listener whose connections Limit bounds.
 type Limited struct {
 	net.Listener
+	sources          persource.Sources
 	perSource, total int
 
 	mu      sync.Mutex // a leaf: nothing else is locked under it
@@ -59,7 +61,7 @@ func (l *Limited) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		src := persource.Host(c.RemoteAddr())
+		src := l.sources.Of(c.RemoteAddr())
 		l.mu.Lock()
 		all := l.open >= l.total
 		ok := !all && l.from.Take(src, l.perSource)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/internal/servetest"
 )
 
@@ -20,7 +21,7 @@ func TestLimitedListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ll := Limit(l, 2, 16)
+	ll := Limit(l, persource.Sources{}, 2, 16)
 	srv := NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") }))
 	go srv.Serve(ll)
 	defer srv.Close()

@@ -154,6 +154,9 @@ type Options struct {
 	// ones included (1024); a login beyond it fails with "out of
 	// resources" (RFC 7143 §11.13.5, status 0302h).
 	MaxSessions int
+	// Sources says what one address is to the per-source bounds below
+	// (an IPv4 address; an IPv6 network, a /64 by default).
+	Sources persource.Sources
 	// MaxSessionsPerSource bounds the normal sessions whose leading
 	// connection came from one address (128), so that one initiator host
 	// cannot take all MaxSessions and lock the others out; a login beyond
@@ -302,7 +305,7 @@ type loginSlot struct {
 // takeLoginSlot admits a new connection from addr, or returns nil when its
 // source has too many logins in progress.
 func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
-	src := persource.Host(addr)
+	src := s.opts.Sources.Of(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if !s.logins.Take(src, s.opts.MaxLoginsPerSource) {

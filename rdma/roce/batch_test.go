@@ -443,6 +443,12 @@ func ipCmd(t *testing.T, args ...string) {
 // are made there, by a thread that joins it for the call.
 func openIn(t *testing.T, ns, ip string) *Device {
 	t.Helper()
+	return openInWith(t, ns, ip, Options{Port: 4791})
+}
+
+// openInWith is openIn with the device's options.
+func openInWith(t *testing.T, ns, ip string, opt Options) *Device {
+	t.Helper()
 	type res struct {
 		d   *Device
 		err error
@@ -460,7 +466,7 @@ func openIn(t *testing.T, ns, ip string) *Device {
 			ch <- res{nil, err}
 			return
 		}
-		d, err := Open(ip, Options{Port: 4791})
+		d, err := Open(ip, opt)
 		ch <- res{d, err}
 	}()
 	r := <-ch

@@ -65,10 +65,11 @@ type Device struct {
 	// grow it, and a later REQ that reuses the IDs is not answered with a
 	// stale REP or REJ.
 	seen      map[[2]uint32]*connRequest
-	seenFrom  persource.Counts[netip.Addr] // seen's requests by peer
+	seenFrom  persource.Counts[netip.Addr] // seen's requests by source (sources.OfIP of the peer)
 	lastSweep time.Time
 	maxReqs   int
 	maxFrom   int
+	sources   persource.Sources
 	reqTTL    time.Duration
 	// txPool holds sendmmsg batches (*txBatch): no lock is held across
 	// the socket write, and a warm pool allocates nothing. Every packet
@@ -121,8 +122,11 @@ type Options struct {
 	MaxConnRequests int
 	ConnRequestTTL  time.Duration
 	// MaxConnRequestsPerSource bounds those of one IP address (128), so
-	// that a host sending REQs it never completes cannot take them all.
+	// that a host sending REQs it never completes cannot take them all;
+	// Sources says what one address is (an IPv6 network, a /64 by
+	// default).
 	MaxConnRequestsPerSource int
+	Sources                  persource.Sources
 	Logger                   *slog.Logger
 	// NoGSO sends one datagram per packet (batch.go sends runs of them
 	// as UDP GSO datagrams): a packet capture on the host then shows each
@@ -217,7 +221,7 @@ func Open(ip string, opt Options) (*Device, error) {
 	d := &Device{log: opt.Logger, rdev: rdma.NewDevice("roce " + ip), ip: addr, port: opt.Port, conn: c,
 		guid: binary.BigEndian.Uint64(g[:]), mtu: opt.MTU, done: make(chan struct{}), qps: map[uint32]*RC{}, nextQPN: 0x20,
 		listeners: map[uint16]*listener{}, services: map[uint64]*listener{}, dials: map[uint32]chan cmReply{}, accepts: map[uint32]*connRequest{}, waitRTU: map[uint32]*connRequest{},
-		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, maxFrom: opt.MaxConnRequestsPerSource, reqTTL: opt.ConnRequestTTL, raw: raw}
+		conns: map[uint32]*connection{}, seen: map[[2]uint32]*connRequest{}, maxReqs: opt.MaxConnRequests, maxFrom: opt.MaxConnRequestsPerSource, sources: opt.Sources, reqTTL: opt.ConnRequestTTL, raw: raw}
 	d.noGSO.Store(opt.NoGSO)
 	d.poll = opt.Poll
 	d.dropIn = opt.dropIn
@@ -1031,7 +1035,8 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		}
 	}
 	full := len(d.seen) >= d.maxReqs
-	fromPeer := d.seenFrom.Of(peer) >= d.maxFrom
+	src := d.sources.OfIP(peer)
+	fromPeer := d.seenFrom.Of(src) >= d.maxFrom
 	d.mu.Unlock()
 	if l == nil {
 		// Seed 001 §II: no iSER service on this port — reason 8.
@@ -1048,13 +1053,13 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 		d.reject(peer, &req, m.TID, ib.RejNoQP, "too many connection requests from this address", nil)
 		return
 	}
-	r := &connRequest{d: d, peer: peer, req: req, tid: m.TID, local: randU32(), ready: make(chan struct{}), key: key, expires: now.Add(d.reqTTL)}
+	r := &connRequest{d: d, peer: peer, src: src, req: req, tid: m.TID, local: randU32(), ready: make(chan struct{}), key: key, expires: now.Add(d.reqTTL)}
 	d.mu.Lock()
 	if old := d.seen[key]; old != nil {
 		d.forgetLocked(old) // raced in meanwhile: replaced
 	}
 	d.seen[key] = r
-	d.seenFrom.Add(peer)
+	d.seenFrom.Add(src)
 	d.mu.Unlock()
 	select {
 	case l.reqs <- r:
@@ -1146,6 +1151,7 @@ func (l *listener) Close() error {
 type connRequest struct {
 	d     *Device
 	peer  netip.Addr
+	src   netip.Addr // the source peer counts against (Device.seenFrom)
 	req   ib.REQ
 	tid   uint64
 	mu    sync.Mutex
@@ -1164,7 +1170,7 @@ type connRequest struct {
 // forgetLocked drops r, which Device.seen holds, from it (d.mu held).
 func (d *Device) forgetLocked(r *connRequest) {
 	delete(d.seen, r.key)
-	d.seenFrom.Give(r.peer)
+	d.seenFrom.Give(r.src)
 }
 
 // forget drops the request from Device.seen now (connection established

@@ -5,13 +5,16 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/ib"
 )
@@ -620,5 +623,58 @@ func TestConnRequestsPerSource(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	if n := held(); n != 9 {
 		t.Fatalf("%d connection requests remembered after another address's, want 9", n)
+	}
+}
+
+// TestConnRequestsPerSourceIPv6Network: with Sources.V6Bits 64 an IPv6
+// peer's REQs count against its /64, so a host cannot pass the per-source
+// bound by sending each REQ from another address of its network; another
+// network is still taken; by default each address counts alone. The device is on the
+// loopback of a network namespace; the REQs are handed to its CM as the
+// receiver would, from addresses the namespace holds.
+func TestConnRequestsPerSourceIPv6Network(t *testing.T) {
+	needNetns(t)
+	ns := fmt.Sprintf("bwsrc%d", os.Getpid())
+	ipCmd(t, "netns", "add", ns)
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
+	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
+	for _, a := range []string{"fd00:b::100", "fd00:b::1", "fd00:b::2", "fd00:b::3", "fd00:b::4", "fd00:b::5", "fd00:b::6", "fd00:c::1"} {
+		ipCmd(t, "-n", ns, "addr", "add", a+"/128", "dev", "lo", "nodad")
+	}
+	for i, c := range []struct {
+		bits int
+		held int // of the 6 REQs from fd00:b::/64
+	}{{64, 4}, {0, 6}} {
+		b := openInWith(t, ns, "fd00:b::100", Options{Port: 14793 + i, MaxConnRequests: 64, MaxConnRequestsPerSource: 4, ConnRequestTTL: 10 * time.Second,
+			Sources: persource.Sources{V6Bits: c.bits}})
+		ln, err := b.Listen("[fd00:b::100]:3302") // nobody accepts
+		if err != nil {
+			t.Fatal(err)
+		}
+		req := func(peer string, id uint32) {
+			r := ib.REQ{LocalCommID: id, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3302), LocalQPN: 0x100 + id, PathMTU: 3, PKey: 0xffff}
+			m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: uint64(id), AttrID: ib.AttrREQ}
+			r.Put(&m.Data)
+			b.gotREQ(netip.MustParseAddr(peer), &m)
+		}
+		held := func() int {
+			b.mu.Lock()
+			defer b.mu.Unlock()
+			return len(b.seen)
+		}
+		for i := range uint32(6) {
+			req(fmt.Sprintf("fd00:b::%d", i+1), 2000+i)
+		}
+		if n := held(); n != c.held {
+			t.Errorf("V6Bits %d: %d of 6 REQs from six addresses of one /64 remembered, want %d", c.bits, n, c.held)
+		}
+		if got, want := b.BoundsHit()["conn_requests_per_source"], uint64(6-c.held); got != want {
+			t.Errorf("V6Bits %d: conn_requests_per_source hit %d times, want %d", c.bits, got, want)
+		}
+		req("fd00:c::1", 3000)
+		if n := held(); n != c.held+1 {
+			t.Errorf("V6Bits %d: another network's REQ not taken (%d remembered)", c.bits, n)
+		}
+		ln.Close()
 	}
 }

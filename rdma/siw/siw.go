@@ -58,11 +58,12 @@ type Options struct {
 	SendTimeout time.Duration
 	// MaxHandshakes bounds the connections of a listener whose MPA
 	// Request has not arrived and been taken by Accept (256), and
-	// MaxHandshakesPerSource those from one address (8): each holds a
-	// goroutine and a socket for up to HandshakeTimeout. Connections
-	// beyond are closed as they arrive.
+	// MaxHandshakesPerSource those from one source (8; Sources says
+	// what one is): each holds a goroutine and a socket for up to
+	// HandshakeTimeout. Connections beyond are closed as they arrive.
 	MaxHandshakes          int
 	MaxHandshakesPerSource int
+	Sources                persource.Sources
 	// Logger gets connection-level events (default: discarded).
 	Logger *slog.Logger
 }
@@ -427,7 +428,7 @@ func (l *listener) loop() {
 			l.cancel()
 			return
 		}
-		src := persource.Host(c.RemoteAddr())
+		src := l.f.opt.Sources.Of(c.RemoteAddr())
 		if !l.enter(src) {
 			c.Close()
 			continue

@@ -64,8 +64,9 @@ type Options struct {
 	// take all MaxChannels; further logins are rejected with "RDMA
 	// channel limit reached". Linux ib_srp opens a channel per completion
 	// vector, up to 4 per NUMA node by default, and goes on with those it
-	// got.
+	// got. Sources says what one address is (an IPv6 network).
 	MaxChannelsPerSource int
+	Sources              persource.Sources
 	// MaxDescriptors limits the data buffer descriptors of one command
 	// (default 32; Linux ib_srp sends at most cmd_sg_entries, 12 by
 	// default).
@@ -338,7 +339,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 		s.reject(req, &lr, srp.RejectChannelLimit, "%d channels already", s.opts.MaxChannels)
 		return
 	}
-	src := persource.Host(req.RemoteAddr())
+	src := s.opts.Sources.Of(req.RemoteAddr())
 	if !s.from.Take(src, s.opts.MaxChannelsPerSource) {
 		s.mu.Unlock()
 		s.refused.Refused(false)
