@@ -22,11 +22,17 @@ import (
 // the test directory's filesystem. blockwire is driven by its own
 // initiator over iSCSI/TCP on loopback; fio has no network in its path,
 // so its figure is the ceiling the file itself sets; blockwire on a memory
-// LUN is the ceiling the iSCSI path sets.
+// LUN is the ceiling the iSCSI path sets. Where SPDK is built (spdkHome),
+// its iscsi_tgt serves the same file through its AIO bdev, driven by the
+// same initiator: what the fastest target reaches against the same goal.
 func fileBench(bin string) {
 	dur := runTime()
 	if _, err := exec.LookPath("fio"); err != nil {
 		log.Fatal("bench: fio not found (apt-get install fio)")
+	}
+	spdkDir, spdkBuilt := spdkHome()
+	if !spdkBuilt {
+		log.Printf("bench: no SPDK column in the file LUN tables: %s", spdkHowTo(spdkDir))
 	}
 	ws := []workload{
 		{"4k randread QD32", "IOPS", true, nil},
@@ -91,13 +97,26 @@ func fileBench(bin string) {
 		mem, stopMem := serve(nil, bin, "memory", "--size", "1GiB")
 		stops = append(stops, stopMem)
 		ts = append(ts, mem)
+		// SPDK polls a core: it runs only while it is measured.
+		spdkPort := strings.Split(freePort(), ":")[1]
+		if spdkBuilt {
+			ts = append(ts, target{name: "spdk-aio"})
+		}
 		ts = append(ts, refs...)
 		for i := range ws {
 			a := args[ws[i].name]
 			bw := bwBench(bin, dur, a[0], a[1], a[2], a[3])
 			ws[i].run = func(t target) (float64, error) {
-				if strings.HasPrefix(t.name, "fio") {
+				switch {
+				case strings.HasPrefix(t.name, "fio"):
 					return fio(t.url, dur, t.name == "fio-direct", a[0], a[1], a[2], a[3])
+				case t.name == "spdk-aio":
+					st, stop, err := spdkOnFile(spdkDir, spdkPort, pl.path)
+					defer stop()
+					if err != nil {
+						return 0, err
+					}
+					return bw(st)
 				}
 				return bw(t)
 			}
@@ -124,6 +143,16 @@ func fileBench(bin string) {
 		if pl.direct {
 			ratios = append(ratios, [2]string{"memory", ref(true)})
 		}
+		if spdkBuilt {
+			// SPDK's AIO bdev opens the file O_DIRECT: held against fio's
+			// direct run where there is one, and blockwire's nearest path
+			// against it.
+			best := "auto"
+			if pl.direct {
+				best = "direct"
+			}
+			ratios = append(ratios, [2]string{"spdk-aio", ref(pl.direct)}, [2]string{best, "spdk-aio"})
+		}
 		for _, r := range ratios {
 			heads = append(heads, r[0]+"/"+r[1])
 		}
@@ -145,6 +174,9 @@ func fileBench(bin string) {
 			fmt.Println("| " + strings.Join(row, " | ") + " |")
 		}
 		fmt.Println("\nmemory/fio: blockwire's memory LUN over the same iSCSI path against fio on the file, the most any file LUN behind that path can reach in this run (a path's goal, 0.9x of fio, is out of reach in a row where this is below 0.9x)")
+		if spdkBuilt {
+			fmt.Println("spdk-aio: SPDK's iscsi_tgt, one reactor polling core 1, serving the same file through its AIO bdev (O_DIRECT), driven by the same initiator — the fastest target in the field held to the same goal")
+		}
 		names := []string{ref(false)}
 		if pl.direct {
 			names = append(names, ref(true))

@@ -27,17 +27,10 @@ import (
 // SPDK comes from ${SPDK_HOME:-$HOME/spdk}: src/ the tree built by
 // anchor/build-spdk.sh, anchor/ the scripts of ../shared/anchors/spdk.
 func spdkBench(bin string, pin bool) {
-	home := os.Getenv("SPDK_HOME")
-	if home == "" {
-		home = filepath.Join(os.Getenv("HOME"), "spdk")
-	}
+	home, built := spdkHome()
 	up, down := filepath.Join(home, "anchor", "spdk-up.sh"), filepath.Join(home, "anchor", "spdk-down.sh")
-	if _, err := os.Stat(filepath.Join(home, "src", "build", "bin", "iscsi_tgt")); err != nil {
-		log.Fatalf(`bench: no SPDK iscsi_tgt under %s. Build it (about 6 minutes on 2 cores):
-  mkdir -p %[1]s && cp -r ../shared/anchors/spdk %[1]s/anchor
-  SPDK_GIT=<clone of spdk/spdk> ISAL_GIT=<clone of intel/isa-l> ISALC_GIT=<clone of intel/isa-l_crypto> \
-    INSTALL_DEPS=1 %[1]s/anchor/build-spdk.sh
-(../shared/anchors/spdk/README.md says what it does), or set SPDK_HOME to where it is built`, home)
+	if !built {
+		log.Fatal(spdkHowTo(home))
 	}
 	for _, tool := range []string{"tgtd", "tgtadm", "qemu-img", "taskset"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -184,6 +177,59 @@ func spdkBench(bin string, pin bool) {
 			(cpuTime(pid)-c0)/2*100, (cpuTime(bwt.pid)-b0)/2*100, (cpuTime(bwp.pid)-p0)/2*100, (cpuTime(tgt.pid)-g0)/2*100)
 		spdkDown()
 	}
+}
+
+// spdkHome is where SPDK is (${SPDK_HOME:-$HOME/spdk}) and whether its
+// iscsi_tgt is built there.
+func spdkHome() (string, bool) {
+	home := os.Getenv("SPDK_HOME")
+	if home == "" {
+		home = filepath.Join(os.Getenv("HOME"), "spdk")
+	}
+	_, err := os.Stat(filepath.Join(home, "src", "build", "bin", "iscsi_tgt"))
+	return home, err == nil
+}
+
+// spdkHowTo says how to build SPDK into home.
+func spdkHowTo(home string) string {
+	return fmt.Sprintf(`bench: no SPDK iscsi_tgt under %s. Build it (about 6 minutes on 2 cores):
+  mkdir -p %[1]s && cp -r ../shared/anchors/spdk %[1]s/anchor
+  SPDK_GIT=<clone of spdk/spdk> ISAL_GIT=<clone of intel/isa-l> ISALC_GIT=<clone of intel/isa-l_crypto> \
+    INSTALL_DEPS=1 %[1]s/anchor/build-spdk.sh
+(../shared/anchors/spdk/README.md says what it does), or set SPDK_HOME to where it is built`, home)
+}
+
+// spdkOnFile runs SPDK's iscsi_tgt on one polling core (core 1) serving
+// path through its AIO bdev (O_DIRECT, as SPDK opens it), and returns the
+// LUN's target and a function that stops it: the anchor's script starts
+// it (with a 1 MiB malloc LUN of its own), its rpc.py adds the bdev and
+// a target node on the anchor's portal and initiator groups.
+func spdkOnFile(home, port, path string) (target, func(), error) {
+	up, down := filepath.Join(home, "anchor", "spdk-up.sh"), filepath.Join(home, "anchor", "spdk-down.sh")
+	stop := func() { exec.Command(down, port).Run() }
+	cmd := exec.Command(up, port, "1")
+	cmd.Env = append(os.Environ(), "SPDK_CPUMASK=0x2")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return target{}, stop, fmt.Errorf("%s: %v\n%s", up, err, out)
+	}
+	rpc := func(args ...string) error {
+		argv := append([]string{filepath.Join(home, "src", "scripts", "rpc.py"), "-s", filepath.Join(home, "run", "spdk-"+port+".sock"), "-t", "30"}, args...)
+		if out, err := exec.Command("/usr/bin/python3", argv...).CombinedOutput(); err != nil {
+			return fmt.Errorf("rpc.py %v: %v\n%s", args, err, out)
+		}
+		return nil
+	}
+	if err := rpc("bdev_aio_create", path, "Aio0", "512"); err != nil {
+		stop()
+		return target{}, stop, err
+	}
+	if err := rpc("iscsi_create_target_node", "file", "file_alias", "Aio0:0", "1:2", "64", "-d"); err != nil {
+		stop()
+		return target{}, stop, err
+	}
+	b, _ := os.ReadFile(filepath.Join(home, "run", "spdk-"+port+".pid"))
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return target{name: "spdk-aio", url: "iscsi://127.0.0.1:" + port + "/iqn.2016-06.io.spdk:file/0", pid: pid}, stop, nil
 }
 
 var statRE = regexp.MustCompile(`\) \S+ (?:\S+ ){10}(\d+) (\d+)`)
