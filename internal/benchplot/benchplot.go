@@ -8,10 +8,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"image/color"
 	"io"
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -99,4 +101,15 @@ func Draw(w io.Writer, r Result) error {
 		return fmt.Errorf("writing the SVG: %w", err)
 	}
 	return nil
+}
+
+// seriesColor is the colour of a chart's i-th series: gonum's soft
+// palette, then its dark one, so up to 14 series (the file LUN charts
+// have 8) are told apart before a colour comes back.
+func seriesColor(i int) color.Color {
+	n := len(plotutil.SoftColors)
+	if i%(2*n) < n {
+		return plotutil.SoftColors[i%n]
+	}
+	return plotutil.DarkColors[i%n%len(plotutil.DarkColors)]
 }

@@ -11,7 +11,6 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -105,7 +104,7 @@ func DrawComparison(w io.Writer, c Comparison) error {
 			return err
 		}
 		bars.LineStyle.Width = 0
-		bars.Color = plotutil.Color(i)
+		bars.Color = seriesColor(i)
 		bars.Offset = vg.Length(float64(i)-float64(len(c.Targets)-1)/2) * width
 		p.Add(bars)
 		p.Legend.Add(t, bars)

@@ -2,6 +2,7 @@ package benchplot
 
 import (
 	"bytes"
+	"image/color"
 	"math"
 	"strings"
 	"testing"
@@ -72,5 +73,19 @@ func TestDrawSweep(t *testing.T) {
 	}
 	if MedianRound([]float64{5, 1, 3}) != 2 || MedianRound(nil) != -1 {
 		t.Error("MedianRound")
+	}
+}
+
+// TestSeriesColors: the file LUN charts' eight series (and up to 14) get
+// colours all different.
+func TestSeriesColors(t *testing.T) {
+	seen := map[color.RGBA]int{}
+	for i := range 14 {
+		r, g, b, a := seriesColor(i).RGBA()
+		c := color.RGBA{uint8(r >> 8), uint8(g >> 8), uint8(b >> 8), uint8(a >> 8)}
+		if j, ok := seen[c]; ok {
+			t.Fatalf("series %d has series %d's colour %v", i, j, c)
+		}
+		seen[c] = i
 	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"gonum.org/v1/plot"
 	"gonum.org/v1/plot/plotter"
-	"gonum.org/v1/plot/plotutil"
 	"gonum.org/v1/plot/vg"
 	"gonum.org/v1/plot/vg/draw"
 	"gonum.org/v1/plot/vg/vgsvg"
@@ -75,7 +74,7 @@ func DrawSweep(w io.Writer, s Sweep) error {
 		if err != nil {
 			return err
 		}
-		l.Color, p.Color = plotutil.Color(i), plotutil.Color(i)
+		l.Color, p.Color = seriesColor(i), seriesColor(i)
 		iops.Add(l, p)
 		iops.Legend.Add(t, l, p)
 	}
@@ -102,7 +101,7 @@ func DrawSweep(w io.Writer, s Sweep) error {
 			if err != nil {
 				return nil, err
 			}
-			l.Color = plotutil.Color(i)
+			l.Color = seriesColor(i)
 			p.Add(l)
 			p.Legend.Add(t, l)
 		}
