@@ -5,15 +5,13 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
-	"runtime"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/persource"
-	"golang.org/x/sys/unix"
+	"github.com/blockwire/blockwire/internal/servetest"
 )
 
 // TestLoginsPerSourceIPv6Network: with Sources.V6Bits 64 one source is
@@ -22,39 +20,21 @@ import (
 // not held back; by default each address counts alone. Real sockets, on
 // the loopback of a network namespace holding the addresses.
 func TestLoginsPerSourceIPv6Network(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("network namespaces need root")
-	}
-	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("no ip(8) (apt-get install iproute2)")
-	}
-	ns := fmt.Sprintf("bwsrc%d", os.Getpid())
-	ip := func(args ...string) {
-		t.Helper()
-		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
-			t.Fatalf("ip %v: %v: %s", args, err, out)
-		}
-	}
-	ip("netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	ip("-n", ns, "link", "set", "lo", "up")
-	for _, a := range []string{"fd00:b::100", "fd00:b::1", "fd00:b::2", "fd00:b::3", "fd00:b::4", "fd00:b::5", "fd00:c::1"} {
-		ip("-n", ns, "addr", "add", a+"/128", "dev", "lo", "nodad")
-	}
+	ns := servetest.Netns(t, "fd00:b::100", "fd00:b::1", "fd00:b::2", "fd00:b::3", "fd00:b::4", "fd00:b::5", "fd00:c::1")
 	for _, c := range []struct {
 		bits        int
 		fifthClosed bool
 	}{{64, true}, {0, false}} {
 		t.Run(fmt.Sprintf("V6Bits=%d", c.bits), func(t *testing.T) {
 			var l net.Listener
-			inNetns(t, ns, func() (err error) { l, err = net.Listen("tcp", "[fd00:b::100]:0"); return err })
+			servetest.InNetns(t, ns, func() (err error) { l, err = net.Listen("tcp", "[fd00:b::100]:0"); return err })
 			ts := startServerOn(t, Options{MaxLoginsPerSource: 4, LoginTimeout: 5 * time.Second, Sources: persource.Sources{V6Bits: c.bits}}, nil, os.Stderr,
 				func(lo net.Listener) datamover.Acceptor { lo.Close(); return fabric.TCP(l) })
 			addr := l.Addr().String()
 			dial := func(from string) net.Conn {
 				t.Helper()
 				var nc net.Conn
-				inNetns(t, ns, func() (err error) {
+				servetest.InNetns(t, ns, func() (err error) {
 					d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(from)}}
 					nc, err = d.Dial("tcp", addr)
 					return err
@@ -90,30 +70,5 @@ func TestLoginsPerSourceIPv6Network(t *testing.T) {
 			other := &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 7}, keys: map[string]string{}}
 			other.mustLogin(normalKeys(ini)...)
 		})
-	}
-}
-
-// inNetns runs f on a thread that has joined network namespace ns, so
-// the sockets f makes live there (they stay there, whichever thread uses
-// them later).
-func inNetns(t *testing.T, ns string, f func() error) {
-	t.Helper()
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		h, err := os.Open("/var/run/netns/" + ns)
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer h.Close()
-		if err := unix.Setns(int(h.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- err
-			return
-		}
-		errc <- f()
-	}()
-	if err := <-errc; err != nil {
-		t.Fatal(err)
 	}
 }

@@ -9,12 +9,12 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"runtime"
 	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/ib"
 	"golang.org/x/sys/unix"
@@ -400,13 +400,7 @@ func TestGSOOverVeth(t *testing.T) {
 // socket for IPv6) with the IPv6 header rebuilt for the ICRC, and GSO
 // datagrams arrive whole.
 func TestIPv6Transfers(t *testing.T) {
-	needNetns(t)
-	ns := fmt.Sprintf("bwv6%d", os.Getpid())
-	ipCmd(t, "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
-	ipCmd(t, "-n", ns, "addr", "add", "fd00:b::1/128", "dev", "lo", "nodad")
-	ipCmd(t, "-n", ns, "addr", "add", "fd00:b::2/128", "dev", "lo", "nodad")
+	ns := servetest.Netns(t, "fd00:b::1/128", "fd00:b::2/128")
 	a := openIn(t, ns, "fd00:b::1")
 	b := openIn(t, ns, "fd00:b::2")
 	p := connect(t, a, b, 3260)
@@ -449,32 +443,10 @@ func openIn(t *testing.T, ns, ip string) *Device {
 // openInWith is openIn with the device's options.
 func openInWith(t *testing.T, ns, ip string, opt Options) *Device {
 	t.Helper()
-	type res struct {
-		d   *Device
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
-		f, err := os.Open("/var/run/netns/" + ns)
-		if err != nil {
-			ch <- res{nil, err}
-			return
-		}
-		defer f.Close()
-		if err := unix.Setns(int(f.Fd()), unix.CLONE_NEWNET); err != nil {
-			ch <- res{nil, err}
-			return
-		}
-		d, err := Open(ip, opt)
-		ch <- res{d, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		t.Fatal(r.err)
-	}
-	t.Cleanup(func() { r.d.Close() })
-	return r.d
+	var d *Device
+	servetest.InNetns(t, ns, func() (err error) { d, err = Open(ip, opt); return err })
+	t.Cleanup(func() { d.Close() })
+	return d
 }
 
 // TestPayloadsSentFromTheirBuffers: the device sends a Write's, a Send's

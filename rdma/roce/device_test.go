@@ -9,12 +9,12 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/internal/persource"
+	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/ib"
 )
@@ -633,14 +633,7 @@ func TestConnRequestsPerSource(t *testing.T) {
 // loopback of a network namespace; the REQs are handed to its CM as the
 // receiver would, from addresses the namespace holds.
 func TestConnRequestsPerSourceIPv6Network(t *testing.T) {
-	needNetns(t)
-	ns := fmt.Sprintf("bwsrc%d", os.Getpid())
-	ipCmd(t, "netns", "add", ns)
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", ns).Run() })
-	ipCmd(t, "-n", ns, "link", "set", "lo", "up")
-	for _, a := range []string{"fd00:b::100", "fd00:b::1", "fd00:b::2", "fd00:b::3", "fd00:b::4", "fd00:b::5", "fd00:b::6", "fd00:c::1"} {
-		ipCmd(t, "-n", ns, "addr", "add", a+"/128", "dev", "lo", "nodad")
-	}
+	ns := servetest.Netns(t, "fd00:b::100", "fd00:b::1", "fd00:b::2", "fd00:b::3", "fd00:b::4", "fd00:b::5", "fd00:b::6", "fd00:c::1")
 	for i, c := range []struct {
 		bits int
 		held int // of the 6 REQs from fd00:b::/64
