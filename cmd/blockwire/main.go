@@ -117,20 +117,20 @@ func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 // serveFlags are serve's flags: the default target's, the portals', the
 // limits' and the surfaces'.
 type serveFlags struct {
-	fs                                                                                        *flag.FlagSet
-	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                                     listFlag
-	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser                             *string
-	rdmaDevice, rdmaMemory, ioEngine                                                          *string
-	grow, readOnly, removable, iser, writeCache, direct, roceGSO                              *bool
-	tpgt                                                                                      *uint
-	blockSize, roceUDP                                                                        *int
-	cfgPath, logLevel, logFormat, cpuprofile, metrics                                         *string
-	metricsToken, adminSocket, adminHTTP, adminToken, isns                                    *string
-	hdigest, ddigest, srpID                                                                   *string
-	nop, nopTimeout, loginTimeout, poll                                                       *time.Duration
-	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, sourcePrefix, window, mrdsl *int
-	ioBudget, sessionIOBudget                                                                 *string
-	maxWorking                                                                                *int
+	fs                                                                          *flag.FlagSet
+	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                       listFlag
+	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser               *string
+	rdmaDevice, rdmaMemory, ioEngine                                            *string
+	grow, readOnly, removable, iser, writeCache, direct, roceGSO                *bool
+	tpgt                                                                        *uint
+	blockSize, roceUDP                                                          *int
+	cfgPath, logLevel, logFormat, cpuprofile, metrics                           *string
+	metricsToken, adminSocket, adminHTTP, adminToken, isns                      *string
+	hdigest, ddigest, srpID                                                     *string
+	nop, nopTimeout, loginTimeout, poll                                         *time.Duration
+	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
+	ioBudget, sessionIOBudget                                                   *string
+	maxWorking, sourcePrefix                                                    *int
 }
 
 func newServeFlags(stderr io.Writer) *serveFlags {

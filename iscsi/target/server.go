@@ -154,8 +154,8 @@ type Options struct {
 	// ones included (1024); a login beyond it fails with "out of
 	// resources" (RFC 7143 §11.13.5, status 0302h).
 	MaxSessions int
-	// Sources says what one address is to the per-source bounds below
-	// (an IPv4 address; an IPv6 network, a /64 by default).
+	// Sources says what one address is to the per-source bounds below:
+	// the address itself by default, or an IPv6 peer's network.
 	Sources persource.Sources
 	// MaxSessionsPerSource bounds the normal sessions whose leading
 	// connection came from one address (128), so that one initiator host

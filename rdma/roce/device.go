@@ -123,8 +123,8 @@ type Options struct {
 	ConnRequestTTL  time.Duration
 	// MaxConnRequestsPerSource bounds those of one IP address (128), so
 	// that a host sending REQs it never completes cannot take them all;
-	// Sources says what one address is (an IPv6 network, a /64 by
-	// default).
+	// Sources says what one address is (an IPv6 peer's network, if
+	// asked).
 	MaxConnRequestsPerSource int
 	Sources                  persource.Sources
 	Logger                   *slog.Logger

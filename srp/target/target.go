@@ -64,7 +64,8 @@ type Options struct {
 	// take all MaxChannels; further logins are rejected with "RDMA
 	// channel limit reached". Linux ib_srp opens a channel per completion
 	// vector, up to 4 per NUMA node by default, and goes on with those it
-	// got. Sources says what one address is (an IPv6 network).
+	// got. Sources says what one address is (an IPv6 peer's network,
+	// if asked).
 	MaxChannelsPerSource int
 	Sources              persource.Sources
 	// MaxDescriptors limits the data buffer descriptors of one command
