@@ -28,7 +28,6 @@ import (
 // anchor/build-spdk.sh, anchor/ the scripts of ../shared/anchors/spdk.
 func spdkBench(bin string, pin bool) {
 	home, built := spdkHome()
-	up, down := filepath.Join(home, "anchor", "spdk-up.sh"), filepath.Join(home, "anchor", "spdk-down.sh")
 	if !built {
 		log.Fatal(spdkHowTo(home))
 	}
@@ -50,20 +49,12 @@ func spdkBench(bin string, pin bool) {
 	// It polls, keeping its core busy even idle, so it runs only while
 	// it is measured: started before each of its runs, stopped after.
 	port := strings.Split(freePort(), ":")[1]
-	spdkUp := func() (int, error) {
-		cmd := exec.Command(up, port, "1024")
-		cmd.Env = os.Environ()
-		if !pin {
-			cmd.Env = append(cmd.Env, fmt.Sprintf("SPDK_CPUMASK=0x%x", 1<<runtime.NumCPU()-1))
-		}
-		if out, err := cmd.CombinedOutput(); err != nil {
-			return 0, fmt.Errorf("%s: %v\n%s", up, err, out)
-		}
-		b, _ := os.ReadFile(filepath.Join(home, "run", "spdk-"+port+".pid"))
-		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-		return pid, nil
+	mask := "0x2"
+	if !pin {
+		mask = fmt.Sprintf("0x%x", 1<<runtime.NumCPU()-1)
 	}
-	spdkDown := func() { exec.Command(down, port).Run() }
+	spdkUp := func() (int, error) { return spdkStart(home, port, "1024", mask) }
+	spdkDown := func() { spdkStop(home, port) }
 	defer spdkDown()
 	spdk := target{name: "spdk", url: "iscsi://127.0.0.1:" + port + "/iqn.2016-06.io.spdk:anchor/0"}
 
@@ -205,12 +196,10 @@ func spdkHowTo(home string) string {
 // it (with a 1 MiB malloc LUN of its own), its rpc.py adds the bdev and
 // a target node on the anchor's portal and initiator groups.
 func spdkOnFile(home, port, path string) (target, func(), error) {
-	up, down := filepath.Join(home, "anchor", "spdk-up.sh"), filepath.Join(home, "anchor", "spdk-down.sh")
-	stop := func() { exec.Command(down, port).Run() }
-	cmd := exec.Command(up, port, "1")
-	cmd.Env = append(os.Environ(), "SPDK_CPUMASK=0x2")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return target{}, stop, fmt.Errorf("%s: %v\n%s", up, err, out)
+	stop := func() { spdkStop(home, port) }
+	pid, err := spdkStart(home, port, "1", "0x2")
+	if err != nil {
+		return target{}, stop, err
 	}
 	rpc := func(args ...string) error {
 		argv := append([]string{filepath.Join(home, "src", "scripts", "rpc.py"), "-s", filepath.Join(home, "run", "spdk-"+port+".sock"), "-t", "30"}, args...)
@@ -227,9 +216,27 @@ func spdkOnFile(home, port, path string) (target, func(), error) {
 		stop()
 		return target{}, stop, err
 	}
+	return target{name: "spdk-aio", url: "iscsi://127.0.0.1:" + port + "/iqn.2016-06.io.spdk:file/0", pid: pid}, stop, nil
+}
+
+// spdkStart starts SPDK's iscsi_tgt with the anchor's script on port,
+// with a malloc LUN of sizeMiB, its reactors on the cores of mask, and
+// returns its process ID.
+func spdkStart(home, port, sizeMiB, mask string) (int, error) {
+	up := filepath.Join(home, "anchor", "spdk-up.sh")
+	cmd := exec.Command(up, port, sizeMiB)
+	cmd.Env = append(os.Environ(), "SPDK_CPUMASK="+mask)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return 0, fmt.Errorf("%s: %v\n%s", up, err, out)
+	}
 	b, _ := os.ReadFile(filepath.Join(home, "run", "spdk-"+port+".pid"))
 	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
-	return target{name: "spdk-aio", url: "iscsi://127.0.0.1:" + port + "/iqn.2016-06.io.spdk:file/0", pid: pid}, stop, nil
+	return pid, nil
+}
+
+// spdkStop stops the iscsi_tgt spdkStart started on port.
+func spdkStop(home, port string) {
+	exec.Command(filepath.Join(home, "anchor", "spdk-down.sh"), port).Run()
 }
 
 var statRE = regexp.MustCompile(`\) \S+ (?:\S+ ){10}(\d+) (\d+)`)

@@ -107,9 +107,9 @@ func Draw(w io.Writer, r Result) error {
 // palette, then its dark one, so up to 14 series (the file LUN charts
 // have 8) are told apart before a colour comes back.
 func seriesColor(i int) color.Color {
-	n := len(plotutil.SoftColors)
-	if i%(2*n) < n {
-		return plotutil.SoftColors[i%n]
+	soft, dark := plotutil.SoftColors, plotutil.DarkColors
+	if i %= len(soft) + len(dark); i < len(soft) {
+		return soft[i]
 	}
-	return plotutil.DarkColors[i%n%len(plotutil.DarkColors)]
+	return dark[i-len(soft)]
 }

@@ -50,12 +50,8 @@ func (s Sources) Of(a net.Addr) string {
 	}
 	var ip netip.Addr
 	switch a := a.(type) {
-	case *net.TCPAddr:
-		ip, _ = netip.AddrFromSlice(a.IP)
-		ip = ip.WithZone(a.Zone)
-	case *net.UDPAddr:
-		ip, _ = netip.AddrFromSlice(a.IP)
-		ip = ip.WithZone(a.Zone)
+	case interface{ AddrPort() netip.AddrPort }: // *net.TCPAddr, *net.UDPAddr
+		ip = a.AddrPort().Addr()
 	default:
 		str := a.String()
 		host, _, err := net.SplitHostPort(str)
