@@ -74,11 +74,12 @@ func fileBench(bin string) {
 		type path struct {
 			name, engine string
 			direct       bool
+			poll         bool // pinned to core 1 and polling, as SPDK runs
 		}
-		paths := []path{{"pread", "pread", false}, {"auto", "auto", false}, {"io_uring", "io_uring", false}}
+		paths := []path{{"pread", "pread", false, false}, {"auto", "auto", false, false}, {"io_uring", "io_uring", false, false}}
 		refs := []target{{name: "fio", url: pl.path}}
 		if pl.direct {
-			paths = append(paths, path{"direct", "auto", true})
+			paths = append(paths, path{"direct", "auto", true, false}, path{"direct-poll", "auto", true, true})
 			refs = append(refs, target{name: "fio-direct", url: pl.path})
 		}
 		var ts []target
@@ -88,7 +89,12 @@ func fileBench(bin string) {
 			if p.direct {
 				extra = append(extra, "--direct")
 			}
-			t, stop := serve(nil, bin, p.name, extra...)
+			var prefix []string
+			if p.poll {
+				prefix = []string{"taskset", "-c", "1"}
+				extra = append(extra, "--poll", "1ms")
+			}
+			t, stop := serve(prefix, bin, p.name, extra...)
 			ts = append(ts, t)
 			stops = append(stops, stop)
 		}
@@ -147,11 +153,12 @@ func fileBench(bin string) {
 			// SPDK's AIO bdev opens the file O_DIRECT: held against fio's
 			// direct run where there is one, and blockwire's nearest path
 			// against it.
-			best := "auto"
+			ratios = append(ratios, [2]string{"spdk-aio", ref(pl.direct)})
 			if pl.direct {
-				best = "direct"
+				ratios = append(ratios, [2]string{"direct", "spdk-aio"}, [2]string{"direct-poll", "spdk-aio"})
+			} else {
+				ratios = append(ratios, [2]string{"auto", "spdk-aio"})
 			}
-			ratios = append(ratios, [2]string{"spdk-aio", ref(pl.direct)}, [2]string{best, "spdk-aio"})
 		}
 		for _, r := range ratios {
 			heads = append(heads, r[0]+"/"+r[1])
@@ -176,6 +183,9 @@ func fileBench(bin string) {
 		fmt.Println("\nmemory/fio: blockwire's memory LUN over the same iSCSI path against fio on the file, the most any file LUN behind that path can reach in this run (a path's goal, 0.9x of fio, is out of reach in a row where this is below 0.9x)")
 		if spdkBuilt {
 			fmt.Println("spdk-aio: SPDK's iscsi_tgt, one reactor polling core 1, serving the same file through its AIO bdev (O_DIRECT), driven by the same initiator — the fastest target in the field held to the same goal")
+		}
+		if pl.direct {
+			fmt.Println("direct-poll: blockwire --direct --poll 1ms pinned to core 1, as SPDK runs (direct-poll/spdk-aio compares them per target core)")
 		}
 		names := []string{ref(false)}
 		if pl.direct {

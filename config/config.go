@@ -67,7 +67,8 @@ type Config struct {
 	// Poll has the target's receivers — each iSCSI/TCP connection's
 	// reader, each software RoCEv2 device's receiving goroutine — poll
 	// their sockets up to this long ("1ms") after finding them empty
-	// before they sleep: what lands meanwhile is read without a wake-up,
+	// before they sleep, and an I/O alone on a file LUN's io_uring poll
+	// its completion queue: what lands meanwhile is read without a wake-up,
 	// for lower latency at low queue depths, at the price of the CPU the
 	// polling takes while traffic flows. Each receiver adapts its polling
 	// within this to how long its peer takes to send again (internal/spin,

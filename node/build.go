@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"strings"
+	"time"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/file"
@@ -24,8 +25,8 @@ import (
 
 // buildLU makes the logical unit a configuration's LUN describes, on the
 // storage open gives (Options.Backend; nil, or a nil result: the built-in
-// backends).
-func buildLU(targetName string, lc config.LUN, open BackendOpener, log *slog.Logger) (*scsitarget.LU, error) {
+// backends). A file LUN's ring polls up to poll (serve --poll).
+func buildLU(targetName string, lc config.LUN, open BackendOpener, poll time.Duration, log *slog.Logger) (*scsitarget.LU, error) {
 	var size int64
 	if lc.Size != "" {
 		var err error
@@ -64,7 +65,7 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, log *slog.Log
 	case lc.File != "":
 		var f *file.File
 		f, err = file.Open(lc.File, file.Options{Size: size, Grow: lc.Grow, ReadOnly: lc.ReadOnly,
-			Engine: lc.IOEngine, Direct: lc.Direct, BlockSize: blockSize})
+			Engine: lc.IOEngine, Direct: lc.Direct, BlockSize: blockSize, Poll: poll})
 		if err == nil {
 			engine, why := f.Engine()
 			if err := f.RingRefused(); err != nil {
@@ -97,14 +98,14 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, log *slog.Log
 
 // buildTarget makes a target's device with its LUNs and its iSCSI
 // description (reachable on portals: nil for every one).
-func buildTarget(tc config.Target, portals []string, open BackendOpener, log *slog.Logger) (*scsitarget.Device, *iscsitarget.Target, error) {
+func buildTarget(tc config.Target, portals []string, open BackendOpener, poll time.Duration, log *slog.Logger) (*scsitarget.Device, *iscsitarget.Target, error) {
 	t, err := targetAccess(tc, portals)
 	if err != nil {
 		return nil, nil, err
 	}
 	dev := scsitarget.NewDevice(tc.Name, log.With("target", tc.Name))
 	for _, lc := range tc.LUNs {
-		lu, err := buildLU(tc.Name, lc, open, log)
+		lu, err := buildLU(tc.Name, lc, open, poll, log)
 		if err == nil {
 			if err = dev.AddLU(lu); err != nil {
 				lu.Close()

@@ -227,7 +227,7 @@ func (n *Node) updateLUNs(ot, nt config.Target, did func(string, ...any)) ([]con
 			}
 			delete(now, lc.ID)
 		}
-		lu, err := buildLU(nt.Name, lc, n.opts.Backend, n.log)
+		lu, err := buildLU(nt.Name, lc, n.opts.Backend, n.cfg.Poll, n.log)
 		if err == nil {
 			if err = d.AddLU(lu); err != nil {
 				lu.Close()
@@ -293,7 +293,7 @@ func (n *Node) AddLU(nl admin.NewLU) error {
 	if err := n.check(func(c *config.Config) { c.Targets[i].LUNs = append(c.Targets[i].LUNs, lc) }); err != nil {
 		return err
 	}
-	lu, err := buildLU(nl.Target, lc, n.opts.Backend, n.log)
+	lu, err := buildLU(nl.Target, lc, n.opts.Backend, n.cfg.Poll, n.log)
 	if err == nil {
 		if err = d.AddLU(lu); err != nil {
 			lu.Close()

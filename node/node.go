@@ -238,7 +238,7 @@ func clone(c *config.Config) *config.Config {
 // runs. Called with mu held (or before Start).
 func (n *Node) addTarget(cfg *config.Config, i int) error {
 	tc := cfg.Targets[i]
-	dev, t, err := buildTarget(tc, n.iscsiPortals(cfg, tc), n.opts.Backend, n.log)
+	dev, t, err := buildTarget(tc, n.iscsiPortals(cfg, tc), n.opts.Backend, cfg.Poll, n.log)
 	if err != nil {
 		return err
 	}

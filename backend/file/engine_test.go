@@ -28,14 +28,20 @@ func engines() []Options {
 	for _, e := range []string{EnginePread, EngineURing, EngineAuto} {
 		out = append(out, Options{Engine: e}, Options{Engine: e, Direct: true, BlockSize: 4096})
 	}
+	// A ring that polls (serve --poll): the caller alone on it polls.
+	out = append(out, Options{Engine: EngineURing, Direct: true, BlockSize: 4096, Poll: time.Millisecond})
 	return out
 }
 
 func name(o Options) string {
+	n := o.Engine
 	if o.Direct {
-		return o.Engine + "+direct"
+		n += "+direct"
 	}
-	return o.Engine
+	if o.Poll > 0 {
+		n += "+poll"
+	}
+	return n
 }
 
 // tempDir is t.TempDir, or with tmpfs a directory in /dev/shm.
@@ -139,7 +145,7 @@ func TestEnginesAgree(t *testing.T) {
 // TestFallback: where the kernel refuses io_uring, auto falls back to
 // pread and says why; io_uring asked for explicitly fails Open.
 func TestFallback(t *testing.T) {
-	refuse := func(uint32) (*uring.Ring, error) {
+	refuse := func(uint32, time.Duration) (*uring.Ring, error) {
 		return nil, fmt.Errorf("uring: io_uring_setup: %w", syscall.EPERM)
 	}
 	path := filepath.Join(t.TempDir(), "f.img")
@@ -301,7 +307,7 @@ func TestDurableWriteSurvivesSIGKILL(t *testing.T) {
 		t.Run(name(o), func(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "k.img")
 			cmd := exec.Command(os.Args[0], "-test.run=^TestDurableWriteSurvivesSIGKILL$")
-			cmd.Env = append(os.Environ(), "BLOCKWIRE_FILE_CHILD="+path, "BLOCKWIRE_FILE_ENGINE="+o.Engine, "BLOCKWIRE_FILE_DIRECT="+strconv.FormatBool(o.Direct))
+			cmd.Env = append(os.Environ(), "BLOCKWIRE_FILE_CHILD="+path, "BLOCKWIRE_FILE_ENGINE="+o.Engine, "BLOCKWIRE_FILE_DIRECT="+strconv.FormatBool(o.Direct), "BLOCKWIRE_FILE_POLL="+o.Poll.String())
 			out, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
@@ -342,8 +348,13 @@ func TestDurableWriteSurvivesSIGKILL(t *testing.T) {
 // durableChild writes sequence numbers into blocks until killed.
 func durableChild() {
 	path := os.Getenv("BLOCKWIRE_FILE_CHILD")
+	poll, err := time.ParseDuration(os.Getenv("BLOCKWIRE_FILE_POLL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	b, err := Open(path, Options{Size: 16 << 20, Engine: os.Getenv("BLOCKWIRE_FILE_ENGINE"),
-		Direct: os.Getenv("BLOCKWIRE_FILE_DIRECT") == "true", BlockSize: 4096})
+		Direct: os.Getenv("BLOCKWIRE_FILE_DIRECT") == "true", BlockSize: 4096, Poll: poll})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)

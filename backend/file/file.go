@@ -33,6 +33,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
 
 	"github.com/blockwire/blockwire/internal/uring"
@@ -91,8 +92,13 @@ type Options struct {
 	// offset alignment.
 	Direct    bool
 	BlockSize int
+	// Poll has an I/O alone on the file's ring poll for its completion up
+	// to this long, adapting within it (internal/spin), before it sleeps
+	// in the kernel (serve --poll): the wake-up of an idle core is saved
+	// where the device answers within it. 0: it sleeps at once.
+	Poll time.Duration
 
-	newRing func(entries uint32) (*uring.Ring, error) // tests: io_uring unavailable
+	newRing func(entries uint32, poll time.Duration) (*uring.Ring, error) // tests: io_uring unavailable
 }
 
 // Open opens path read-write (read-only with o.ReadOnly), as o says.
@@ -183,7 +189,7 @@ func Open(path string, o Options) (*File, error) {
 		if newRing == nil {
 			newRing = uring.New
 		}
-		ring, err := newRing(ringEntries)
+		ring, err := newRing(ringEntries, o.Poll)
 		switch {
 		case err == nil:
 			b.ring = ring

@@ -3,7 +3,8 @@
 // Go's network poller (serve --poll): what lands meanwhile is read
 // without the wake-up a sleeping core takes. The iSCSI/TCP reader
 // (datamover/tcp) and the software RoCEv2 device's receiver (rdma/roce)
-// share it.
+// share it, and so does an I/O alone on an io_uring (internal/uring),
+// polling the ring's completion queue rather than a socket.
 //
 // The time adapts, within the configured most, to how long the peer
 // takes to send again, by the rule of KVM's halt polling (halt_poll_ns),

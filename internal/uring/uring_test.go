@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 	"unsafe"
@@ -14,15 +16,22 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-func newRing(t *testing.T, entries uint32) *Ring {
+func newRing(t *testing.T, entries uint32, poll time.Duration) *Ring {
 	t.Helper()
-	r, err := New(entries)
+	r, err := New(entries, poll)
 	if err != nil {
 		t.Fatalf("io_uring on this kernel: %v", err)
 	}
 	t.Cleanup(func() { r.Close() })
 	return r
 }
+
+// kinds are the two ways a caller alone on the ring waits: in the kernel
+// at once, or polling the CQ first (serve --poll).
+var kinds = []struct {
+	name string
+	poll time.Duration
+}{{"sleeping", 0}, {"polling", time.Millisecond}, {"polling briefly", 20 * time.Microsecond}}
 
 func TestLayout(t *testing.T) {
 	for _, c := range []struct {
@@ -43,7 +52,7 @@ func TestLayout(t *testing.T) {
 
 func TestEntries(t *testing.T) {
 	for _, n := range []uint32{0, 3, 8192} {
-		if r, err := New(n); err == nil {
+		if r, err := New(n, 0); err == nil {
 			r.Close()
 			t.Errorf("New(%d) succeeded", n)
 		}
@@ -54,7 +63,12 @@ func TestEntries(t *testing.T) {
 // with plain system calls, and the reverse, from many goroutines at once
 // — more than the ring has entries, so callers wait for slots.
 func TestReadWrite(t *testing.T) {
-	r := newRing(t, 8)
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) { testReadWrite(t, newRing(t, 8, k.poll)) })
+	}
+}
+
+func testReadWrite(t *testing.T, r *Ring) {
 	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
 	if err != nil {
 		t.Fatal(err)
@@ -108,7 +122,7 @@ func TestReadWrite(t *testing.T) {
 // TestShortReadAtEnd reads across the end of the file: the bytes that
 // exist, no error.
 func TestShortReadAtEnd(t *testing.T) {
-	r := newRing(t, 4)
+	r := newRing(t, 4, 0)
 	path := filepath.Join(t.TempDir(), "f")
 	if err := os.WriteFile(path, []byte("hello"), 0o600); err != nil {
 		t.Fatal(err)
@@ -127,7 +141,7 @@ func TestShortReadAtEnd(t *testing.T) {
 
 // TestErrors: the kernel's error comes back as the errno.
 func TestErrors(t *testing.T) {
-	r := newRing(t, 4)
+	r := newRing(t, 4, 0)
 	f, err := os.Open(filepath.Join("/proc/self/status"))
 	if err != nil {
 		t.Fatal(err)
@@ -145,7 +159,12 @@ func TestErrors(t *testing.T) {
 // its worker once data arrives — not inline. The reader is alone on the
 // ring, so it waits in io_uring_enter (submitAndWait).
 func TestAsyncCompletion(t *testing.T) {
-	r := newRing(t, 4)
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) { testAsyncCompletion(t, newRing(t, 4, k.poll)) })
+	}
+}
+
+func testAsyncCompletion(t *testing.T, r *Ring) {
 	rfd, pw := blockingPipe(t)
 	got := make(chan string, 1)
 	go func() {
@@ -175,6 +194,119 @@ func TestAsyncCompletion(t *testing.T) {
 	}
 }
 
+// TestPolling: a caller alone on a ring that polls finds a completion
+// that comes within its polling time while polling, not after a sleep in
+// the kernel; one that comes later it finds after sleeping there, and the
+// polling of the waits to come is halved (internal/spin's rule for a
+// wait past the most). With one P, so the polling caller must yield to
+// the goroutine that writes.
+func TestPolling(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	read := func(r *Ring, after time.Duration) {
+		t.Helper()
+		rfd, pw := blockingPipe(t)
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.ReadAt(rfd, make([]byte, 1), -1)
+			done <- err
+		}()
+		for r.inflight.Load() != 1 {
+			runtime.Gosched()
+		}
+		time.Sleep(after)
+		if _, err := pw.Write([]byte{1}); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("the completion was never delivered")
+		}
+	}
+
+	r := newRing(t, 4, 2*time.Second)
+	read(r, 20*time.Millisecond)
+	if !r.poll.Polled() {
+		t.Error("a completion 20 ms after the submission, polling up to 2 s: found after a sleep, not while polling")
+	}
+	if got := r.poll.Current(); got != 2*time.Second {
+		t.Errorf("polling time after a wait it bridged: %v, want 2s", got)
+	}
+
+	r = newRing(t, 4, 5*time.Millisecond)
+	read(r, 100*time.Millisecond)
+	if r.poll.Polled() {
+		t.Error("a completion 100 ms after the submission, polling up to 5 ms: found while polling")
+	}
+	if got := r.poll.Current(); got != 2500*time.Microsecond {
+		t.Errorf("polling time after a wait of 100 ms: %v, want 2.5ms (halved)", got)
+	}
+}
+
+// TestNoSleepWithResult: a caller whose completion another reaped
+// while it polled (its result in its channel, the CQ empty) must not
+// then sleep in the kernel: nothing might ever wake it. And while a
+// caller sleeps there, nobody else reaps (a completion of its own, taken
+// first, would leave it asleep): another's completion ends the sleep,
+// and the sleeper delivers it.
+func TestNoSleepWithResult(t *testing.T) {
+	r := newRing(t, 4, time.Millisecond)
+	s := &r.slots[0]
+	s.done <- 7
+	slept := make(chan struct{})
+	go func() { r.enterWait(s, 0); close(slept) }()
+	select {
+	case <-slept:
+	case <-time.After(10 * time.Second):
+		t.Fatal("enterWait slept with the caller's result delivered")
+	}
+	<-s.done
+
+	// The test plays the sleeper (kwait, and an operation in flight, so
+	// that the reader is not alone and waits on its channel).
+	rfd, pw := blockingPipe(t)
+	r.cqMu.Lock()
+	r.kwait = true
+	r.cqMu.Unlock()
+	r.inflight.Add(1)
+	defer r.inflight.Add(-1)
+	got := make(chan error, 1)
+	go func() {
+		_, err := r.ReadAt(rfd, make([]byte, 1), -1)
+		got <- err
+	}()
+	for r.inflight.Load() != 2 {
+		time.Sleep(time.Millisecond)
+	}
+	pw.Write([]byte{1})
+	for deadline := time.Now().Add(10 * time.Second); atomic.LoadUint32(r.cqTail) == atomic.LoadUint32(r.cqHead); {
+		if time.Now().After(deadline) || len(got) > 0 {
+			t.Fatal("the completion was reaped, or never came, while a caller slept in io_uring_enter")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond) // the reaper goroutine's turn, after the eventfd
+	r.reap()                          // kwait: another caller's reap leaves the CQ to the sleeper
+	if atomic.LoadUint32(r.cqTail) == atomic.LoadUint32(r.cqHead) {
+		t.Fatal("a completion was reaped while a caller slept in io_uring_enter")
+	}
+	r.cqMu.Lock()
+	r.kwait = false
+	r.cqMu.Unlock()
+	r.reap()
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the completion was never delivered")
+	}
+}
+
 // TestWaitersTogether: a caller alone on the ring waits in the kernel;
 // a second one, arriving meanwhile, waits on its channel, and its
 // completion, posted first, wakes the first one's wait too. Each must get
@@ -182,8 +314,14 @@ func TestAsyncCompletion(t *testing.T) {
 // completion first, the first afterwards through the eventfd and the
 // reaper, since it no longer waits in the kernel.
 func TestWaitersTogether(t *testing.T) {
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) { testWaitersTogether(t, k.poll) })
+	}
+}
+
+func testWaitersTogether(t *testing.T, poll time.Duration) {
 	for range 20 {
-		r := newRing(t, 4)
+		r := newRing(t, 4, poll)
 		type pipe struct {
 			rfd int
 			w   *os.File
@@ -244,7 +382,7 @@ func TestWaitersTogether(t *testing.T) {
 // TestCloseWaitsForOperations: Close returns once the operation in
 // flight has completed; later operations fail with ErrClosed.
 func TestCloseWaitsForOperations(t *testing.T) {
-	r, err := New(2)
+	r, err := New(2, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -298,7 +436,12 @@ func TestNoAllocations(t *testing.T) {
 	if raceEnabled {
 		t.Skip("allocation counts are meaningless under -race; .ci/run runs this test without it")
 	}
-	r := newRing(t, 4)
+	for _, k := range kinds {
+		t.Run(k.name, func(t *testing.T) { testNoAllocations(t, newRing(t, 4, k.poll)) })
+	}
+}
+
+func testNoAllocations(t *testing.T, r *Ring) {
 	f, err := os.Create(filepath.Join(t.TempDir(), "f"))
 	if err != nil {
 		t.Fatal(err)
