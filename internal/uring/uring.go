@@ -21,7 +21,8 @@
 //     io_uring_enter (submitAndWait), as a blocking pread would: its
 //     completion, task work of its own thread, wakes it once; on a ring
 //     that polls (New's poll, serve --poll) it submits, then polls the
-//     CQ before it sleeps there (pollWait);
+//     CQ before it sleeps there (pollWait). While it sleeps there it
+//     alone reaps (enterWait);
 //   - otherwise it waits on its slot's channel. The completion then
 //     arrives from the kernel's worker or from task work; the ring's
 //     eventfd, watched by Go's netpoller (no thread blocked in the
@@ -46,9 +47,9 @@
 // A caller alone submits and waits in an ordinary system call: that one
 // sleeps.
 //
-// Lock order: sqMu, cqMu and evMu are never held together; a channel
-// send under cqMu never blocks (each slot's channel holds one result and
-// has one operation).
+// Lock order: sqMu, cqMu and evMu are never held together, and none is
+// held across a system call that sleeps; a channel send under cqMu never
+// blocks (each slot's channel holds one result and has one operation).
 package uring
 
 import (
