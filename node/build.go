@@ -71,7 +71,7 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, poll time.Dur
 			if err := f.RingRefused(); err != nil {
 				log.Warn("file LUN on pread/pwrite: the kernel refuses io_uring", "target", targetName, "lun", lc.ID, "file", lc.File, "err", err)
 			}
-			log.Info("file LUN", "target", targetName, "lun", lc.ID, "file", lc.File, "io_engine", engine, "direct", f.Direct(), "why", why)
+			log.Info("file LUN", "target", targetName, "lun", lc.ID, "file", lc.File, "io_engine", engine, "direct", f.Direct(), "poll", f.Poll(), "why", why)
 			be = f
 		}
 	default:

@@ -76,8 +76,8 @@ func TestEnginesAgree(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer b.Close()
-				if e, why := b.Engine(); (o.Engine != EngineAuto && e != o.Engine) || b.Direct() != o.Direct {
-					t.Fatalf("engine %q (%s), direct %v; want %q, direct %v", e, why, b.Direct(), o.Engine, o.Direct)
+				if e, why := b.Engine(); (o.Engine != EngineAuto && e != o.Engine) || b.Direct() != o.Direct || b.Poll() != o.Poll {
+					t.Fatalf("engine %q (%s), direct %v, poll %v; want %q, direct %v, poll %v", e, why, b.Direct(), b.Poll(), o.Engine, o.Direct, o.Poll)
 				}
 				model := make([]byte, blk*blocks)
 				var mu [blocks]sync.Mutex // one writer or reader of a block at a time

@@ -64,9 +64,10 @@ type File struct {
 	why       string      // why some I/O does not take the ring (Engine)
 	refused   error       // the kernel's refusal of io_uring, if any
 	direct    bool
-	memAlign  int       // with direct: the alignment buffers need in memory
-	offAlign  int       // with direct: the alignment offsets and lengths need
-	bounce    sync.Pool // with direct: *[]byte aligned to memAlign
+	poll      time.Duration // Options.Poll where there is a ring
+	memAlign  int           // with direct: the alignment buffers need in memory
+	offAlign  int           // with direct: the alignment offsets and lengths need
+	bounce    sync.Pool     // with direct: *[]byte aligned to memAlign
 	// rmw serializes direct writes of less than offAlign (a residual
 	// underflow's partial block): each reads the blocks it touches,
 	// patches and writes them back, disk I/O under the lock (no other
@@ -209,6 +210,9 @@ func Open(path string, o Options) (*File, error) {
 		default:
 			b.why, b.refused = "the kernel refuses io_uring: "+err.Error(), err
 		}
+		if b.ring != nil {
+			b.poll = o.Poll
+		}
 	}
 	return b, nil
 }
@@ -272,6 +276,10 @@ func (b *File) Engine() (engine, why string) {
 // RingRefused is the kernel's refusal of io_uring when EngineAuto fell
 // back to pread/pwrite because of it (nil otherwise).
 func (b *File) RingRefused() error { return b.refused }
+
+// Poll is how long an I/O alone on the ring polls for its completion at
+// most (Options.Poll; 0 without a ring).
+func (b *File) Poll() time.Duration { return b.poll }
 
 // Direct reports whether the file is open with O_DIRECT.
 func (b *File) Direct() bool { return b.direct }

@@ -217,14 +217,7 @@ func TestPolling(t *testing.T) {
 		if _, err := pw.Write([]byte{1}); err != nil {
 			t.Fatal(err)
 		}
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Fatal(err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatal("the completion was never delivered")
-		}
+		delivered(t, done)
 	}
 
 	r := newRing(t, 4, 2*time.Second)
@@ -297,8 +290,15 @@ func TestNoSleepWithResult(t *testing.T) {
 	r.kwait = false
 	r.cqMu.Unlock()
 	r.reap()
+	delivered(t, got)
+}
+
+// delivered waits for an operation's outcome and fails the test on an
+// error or when none comes.
+func delivered(t *testing.T, done <-chan error) {
+	t.Helper()
 	select {
-	case err := <-got:
+	case err := <-done:
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -465,9 +465,9 @@ func TestIscsiTestCu(t *testing.T) {
 	plain := serve(t, "--size", "256MiB", "--listen", second)
 	// The second full run: header digests required, on a file-backed LUN
 	// read and written through io_uring with O_DIRECT (on the test's
-	// filesystem: ext4 here and in CI).
+	// filesystem: ext4 here and in CI), the ring and the reader polling.
 	digest := serve(t, "--size", "256MiB", "--header-digest", "required", "--file", filepath.Join(t.TempDir(), "lun0.img"),
-		"--io-engine", "io_uring", "--direct")
+		"--io-engine", "io_uring", "--direct", "--poll", "1ms")
 	ro := serve(t, "--size", "64MiB", "--read-only")
 	san := serve(t, "--size", "64MiB")
 	rm := serve(t, "--size", "64MiB", "--removable")
@@ -507,8 +507,8 @@ func TestIscsiTestCu(t *testing.T) {
 	if !strings.Contains(digest.log.String(), "header_digest=true") {
 		t.Error("the digest run negotiated no header digest")
 	}
-	if l := digest.log.String(); !strings.Contains(l, "io_engine=io_uring") || !strings.Contains(l, "direct=true") {
-		t.Errorf("the digest run's file LUN is not on io_uring with O_DIRECT:\n%s", l)
+	if l := digest.log.String(); !strings.Contains(l, "io_engine=io_uring") || !strings.Contains(l, "direct=true") || !strings.Contains(l, "poll=1ms") {
+		t.Errorf("the digest run's file LUN is not on io_uring with O_DIRECT, polling:\n%s", l)
 	}
 	for _, d := range []*daemon{plain, digest, ro, san, rm} {
 		if out, err := run(t, 30*time.Second, "iscsi-inq", d.url(defaultIQN, 0)); err != nil {
