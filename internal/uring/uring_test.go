@@ -26,8 +26,10 @@ func newRing(t *testing.T, entries uint32, poll time.Duration) *Ring {
 	return r
 }
 
-// kinds are the two ways a caller alone on the ring waits: in the kernel
-// at once, or polling the CQ first (serve --poll).
+// kinds are the ways a caller alone on the ring waits: in the kernel at
+// once, or polling the CQ first (serve --poll) — long, or so briefly
+// that most waits end in the kernel after polling (where a caller whose
+// completion another reaped first once slept on).
 var kinds = []struct {
 	name string
 	poll time.Duration
@@ -157,7 +159,7 @@ func TestErrors(t *testing.T) {
 
 // TestAsyncCompletion waits on a pipe, which the kernel completes from
 // its worker once data arrives — not inline. The reader is alone on the
-// ring, so it waits in io_uring_enter (submitAndWait).
+// ring, so it waits in io_uring_enter (submitAndWait), or polls first.
 func TestAsyncCompletion(t *testing.T) {
 	for _, k := range kinds {
 		t.Run(k.name, func(t *testing.T) { testAsyncCompletion(t, newRing(t, 4, k.poll)) })
