@@ -21,8 +21,10 @@
 //     io_uring_enter (submitAndWait), as a blocking pread would: its
 //     completion, task work of its own thread, wakes it once; on a ring
 //     that polls (New's poll, serve --poll) it submits, then polls the
-//     CQ before it sleeps there (pollWait). While it sleeps there it
-//     alone reaps (enterWait);
+//     CQ before it sleeps there (pollWait), and runs the task work that
+//     posts its completion itself when the kernel flags it (a ring that
+//     polls defers task work: no interrupt of the polling thread). While
+//     it sleeps there it alone reaps (enterWait);
 //   - otherwise it waits on its slot's channel. The completion then
 //     arrives from the kernel's worker or from task work; the ring's
 //     eventfd, watched by Go's netpoller (no thread blocked in the
@@ -78,7 +80,11 @@ const (
 	featSingleMmap = 1 << 0 // IORING_FEAT_SINGLE_MMAP (5.4)
 	featNoDrop     = 1 << 1 // IORING_FEAT_NODROP (5.5)
 
-	setupCQSize = 1 << 3 // IORING_SETUP_CQSIZE
+	setupCQSize      = 1 << 3 // IORING_SETUP_CQSIZE
+	setupCoopTaskrun = 1 << 8 // IORING_SETUP_COOP_TASKRUN (5.19)
+	setupTaskrunFlag = 1 << 9 // IORING_SETUP_TASKRUN_FLAG (5.19)
+	sqTaskrun        = 1 << 2 // IORING_SQ_TASKRUN: task work of the ring is pending
+	enterGetEvents   = 1 << 0 // IORING_ENTER_GETEVENTS
 
 	registerEventfd = 4 // IORING_REGISTER_EVENTFD
 
@@ -149,6 +155,7 @@ type Ring struct {
 	sqMask  uint32
 	sqArray []uint32
 	sqes    []sqe
+	sqFlags *uint32 // the SQ ring's flags where the kernel flags pending task work (IORING_SETUP_TASKRUN_FLAG), else nil
 
 	cqMu    sync.Mutex // guards the CQ head and kwait (held alone)
 	kwait   bool       // a caller sleeps in io_uring_enter for completions: nobody else reaps (enterWait)
@@ -189,7 +196,19 @@ func New(entries uint32, poll time.Duration) (*Ring, error) {
 		return nil, fmt.Errorf("uring: %d entries: want a power of two in [1, 4096]", entries)
 	}
 	p := params{flags: setupCQSize, cqEntries: 2 * entries}
+	if poll > 0 {
+		// The completions of a ring that polls come as task work the kernel
+		// flags in the SQ ring (pollWait runs it) instead of interrupting
+		// the thread that is polling for them.
+		p.flags |= setupCoopTaskrun | setupTaskrunFlag
+	}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	if errno == unix.EINVAL && p.flags != setupCQSize {
+		// A kernel before 5.19: the ring polls, and the kernel interrupts
+		// the polling thread to run its completions.
+		p = params{flags: setupCQSize, cqEntries: 2 * entries}
+		fd, _, errno = unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)
+	}
 	if errno != 0 {
 		return nil, fmt.Errorf("uring: io_uring_setup: %w", errno)
 	}
@@ -228,6 +247,9 @@ func (r *Ring) setup(p *params) error {
 	r.mmaps = append(r.mmaps, sqeMem)
 	at := func(off uint32) unsafe.Pointer { return unsafe.Pointer(&ring[off]) }
 	r.sqTail = (*uint32)(at(p.sqOff.tail))
+	if p.flags&setupTaskrunFlag != 0 {
+		r.sqFlags = (*uint32)(at(p.sqOff.flags))
+	}
 	r.sqMask = *(*uint32)(at(p.sqOff.ringMask))
 	r.sqArray = unsafe.Slice((*uint32)(at(p.sqOff.array)), p.sqEntries)
 	r.sqes = unsafe.Slice((*sqe)(unsafe.Pointer(&sqeMem[0])), p.sqEntries)
@@ -387,15 +409,27 @@ func (r *Ring) submitAndWait(s *slot) {
 // until the CQ holds a completion or s its result: it reads the CQ's
 // tail, yielding between reads, for as long as the polling time says,
 // then sleeps in io_uring_enter. A submission the kernel could not
-// complete at once completes as task work of the submitting thread, which
-// the kernel interrupts to run it (TWA_SIGNAL) — a thread that is
-// polling, not one woken from sleep: the wake-up of an idle core is what
-// polling saves. The completion found may be another caller's, come
-// meanwhile, and this one's may have been reaped by another: the caller
-// then reaps and waits as any other.
+// complete at once completes as task work of the submitting thread. A
+// ring that polls is set up so that the kernel does not interrupt a
+// running thread for it (IORING_SETUP_COOP_TASKRUN) but flags it in the
+// SQ ring (IORING_SETUP_TASKRUN_FLAG): pollWait then runs it itself, in
+// an io_uring_enter that cannot sleep, and finds the completion posted.
+// That saves an inter-processor interrupt per I/O — on a virtual machine
+// an exit to the hypervisor; a thread sleeping for it is woken either
+// way. (On kernels before 5.19 the kernel interrupts the polling thread
+// to run its task work, as it wakes one that slept: the wake-up of an idle
+// core is what polling saves there.) The completion found may be another
+// caller's, come meanwhile, and this one's may have been reaped by
+// another: the caller then reaps and waits as any other.
 func (r *Ring) pollWait(s *slot) {
 	r.poll.Start()
 	for atomic.LoadUint32(r.cqTail) == atomic.LoadUint32(r.cqHead) && len(s.done) == 0 {
+		if r.sqFlags != nil && atomic.LoadUint32(r.sqFlags)&sqTaskrun != 0 {
+			unix.RawSyscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), 0, 0, enterGetEvents, 0, 0)
+			if atomic.LoadUint32(r.cqTail) != atomic.LoadUint32(r.cqHead) {
+				break
+			}
+		}
 		if !r.poll.Again() {
 			r.enterWait(s, 0)
 			r.poll.Woke() // the next waits poll as long as this one took, within poll
@@ -417,7 +451,6 @@ func (r *Ring) pollWait(s *slot) {
 // The completions of others, posted meanwhile, end the sleep; this
 // caller reaps them when it returns.
 func (r *Ring) enterWait(s *slot, n uintptr) bool {
-	const getEvents = 1 << 0 // IORING_ENTER_GETEVENTS
 	r.cqMu.Lock()
 	if n == 0 && (len(s.done) > 0 || atomic.LoadUint32(r.cqTail) != *r.cqHead) {
 		r.cqMu.Unlock()
@@ -425,7 +458,7 @@ func (r *Ring) enterWait(s *slot, n uintptr) bool {
 	}
 	r.kwait = true
 	r.cqMu.Unlock()
-	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), n, 1, getEvents, 0, 0)
+	_, _, errno := unix.Syscall6(unix.SYS_IO_URING_ENTER, uintptr(r.fd), n, 1, enterGetEvents, 0, 0)
 	r.cqMu.Lock()
 	r.kwait = false
 	r.cqMu.Unlock()

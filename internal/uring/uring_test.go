@@ -241,6 +241,20 @@ func TestPolling(t *testing.T) {
 	}
 }
 
+// TestPollingDefersTaskWork: a ring that polls has the kernel flag its
+// task work in the SQ ring rather than interrupt the polling thread
+// (pollWait runs it); a ring that sleeps keeps the kernel's default,
+// which interrupts or wakes the submitting thread at once. The kernels
+// this project runs on (5.19 and later) grant both flags.
+func TestPollingDefersTaskWork(t *testing.T) {
+	if r := newRing(t, 4, time.Millisecond); r.sqFlags == nil {
+		t.Error("a ring that polls: no IORING_SETUP_COOP_TASKRUN/TASKRUN_FLAG")
+	}
+	if r := newRing(t, 4, 0); r.sqFlags != nil {
+		t.Error("a ring that sleeps defers its task work")
+	}
+}
+
 // TestNoSleepWithResult: a caller whose completion another reaped
 // while it polled (its result in its channel, the CQ empty) must not
 // then sleep in the kernel: nothing might ever wake it. And while a
