@@ -76,10 +76,11 @@ func fileBench(bin string) {
 			direct       bool
 			poll         bool // pinned to core 1 and polling, as SPDK runs
 		}
-		paths := []path{{"pread", "pread", false, false}, {"auto", "auto", false, false}, {"io_uring", "io_uring", false, false}}
+		paths := []path{{name: "pread", engine: "pread"}, {name: "auto", engine: "auto"}, {name: "io_uring", engine: "io_uring"}}
 		refs := []target{{name: "fio", url: pl.path}}
 		if pl.direct {
-			paths = append(paths, path{"direct", "auto", true, false}, path{"direct-poll", "auto", true, true})
+			paths = append(paths, path{name: "direct", engine: "auto", direct: true},
+				path{name: "direct-poll", engine: "auto", direct: true, poll: true})
 			refs = append(refs, target{name: "fio-direct", url: pl.path})
 		}
 		var ts []target
