@@ -467,6 +467,9 @@ func bwBenchOn(prefix []string, bin string, d time.Duration, rw, bs, qd, what st
 // before t's own.
 func benchArgv(prefix []string, bin string, d time.Duration, rw, bs, qd string, t target, flags ...string) []string {
 	argv := append(append([]string{}, prefix...), bin, "bench", "--rw", rw, "--bs", bs, "--qd", qd, "--time", d.String())
+	if strings.HasSuffix(rw, "write") {
+		argv = append(argv, "--overwrite") // the benchmark's own scratch LUN
+	}
 	argv = append(append(argv, flags...), t.args...)
 	return append(argv, t.url)
 }

@@ -470,6 +470,7 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 	off := fs.String("offset", "0", "byte offset (block aligned)")
 	length := fs.String("length", "", "bytes to read (default: to the end)")
 	out := fs.String("out", "-", "output file (- for standard output)")
+	force := fs.Bool("force", false, "let --out replace an existing file that holds data")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -482,6 +483,12 @@ func readVerb(args []string, stdout, stderr io.Writer) int {
 	start, ok := parseOffset(*off, stderr)
 	if !ok {
 		return exitUsage
+	}
+	if *out != "-" && !*force {
+		if err := refuseClobber(*out); err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitUsage
+		}
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
@@ -527,17 +534,22 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 	off := fs.String("offset", "0", "byte offset (block aligned)")
 	in := fs.String("in", "-", "input file (- for standard input); its size a multiple of the block size")
 	pad := fs.Bool("pad", false, "fill a short last block with zeroes (as dd conv=sync) instead of refusing")
+	overwrite := fs.Bool("overwrite", false, "let it write over the LUN's data (required: writing replaces what the LUN holds there)")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
 	}
 	if err != nil || len(pos) != 1 {
-		fmt.Fprintln(stderr, "usage: blockwire write [flags] URL --in FILE [--offset N]")
+		fmt.Fprintln(stderr, "usage: blockwire write [flags] URL --in FILE [--offset N] --overwrite")
 		return exitUsage
 	}
 	// Usage errors are reported before logging in.
 	start, ok := parseOffset(*off, stderr)
 	if !ok {
+		return exitUsage
+	}
+	if !*overwrite {
+		fmt.Fprintf(stderr, "blockwire: write replaces what the LUN holds from offset %d on: add --overwrite if that is what you want\n", start)
 		return exitUsage
 	}
 	inSize := int64(-1) // a regular file's size, checked against the block size
@@ -561,6 +573,20 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the LUN's %d-byte block: pad it, or pass --pad to fill the last block with zeroes\n", *in, inSize, d.BlockSize())
 		return exitUsage
 	}
+	if *in != "-" {
+		// Check the whole input fits before a byte is written: a write
+		// that fails half-way leaves the LUN half-overwritten.
+		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() {
+			need := st.Size()
+			if r := need % int64(d.BlockSize()); r != 0 {
+				need += int64(d.BlockSize()) - r // --pad
+			}
+			if start+need > d.Size() {
+				fmt.Fprintf(stderr, "blockwire: %s (%d bytes) does not fit in the LUN at offset %d (%d bytes, %d from there): nothing written\n", *in, st.Size(), start, d.Size(), max(d.Size()-start, 0))
+				return exitUsage
+			}
+		}
+	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {
 		f, err := os.Open(*in)
@@ -577,6 +603,10 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 	for {
 		n, err := io.ReadFull(r, buf)
 		if n > 0 {
+			if at+int64(n) > d.Size() {
+				fmt.Fprintf(stderr, "blockwire: the input does not fit in the LUN (%d bytes) at offset %d: it runs past the end after %d bytes written\n", d.Size(), start, at-start)
+				return exitUsage
+			}
 			if n%bs != 0 {
 				if !*pad {
 					fmt.Fprintf(stderr, "blockwire: the input ends %d bytes into a %d-byte block (%d bytes written): pass --pad to fill the last block with zeroes\n", n%bs, bs, at-start)
@@ -617,7 +647,7 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	dur := fs.Duration("time", 10*time.Second, "run time")
 	region := fs.String("size", "256MiB", "size of the region used, from offset 0 (capped at the LUN size)")
 	verify := fs.Bool("verify", false, "check data: reads see a known pattern, writes are read back and compared")
-	overwrite := fs.Bool("overwrite", false, "with --verify on a read workload: let it first write its pattern over the region (destroying the data there)")
+	overwrite := fs.Bool("overwrite", false, "let a write workload, or --verify on a read workload (which first writes its pattern), write over the region (destroying the data there)")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile of the run (go tool pprof) to this file")
 	asJSON := fs.Bool("json", false, "print the result as JSON (docs/json.md)")
 	pos, err := parse(fs, args)
@@ -652,6 +682,10 @@ func bench(args []string, stdout, stderr io.Writer) int {
 	}
 	if *dur <= 0 {
 		fmt.Fprintf(stderr, "blockwire: --time %v: give a positive duration, such as 10s or 1m\n", *dur)
+		return exitUsage
+	}
+	if write && !*overwrite {
+		fmt.Fprintf(stderr, "blockwire: a %s workload writes over the region it uses (--size, %s from offset 0), destroying the data there: add --overwrite if that is what you want\n", *rw, *region)
 		return exitUsage
 	}
 	if *verify && !write && !*overwrite {

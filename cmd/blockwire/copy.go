@@ -116,6 +116,7 @@ func openEndpoint(ctx context.Context, name string, write bool, o initiator.Opti
 // bar when standard error is a terminal.
 func copyVerb(args []string, stdout, stderr io.Writer) int {
 	fs, o, ts := clientFlags("copy", stderr)
+	force := fs.Bool("force", false, "let DST replace an existing file that holds data")
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
 		return exitOK
@@ -125,6 +126,12 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	finishOptions(o, *ts, stderr)
+	if !isURL(pos[1]) && !*force {
+		if err := refuseClobber(pos[1]); err != nil {
+			fmt.Fprintln(stderr, "blockwire:", err)
+			return exitUsage
+		}
+	}
 	for _, p := range pos {
 		if isURL(p) {
 			if err := checkURL(p); err != nil {
@@ -227,4 +234,15 @@ func redactURL(u string) string {
 		}
 	}
 	return u
+}
+
+// refuseClobber refuses an output file that exists as a regular file
+// holding data: replacing it needs --force. Devices (/dev/null, a disk
+// the operator names) and empty files hold nothing a verb would lose.
+func refuseClobber(name string) error {
+	st, err := os.Stat(name)
+	if err != nil || !st.Mode().IsRegular() || st.Size() == 0 {
+		return nil
+	}
+	return fmt.Errorf("%s exists and holds %d bytes: add --force to replace it", name, st.Size())
 }

@@ -67,7 +67,7 @@ func TestJSONOutputs(t *testing.T) {
 	}
 
 	var br benchResult
-	benchOut := cli("bench", "--json", "--rw", "randwrite", "--verify", "--qd", "2", "--time", "1200ms", "--size", "1MiB", url)
+	benchOut := cli("bench", "--json", "--rw", "randwrite", "--verify", "--overwrite", "--qd", "2", "--time", "1200ms", "--size", "1MiB", url)
 	decodeStrict(t, "bench", benchOut, &br)
 	if br.RW != "randwrite" || br.BlockSize != 4096 || br.QueueDepth != 2 || br.IOs <= 0 || br.IOPS <= 0 || br.Seconds <= 0 ||
 		br.LatencyUS.P50 <= 0 || br.LatencyUS.Max < br.LatencyUS.P99 || br.Mismatches == nil || *br.Mismatches != 0 {

@@ -31,10 +31,10 @@ Usage:
   blockwire config check FILE         validate a configuration file
   blockwire discover PORTAL           list the targets a portal offers (SendTargets)
   blockwire inquiry URL               identify a LUN
-  blockwire read URL [--offset N] [--length N] [--out FILE]
-  blockwire write URL --in FILE [--offset N]
-  blockwire copy SRC DST              file to LUN, LUN to file, LUN to LUN
-  blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify]
+  blockwire read URL [--offset N] [--length N] [--out FILE [--force]]
+  blockwire write URL --in FILE [--offset N] --overwrite
+  blockwire copy [--force] SRC DST    file to LUN, LUN to file, LUN to LUN
+  blockwire bench URL [--rw randread] [--bs 4k] [--qd 32] [--time 10s] [--verify] [--overwrite]
   blockwire admin [--socket PATH] VERB  runtime administration of a running serve (see "blockwire admin")
   blockwire rdma                      list the kernel RDMA devices (RDMA NICs, rxe, siw) this build can use
   blockwire version                   the version and build

@@ -100,7 +100,7 @@ func TestInitiatorAgainstTgt(t *testing.T) {
 		t.Fatalf("inquiry (exit %d):\n%s", code, out)
 	}
 	src := randomImage(t, 32<<20)
-	if out, code = blockwire(t, "write", url, "--in", src); code != 0 {
+	if out, code = blockwire(t, "write", "--overwrite", url, "--in", src); code != 0 {
 		t.Fatalf("write (exit %d):\n%s", code, out)
 	}
 	back := filepath.Join(t.TempDir(), "back.img")

@@ -193,7 +193,7 @@ func TestTsharkDecodesISERRFC5046(t *testing.T) {
 	src := filepath.Join(t.TempDir(), "src")
 	os.WriteFile(src, bytes.Repeat([]byte("blockwire iSER RFC 5046 profile "), 8192), 0o644)
 	pcap, stop := capture(t, port)
-	if out, code := blockwire(t, "write", "--iser-profile", "rfc5046", url, "--in", src); code != 0 {
+	if out, code := blockwire(t, "write", "--overwrite", "--iser-profile", "rfc5046", url, "--in", src); code != 0 {
 		t.Fatalf("write (exit %d):\n%s", code, out)
 	}
 	if out, code := blockwire(t, "read", "--iser-profile", "rfc5046", url, "--length", "256KiB", "--out", filepath.Join(t.TempDir(), "back")); code != 0 {

@@ -40,7 +40,7 @@ bench_copy() {
   rm -f /tmp/src /tmp/back
   dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null
   timeout 120 $bin copy $flags /tmp/src $U 2>> $log || { say "copy in failed: $(grep -v 'level=INFO' $log | tail -2)"; brc=1; }
-  timeout 120 $bin read $flags $U --length 4MiB --out /tmp/back 2>> $log || { say "copy out failed: $(grep -v 'level=INFO' $log | tail -2)"; brc=1; }
+  timeout 120 $bin read $flags --force $U --length 4MiB --out /tmp/back 2>> $log || { say "copy out failed: $(grep -v 'level=INFO' $log | tail -2)"; brc=1; }
   cmp /tmp/src /tmp/back || brc=1
   if grep -E "level=(WARN|ERROR)" $log; then say "the initiator logged a warning"; brc=1; fi
   return $brc

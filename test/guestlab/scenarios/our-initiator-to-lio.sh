@@ -13,6 +13,6 @@ for rw in randwrite randread; do
 done
 dd if=/dev/urandom of=/tmp/src bs=1M count=16 2>/dev/null
 /lab/bin/blockwire copy /tmp/src $U || rc=1
-/lab/bin/blockwire read $U --length 16MiB --out /tmp/back || rc=1
+/lab/bin/blockwire read --force $U --length 16MiB --out /tmp/back || rc=1
 cmp /tmp/src /tmp/back && say "copy through LIO readback OK" || rc=1
 exit $rc

@@ -29,7 +29,7 @@ for rw in randwrite randread; do
 done
 dd if=/dev/urandom of=/tmp/src bs=1M count=4 2>/dev/null
 timeout 120 /lab/bin/blockwire copy /tmp/src $U 2>> /tmp/ini.log || rc=1
-timeout 120 /lab/bin/blockwire read $U --length 4MiB --out /tmp/back 2>> /tmp/ini.log || rc=1
+timeout 120 /lab/bin/blockwire read --force $U --length 4MiB --out /tmp/back 2>> /tmp/ini.log || rc=1
 cmp /tmp/src /tmp/back && say "copy through tgt iSER readback OK" || rc=1
 # tgt sends one-way NOP-Ins (ITT and TTT 0xffffffff); nothing it does may
 # cost our initiator its connection.
