@@ -214,12 +214,12 @@ func serve(args []string, stderr io.Writer) int {
 		defer stop()
 	}
 	// Signals first: one that arrives while the node starts is handled
-	// once it has started.
+	// once it has started. SIGHUP is always caught: without a
+	// configuration file there is nothing to reload, and its default
+	// action would end the process and lose memory LUNs' data.
 	hup := make(chan os.Signal, 1)
-	if opts.ConfigFile != "" {
-		signal.Notify(hup, syscall.SIGHUP)
-		defer signal.Stop(hup)
-	}
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 	sig := make(chan os.Signal, 2)
 	signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sig)
@@ -235,6 +235,10 @@ func serve(args []string, stderr io.Writer) int {
 	for code == 0 {
 		select {
 		case <-hup:
+			if opts.ConfigFile == "" {
+				log.Warn("SIGHUP ignored: serve was started without --config, so there is no file to reload")
+				continue
+			}
 			log.Info("reloading the configuration", "file", opts.ConfigFile)
 			if err := n.Reload(); err != nil {
 				log.Error("reload incomplete", "err", err)

@@ -137,3 +137,44 @@ size = "16MiB"
 		t.Fatalf("the connected session after the second reload: %v", err)
 	}
 }
+
+// TestSignalsAsOperatorsExpect: SIGHUP to a serve started without
+// --config is logged and ignored — the process and its memory LUN's data
+// stay; SIGINT does what SIGTERM does (logged, drained, exit 0).
+func TestSignalsAsOperatorsExpect(t *testing.T) {
+	d := serve(t, "--size", "8MiB")
+	src := randomImage(t, 1<<20)
+	if out, code := blockwire(t, "write", "--overwrite", d.url(defaultIQN, 0), "--in", src); code != 0 {
+		t.Fatalf("write (exit %d):\n%s", code, out)
+	}
+	d.cmd.Process.Signal(syscall.SIGHUP)
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(d.log.String(), "SIGHUP ignored") {
+		select {
+		case err := <-d.done:
+			t.Fatalf("SIGHUP without --config ended serve (%v):\n%s", err, d.log.String())
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after SIGHUP without --config the log does not say it was ignored:\n%s", d.log.String())
+		}
+	}
+	back := filepath.Join(t.TempDir(), "back")
+	if out, code := blockwire(t, "read", d.url(defaultIQN, 0), "--length", "1MiB", "--out", back); code != 0 {
+		t.Fatalf("read after SIGHUP (exit %d):\n%s", code, out)
+	}
+	sameFirst(t, src, back, 1<<20)
+
+	d.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-d.done:
+		if err != nil {
+			t.Fatalf("SIGINT: %v", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("serve still running 30 s after SIGINT")
+	}
+	if log := d.log.String(); !strings.Contains(log, `signal=interrupt`) || !strings.Contains(log, "stopped") {
+		t.Fatalf("SIGINT: the log does not show the shutdown:\n%s", log)
+	}
+}
