@@ -133,6 +133,11 @@ func Open(path string, o Options) (*File, error) {
 	if err != nil {
 		return nil, fmt.Errorf("file: %w", err)
 	}
+	// Locked before anything can change it: an image has one server.
+	if err := lock(f, path, o.ReadOnly); err != nil {
+		f.Close()
+		return nil, err
+	}
 	st, err := f.Stat()
 	if err != nil {
 		f.Close()

@@ -114,6 +114,7 @@ func TestResize(t *testing.T) {
 	if st, _ := os.Stat(path); st.Size() != 512<<10 {
 		t.Fatalf("the file holds %d bytes after shrinking", st.Size())
 	}
+	b.Close() // one server per image: the read-only one comes after
 	ro, err := Open(path, Options{ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,9 @@ import (
 	"context"
 	be "encoding/binary"
 	"errors"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -176,5 +178,20 @@ func TestSignalsAsOperatorsExpect(t *testing.T) {
 	}
 	if log := d.log.String(); !strings.Contains(log, `signal=interrupt`) || !strings.Contains(log, "stopped") {
 		t.Fatalf("SIGINT: the log does not show the shutdown:\n%s", log)
+	}
+}
+
+// TestOneServerPerImage: a second serve of an image already served is
+// refused with the holder's pid, and the first keeps serving.
+func TestOneServerPerImage(t *testing.T) {
+	img := filepath.Join(t.TempDir(), "disk.img")
+	first := serve(t, "--file", img, "--size", "16MiB")
+	cmd := exec.Command(binary, "serve", "--listen", freePort(t), "--file", img)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "in use") || !strings.Contains(string(out), fmt.Sprintf("pid %d", first.cmd.Process.Pid)) {
+		t.Fatalf("a second serve of %s (%v):\n%s", img, err, out)
+	}
+	if out, code := blockwire(t, "inquiry", first.url(defaultIQN, 0)); code != 0 {
+		t.Fatalf("the first server after the second was refused (exit %d):\n%s", code, out)
 	}
 }
