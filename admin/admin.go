@@ -70,17 +70,49 @@ type Control interface {
 	Sessions() []scsitarget.SessionInfo
 	DropSession(id string) bool
 	AddLU(NewLU) error
-	RemoveLU(target string, lun uint64) error
-	ResizeLU(target string, lun uint64, size int64) error
+	// RemoveLU and RemoveTarget refuse (ErrRefused) what has sessions or
+	// commands in progress unless forced.
+	RemoveLU(target string, lun uint64, force bool) error
+	// ResizeLU refuses (ErrRefused) a smaller size unless shrink.
+	ResizeLU(target string, lun uint64, size int64, shrink bool) error
 	AddTarget(NewTarget) error
-	RemoveTarget(name string) error
+	RemoveTarget(name string, force bool) error
 	SetInitiators(target string, initiators []string) error
-	// Reload applies the configuration file's changes (as SIGHUP does).
-	Reload() error
+	// Reload applies the configuration file's changes (as SIGHUP does),
+	// or with DryRun says what they would be.
+	Reload(ReloadOptions) (ReloadResult, error)
 	// Save writes the running configuration to its file (or to path)
 	// and returns where, and where the file it replaced was kept ("":
 	// there was none).
 	Save(path string) (saved, backup string, err error)
+}
+
+// ErrRefused is the error, wrapped, of a change refused for the data or
+// the sessions it would cost (409): nothing changed, and the message names
+// the LUN, the reason and the flag that allows it.
+var ErrRefused = errors.New("refused")
+
+// ReloadOptions are a reload's flags.
+type ReloadOptions struct {
+	// DryRun says what would change, and what would be refused, and
+	// changes nothing.
+	DryRun bool `json:"dry_run,omitempty"`
+	// Shrink lets an in-memory LUN become smaller than it runs (a reload
+	// never truncates a file).
+	Shrink bool `json:"shrink,omitempty"`
+	// Force lets it remove or replace what is in use, replace in-memory
+	// LUNs, and take the file's side where it conflicts with live changes.
+	Force bool `json:"force,omitempty"`
+}
+
+// ReloadResult is what a reload changed, or would change.
+type ReloadResult struct {
+	DryRun bool `json:"dry_run,omitempty"`
+	// Changes are made (or would be) now; Restart waits for a restart.
+	Changes []string `json:"changes"`
+	Restart []string `json:"restart,omitempty"`
+	// Refused is why a dry run's reload would be refused as a whole.
+	Refused []string `json:"refused,omitempty"`
 }
 
 // Options connect the API to the running process.
@@ -98,12 +130,12 @@ type Options struct {
 //	DELETE /sessions/{id}                       drop a session (iSCSI TSIH, srp-N)
 //	GET    /luns                                every target's LUNs
 //	POST   /luns                                add a LUN (NewLU)
-//	DELETE /targets/{target}/luns/{lun}         remove a LUN
+//	DELETE /targets/{target}/luns/{lun}[?force=true]  remove a LUN
 //	POST   /targets/{target}/luns/{lun}/resize?size=BYTES[&shrink=true]
 //	POST   /targets                             add a target (NewTarget)
-//	DELETE /targets/{target}                    remove a target
+//	DELETE /targets/{target}[?force=true]       remove a target
 //	PUT    /targets/{target}/initiators         set the ACL (a JSON list; empty: everyone)
-//	POST   /reload                              apply the configuration file's changes
+//	POST   /reload[?dry_run=true&shrink=true&force=true]  apply the configuration file's changes
 //	POST   /save?path=FILE                      write the running configuration
 func Handler(o Options) http.Handler {
 	c := o.Control
@@ -156,7 +188,7 @@ func Handler(o Options) http.Handler {
 	mux.HandleFunc("DELETE /targets/{target}/luns/{lun}", func(w http.ResponseWriter, r *http.Request) {
 		n, ok := lunNumber(w, r)
 		if ok {
-			done(w, c.RemoveLU(r.PathValue("target"), n), map[string]any{"removed": n})
+			done(w, c.RemoveLU(r.PathValue("target"), n, flag(r, "force")), map[string]any{"removed": n})
 		}
 	})
 	mux.HandleFunc("POST /targets/{target}/luns/{lun}/resize", func(w http.ResponseWriter, r *http.Request) {
@@ -174,7 +206,7 @@ func Handler(o Options) http.Handler {
 				r.PathValue("target"), n, cur, size))
 			return
 		}
-		done(w, c.ResizeLU(r.PathValue("target"), n, size), map[string]any{"resized": n, "size": size})
+		done(w, c.ResizeLU(r.PathValue("target"), n, size, flag(r, "shrink")), map[string]any{"resized": n, "size": size})
 	})
 	mux.HandleFunc("POST /targets", func(w http.ResponseWriter, r *http.Request) {
 		var req NewTarget
@@ -183,7 +215,7 @@ func Handler(o Options) http.Handler {
 		}
 	})
 	mux.HandleFunc("DELETE /targets/{target}", func(w http.ResponseWriter, r *http.Request) {
-		done(w, c.RemoveTarget(r.PathValue("target")), map[string]any{"removed": r.PathValue("target")})
+		done(w, c.RemoveTarget(r.PathValue("target"), flag(r, "force")), map[string]any{"removed": r.PathValue("target")})
 	})
 	mux.HandleFunc("PUT /targets/{target}/initiators", func(w http.ResponseWriter, r *http.Request) {
 		var list []string
@@ -192,7 +224,11 @@ func Handler(o Options) http.Handler {
 		}
 	})
 	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {
-		done(w, c.Reload(), map[string]any{"reloaded": true})
+		res, err := c.Reload(ReloadOptions{DryRun: flag(r, "dry_run"), Shrink: flag(r, "shrink"), Force: flag(r, "force")})
+		if res.Changes == nil {
+			res.Changes = []string{}
+		}
+		done(w, err, res)
 	})
 	mux.HandleFunc("POST /save", func(w http.ResponseWriter, r *http.Request) {
 		path := r.URL.Query().Get("path")
@@ -260,8 +296,15 @@ func lunNumber(w http.ResponseWriter, r *http.Request) (uint64, bool) {
 	return n, true
 }
 
-// done answers with v, or with err (400).
+// flag is a query parameter set to true.
+func flag(r *http.Request, name string) bool { return r.URL.Query().Get(name) == "true" }
+
+// done answers with v, or with err (409 for a refusal, else 400).
 func done(w http.ResponseWriter, err error, v any) {
+	if errors.Is(err, ErrRefused) {
+		fail(w, http.StatusConflict, err)
+		return
+	}
 	if err != nil {
 		fail(w, http.StatusBadRequest, err)
 		return

@@ -29,12 +29,14 @@ func (f *fakeControl) AddLU(n NewLU) error {
 	f.added = append(f.added, n)
 	return nil
 }
-func (f *fakeControl) RemoveLU(string, uint64) error        { return nil }
-func (f *fakeControl) ResizeLU(string, uint64, int64) error { return nil }
-func (f *fakeControl) AddTarget(n NewTarget) error          { return nil }
-func (f *fakeControl) RemoveTarget(string) error            { return nil }
-func (f *fakeControl) SetInitiators(string, []string) error { return nil }
-func (f *fakeControl) Reload() error                        { return errors.New("no file") }
+func (f *fakeControl) RemoveLU(string, uint64, bool) error        { return nil }
+func (f *fakeControl) ResizeLU(string, uint64, int64, bool) error { return nil }
+func (f *fakeControl) AddTarget(n NewTarget) error                { return nil }
+func (f *fakeControl) RemoveTarget(string, bool) error            { return nil }
+func (f *fakeControl) SetInitiators(string, []string) error       { return nil }
+func (f *fakeControl) Reload(ReloadOptions) (ReloadResult, error) {
+	return ReloadResult{}, errors.New("no file")
+}
 func (f *fakeControl) Save(path string) (string, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -59,7 +59,7 @@ type Config struct {
 	// ROCEUDPPort is its UDP port (default 4791).
 	ROCEListen    []string `toml:"roce_listen,omitempty"`
 	SRPROCEListen []string `toml:"srp_roce_listen,omitempty"`
-	ROCEUDPPort   int      `toml:"roce_udp_port,omitempty"`
+	ROCEUDPPort   int      `toml:"roce_udp_port,omitzero"`
 	// ROCEGSO, when false, has the software RoCEv2 device send one
 	// datagram per packet instead of UDP GSO runs (default on): packet
 	// captures on the host then show packets, not GSO datagrams.
@@ -681,11 +681,44 @@ func Load(path string) (*Config, error) {
 
 // resolveSecretFiles makes relative secret_file paths relative to dir, the
 // configuration file's directory, rather than to wherever blockwire was
-// started.
+// started: absolute, so that the running configuration names them the same
+// from any directory (a relative --config would otherwise leave them
+// relative to the working directory, and a file saved elsewhere would name
+// them wrongly).
 func (c *Config) resolveSecretFiles(dir string) {
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	c.secretFiles(func(p string) string {
+		if filepath.IsAbs(p) {
+			return p
+		}
+		return filepath.Join(dir, p)
+	})
+}
+
+// RelativeTo is the configuration as a file in dir should say it: the
+// secret_file paths under dir relative to it (Load makes them relative to
+// the file's directory again), others absolute.
+func (c *Config) RelativeTo(dir string) *Config {
+	d := c.Clone()
+	if abs, err := filepath.Abs(dir); err == nil {
+		dir = abs
+	}
+	d.secretFiles(func(p string) string {
+		if r, err := filepath.Rel(dir, p); err == nil && filepath.IsAbs(p) && r != ".." && !strings.HasPrefix(r, ".."+string(filepath.Separator)) {
+			return r
+		}
+		return p
+	})
+	return d
+}
+
+// secretFiles rewrites every secret_file path through fix.
+func (c *Config) secretFiles(fixPath func(string) string) {
 	fix := func(s *Secret) {
-		if s != nil && s.SecretFile != "" && !filepath.IsAbs(s.SecretFile) {
-			s.SecretFile = filepath.Join(dir, s.SecretFile)
+		if s != nil && s.SecretFile != "" {
+			s.SecretFile = fixPath(s.SecretFile)
 		}
 	}
 	access := func(chap, mutual *Secret, acl []ACL) {
@@ -949,6 +982,84 @@ func ValidName(n string) error {
 		}
 	}
 	return nil
+}
+
+// Clone copies the configuration deeply: nothing the copy holds is shared
+// with c.
+func (c *Config) Clone() *Config {
+	d := *c
+	d.Portals = slices.Clone(c.Portals)
+	for i := range d.Portals {
+		d.Portals[i].Targets = slices.Clone(d.Portals[i].Targets)
+	}
+	d.Listen, d.AdminDirs = slices.Clone(c.Listen), slices.Clone(c.AdminDirs)
+	d.SRPListen, d.ROCEListen, d.SRPROCEListen = slices.Clone(c.SRPListen), slices.Clone(c.ROCEListen), slices.Clone(c.SRPROCEListen)
+	d.ISER, d.ROCEGSO = clonePtr(c.ISER), clonePtr(c.ROCEGSO)
+	if c.Discovery != nil {
+		x := *c.Discovery
+		x.Initiators, x.ACL = slices.Clone(x.Initiators), cloneACL(x.ACL)
+		x.CHAP, x.MutualCHAP = clonePtr(x.CHAP), clonePtr(x.MutualCHAP)
+		d.Discovery = &x
+	}
+	d.Targets = slices.Clone(c.Targets)
+	for i := range d.Targets {
+		t := &d.Targets[i]
+		t.Initiators, t.SRPInitiators, t.Portals, t.PortGroups = slices.Clone(t.Initiators), slices.Clone(t.SRPInitiators), slices.Clone(t.Portals), slices.Clone(t.PortGroups)
+		t.ACL = cloneACL(t.ACL)
+		t.CHAP, t.MutualCHAP = clonePtr(t.CHAP), clonePtr(t.MutualCHAP)
+		t.LUNs = slices.Clone(t.LUNs)
+		for j := range t.LUNs {
+			t.LUNs[j].WriteCache = clonePtr(t.LUNs[j].WriteCache)
+		}
+	}
+	return &d
+}
+
+func clonePtr[T any](p *T) *T {
+	if p == nil {
+		return nil
+	}
+	v := *p
+	return &v
+}
+
+func cloneACL(a []ACL) []ACL {
+	a = slices.Clone(a)
+	for i := range a {
+		a[i].LUNs, a[i].From, a[i].CHAP = slices.Clone(a[i].LUNs), slices.Clone(a[i].From), clonePtr(a[i].CHAP)
+	}
+	return a
+}
+
+// FormatSize writes a size as an operator would: in the largest binary
+// unit that holds it exactly ("64MiB", "1GiB"), else in bytes.
+func FormatSize(n int64) string {
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m && n%u.m == 0 {
+			return strconv.FormatInt(n/u.m, 10) + u.suf
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
+// HumanSize writes a size for a person to read: exact where a binary unit
+// holds it, else to one decimal ("1.5GiB").
+func HumanSize(n int64) string {
+	if s := FormatSize(n); n < 1<<10 || !strings.ContainsAny(s[len(s)-1:], "0123456789") {
+		return s
+	}
+	for _, u := range []struct {
+		suf string
+		m   int64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+		if n >= u.m {
+			return strconv.FormatFloat(float64(n)/float64(u.m), 'f', 1, 64) + u.suf
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // ParseSize parses "1GiB", "512MiB", "4k", "1G" (binary multiples) or a

@@ -25,7 +25,7 @@ func FuzzAdminAPI(f *testing.F) {
 	cfg := &config.Config{Listen: []string{"127.0.0.1:0"},
 		Targets: []config.Target{{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "16MiB"}}}}}
 	n := nodetest.Start(f, cfg, node.Options{})
-	h := admin.Handler(admin.Options{Control: n, Dirs: []string{dir}})
+	h := admin.Handler(admin.Options{Control: n.Admin(), Dirs: []string{dir}})
 
 	f.Add(uint8(0), diskA, []byte(`{"target":"`+diskA+`","lun":1,"size":"1MiB"}`))
 	f.Add(uint8(0), diskA, []byte(`{"target":"`+diskA+`","lun":2,"file":"`+dir+`/x.img","size":"1MiB","block_size":4096}`))
@@ -87,9 +87,9 @@ func FuzzAdminAPI(f *testing.F) {
 		for _, l := range luns {
 			switch {
 			case l.Target != diskA:
-				n.RemoveTarget(l.Target)
+				n.RemoveTarget(l.Target, true)
 			case l.LUN != 0:
-				n.RemoveLU(l.Target, l.LUN)
+				n.RemoveLU(l.Target, l.LUN, true)
 			}
 		}
 		if len(luns) == 0 || !slices.ContainsFunc(luns, func(l admin.LUN) bool { return l.Target == diskA && l.LUN == 0 }) {

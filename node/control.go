@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -10,7 +11,6 @@ import (
 	"path/filepath"
 	"reflect"
 	"slices"
-	"strconv"
 	"strings"
 
 	"github.com/BurntSushi/toml"
@@ -27,7 +27,7 @@ import (
 func (n *Node) srpAllows(name string, id srp.PortID, remote net.Addr) bool {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	i := n.targetIndex(name)
+	i := targetIndex(n.cfg, name)
 	return i >= 0 && n.cfg.Targets[i].SRPAllows(id, remote)
 }
 
@@ -35,7 +35,7 @@ func (n *Node) srpAllows(name string, id srp.PortID, remote net.Addr) bool {
 func (n *Node) srpLUNMap(name string, id srp.PortID) map[uint64]uint64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if i := n.targetIndex(name); i >= 0 {
+	if i := targetIndex(n.cfg, name); i >= 0 {
 		return n.cfg.Targets[i].SRPLUNMap(id)
 	}
 	return nil
@@ -50,27 +50,110 @@ func (n *Node) device(name string) *scsitarget.Device {
 	return nil
 }
 
-// Changes is what Apply did: the changes made live, those that failed,
-// and those that wait for a restart.
+// Changes is what a change did (or, in a dry run, would do): the changes
+// made live, and those that wait for a restart.
 type Changes struct {
 	Applied []string
 	Restart []string
 }
 
+// Consent is what an operator allows a change to cost: without it a change
+// that would lose data or cut initiators off is refused whole.
+type Consent struct {
+	// Shrink lets a LUN become smaller than it is: the data past the new
+	// end is lost. A reload never truncates a file even so: a file LUN
+	// shrinks only through ResizeLU.
+	Shrink bool
+	// Force lets a change remove or replace a LUN or target that has
+	// sessions or commands in progress, replace an in-memory LUN (its
+	// data is discarded) or point a LUN at another file, and resolves a
+	// reload's conflicts with what runs to the file's side.
+	Force bool
+	// truncate lets a file LUN shrink (ResizeLU with Shrink only).
+	truncate bool
+}
+
+// Refused is a change refused for what it would cost; nothing changed.
+type Refused struct{ Reasons []string }
+
+func (r *Refused) Error() string {
+	return "refused, nothing changed: " + strings.Join(r.Reasons, "; ")
+}
+
+// Unwrap makes a refusal admin.ErrRefused to the administration API.
+func (r *Refused) Unwrap() error { return admin.ErrRefused }
+
+// control is the node as the administration API drives it.
+type control struct{ *Node }
+
+// Admin is the node as the administration API (admin.Handler) drives it.
+func (n *Node) Admin() admin.Control { return control{n} }
+
+// Reload implements admin.Control.
+func (c control) Reload(o admin.ReloadOptions) (admin.ReloadResult, error) {
+	ch, err := c.Node.Reload(ReloadOptions{Consent: Consent{Shrink: o.Shrink, Force: o.Force}, DryRun: o.DryRun})
+	res := admin.ReloadResult{DryRun: o.DryRun, Changes: ch.Applied, Restart: ch.Restart}
+	var r *Refused
+	if o.DryRun && errors.As(err, &r) {
+		res.Refused, err = r.Reasons, nil
+	}
+	return res, err
+}
+
 // Apply brings the running node to cfg: targets added and removed, LUNs
 // added, removed, resized or replaced, ACL, CHAP and discovery changes (for
 // logins from now on), on every fabric. A configuration with errors
-// changes nothing. Portals, limits and the API, metrics and iSNS surfaces
-// need a restart: Changes.Restart names them. Initiators see LUN changes
-// through the unit attentions the SCSI core queues.
-func (n *Node) Apply(ncfg *config.Config) (Changes, error) {
-	var ch Changes
-	if err := ncfg.Validate(); err != nil {
-		return ch, fmt.Errorf("%w (nothing changed)", err)
-	}
-	ncfg = clone(ncfg)
+// changes nothing, and so does one that would cost data or sessions
+// without the consent c gives (Refused). Portals, limits and the API,
+// metrics and iSNS surfaces need a restart: Changes.Restart names them.
+// Initiators see LUN changes through the unit attentions the SCSI core
+// queues. The change is recorded in the node's state file first
+// (Options.StateFile).
+func (n *Node) Apply(ncfg *config.Config, c Consent) (Changes, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.commit(ncfg, nil, c)
+}
+
+// commit is the one path every change takes (Apply, Reload, each
+// administration verb), with mu held: validate, refuse what the consent
+// does not cover, record the new state, apply it, record what runs if
+// that differs. base, when not nil, is the configuration file the change
+// came from (a reload): the state's new Base.
+func (n *Node) commit(ncfg, base *config.Config, c Consent) (Changes, error) {
+	if err := ncfg.Validate(); err != nil {
+		return Changes{}, fmt.Errorf("%w (nothing changed)", err)
+	}
+	if _, refused := n.plan(ncfg, c); len(refused) > 0 {
+		return Changes{}, &Refused{refused}
+	}
+	nbase := n.base
+	if base != nil {
+		nbase = base
+	}
+	if err := n.record(nbase, ncfg); err != nil {
+		return Changes{}, fmt.Errorf("%w; nothing changed", err)
+	}
+	ch, err := n.apply(ncfg)
+	n.base = nbase
+	if rerr := n.record(nbase, n.cfg); rerr != nil {
+		err = errors.Join(err, rerr)
+	}
+	return ch, err
+}
+
+// record writes the node's state, where it keeps one.
+func (n *Node) record(base, running *config.Config) error {
+	if n.opts.StateFile == "" {
+		return nil
+	}
+	return storeState(n.opts.StateFile, state{Base: base, Running: running})
+}
+
+// apply brings the running node to ncfg (commit's last step), mu held.
+func (n *Node) apply(ncfg *config.Config) (Changes, error) {
+	var ch Changes
+	ncfg = ncfg.Clone()
 	var errs []error
 	did := func(format string, a ...any) { ch.Applied = append(ch.Applied, fmt.Sprintf(format, a...)) }
 	old := map[string]config.Target{}
@@ -91,7 +174,7 @@ func (n *Node) Apply(ncfg *config.Config) (Changes, error) {
 				errs = append(errs, fmt.Errorf("adding target %s: %w", nt.Name, err))
 				continue
 			}
-			n.log.Info("reload: target added", "target", nt.Name, "luns", len(nt.LUNs))
+			n.log.Info("change: target added", "target", nt.Name, "luns", len(nt.LUNs))
 			did("target %s added", nt.Name)
 			applied.Targets = append(applied.Targets, nt)
 			continue
@@ -112,7 +195,7 @@ func (n *Node) Apply(ncfg *config.Config) (Changes, error) {
 				luns := kept.LUNs
 				kept = accessOf(nt)
 				kept.LUNs, kept.TPGT, kept.PortGroups, kept.SRPIDExt = luns, ot.TPGT, ot.PortGroups, ot.SRPIDExt
-				n.log.Info("reload: access rules changed", "target", nt.Name)
+				n.log.Info("change: access rules changed", "target", nt.Name)
 				did("target %s: access rules changed", nt.Name)
 			}
 		}
@@ -121,13 +204,17 @@ func (n *Node) Apply(ncfg *config.Config) (Changes, error) {
 		}
 		applied.Targets = append(applied.Targets, kept)
 	}
-	for name := range old {
+	for _, t := range n.cfg.Targets { // in the running order
+		name := t.Name
+		if _, gone := old[name]; !gone {
+			continue
+		}
 		if err := n.removeTarget(name); err != nil {
 			errs = append(errs, err)
 			applied.Targets = append(applied.Targets, old[name])
 			continue
 		}
-		n.log.Info("reload: target removed", "target", name)
+		n.log.Info("change: target removed", "target", name)
 		did("target %s removed", name)
 	}
 	if !reflect.DeepEqual(ncfg.Discovery, n.cfg.Discovery) {
@@ -135,17 +222,185 @@ func (n *Node) Apply(ncfg *config.Config) (Changes, error) {
 			errs = append(errs, fmt.Errorf("discovery: %w", err))
 		} else {
 			applied.Discovery = ncfg.Discovery
-			n.log.Info("reload: discovery access rules changed")
+			n.log.Info("change: discovery access rules changed")
 			did("discovery access rules changed")
 		}
 	}
-	rest := func(c config.Config) config.Config { c.Targets, c.Discovery = nil, nil; return c }
 	if a, b := rest(*ncfg), rest(*n.cfg); !reflect.DeepEqual(a, b) {
 		ch.Restart = append(ch.Restart, restartFields(a, b)...)
-		n.log.Warn("reload: portals, limits, metrics, admin socket and iSNS changes take effect at the next start", "changed", ch.Restart)
+		n.log.Warn("change: portals, limits, metrics, admin socket and iSNS changes take effect at the next start", "changed", ch.Restart)
 	}
 	n.cfg = &applied
 	return ch, errors.Join(errs...)
+}
+
+// rest is what only a restart changes: the configuration without its
+// targets and discovery.
+func rest(c config.Config) config.Config { c.Targets, c.Discovery = nil, nil; return c }
+
+// plan says what bringing the node to ncfg would change, and what of it
+// the consent does not cover (mu held). It reads the LUNs as they run:
+// their sizes, sessions and commands in progress.
+func (n *Node) plan(ncfg *config.Config, c Consent) (changes, refused []string) {
+	say := func(format string, a ...any) { changes = append(changes, fmt.Sprintf(format, a...)) }
+	refuse := func(format string, a ...any) { refused = append(refused, fmt.Sprintf(format, a...)) }
+	sessions := map[string]int{}
+	for _, s := range n.sessionsLocked() {
+		if !s.Discovery {
+			sessions[s.Target]++
+		}
+	}
+	// inUse says why removing or replacing a LUN (lun nil: the whole
+	// target) would hurt initiators, or "".
+	inUse := func(target string, lun *uint64) string {
+		var why []string
+		if k := sessions[target]; k > 0 {
+			why = append(why, fmt.Sprintf("%d session(s) logged in to the target", k))
+		}
+		if d := n.device(target); d != nil {
+			busy := 0
+			for _, id := range d.LUNs() {
+				if lu := d.LU(id); lu != nil && (lun == nil || *lun == id) {
+					busy += lu.InProgress()
+				}
+			}
+			if busy > 0 {
+				why = append(why, fmt.Sprintf("%d command(s) in progress", busy))
+			}
+		}
+		return strings.Join(why, ", ")
+	}
+	old := byName(n.cfg.Targets)
+	for _, nt := range ncfg.Targets {
+		ot, ok := old[nt.Name]
+		delete(old, nt.Name)
+		if !ok {
+			say("target %s: add, with %d LUN(s)", nt.Name, len(nt.LUNs))
+			continue
+		}
+		if !reflect.DeepEqual(accessOf(ot), accessOf(nt)) {
+			say("target %s: change its access rules (ACL, CHAP, portals, redirect)", nt.Name)
+		}
+		if nt.TPGT != ot.TPGT || !slices.Equal(nt.PortGroups, ot.PortGroups) || nt.SRPIDExt != ot.SRPIDExt {
+			say("target %s: tpgt, port_groups or srp_id_ext (at the next start)", nt.Name)
+		}
+		was := map[uint64]config.LUN{}
+		for _, l := range ot.LUNs {
+			was[l.ID] = l
+		}
+		d := n.device(nt.Name)
+		for _, l := range nt.LUNs {
+			p, ok := was[l.ID]
+			delete(was, l.ID)
+			where := fmt.Sprintf("target %s LUN %d", nt.Name, l.ID)
+			switch {
+			case !ok:
+				say("%s: add (%s)", where, describeLUN(l))
+			case sameLUN(p, l):
+			case onlySize(p, l):
+				var live int64
+				if d != nil && d.LU(l.ID) != nil {
+					lu := d.LU(l.ID)
+					live = int64(lu.Blocks()) * int64(lu.BlockSize())
+				}
+				to := sizeOf(l.Size)
+				if to == 0 || to == live {
+					continue
+				}
+				say("%s: resize from %s to %s", where, config.HumanSize(live), config.HumanSize(to))
+				switch {
+				case to > live:
+				case l.File != "" && !c.truncate:
+					refuse("%s: %s holds %s, the change says %s — blockwire never truncates a file on a reload or start (shrink it on purpose with blockwire admin resize --shrink, or make the file say %s)",
+						where, l.File, config.FormatSize(live), config.FormatSize(to), config.FormatSize(live))
+				case !c.Shrink:
+					refuse("%s: it holds %s, the change says %s: the data past %s would be lost (--shrink if that is meant, or make the file say %s)",
+						where, config.FormatSize(live), config.FormatSize(to), config.FormatSize(to), config.FormatSize(live))
+				}
+			default:
+				say("%s: replace (%s, was %s)", where, describeLUN(l), describeLUN(p))
+				if c.Force {
+					continue
+				}
+				id := l.ID
+				switch {
+				case p.File == "" && p.Remote == "" && p.RBD == "":
+					refuse("%s: replacing an in-memory LUN discards its data (--force if that is meant)", where)
+				case p.File != l.File:
+					refuse("%s: it would serve %s instead of %s (--force if that is meant)", where, cmp.Or(l.File, "another backend"), p.File)
+				case inUse(nt.Name, &id) != "":
+					refuse("%s: replacing it cuts off its initiators: %s (--force)", where, inUse(nt.Name, &id))
+				}
+			}
+		}
+		for _, l := range ot.LUNs {
+			if _, gone := was[l.ID]; !gone {
+				continue
+			}
+			where := fmt.Sprintf("target %s LUN %d", nt.Name, l.ID)
+			say("%s: remove (%s)", where, describeLUN(l))
+			id := l.ID
+			if why := inUse(nt.Name, &id); why != "" && !c.Force {
+				refuse("%s: removing it cuts off its initiators: %s (--force)", where, why)
+			}
+		}
+	}
+	for _, t := range n.cfg.Targets {
+		if _, gone := old[t.Name]; !gone {
+			continue
+		}
+		say("target %s: remove, with its %d LUN(s)", t.Name, len(t.LUNs))
+		if why := inUse(t.Name, nil); why != "" && !c.Force {
+			refuse("target %s: removing it ends its sessions: %s (--force)", t.Name, why)
+		}
+	}
+	if !reflect.DeepEqual(ncfg.Discovery, n.cfg.Discovery) {
+		say("discovery: change its access rules")
+	}
+	if a, b := rest(*ncfg), rest(*n.cfg); !reflect.DeepEqual(a, b) {
+		for _, f := range restartFields(a, b) {
+			say("%s (at the next start)", f)
+		}
+	}
+	return changes, refused
+}
+
+// describeLUN names a LUN's backend and size for a person.
+func describeLUN(l config.LUN) string {
+	var what string
+	switch {
+	case l.Remote != "":
+		what = "remote " + config.RedactURL(l.Remote)
+	case l.RBD != "":
+		what = "rbd " + l.RBD
+	case l.File != "":
+		what = "file " + l.File
+	default:
+		what = "in memory"
+	}
+	if l.Size != "" {
+		what += ", " + config.HumanSize(sizeOf(l.Size))
+	}
+	if l.ReadOnly {
+		what += ", read-only"
+	}
+	return what
+}
+
+// onlySize: a and b differ in their sizes alone, and the LUN can be
+// resized in place.
+func onlySize(a, b config.LUN) bool {
+	a.Size = b.Size
+	return reflect.DeepEqual(a, b) && b.Remote == "" && b.RBD == ""
+}
+
+// sessionsLocked is Sessions with mu held.
+func (n *Node) sessionsLocked() []scsitarget.SessionInfo {
+	out := n.iscsi.Sessions()
+	for _, s := range n.srp {
+		out = append(out, s.Sessions()...)
+	}
+	return out
 }
 
 // restartFields names the top-level settings that differ between a and b.
@@ -161,18 +416,50 @@ func restartFields(a, b config.Config) []string {
 	return out
 }
 
-// Reload applies the configuration file's changes (SIGHUP, the
-// administration API): a file with errors changes nothing.
-func (n *Node) Reload() error {
+// ReloadOptions say how a reload is made.
+type ReloadOptions struct {
+	Consent
+	// DryRun only says what the reload would change (Changes.Applied)
+	// and what it would refuse (the Refused error): nothing changes.
+	DryRun bool
+}
+
+// Reload applies the changes the configuration file made since it was
+// last applied (SIGHUP, the administration API), merged with what runs:
+// a LUN resized, added or removed live keeps that unless the file changes
+// the same LUN (merge). A file with errors changes nothing; so does a
+// reload that would lose data or cut initiators off without consent, or
+// whose changes conflict with the running ones without Force.
+func (n *Node) Reload(o ReloadOptions) (Changes, error) {
 	if n.opts.ConfigFile == "" {
-		return errors.New("started without a configuration file: nothing to reload")
+		return Changes{}, errors.New("started without a configuration file: nothing to reload")
 	}
-	ncfg, err := config.Load(n.opts.ConfigFile)
+	file, err := config.Load(n.opts.ConfigFile)
 	if err != nil {
-		return fmt.Errorf("%w (nothing changed)", err)
+		return Changes{}, fmt.Errorf("%w (nothing changed)", err)
 	}
-	_, err = n.Apply(ncfg)
-	return err
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	next, conflicts := merge(n.base, n.cfg, file)
+	if err := next.Validate(); err != nil {
+		return Changes{}, fmt.Errorf("the file merged with the running changes: %w (nothing changed)", err)
+	}
+	plan, refused := n.plan(next, o.Consent)
+	if !o.Force {
+		for _, c := range conflicts {
+			refused = append(refused, c+" (--force takes the file's; or make the file say what runs)")
+		}
+	}
+	if o.DryRun {
+		if len(refused) > 0 {
+			return Changes{Applied: plan}, &Refused{refused}
+		}
+		return Changes{Applied: plan}, nil
+	}
+	if len(refused) > 0 {
+		return Changes{}, &Refused{refused}
+	}
+	return n.commit(next, file, o.Consent)
 }
 
 // accessOf is what UpdateTarget changes: the target without its LUNs
@@ -201,13 +488,11 @@ func (n *Node) updateLUNs(ot, nt config.Target, did func(string, ...any)) ([]con
 	for _, lc := range nt.LUNs {
 		prev, ok := was[lc.ID]
 		delete(was, lc.ID)
-		if ok && prev == lc {
+		if ok && sameLUN(prev, lc) {
 			continue
 		}
 		if ok {
-			sized := prev
-			sized.Size = lc.Size
-			if sized == lc && lc.Remote == "" {
+			if onlySize(prev, lc) {
 				size, err := config.ParseSize(lc.Size)
 				if err == nil {
 					err = d.LU(lc.ID).Resize(size)
@@ -216,7 +501,7 @@ func (n *Node) updateLUNs(ot, nt config.Target, did func(string, ...any)) ([]con
 					errs = append(errs, fmt.Errorf("target %s LUN %d: resize: %w", nt.Name, lc.ID, err))
 				} else {
 					now[lc.ID] = lc
-					n.log.Info("reload: LUN resized", "target", nt.Name, "lun", lc.ID, "size", lc.Size)
+					n.log.Info("change: LUN resized", "target", nt.Name, "lun", lc.ID, "size", lc.Size)
 					did("target %s LUN %d resized to %s", nt.Name, lc.ID, lc.Size)
 				}
 				continue
@@ -238,7 +523,7 @@ func (n *Node) updateLUNs(ot, nt config.Target, did func(string, ...any)) ([]con
 			continue
 		}
 		now[lc.ID] = lc
-		n.log.Info("reload: LUN added", "target", nt.Name, "lun", lc.ID, "replaced", ok)
+		n.log.Info("change: LUN added", "target", nt.Name, "lun", lc.ID, "replaced", ok)
 		did("target %s LUN %d added", nt.Name, lc.ID)
 	}
 	for id := range was {
@@ -247,7 +532,7 @@ func (n *Node) updateLUNs(ot, nt config.Target, did func(string, ...any)) ([]con
 			continue
 		}
 		delete(now, id)
-		n.log.Info("reload: LUN removed", "target", nt.Name, "lun", id)
+		n.log.Info("change: LUN removed", "target", nt.Name, "lun", id)
 		did("target %s LUN %d removed", nt.Name, id)
 	}
 	out := make([]config.LUN, 0, len(now))
@@ -263,150 +548,155 @@ func lunConfig(n admin.NewLU) config.LUN {
 	return config.LUN{ID: n.LUN, Size: n.Size, File: n.File, Remote: n.Remote, BlockSize: n.BlockSize, ReadOnly: n.ReadOnly}
 }
 
-func (n *Node) targetIndex(name string) int {
-	return slices.IndexFunc(n.cfg.Targets, func(t config.Target) bool { return t.Name == name })
+func targetIndex(c *config.Config, name string) int {
+	return slices.IndexFunc(c.Targets, func(t config.Target) bool { return t.Name == name })
 }
 
-// check validates the configuration with one change made.
-func (n *Node) check(change func(c *config.Config)) error {
-	c := *n.cfg
-	c.Targets = slices.Clone(n.cfg.Targets)
-	for i := range c.Targets {
-		c.Targets[i].LUNs = slices.Clone(c.Targets[i].LUNs)
+// change is an administration verb: the running configuration with edit
+// made, through commit like every change.
+func (n *Node) change(c Consent, edit func(c *config.Config) error) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	next := n.cfg.Clone()
+	if err := edit(next); err != nil {
+		return err
 	}
-	change(&c)
-	return c.Validate()
+	_, err := n.commit(next, nil, c)
+	return err
+}
+
+// lunIndex is the index of a target's LUN in c, or an error naming what
+// is missing.
+func lunIndex(c *config.Config, target string, lun uint64) (int, int, error) {
+	i := slices.IndexFunc(c.Targets, func(t config.Target) bool { return t.Name == target })
+	if i < 0 {
+		return -1, -1, fmt.Errorf("no target %q", target)
+	}
+	j := slices.IndexFunc(c.Targets[i].LUNs, func(l config.LUN) bool { return l.ID == lun })
+	if j < 0 {
+		return i, -1, fmt.Errorf("%s has no LUN %d", target, lun)
+	}
+	return i, j, nil
 }
 
 // AddLU implements admin.Control.
 func (n *Node) AddLU(nl admin.NewLU) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i, d := n.targetIndex(nl.Target), n.device(nl.Target)
-	if i < 0 || d == nil {
-		return fmt.Errorf("no target %q", nl.Target)
-	}
-	if d.LU(nl.LUN) != nil {
-		return fmt.Errorf("%s already has LUN %d", nl.Target, nl.LUN)
-	}
-	lc := lunConfig(nl)
-	if err := n.check(func(c *config.Config) { c.Targets[i].LUNs = append(c.Targets[i].LUNs, lc) }); err != nil {
-		return err
-	}
-	lu, err := buildLU(nl.Target, lc, n.opts.Backend, n.cfg.Poll, n.log)
-	if err == nil {
-		if err = d.AddLU(lu); err != nil {
-			lu.Close()
+	err := n.change(Consent{}, func(c *config.Config) error {
+		i, j, _ := lunIndex(c, nl.Target, nl.LUN)
+		switch {
+		case i < 0:
+			return fmt.Errorf("no target %q", nl.Target)
+		case j >= 0:
+			return fmt.Errorf("%s already has LUN %d", nl.Target, nl.LUN)
 		}
+		c.Targets[i].LUNs = append(c.Targets[i].LUNs, lunConfig(nl))
+		return nil
+	})
+	if err == nil {
+		n.log.Info("admin: LUN added", "target", nl.Target, "lun", nl.LUN)
 	}
-	if err != nil {
-		return err
-	}
-	n.cfg.Targets[i].LUNs = append(n.cfg.Targets[i].LUNs, lc)
-	n.log.Info("admin: LUN added", "target", nl.Target, "lun", nl.LUN)
-	return nil
+	return err
 }
 
 // RemoveLU implements admin.Control.
-func (n *Node) RemoveLU(name string, lun uint64) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i, d := n.targetIndex(name), n.device(name)
-	if i < 0 || d == nil {
-		return fmt.Errorf("no target %q", name)
-	}
-	if err := d.RemoveLU(lun); err != nil {
+func (n *Node) RemoveLU(name string, lun uint64, force bool) error {
+	err := n.change(Consent{Force: force}, func(c *config.Config) error {
+		i, j, err := lunIndex(c, name, lun)
+		if err == nil {
+			c.Targets[i].LUNs = slices.Delete(c.Targets[i].LUNs, j, j+1)
+		}
 		return err
+	})
+	if err == nil {
+		n.log.Info("admin: LUN removed", "target", name, "lun", lun)
 	}
-	n.cfg.Targets[i].LUNs = slices.DeleteFunc(n.cfg.Targets[i].LUNs, func(c config.LUN) bool { return c.ID == lun })
-	n.log.Info("admin: LUN removed", "target", name, "lun", lun)
-	return nil
+	return err
 }
 
-// ResizeLU implements admin.Control.
-func (n *Node) ResizeLU(name string, lun uint64, size int64) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i, d := n.targetIndex(name), n.device(name)
-	if i < 0 || d == nil || d.LU(lun) == nil {
-		return fmt.Errorf("%s has no LUN %d", name, lun)
-	}
-	if err := d.LU(lun).Resize(size); err != nil {
-		return err
-	}
-	for j := range n.cfg.Targets[i].LUNs {
-		if n.cfg.Targets[i].LUNs[j].ID == lun {
-			n.cfg.Targets[i].LUNs[j].Size = strconv.FormatInt(size, 10)
+// ResizeLU implements admin.Control: the new size is kept as an operator
+// writes it ("64MiB"). A smaller size needs shrink, and is the one way a
+// file LUN's file is truncated.
+func (n *Node) ResizeLU(name string, lun uint64, size int64, shrink bool) error {
+	err := n.change(Consent{Shrink: shrink, truncate: shrink}, func(c *config.Config) error {
+		i, j, err := lunIndex(c, name, lun)
+		if err != nil {
+			return err
 		}
+		l := &c.Targets[i].LUNs[j]
+		if l.Remote != "" || l.RBD != "" {
+			return fmt.Errorf("%s LUN %d: its size is the remote LUN's or the image's", name, lun)
+		}
+		l.Size = config.FormatSize(size)
+		return nil
+	})
+	if err == nil {
+		n.log.Info("admin: LUN resized", "target", name, "lun", lun, "size", size)
 	}
-	n.log.Info("admin: LUN resized", "target", name, "lun", lun, "size", size)
-	return nil
+	return err
 }
 
 // AddTarget implements admin.Control: the target is served on every
 // fabric whose portals serve all targets.
 func (n *Node) AddTarget(nt admin.NewTarget) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	tc := config.Target{Name: nt.Name, Alias: nt.Alias, Initiators: nt.Initiators}
 	for _, x := range nt.LUNs {
 		tc.LUNs = append(tc.LUNs, lunConfig(x))
 	}
-	if err := n.check(func(c *config.Config) { c.Targets = append(c.Targets, tc) }); err != nil {
-		return err
+	err := n.change(Consent{}, func(c *config.Config) error {
+		if targetIndex(c, nt.Name) >= 0 {
+			return fmt.Errorf("target %q exists", nt.Name)
+		}
+		c.Targets = append(c.Targets, tc)
+		return nil
+	})
+	if err == nil {
+		n.log.Info("admin: target added", "target", nt.Name, "luns", len(tc.LUNs))
 	}
-	trial := *n.cfg
-	trial.Targets = append(slices.Clone(n.cfg.Targets), tc)
-	if err := n.addTarget(&trial, len(trial.Targets)-1); err != nil {
-		return err
-	}
-	n.cfg.Targets = append(n.cfg.Targets, tc)
-	n.log.Info("admin: target added", "target", nt.Name, "luns", len(tc.LUNs))
-	return nil
+	return err
 }
 
-// RemoveTarget implements admin.Control: its sessions on every fabric end.
-func (n *Node) RemoveTarget(name string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if err := n.removeTarget(name); err != nil {
-		return err
+// RemoveTarget implements admin.Control: its sessions on every fabric
+// end; a target with sessions or commands in progress needs force.
+func (n *Node) RemoveTarget(name string, force bool) error {
+	err := n.change(Consent{Force: force}, func(c *config.Config) error {
+		i := targetIndex(c, name)
+		if i < 0 {
+			return fmt.Errorf("no target %q", name)
+		}
+		c.Targets = slices.Delete(c.Targets, i, i+1)
+		return nil
+	})
+	if err == nil {
+		n.log.Info("admin: target removed", "target", name)
 	}
-	n.cfg.Targets = slices.DeleteFunc(n.cfg.Targets, func(t config.Target) bool { return t.Name == name })
-	n.log.Info("admin: target removed", "target", name)
-	return nil
+	return err
 }
 
 // SetInitiators implements admin.Control: the ACL for logins from now on.
 func (n *Node) SetInitiators(name string, initiators []string) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	i := n.targetIndex(name)
-	if i < 0 {
-		return fmt.Errorf("no target %q", name)
-	}
-	if err := n.check(func(c *config.Config) { c.Targets[i].Initiators = initiators }); err != nil {
-		return err
-	}
-	tc := n.cfg.Targets[i]
-	tc.Initiators = initiators
-	t, err := targetAccess(tc, n.iscsiPortals(n.cfg, tc))
+	err := n.change(Consent{}, func(c *config.Config) error {
+		i := targetIndex(c, name)
+		if i < 0 {
+			return fmt.Errorf("no target %q", name)
+		}
+		c.Targets[i].Initiators = initiators
+		return nil
+	})
 	if err == nil {
-		err = n.iscsi.UpdateTarget(t)
+		n.log.Info("admin: ACL changed", "target", name, "initiators", initiators)
 	}
-	if err != nil {
-		return err
-	}
-	n.cfg.Targets[i] = tc
-	n.log.Info("admin: ACL changed", "target", name, "initiators", initiators)
-	return nil
+	return err
 }
 
 // Save implements admin.Control: the running configuration, as TOML, to
-// path or the file it was read from (written to a new file, synced and
-// renamed into place, mode 0600). Secrets stay references: what the file
-// had (secret_file, secret_env, or an inline secret). The file replaced is
-// kept as PATH.bak first: TOML's encoder keeps no comments.
+// path or the configuration file (written to a new file, synced and
+// renamed into place, mode 0600), for an operator who wants the live
+// changes in the hand-written file — the node's state keeps them without
+// it. Secrets stay references (secret_file, secret_env, or an inline
+// secret), secret files under the file's directory relative to it; sizes
+// as they were written. The file replaced is kept as PATH.bak first:
+// TOML's encoder keeps no comments. A saved file that would not load is
+// taken back.
 func (n *Node) Save(path string) (string, string, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -419,7 +709,8 @@ func (n *Node) Save(path string) (string, string, error) {
 	var b bytes.Buffer
 	b.WriteString("# blockwire configuration, saved by blockwire admin save\n")
 	backup := ""
-	if old, err := os.ReadFile(path); err == nil {
+	old, err := os.ReadFile(path)
+	if err == nil {
 		backup = path + ".bak"
 		if err := atomicfile.WriteFile(backup, old, 0o600); err != nil {
 			return "", "", fmt.Errorf("keeping the previous file as %s: %w", backup, err)
@@ -428,14 +719,37 @@ func (n *Node) Save(path string) (string, string, error) {
 	} else if !errors.Is(err, fs.ErrNotExist) {
 		return "", "", err
 	}
-	if err := toml.NewEncoder(&b).Encode(n.cfg); err != nil {
+	if err := toml.NewEncoder(&b).Encode(n.cfg.RelativeTo(filepath.Dir(path))); err != nil {
 		return "", "", err
 	}
 	if err := atomicfile.WriteFile(path, b.Bytes(), 0o600); err != nil {
 		return "", "", err
 	}
+	saved, err := config.Load(path)
+	if err != nil {
+		if backup != "" {
+			atomicfile.WriteFile(path, old, 0o600)
+		} else {
+			atomicfile.Remove(path)
+		}
+		return "", "", fmt.Errorf("the saved file would not load, so it was taken back: %w", err)
+	}
+	if same(path, n.opts.ConfigFile) {
+		// The file now says what runs: a reload of it changes nothing.
+		n.base = saved
+		if err := n.record(n.base, n.cfg); err != nil {
+			return "", "", err
+		}
+	}
 	n.log.Info("admin: configuration saved", "file", path, "backup", backup)
 	return path, backup, nil
 }
 
-var _ admin.Control = (*Node)(nil)
+// same: a and b name one file.
+func same(a, b string) bool {
+	sa, err1 := os.Stat(a)
+	sb, err2 := os.Stat(b)
+	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
+}
+
+var _ admin.Control = control{}

@@ -151,7 +151,7 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 	ncfg := n.Config()
 	ncfg.Targets = append(ncfg.Targets, config.Target{Name: diskC, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}})
 	ncfg.Targets = slices.DeleteFunc(ncfg.Targets, func(t config.Target) bool { return t.Name == diskB })
-	ch, err := n.Apply(ncfg)
+	ch, err := n.Apply(ncfg, node.Consent{Force: true}) // diskB has an SRP session
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +178,7 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 	// The portal change waits for a restart, and says so.
 	ncfg = n.Config()
 	ncfg.Listen = append(ncfg.Listen, "127.0.0.1:0")
-	if ch, err = n.Apply(ncfg); err != nil || !slices.Contains(ch.Restart, "listen") {
+	if ch, err = n.Apply(ncfg, node.Consent{}); err != nil || !slices.Contains(ch.Restart, "listen") {
 		t.Errorf("Apply of a new portal: %+v, %v; want listen among the restart fields", ch, err)
 	}
 }

@@ -51,6 +51,12 @@ type Options struct {
 	// (SIGHUP, the administration API); empty: Reload fails and Save
 	// needs a path.
 	ConfigFile string
+	// StateFile is where the node records what it serves, before every
+	// change takes effect (docs/operations.md): the configuration file
+	// as last applied and the administration API's changes on top of it.
+	// At start, a state that exists is merged with the configuration
+	// (Reload's merge). Empty: changes last only until the process ends.
+	StateFile string
 	// RequireHeaderDigest and RequireDataDigest make CRC32C the only
 	// iSCSI digest accepted (RFC 7143 §13.1).
 	RequireHeaderDigest, RequireDataDigest bool
@@ -104,6 +110,7 @@ type Node struct {
 	// under it).
 	mu      sync.Mutex
 	cfg     *config.Config
+	base    *config.Config // the configuration file as last applied (merge's base)
 	devices []*scsitarget.Device
 	srp     map[string]*srptarget.Server // by target name
 	srpOn   []srpPortal
@@ -139,6 +146,29 @@ type srpPortal struct {
 // New builds the targets a configuration describes (opening their
 // backends) without serving them: Start opens the portals.
 func New(cfg *config.Config, opts Options) (*Node, error) {
+	base := cfg // what the file says, where there is one: the next reload's base
+	if opts.ConfigFile != "" {
+		file, err := config.Load(opts.ConfigFile)
+		if err != nil {
+			return nil, err
+		}
+		base = file
+	}
+	var st *state
+	if opts.StateFile != "" {
+		var err error
+		if st, err = loadState(opts.StateFile); err != nil {
+			return nil, fmt.Errorf("%w (move it aside to start from the configuration alone)", err)
+		}
+	}
+	if st != nil {
+		merged, conflicts := merge(st.Base, st.Running, cfg)
+		if len(conflicts) > 0 {
+			return nil, fmt.Errorf("the configuration and the changes recorded in the node's state %s disagree: %s — make the configuration say what should run, or move the state aside to start from the configuration alone",
+				opts.StateFile, strings.Join(conflicts, "; "))
+		}
+		cfg = merged
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -164,7 +194,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		sessB = iscsitarget.DefaultSessionIOBudget
 	}
 	log := opts.Logger
-	n := &Node{opts: opts, log: log, cfg: cfg, srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
+	n := &Node{opts: opts, log: log, cfg: cfg, base: base.Clone(), srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: scsitarget.NewIOBudget(ioB, sessB),
 		// A stream that takes under 64 KiB in the NOP timeout fails its
@@ -220,19 +250,19 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			return nil, err
 		}
 	}
+	if st != nil {
+		// The state's base is the file as it is now.
+		if err := n.record(n.base, n.cfg); err != nil {
+			n.closeDevices()
+			n.closeVerbs()
+			return nil, err
+		}
+	}
 	return n, nil
 }
 
-// clone copies a configuration deep enough that the caller's may change.
-func clone(c *config.Config) *config.Config {
-	d := *c
-	d.Targets = slices.Clone(c.Targets)
-	for i := range d.Targets {
-		d.Targets[i].LUNs = slices.Clone(d.Targets[i].LUNs)
-	}
-	d.Portals = slices.Clone(c.Portals)
-	return &d
-}
+// clone copies a configuration: the caller's may change.
+func clone(c *config.Config) *config.Config { return c.Clone() }
 
 // addTarget builds target i of cfg and serves it on every fabric the node
 // runs. Called with mu held (or before Start).
@@ -716,7 +746,7 @@ func (n *Node) startSRP(p config.Portal) error {
 // startAdmin serves the administration API on the configuration's Unix
 // socket and on Options.AdminHTTP.
 func (n *Node) startAdmin() error {
-	h := admin.Handler(admin.Options{Control: n, Dirs: n.cfg.AdminDirs})
+	h := admin.Handler(admin.Options{Control: n.Admin(), Dirs: n.cfg.AdminDirs})
 	if path := n.cfg.AdminSocket; path != "" {
 		al, err := listenAdminSocket(path)
 		if err != nil {

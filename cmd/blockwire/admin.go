@@ -28,14 +28,22 @@ const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PO
   drop ID                           end a session (its ID: an iSCSI TSIH, srp-N)
   luns                              every target's LUNs
   add-lun TARGET LUN (--size S | --file F | --remote URL) [--block-size N] [--read-only]
-  remove-lun TARGET LUN
+  remove-lun TARGET LUN [--force]  a LUN with sessions or commands in progress needs --force
   resize TARGET LUN SIZE [--shrink] connected initiators get CAPACITY DATA HAS CHANGED;
                                     a smaller size needs --shrink (the data past it is lost)
   add-target NAME (--size S | --file F | --remote URL) [--initiators A,B]   with LUN 0
-  remove-target NAME                closes its sessions
+  remove-target NAME [--force]      closes its sessions (which needs --force)
   set-initiators TARGET [A,B,...]   the ACL for logins from now on (none: everyone)
-  reload                            apply the configuration file's changes (as SIGHUP)
+  reload [--dry-run] [--shrink] [--force]
+                                    apply the changes the configuration file made since it
+                                    was last applied, on top of the live ones (as SIGHUP);
+                                    --dry-run prints them and changes nothing; what would
+                                    lose data or cut initiators off is refused whole unless
+                                    --shrink (smaller in-memory LUNs) or --force
   save [FILE]                       write the running configuration (default: its file)
+Every change is recorded in the node's state file (serve --state) before it takes
+effect, so it lasts across restarts; the configuration file is never rewritten but
+by save (docs/operations.md).
 The socket is serve's --admin-socket (or BLOCKWIRE_ADMIN_SOCKET; default
 /run/blockwire/admin.sock, the systemd unit's); --url is
 serve's --admin-http, with the token serve wrote to its --admin-http-token file.
@@ -68,7 +76,9 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
 	blockSize := fs.Int("block-size", 0, "add-lun: logical block size")
 	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
-	shrink := fs.Bool("shrink", false, "resize: allow a smaller size (the data past it is lost)")
+	shrink := fs.Bool("shrink", false, "resize, reload: allow a smaller size (the data past it is lost; a reload never truncates a file)")
+	force := fs.Bool("force", false, "remove-lun, remove-target, reload: allow removing or replacing what is in use, replacing in-memory LUNs, and the file's side of a conflict with live changes")
+	dryRun := fs.Bool("dry-run", false, "reload: print what would change, change nothing")
 	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
 	asJSON := fs.Bool("json", false, "sessions, luns: print the API's JSON instead of a table")
 	pos, err := parse(fs, args)
@@ -204,7 +214,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		if !need(3) {
 			return exitUsage
 		}
-		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2]), nil, &res)
+		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+forceQuery(*force), nil, &res)
 	case "resize":
 		if !need(4) {
 			return exitUsage
@@ -230,7 +240,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		if !need(2) {
 			return exitUsage
 		}
-		err = call("DELETE", "/targets/"+url.PathEscape(pos[1]), nil, &res)
+		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+forceQuery(*force), nil, &res)
 	case "set-initiators":
 		if len(pos) != 2 && len(pos) != 3 {
 			io.WriteString(stderr, adminUsage)
@@ -242,7 +252,18 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		}
 		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/initiators", list, &res)
 	case "reload":
-		err = call("POST", "/reload", nil, &res)
+		q := url.Values{}
+		for k, v := range map[string]bool{"dry_run": *dryRun, "shrink": *shrink, "force": *force} {
+			if v {
+				q.Set(k, "true")
+			}
+		}
+		var rr admin.ReloadResult
+		if err = call("POST", "/reload?"+q.Encode(), nil, &rr); err == nil && *dryRun && !*asJSON {
+			printPlan(stdout, rr)
+			return exitOK
+		}
+		res = rr
 	case "save":
 		path := ""
 		if len(pos) > 1 {
@@ -279,4 +300,28 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+func forceQuery(force bool) string {
+	if force {
+		return "?force=true"
+	}
+	return ""
+}
+
+// printPlan prints a dry run's reload for a person: one change a line,
+// then what would be refused.
+func printPlan(w io.Writer, rr admin.ReloadResult) {
+	if len(rr.Changes) == 0 {
+		fmt.Fprintln(w, "no changes: the running node already serves what the configuration says")
+	}
+	for _, c := range rr.Changes {
+		fmt.Fprintln(w, "  "+c)
+	}
+	if len(rr.Refused) > 0 {
+		fmt.Fprintln(w, "the reload would be refused as a whole (nothing would change):")
+		for _, r := range rr.Refused {
+			fmt.Fprintln(w, "  refused: "+r)
+		}
+	}
 }

@@ -124,7 +124,7 @@ type serveFlags struct {
 	grow, readOnly, removable, iser, writeCache, direct, roceGSO                *bool
 	tpgt                                                                        *uint
 	blockSize, roceUDP                                                          *int
-	cfgPath, logLevel, logFormat, cpuprofile, metrics                           *string
+	cfgPath, statePath, logLevel, logFormat, cpuprofile, metrics                *string
 	metricsToken, adminSocket, adminHTTP, adminToken, isns                      *string
 	hdigest, ddigest, srpID                                                     *string
 	nop, nopTimeout, loginTimeout, poll                                         *time.Duration
@@ -157,6 +157,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.removable = fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
 	f.writeCache = fs.Bool("write-cache", true, "LUN 0's write cache; false: every write is flushed to stable storage before it is acknowledged (WCE 0)")
 	f.cfgPath = fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
+	f.statePath = fs.String("state", "", "where the node records every change it is asked to make, before it takes effect, so that it lasts across restarts (default with --config: beside it, NAME.state.toml; \"none\": changes last until the process ends)")
 	f.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	f.logFormat = fs.String("log-format", "text", "text or json (log/slog, on stderr)")
 	f.nop = fs.Duration("nop-interval", d.NopInterval, "ping idle connections after this long (negative: never)")
@@ -240,10 +241,15 @@ func serve(args []string, stderr io.Writer) int {
 				continue
 			}
 			log.Info("reloading the configuration", "file", opts.ConfigFile)
-			if err := n.Reload(); err != nil {
+			ch, err := n.Reload(node.ReloadOptions{})
+			var refused *node.Refused
+			switch {
+			case errors.As(err, &refused):
+				log.Error("reload refused, nothing changed (blockwire admin reload --dry-run shows the whole change; --force, --shrink allow it)", "reasons", refused.Reasons)
+			case err != nil:
 				log.Error("reload incomplete", "err", err)
-			} else {
-				log.Info("configuration reloaded")
+			default:
+				log.Info("configuration reloaded", "changes", len(ch.Applied), "restart", ch.Restart)
 			}
 			continue
 		case s := <-sig:
@@ -326,7 +332,14 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		fmt.Fprintf(stderr, "blockwire: --log-format must be text or json, not %q\n", *f.logFormat)
 		return nil, opts, 2
 	}
-	opts = node.Options{Logger: slog.New(handler), ConfigFile: *f.cfgPath, RoCEUDPPort: *f.roceUDP,
+	state := *f.statePath
+	switch state {
+	case "":
+		state = node.DefaultStateFile(*f.cfgPath)
+	case "none":
+		state = ""
+	}
+	opts = node.Options{Logger: slog.New(handler), ConfigFile: *f.cfgPath, StateFile: state, RoCEUDPPort: *f.roceUDP,
 		RequireHeaderDigest: *f.hdigest == "required", RequireDataDigest: *f.ddigest == "required",
 		AdminHTTP: *f.adminHTTP, AdminTokenFile: *f.adminToken}
 	var cfg *config.Config

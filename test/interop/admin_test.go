@@ -97,7 +97,11 @@ func TestAdminAtRuntime(t *testing.T) {
 	if !strings.Contains(d.log.String(), "dropped by the administrator") {
 		t.Fatalf("the drop is not logged:\n%s", d.log)
 	}
-	adm("remove-lun", defaultIQN, "1")
+	// The target has a session: removing its LUN needs --force.
+	if out, code := blockwire(t, "admin", "--socket", sock, "remove-lun", defaultIQN, "1"); code != 1 || !strings.Contains(out, "--force") {
+		t.Fatalf("remove-lun of a target with a session, without --force: exit %d\n%s", code, out)
+	}
+	adm("remove-lun", defaultIQN, "1", "--force")
 	if out := adm("luns"); strings.Contains(out, defaultIQN+"  1") {
 		t.Fatalf("luns after remove-lun:\n%s", out)
 	}
@@ -131,7 +135,7 @@ func TestAdminAtRuntime(t *testing.T) {
 		t.Fatalf("the saved configuration does not check (exit %d):\n%s", code, out)
 	}
 	b, _ := os.ReadFile(saved)
-	if !strings.Contains(string(b), second) || !strings.Contains(string(b), `size = "100663296"`) {
+	if !strings.Contains(string(b), second) || !strings.Contains(string(b), `size = "96MiB"`) {
 		t.Fatalf("saved configuration:\n%s", b)
 	}
 	adm("remove-target", second)

@@ -133,9 +133,16 @@ func freePort(t *testing.T) string {
 // serve starts blockwire with args plus --listen on a free port.
 func serve(t *testing.T, args ...string) *daemon {
 	t.Helper()
+	return serveIn(t, "", args...)
+}
+
+// serveIn is serve run in the directory dir ("": the test's).
+func serveIn(t *testing.T, dir string, args ...string) *daemon {
+	t.Helper()
 	addr := freePort(t)
 	d := &daemon{t: t, addr: addr, log: &servetest.LogBuffer{}, done: make(chan error, 1)}
 	d.cmd = exec.Command(binary, append([]string{"serve", "--listen", addr}, args...)...)
+	d.cmd.Dir = dir
 	d.cmd.Stderr = d.log
 	d.cmd.Stdout = d.log
 	if err := d.cmd.Start(); err != nil {

@@ -1,0 +1,266 @@
+package node
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/BurntSushi/toml"
+
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/internal/atomicfile"
+)
+
+// The node's state (docs/operations.md, "What a node serves"): the
+// configuration file is what the operator writes, and blockwire never
+// rewrites it. Every change made with the administration API is recorded
+// in the node's state file before it takes effect: what the node serves
+// (Running) and the configuration file as it was last applied (Base). A
+// reload, and a start, apply the changes the file made since Base to
+// Running — a three-way merge, as version control merges — so what an
+// operator changed live stays unless the file changes the same thing.
+
+// state is the state file's content.
+type state struct {
+	// Base is the configuration file as it was last applied.
+	Base *config.Config `toml:"base"`
+	// Running is what the node serves: Base with the administration
+	// API's changes.
+	Running *config.Config `toml:"running"`
+}
+
+// DefaultStateFile is where a node started with configFile keeps its
+// state when not told otherwise: beside it, NAME.state.toml.
+func DefaultStateFile(configFile string) string {
+	if configFile == "" {
+		return ""
+	}
+	return strings.TrimSuffix(configFile, ".toml") + ".state.toml"
+}
+
+// loadState reads a state file; a missing one is (nil, nil).
+func loadState(path string) (*state, error) {
+	var st state
+	_, err := toml.DecodeFile(path, &st)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("the node's state %s: %w", path, err)
+	}
+	if st.Base == nil || st.Running == nil {
+		return nil, fmt.Errorf("the node's state %s: no [base] or [running]", path)
+	}
+	return &st, nil
+}
+
+// storeState writes the state file: a new file, synced, renamed into
+// place, the directory synced; the version it replaces is kept as
+// PATH.prev the same way.
+func storeState(path string, st state) error {
+	var b bytes.Buffer
+	b.WriteString("# blockwire's state: what this node serves (running) and its configuration\n" +
+		"# file as last applied (base). Written by blockwire at every change; do not edit.\n" +
+		"# Change the configuration file, or use blockwire admin (docs/operations.md).\n")
+	if err := toml.NewEncoder(&b).Encode(st); err != nil {
+		return err
+	}
+	if old, err := os.ReadFile(path); err == nil {
+		if bytes.Equal(old, b.Bytes()) {
+			return nil
+		}
+		if err := atomicfile.WriteFile(path+".prev", old, 0o600); err != nil {
+			return fmt.Errorf("keeping the previous state as %s.prev: %w", path, err)
+		}
+	}
+	if err := atomicfile.WriteFile(path, b.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("recording the change in the node's state %s: %w (give serve --state a writable file)", path, err)
+	}
+	return nil
+}
+
+// merge applies the changes theirs (the configuration file now) made to
+// base (the file as last applied) on top of ours (what runs), target by
+// target and LUN by LUN: what the file did not change keeps its running
+// value; what the file changed takes the file's. A change both made
+// differently is a conflict, named in the result; the file's value is
+// taken there (the caller refuses unless told to force). What only a
+// restart changes (portals, limits, the surfaces) is taken as a whole: as
+// it runs where the file left it, else the file's.
+func merge(base, ours, theirs *config.Config) (*config.Config, []string) {
+	out := theirs.Clone()
+	if reflect.DeepEqual(rest(*theirs), rest(*base)) {
+		// The file left them: they stay as they run (flags given to
+		// serve among them).
+		out = ours.Clone()
+	}
+	var conflicts []string
+	out.Discovery = pick(base.Discovery, ours.Discovery, theirs.Discovery, func(what string) {
+		conflicts = append(conflicts, "discovery: "+what)
+	})
+	bt, ot, tt := byName(base.Targets), byName(ours.Targets), byName(theirs.Targets)
+	out.Targets = nil
+	for _, name := range names(ours.Targets, theirs.Targets) {
+		b, inB := bt[name]
+		o, inO := ot[name]
+		t, inT := tt[name]
+		where := "target " + name
+		switch {
+		case inO && inT:
+			if !inB {
+				// Both added it: one target, merged against nothing.
+				b = config.Target{Name: name}
+			}
+			m := t
+			acc := pick(accessOf(b), accessOf(o), accessOf(t), func(what string) { conflicts = append(conflicts, where+": "+what) })
+			m = acc
+			m.TPGT, m.PortGroups, m.SRPIDExt = t.TPGT, t.PortGroups, t.SRPIDExt
+			m.LUNs = mergeLUNs(where, b.LUNs, o.LUNs, t.LUNs, &conflicts)
+			out.Targets = append(out.Targets, m)
+		case inO && !inT:
+			if !inB {
+				out.Targets = append(out.Targets, o) // added live: stays
+			} else if !equalTarget(b, o) {
+				conflicts = append(conflicts, where+": removed from the file, but changed live")
+			}
+			// else: the file removed it.
+		case inT && !inO:
+			if !inB {
+				out.Targets = append(out.Targets, t) // added to the file
+			} else if !equalTarget(b, t) {
+				conflicts = append(conflicts, where+": removed live, but changed in the file")
+				out.Targets = append(out.Targets, t)
+			}
+			// else: removed live, and the file did not touch it.
+		}
+	}
+	return out, conflicts
+}
+
+// mergeLUNs is merge for one target's LUNs, by LUN number.
+func mergeLUNs(where string, base, ours, theirs []config.LUN, conflicts *[]string) []config.LUN {
+	idx := func(ls []config.LUN) map[uint64]config.LUN {
+		m := map[uint64]config.LUN{}
+		for _, l := range ls {
+			m[l.ID] = l
+		}
+		return m
+	}
+	bl, ol, tl := idx(base), idx(ours), idx(theirs)
+	var ids []uint64
+	for _, l := range slices.Concat(ours, theirs) {
+		if !slices.Contains(ids, l.ID) {
+			ids = append(ids, l.ID)
+		}
+	}
+	slices.Sort(ids)
+	var out []config.LUN
+	for _, id := range ids {
+		b, inB := bl[id]
+		o, inO := ol[id]
+		t, inT := tl[id]
+		lw := fmt.Sprintf("%s LUN %d", where, id)
+		switch {
+		case inO && inT:
+			if !inB {
+				if !sameLUN(o, t) {
+					*conflicts = append(*conflicts, lw+": added live and in the file, differently")
+				}
+				out = append(out, t)
+				continue
+			}
+			switch {
+			case sameLUN(t, b):
+				out = append(out, o)
+			case sameLUN(o, b), sameLUN(o, t):
+				out = append(out, t)
+			default:
+				*conflicts = append(*conflicts, lw+": changed live and in the file, differently")
+				out = append(out, t)
+			}
+		case inO && !inT:
+			if !inB {
+				out = append(out, o)
+			} else if !sameLUN(b, o) {
+				*conflicts = append(*conflicts, lw+": removed from the file, but changed live")
+			}
+		case inT && !inO:
+			if !inB {
+				out = append(out, t)
+			} else if !sameLUN(b, t) {
+				*conflicts = append(*conflicts, lw+": removed live, but changed in the file")
+				out = append(out, t)
+			}
+		}
+	}
+	return out
+}
+
+// pick is the three-way choice for one value.
+func pick[T any](base, ours, theirs T, conflict func(string)) T {
+	switch {
+	case reflect.DeepEqual(theirs, base):
+		return ours
+	case reflect.DeepEqual(ours, base), reflect.DeepEqual(ours, theirs):
+		return theirs
+	}
+	conflict("changed live and in the file, differently")
+	return theirs
+}
+
+// sameLUN compares LUN configurations with sizes by value: "64MiB" and
+// "67108864" are one size.
+func sameLUN(a, b config.LUN) bool {
+	if sa, sb := sizeOf(a.Size), sizeOf(b.Size); sa == sb {
+		a.Size, b.Size = "", ""
+	}
+	return reflect.DeepEqual(a, b)
+}
+
+func sizeOf(s string) int64 {
+	if s == "" {
+		return 0
+	}
+	n, err := config.ParseSize(s)
+	if err != nil {
+		return -1
+	}
+	return n
+}
+
+func equalTarget(a, b config.Target) bool {
+	if len(a.LUNs) != len(b.LUNs) || !reflect.DeepEqual(accessOf(a), accessOf(b)) ||
+		a.TPGT != b.TPGT || !slices.Equal(a.PortGroups, b.PortGroups) || a.SRPIDExt != b.SRPIDExt {
+		return false
+	}
+	for i := range a.LUNs {
+		if !sameLUN(a.LUNs[i], b.LUNs[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func byName(ts []config.Target) map[string]config.Target {
+	m := map[string]config.Target{}
+	for _, t := range ts {
+		m[t.Name] = t
+	}
+	return m
+}
+
+// names lists the targets of a and b, a's order first.
+func names(a, b []config.Target) []string {
+	var out []string
+	for _, t := range slices.Concat(a, b) {
+		if !slices.Contains(out, t.Name) {
+			out = append(out, t.Name)
+		}
+	}
+	return out
+}

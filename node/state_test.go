@@ -1,0 +1,155 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/admin"
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/node/nodetest"
+)
+
+const stateTarget = "iqn.2026-11.org.example:state"
+
+// stateNode serves file (written first) with its state in the same
+// directory, as serve --config does.
+func stateNode(t *testing.T, file, text string) *node.Node {
+	t.Helper()
+	if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Listen = []string{"127.0.0.1:0"}
+	return nodetest.Start(t, cfg, node.Options{ConfigFile: file, StateFile: node.DefaultStateFile(file)})
+}
+
+func lunSize(n *node.Node, lun uint64) int64 {
+	for _, d := range n.Devices() {
+		if d.Name() == stateTarget {
+			if lu := d.LU(lun); lu != nil {
+				return int64(lu.Blocks()) * int64(lu.BlockSize())
+			}
+		}
+	}
+	return -1
+}
+
+// TestStateMerge: a reload applies only what the file changed since it was
+// last applied; what was changed live stays unless the file changes the
+// same thing (then it is a conflict, refused unless forced); the live
+// changes outlast a restart of the node (the state file), and a
+// conflicting file at start is refused with the reason.
+func TestStateMerge(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bw.toml")
+	v1 := "[[target]]\nname = \"" + stateTarget + "\"\n[[target.lun]]\nid = 0\nsize = \"8MiB\"\n"
+	n := stateNode(t, file, v1)
+	ctl := n.Admin()
+	if err := ctl.ResizeLU(stateTarget, 0, 16<<20, false); err != nil {
+		t.Fatal(err)
+	}
+	if err := ctl.AddLU(admin.NewLU{Target: stateTarget, LUN: 1, Size: "4MiB"}); err != nil {
+		t.Fatal(err)
+	}
+	// The file adds LUN 2: applied, and the live changes stay.
+	v2 := v1 + "[[target.lun]]\nid = 2\nsize = \"2MiB\"\n"
+	os.WriteFile(file, []byte(v2), 0o600)
+	ch, err := n.Reload(node.ReloadOptions{DryRun: true})
+	if err != nil || len(ch.Applied) != 1 || !strings.Contains(ch.Applied[0], "LUN 2: add") {
+		t.Fatalf("dry run: %+v %v, want LUN 2 added alone", ch, err)
+	}
+	if lunSize(n, 2) != -1 {
+		t.Fatal("a dry run added the LUN")
+	}
+	if _, err := n.Reload(node.ReloadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if lunSize(n, 0) != 16<<20 || lunSize(n, 1) != 4<<20 || lunSize(n, 2) != 2<<20 {
+		t.Fatalf("after the reload: LUN sizes %d %d %d", lunSize(n, 0), lunSize(n, 1), lunSize(n, 2))
+	}
+	// The file resizes LUN 0 too, differently: a conflict.
+	v3 := strings.Replace(v2, `size = "8MiB"`, `size = "32MiB"`, 1)
+	os.WriteFile(file, []byte(v3), 0o600)
+	_, err = n.Reload(node.ReloadOptions{})
+	var refused *node.Refused
+	if !errors.As(err, &refused) || !strings.Contains(err.Error(), "LUN 0") || !strings.Contains(err.Error(), "--force") || lunSize(n, 0) != 16<<20 {
+		t.Fatalf("a conflicting reload: %v, LUN 0 %d bytes", err, lunSize(n, 0))
+	}
+	if !errors.Is(err, admin.ErrRefused) {
+		t.Errorf("a refusal is not admin.ErrRefused to the API: %v", err)
+	}
+	os.WriteFile(file, []byte(v2), 0o600)
+
+	// A restart of the node (the same files) serves what ran.
+	ctxShutdown(t, n)
+	n = stateNode(t, file, v2)
+	if lunSize(n, 0) != 16<<20 || lunSize(n, 1) != 4<<20 || lunSize(n, 2) != 2<<20 {
+		t.Fatalf("after a restart: LUN sizes %d %d %d", lunSize(n, 0), lunSize(n, 1), lunSize(n, 2))
+	}
+	ctxShutdown(t, n)
+	// A file that conflicts with the recorded changes is refused at
+	// start, naming the LUN and the state file.
+	os.WriteFile(file, []byte(v3), 0o600)
+	cfg, _ := config.Load(file)
+	_, err = node.New(cfg, node.Options{ConfigFile: file, StateFile: node.DefaultStateFile(file)})
+	if err == nil || !strings.Contains(err.Error(), "LUN 0") || !strings.Contains(err.Error(), "state") {
+		t.Fatalf("start with a conflicting file: %v", err)
+	}
+}
+
+// TestChangesRefusedWithoutConsent: a change that would lose data — an
+// in-memory LUN made smaller or replaced — is refused whole, with the LUN,
+// the reason and the flag, and changes nothing; with the consent it is
+// made.
+func TestChangesRefusedWithoutConsent(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bw.toml")
+	v1 := "[[target]]\nname = \"" + stateTarget + "\"\n[[target.lun]]\nid = 0\nsize = \"8MiB\"\n[[target.lun]]\nid = 1\nsize = \"8MiB\"\n"
+	n := stateNode(t, file, v1)
+	smaller := strings.Replace(v1, `size = "8MiB"`, `size = "4MiB"`, 1) // LUN 0
+	replaced := strings.Replace(v1, "id = 1\nsize = \"8MiB\"", "id = 1\nsize = \"8MiB\"\nserial = \"other\"", 1)
+	for _, c := range []struct {
+		file, says string
+		consent    node.Consent
+	}{
+		{smaller, "--shrink", node.Consent{Shrink: true}},
+		{replaced, "--force", node.Consent{Force: true}},
+	} {
+		os.WriteFile(file, []byte(c.file), 0o600)
+		_, err := n.Reload(node.ReloadOptions{})
+		if err == nil || !strings.Contains(err.Error(), c.says) || !strings.Contains(err.Error(), "nothing changed") {
+			t.Errorf("reload without consent: %v, want a refusal naming %s", err, c.says)
+		}
+		if lunSize(n, 0) != 8<<20 || lunSize(n, 1) != 8<<20 {
+			t.Errorf("a refused reload changed the LUNs: %d %d", lunSize(n, 0), lunSize(n, 1))
+		}
+		if _, err := n.Reload(node.ReloadOptions{Consent: c.consent}); err != nil {
+			t.Errorf("reload with %+v: %v", c.consent, err)
+		}
+		os.WriteFile(file, []byte(v1), 0o600)
+		if _, err := n.Reload(node.ReloadOptions{Consent: node.Consent{Shrink: true, Force: true}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if lunSize(n, 0) != 8<<20 {
+		t.Errorf("LUN 0 back at %d bytes", lunSize(n, 0))
+	}
+}
+
+func ctxShutdown(t *testing.T, n *node.Node) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Shutdown(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
