@@ -40,6 +40,9 @@ type loginState struct {
 	textBuf      []byte
 	declaredOps  bool
 	declaredISER bool
+	// redeclared is how many identity keys the initiator has declared
+	// again unchanged, as logged (text.Negotiator.Redeclared).
+	redeclared int
 	declaredTag  bool
 }
 
@@ -131,6 +134,11 @@ func (c *conn) handleLogin(p *datamover.PDU) error {
 	r, err := ls.neg.Respond(opKVs, text.Context{Login: true})
 	if err != nil {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "%v", err))
+	}
+	if again := ls.neg.Redeclared(); len(again) > ls.redeclared {
+		ls.redeclared = len(again)
+		c.log.Info("login: the initiator declared these again with the same value in a later login PDU, which RFC 7143 §6.1 forbids; accepted, as libiscsi does so when it holds CHAP credentials the target did not ask for",
+			"keys", again, "initiator", ls.initiator)
 	}
 	resp = append(resp, r...)
 	if !ls.discovery && !ls.declaredTag {

@@ -2,6 +2,7 @@ package text
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -22,6 +23,8 @@ type Negotiator struct {
 	peer    map[string]string // the peer's declarations
 	offered map[string]bool   // keys the peer has offered in this negotiation
 	leading bool
+	// redeclared are identity keys declared again unchanged (Redeclared).
+	redeclared []string
 }
 
 // NewNegotiator returns a negotiator. local holds this side's values: for
@@ -85,6 +88,21 @@ func (e *ErrRepeated) Error() string {
 	return fmt.Sprintf("iscsi text: key %s offered more than once (RFC 7143 §6.1)", e.Key)
 }
 
+// identityKeys are the declarations that name the session (RFC 7143
+// §13.4, §13.5, §13.21): the only keys a peer may repeat, and only with
+// the value it declared first.
+func identityKey(name string) bool {
+	switch name {
+	case "InitiatorName", "SessionType", "TargetName":
+		return true
+	}
+	return false
+}
+
+// Redeclared lists the identity keys the peer declared again with the same
+// value (tolerated; see Respond), for a log line naming the quirk.
+func (n *Negotiator) Redeclared() []string { return n.redeclared }
+
 // Respond answers the peer's offers. Auth keys are skipped (the security
 // stage handles them). It returns the answers in offer order. An error
 // means the negotiation must fail (a repeated key).
@@ -119,6 +137,16 @@ func (n *Negotiator) Respond(offers []KV, ctx Context) ([]KV, error) {
 			continue
 		}
 		if n.offered[kv.Key] {
+			if identityKey(kv.Key) && n.peer[kv.Key] == kv.Value {
+				// libiscsi declares these again, unchanged, in a later
+				// login PDU when it holds CHAP credentials the target
+				// did not ask for; tgt and LIO let it in. Nothing is
+				// negotiated by a declaration: accepted, and reported.
+				if !slices.Contains(n.redeclared, kv.Key) {
+					n.redeclared = append(n.redeclared, kv.Key)
+				}
+				continue
+			}
 			return nil, &ErrRepeated{kv.Key}
 		}
 		n.offered[kv.Key] = true

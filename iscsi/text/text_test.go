@@ -2,6 +2,7 @@ package text
 
 import (
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -219,6 +220,32 @@ func BenchmarkNegotiateLinuxOffer(b *testing.B) {
 		n := NewNegotiator(map[string]string{"HeaderDigest": "CRC32C,None"}, true)
 		if _, err := n.Respond(kvs, Context{Login: true}); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// TestRepeatedIdentityKey: libiscsi (and QEMU through it) declares
+// InitiatorName again in a later login PDU, with the same value, when it
+// holds CHAP credentials the target did not ask for. That one leniency is
+// granted — InitiatorName, SessionType or TargetName repeated with the
+// identical value — and reported; a different value, or a repeated
+// negotiated key, is still the error RFC 7143 §6.1 makes it.
+func TestRepeatedIdentityKey(t *testing.T) {
+	n := NewNegotiator(nil, true)
+	first := []KV{{"InitiatorName", "iqn.2026-11.org.example:h"}, {"SessionType", "Normal"}, {"TargetName", "iqn.2026-11.org.example:t"}}
+	if _, err := n.Respond(first, Context{Login: true}); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := n.Respond(append(slices.Clone(first), KV{"HeaderDigest", "None"}), Context{Login: true})
+	if err != nil || !reflect.DeepEqual(ans, []KV{{"HeaderDigest", "None"}}) {
+		t.Fatalf("identity keys repeated with the same values: %v, %v", ans, err)
+	}
+	if got := n.Redeclared(); !reflect.DeepEqual(got, []string{"InitiatorName", "SessionType", "TargetName"}) {
+		t.Errorf("Redeclared: %v", got)
+	}
+	for _, kv := range []KV{{"InitiatorName", "iqn.2026-11.org.example:other"}, {"TargetName", "iqn.2026-11.org.example:u"}, {"HeaderDigest", "None"}} {
+		if _, err := n.Respond([]KV{kv}, Context{Login: true}); err == nil {
+			t.Errorf("%s=%s repeated: accepted", kv.Key, kv.Value)
 		}
 	}
 }

@@ -215,3 +215,20 @@ name = "` + tgt + `"
 	d = serveIn(t, work, args...)
 	checkState("after save and a restart")
 }
+
+// TestLibiscsiWithUnaskedCHAP: libiscsi holding CHAP credentials logs in
+// to a target that asks for none — it declares InitiatorName again in its
+// operational-stage PDU, which blockwire tolerates (identical identity
+// keys only) and logs once; a discovery listing and a LUN listing work.
+func TestLibiscsiWithUnaskedCHAP(t *testing.T) {
+	need(t, "iscsi-ls")
+	const ini = "iqn.2026-11.org.example:libiscsi-chap"
+	d := serve(t, "--size", "8MiB")
+	out := mustRun(t, time.Minute, "iscsi-ls", "-s", "-i", ini, "iscsi://user%secret0123456@"+d.addr)
+	if !strings.Contains(out, defaultIQN) || !strings.Contains(out, "Lun:0") {
+		t.Fatalf("iscsi-ls -s with unasked CHAP credentials:\n%s\n%s", out, d.log)
+	}
+	if !strings.Contains(d.log.String(), "declared these again with the same value") {
+		t.Errorf("the quirk is not logged:\n%s", d.log)
+	}
+}

@@ -40,23 +40,39 @@ TOML
 unit=/usr/lib/systemd/system/blockwire.service
 if [ -d /run/systemd/system ]; then
 	systemctl daemon-reload
-	systemctl start blockwire
+	start() { systemctl start blockwire; }
 	stop() { systemctl stop blockwire; }
 else
 	# No systemd here: what the unit runs, as it runs it.
 	install -d -m 0750 /run/blockwire /var/lib/blockwire
 	pre=$(sed -n 's/^ExecStartPre=//p' $unit)
-	start=$(sed -n 's/^ExecStart=//p' $unit)
-	$pre || fail "ExecStartPre failed: $pre"
-	$start > /tmp/pkgserve.log 2>&1 &
-	pid=$!
+	cmd=$(sed -n 's/^ExecStart=//p' $unit)
+	start() {
+		$pre || fail "ExecStartPre failed: $pre"
+		$cmd >> /tmp/pkgserve.log 2>&1 &
+		pid=$!
+	}
 	stop() { kill -TERM $pid; wait $pid || { tail -20 /tmp/pkgserve.log; fail "the service did not stop cleanly"; }; }
 fi
-for i in $(seq 1 50); do blockwire admin luns >/dev/null 2>&1 && break; sleep 0.2; done
+up() { for i in $(seq 1 50); do blockwire admin luns >/dev/null 2>&1 && return; sleep 0.2; done; tail -20 /tmp/pkgserve.log; fail "the service did not come up"; }
+start
+up
 out=$(iscsi-ls -s iscsi://127.0.0.1:3260) || fail "iscsi-ls failed"
 echo "$out"
 echo "$out" | grep -q "iqn.2026-11.org.example:packaged" || fail "iscsi-ls does not list the target"
 echo "$out" | grep -q "Lun:0" || fail "iscsi-ls does not list LUN 0"
 blockwire admin --json luns | grep -q '"size": 16777216' || fail "admin luns over the installed socket"
+# A live change lasts: resized with the admin verb, the service restarted
+# as the unit runs it, the change is still there; /etc/blockwire unchanged.
+before=$(sha256sum /etc/blockwire/blockwire.toml)
+blockwire admin resize iqn.2026-11.org.example:packaged 0 32MiB >/dev/null || fail "admin resize on the packaged service"
 stop
-echo "packaging: the packaged service served, iscsi-ls reached it, it stopped cleanly"
+start
+up
+blockwire admin --json luns | grep -q '"size": 33554432' || { blockwire admin luns; fail "the resize did not outlast a restart"; }
+[ "$(stat -c %s /var/lib/blockwire/disk0.img)" = 33554432 ] || fail "the image is not 32 MiB after the restart"
+blockwire admin reload --dry-run | grep -q "no changes" || { blockwire admin reload --dry-run; fail "a dry run of the unchanged file shows changes"; }
+[ "$(sha256sum /etc/blockwire/blockwire.toml)" = "$before" ] || fail "the configuration file was rewritten"
+[ -s /var/lib/blockwire/state.toml ] || fail "no state in /var/lib/blockwire/state.toml"
+stop
+echo "packaging: the packaged service served, iscsi-ls reached it, a live resize outlasted a restart, it stopped cleanly"
