@@ -42,8 +42,8 @@ type loginState struct {
 	declaredISER bool
 	// redeclared is how many identity keys the initiator has declared
 	// again unchanged, as logged (text.Negotiator.Redeclared).
-	redeclared int
-	declaredTag  bool
+	redeclared  int
+	declaredTag bool
 }
 
 // loginError ends the login with a status (RFC 7143 §11.13.5).
