@@ -78,6 +78,16 @@ type Control interface {
 	AddTarget(NewTarget) error
 	RemoveTarget(name string, force bool) error
 	SetInitiators(target string, initiators []string) error
+	// ChangeACL adds, changes or removes one initiator's ACL entry.
+	ChangeACL(ACLChange) error
+	// SetCHAP sets or clears CHAP or mutual CHAP: a target's, one ACL
+	// entry's, or discovery's.
+	SetCHAP(CHAPChange) error
+	// SetPortals sets the iSCSI portals a target is served on (none:
+	// every portal).
+	SetPortals(target string, portals []string) error
+	// Tree is what the node serves, for "admin ls".
+	Tree() Tree
 	// Reload applies the configuration file's changes (as SIGHUP does),
 	// or with DryRun says what they would be.
 	Reload(ReloadOptions) (ReloadResult, error)
@@ -115,6 +125,103 @@ type ReloadResult struct {
 	Refused []string `json:"refused,omitempty"`
 }
 
+// ACLChange changes one initiator's entry in a target's ACL (an
+// initiator in the target's plain initiators list becomes an entry when
+// the change needs one).
+type ACLChange struct {
+	Target string `json:"target"`
+	// Initiator is an iSCSI name, or with SRP an SRP initiator port
+	// (ID_EXT:GUID in hex).
+	Initiator string `json:"initiator"`
+	SRP       bool   `json:"srp,omitempty"`
+	// Add creates the entry (refused if it exists); Remove deletes it.
+	Add    bool `json:"add,omitempty"`
+	Remove bool `json:"remove,omitempty"`
+	// From, when not nil, replaces the networks it may log in from
+	// (empty: anywhere).
+	From *[]string `json:"from,omitempty"`
+	// Map adds LUNs to those it sees, each "N" (LUN N as itself) or "M=N"
+	// (LUN N seen as M); Unmap removes the LUN it sees as this number. An
+	// entry with no LUN mapped sees every LUN.
+	Map   []string `json:"map,omitempty"`
+	Unmap *uint64  `json:"unmap,omitempty"`
+}
+
+// CHAPChange sets or clears CHAP credentials.
+type CHAPChange struct {
+	// Target is the target ("" with Discovery); Initiator, when set, is
+	// the ACL entry whose own CHAP this is.
+	Target    string `json:"target,omitempty"`
+	Initiator string `json:"initiator,omitempty"`
+	Discovery bool   `json:"discovery,omitempty"`
+	// Mutual is the target's own credentials (mutual CHAP).
+	Mutual bool `json:"mutual,omitempty"`
+	// Clear removes them; else User with Secret (kept in the node's
+	// state, mode 0600) or SecretFile (a file the node reads).
+	Clear      bool   `json:"clear,omitempty"`
+	User       string `json:"user,omitempty"`
+	Secret     string `json:"secret,omitempty"`
+	SecretFile string `json:"secret_file,omitempty"`
+}
+
+// Tree is what a node serves: its portals, and each target with its
+// access rules, LUNs and sessions ("admin ls").
+type Tree struct {
+	Portals   []string     `json:"portals"`
+	Discovery *TreeAccess  `json:"discovery,omitempty"`
+	Targets   []TreeTarget `json:"targets"`
+}
+
+// TreeAccess is who may log in: the plain list, the ACL entries, CHAP.
+type TreeAccess struct {
+	// Open: anyone may log in (no list, no ACL, no CHAP).
+	Open       bool      `json:"open"`
+	Initiators []string  `json:"initiators,omitempty"`
+	ACL        []TreeACL `json:"acl,omitempty"`
+	CHAPUser   string    `json:"chap_user,omitempty"`
+	MutualUser string    `json:"mutual_chap_user,omitempty"`
+}
+
+// TreeACL is one ACL entry.
+type TreeACL struct {
+	Initiator string   `json:"initiator"`
+	SRP       bool     `json:"srp,omitempty"`
+	From      []string `json:"from,omitempty"`
+	// LUNs are the LUNs it sees ("M=N": target LUN N seen as M); none:
+	// every LUN.
+	LUNs     []string `json:"luns,omitempty"`
+	CHAPUser string   `json:"chap_user,omitempty"`
+}
+
+// TreeTarget is one target.
+type TreeTarget struct {
+	Name    string   `json:"name"`
+	Alias   string   `json:"alias,omitempty"`
+	Portals []string `json:"portals"`
+	TreeAccess
+	LUNs     []TreeLUN     `json:"luns"`
+	Sessions []TreeSession `json:"sessions"`
+}
+
+// TreeLUN is one LUN: its backing store and what it looks like.
+type TreeLUN struct {
+	LUN uint64 `json:"lun"`
+	// Backing is "memory", a file's path, "remote URL" or "rbd IMAGE".
+	Backing   string `json:"backing"`
+	Size      int64  `json:"size"`
+	BlockSize int    `json:"block_size"`
+	ReadOnly  bool   `json:"read_only,omitempty"`
+	// Cache is "write-back" or "write-through".
+	Cache string `json:"cache"`
+}
+
+// TreeSession is a logged-in session of a target.
+type TreeSession struct {
+	ID        string `json:"id"`
+	Fabric    string `json:"fabric"`
+	Initiator string `json:"initiator"`
+}
+
 // Options connect the API to the running process.
 type Options struct {
 	Control Control
@@ -135,6 +242,10 @@ type Options struct {
 //	POST   /targets                             add a target (NewTarget)
 //	DELETE /targets/{target}[?force=true]       remove a target
 //	PUT    /targets/{target}/initiators         set the ACL (a JSON list; empty: everyone)
+//	GET    /tree                                what the node serves (admin ls)
+//	POST   /acl                                 change an ACL entry (ACLChange)
+//	POST   /chap                                set or clear CHAP (CHAPChange)
+//	PUT    /targets/{target}/portals            the target's iSCSI portals (a JSON list; empty: all)
 //	POST   /reload[?dry_run=true&shrink=true&force=true]  apply the configuration file's changes
 //	POST   /save?path=FILE                      write the running configuration
 func Handler(o Options) http.Handler {
@@ -221,6 +332,36 @@ func Handler(o Options) http.Handler {
 		var list []string
 		if decode(w, r, &list) {
 			done(w, c.SetInitiators(r.PathValue("target"), list), map[string]any{"initiators": list})
+		}
+	})
+	mux.HandleFunc("GET /tree", func(w http.ResponseWriter, r *http.Request) {
+		reply(w, c.Tree())
+	})
+	mux.HandleFunc("POST /acl", func(w http.ResponseWriter, r *http.Request) {
+		var req ACLChange
+		if decode(w, r, &req) {
+			done(w, c.ChangeACL(req), map[string]any{"acl": req})
+		}
+	})
+	mux.HandleFunc("POST /chap", func(w http.ResponseWriter, r *http.Request) {
+		var req CHAPChange
+		if !decode(w, r, &req) {
+			return
+		}
+		if req.SecretFile != "" {
+			if err := checkPath(o.Dirs, req.SecretFile); err != nil {
+				fail(w, http.StatusForbidden, err)
+				return
+			}
+		}
+		err := c.SetCHAP(req)
+		req.Secret = "" // never echoed
+		done(w, err, map[string]any{"chap": req})
+	})
+	mux.HandleFunc("PUT /targets/{target}/portals", func(w http.ResponseWriter, r *http.Request) {
+		var list []string
+		if decode(w, r, &list) {
+			done(w, c.SetPortals(r.PathValue("target"), list), map[string]any{"portals": list})
 		}
 	})
 	mux.HandleFunc("POST /reload", func(w http.ResponseWriter, r *http.Request) {

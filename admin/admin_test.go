@@ -34,6 +34,10 @@ func (f *fakeControl) ResizeLU(string, uint64, int64, bool) error { return nil }
 func (f *fakeControl) AddTarget(n NewTarget) error                { return nil }
 func (f *fakeControl) RemoveTarget(string, bool) error            { return nil }
 func (f *fakeControl) SetInitiators(string, []string) error       { return nil }
+func (f *fakeControl) ChangeACL(ACLChange) error                  { return nil }
+func (f *fakeControl) SetCHAP(CHAPChange) error                   { return nil }
+func (f *fakeControl) SetPortals(string, []string) error          { return nil }
+func (f *fakeControl) Tree() Tree                                 { return Tree{} }
 func (f *fakeControl) Reload(ReloadOptions) (ReloadResult, error) {
 	return ReloadResult{}, errors.New("no file")
 }

@@ -1,23 +1,16 @@
 package node
 
 import (
-	"bytes"
 	"cmp"
 	"errors"
 	"fmt"
-	"io/fs"
 	"net"
-	"os"
-	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 
-	"github.com/BurntSushi/toml"
-
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
-	"github.com/blockwire/blockwire/internal/atomicfile"
 	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
 )
@@ -82,23 +75,6 @@ func (r *Refused) Error() string {
 
 // Unwrap makes a refusal admin.ErrRefused to the administration API.
 func (r *Refused) Unwrap() error { return admin.ErrRefused }
-
-// control is the node as the administration API drives it.
-type control struct{ *Node }
-
-// Admin is the node as the administration API (admin.Handler) drives it.
-func (n *Node) Admin() admin.Control { return control{n} }
-
-// Reload implements admin.Control.
-func (c control) Reload(o admin.ReloadOptions) (admin.ReloadResult, error) {
-	ch, err := c.Node.Reload(ReloadOptions{Consent: Consent{Shrink: o.Shrink, Force: o.Force}, DryRun: o.DryRun})
-	res := admin.ReloadResult{DryRun: o.DryRun, Changes: ch.Applied, Restart: ch.Restart}
-	var r *Refused
-	if o.DryRun && errors.As(err, &r) {
-		res.Refused, err = r.Reasons, nil
-	}
-	return res, err
-}
 
 // Apply brings the running node to cfg: targets added and removed, LUNs
 // added, removed, resized or replaced, ACL, CHAP and discovery changes (for
@@ -542,214 +518,3 @@ func (n *Node) updateLUNs(ot, nt config.Target, did func(string, ...any)) ([]con
 	slices.SortFunc(out, func(a, b config.LUN) int { return int(a.ID) - int(b.ID) })
 	return out, errors.Join(errs...)
 }
-
-// lunConfig is the configuration of a LUN added through the API.
-func lunConfig(n admin.NewLU) config.LUN {
-	return config.LUN{ID: n.LUN, Size: n.Size, File: n.File, Remote: n.Remote, BlockSize: n.BlockSize, ReadOnly: n.ReadOnly}
-}
-
-func targetIndex(c *config.Config, name string) int {
-	return slices.IndexFunc(c.Targets, func(t config.Target) bool { return t.Name == name })
-}
-
-// change is an administration verb: the running configuration with edit
-// made, through commit like every change.
-func (n *Node) change(c Consent, edit func(c *config.Config) error) error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	next := n.cfg.Clone()
-	if err := edit(next); err != nil {
-		return err
-	}
-	_, err := n.commit(next, nil, c)
-	return err
-}
-
-// lunIndex is the index of a target's LUN in c, or an error naming what
-// is missing.
-func lunIndex(c *config.Config, target string, lun uint64) (int, int, error) {
-	i := slices.IndexFunc(c.Targets, func(t config.Target) bool { return t.Name == target })
-	if i < 0 {
-		return -1, -1, fmt.Errorf("no target %q", target)
-	}
-	j := slices.IndexFunc(c.Targets[i].LUNs, func(l config.LUN) bool { return l.ID == lun })
-	if j < 0 {
-		return i, -1, fmt.Errorf("%s has no LUN %d", target, lun)
-	}
-	return i, j, nil
-}
-
-// AddLU implements admin.Control.
-func (n *Node) AddLU(nl admin.NewLU) error {
-	err := n.change(Consent{}, func(c *config.Config) error {
-		i, j, _ := lunIndex(c, nl.Target, nl.LUN)
-		switch {
-		case i < 0:
-			return fmt.Errorf("no target %q", nl.Target)
-		case j >= 0:
-			return fmt.Errorf("%s already has LUN %d", nl.Target, nl.LUN)
-		}
-		c.Targets[i].LUNs = append(c.Targets[i].LUNs, lunConfig(nl))
-		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: LUN added", "target", nl.Target, "lun", nl.LUN)
-	}
-	return err
-}
-
-// RemoveLU implements admin.Control.
-func (n *Node) RemoveLU(name string, lun uint64, force bool) error {
-	err := n.change(Consent{Force: force}, func(c *config.Config) error {
-		i, j, err := lunIndex(c, name, lun)
-		if err == nil {
-			c.Targets[i].LUNs = slices.Delete(c.Targets[i].LUNs, j, j+1)
-		}
-		return err
-	})
-	if err == nil {
-		n.log.Info("admin: LUN removed", "target", name, "lun", lun)
-	}
-	return err
-}
-
-// ResizeLU implements admin.Control: the new size is kept as an operator
-// writes it ("64MiB"). A smaller size needs shrink, and is the one way a
-// file LUN's file is truncated.
-func (n *Node) ResizeLU(name string, lun uint64, size int64, shrink bool) error {
-	err := n.change(Consent{Shrink: shrink, truncate: shrink}, func(c *config.Config) error {
-		i, j, err := lunIndex(c, name, lun)
-		if err != nil {
-			return err
-		}
-		l := &c.Targets[i].LUNs[j]
-		if l.Remote != "" || l.RBD != "" {
-			return fmt.Errorf("%s LUN %d: its size is the remote LUN's or the image's", name, lun)
-		}
-		l.Size = config.FormatSize(size)
-		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: LUN resized", "target", name, "lun", lun, "size", size)
-	}
-	return err
-}
-
-// AddTarget implements admin.Control: the target is served on every
-// fabric whose portals serve all targets.
-func (n *Node) AddTarget(nt admin.NewTarget) error {
-	tc := config.Target{Name: nt.Name, Alias: nt.Alias, Initiators: nt.Initiators}
-	for _, x := range nt.LUNs {
-		tc.LUNs = append(tc.LUNs, lunConfig(x))
-	}
-	err := n.change(Consent{}, func(c *config.Config) error {
-		if targetIndex(c, nt.Name) >= 0 {
-			return fmt.Errorf("target %q exists", nt.Name)
-		}
-		c.Targets = append(c.Targets, tc)
-		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: target added", "target", nt.Name, "luns", len(tc.LUNs))
-	}
-	return err
-}
-
-// RemoveTarget implements admin.Control: its sessions on every fabric
-// end; a target with sessions or commands in progress needs force.
-func (n *Node) RemoveTarget(name string, force bool) error {
-	err := n.change(Consent{Force: force}, func(c *config.Config) error {
-		i := targetIndex(c, name)
-		if i < 0 {
-			return fmt.Errorf("no target %q", name)
-		}
-		c.Targets = slices.Delete(c.Targets, i, i+1)
-		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: target removed", "target", name)
-	}
-	return err
-}
-
-// SetInitiators implements admin.Control: the ACL for logins from now on.
-func (n *Node) SetInitiators(name string, initiators []string) error {
-	err := n.change(Consent{}, func(c *config.Config) error {
-		i := targetIndex(c, name)
-		if i < 0 {
-			return fmt.Errorf("no target %q", name)
-		}
-		c.Targets[i].Initiators = initiators
-		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: ACL changed", "target", name, "initiators", initiators)
-	}
-	return err
-}
-
-// Save implements admin.Control: the running configuration, as TOML, to
-// path or the configuration file (written to a new file, synced and
-// renamed into place, mode 0600), for an operator who wants the live
-// changes in the hand-written file — the node's state keeps them without
-// it. Secrets stay references (secret_file, secret_env, or an inline
-// secret), secret files under the file's directory relative to it; sizes
-// as they were written. The file replaced is kept as PATH.bak first:
-// TOML's encoder keeps no comments. A saved file that would not load is
-// taken back.
-func (n *Node) Save(path string) (string, string, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if path == "" {
-		path = n.opts.ConfigFile
-	}
-	if path == "" {
-		return "", "", errors.New("started without --config: give a path")
-	}
-	var b bytes.Buffer
-	b.WriteString("# blockwire configuration, saved by blockwire admin save\n")
-	backup := ""
-	old, err := os.ReadFile(path)
-	if err == nil {
-		backup = path + ".bak"
-		if err := atomicfile.WriteFile(backup, old, 0o600); err != nil {
-			return "", "", fmt.Errorf("keeping the previous file as %s: %w", backup, err)
-		}
-		b.WriteString("# (comments of the file it replaced are not kept: that file is " + filepath.Base(backup) + ")\n")
-	} else if !errors.Is(err, fs.ErrNotExist) {
-		return "", "", err
-	}
-	if err := toml.NewEncoder(&b).Encode(n.cfg.RelativeTo(filepath.Dir(path))); err != nil {
-		return "", "", err
-	}
-	if err := atomicfile.WriteFile(path, b.Bytes(), 0o600); err != nil {
-		return "", "", err
-	}
-	saved, err := config.Load(path)
-	if err != nil {
-		if backup != "" {
-			atomicfile.WriteFile(path, old, 0o600)
-		} else {
-			atomicfile.Remove(path)
-		}
-		return "", "", fmt.Errorf("the saved file would not load, so it was taken back: %w", err)
-	}
-	if same(path, n.opts.ConfigFile) {
-		// The file now says what runs: a reload of it changes nothing.
-		n.base = saved
-		if err := n.record(n.base, n.cfg); err != nil {
-			return "", "", err
-		}
-	}
-	n.log.Info("admin: configuration saved", "file", path, "backup", backup)
-	return path, backup, nil
-}
-
-// same: a and b name one file.
-func same(a, b string) bool {
-	sa, err1 := os.Stat(a)
-	sb, err2 := os.Stat(b)
-	return err1 == nil && err2 == nil && os.SameFile(sa, sb)
-}
-
-var _ admin.Control = control{}

@@ -15,7 +15,7 @@ else
 fi
 export BLOCKWIRE_VERSION=${v//-/.}
 export BLOCKWIRE_ARCH=$(go env GOARCH)
-CGO_ENABLED=0 go build -trimpath -o dist/blockwire ./cmd/blockwire
+CGO_ENABLED=0 go build -trimpath -ldflags "-X main.buildVersion=$BLOCKWIRE_VERSION" -o dist/blockwire ./cmd/blockwire
 go run ./packaging/man dist/blockwire | gzip -9n > dist/blockwire.1.gz
 dist/blockwire completion bash > dist/blockwire.bash
 go run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2 pkg --packager deb --config packaging/nfpm.yaml --target dist/

@@ -24,6 +24,8 @@ import (
 )
 
 const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] [--json] VERB
+  ls                                what the node serves: portals, targets, their access
+                                    rules, LUNs (backing, size, cache) and sessions
   sessions                          every fabric's sessions (iSCSI, iSER, SRP), connections, commands in flight
   drop ID                           end a session (its ID: an iSCSI TSIH, srp-N)
   luns                              every target's LUNs
@@ -34,6 +36,18 @@ const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PO
   add-target NAME (--size S | --file F | --remote URL) [--initiators A,B]   with LUN 0
   remove-target NAME [--force]      closes its sessions (which needs --force)
   set-initiators TARGET [A,B,...]   the ACL for logins from now on (none: everyone)
+  acl-add TARGET INITIATOR [--from NETS] [--luns L,...] [--srp]
+                                    admit an initiator (an SRP port with --srp): from these
+                                    networks only, seeing these LUNs only (N, or M=N: LUN N as M)
+  acl-remove TARGET INITIATOR [--srp]
+  acl-from TARGET INITIATOR [NETS]  where it may log in from (none: anywhere)
+  map-lun TARGET INITIATOR N|M=N    let it see LUN N (as M)
+  unmap-lun TARGET INITIATOR M      hide the LUN it sees as M
+  chap (TARGET [INITIATOR] | --discovery) [--mutual] (--user U (--secret-file F | --secret-stdin) | --clear)
+                                    CHAP for a target, one initiator's ACL entry or discovery;
+                                    --mutual: the target's own (mutual CHAP). Secrets never on
+                                    the command line: a file in an --admin-dir, or standard input
+  portals TARGET [ADDR,...]         the iSCSI portals that serve it (none: every portal)
   reload [--dry-run] [--shrink] [--force]
                                     apply the changes the configuration file made since it
                                     was last applied, on top of the live ones (as SIGHUP);
@@ -57,8 +71,9 @@ JSON (docs/json.md); the other verbs always answer in JSON.
 const defaultAdminSocket = "/run/blockwire/admin.sock"
 
 // adminVerbs are the verbs admin knows.
-var adminVerbs = map[string]bool{"sessions": true, "drop": true, "luns": true, "add-lun": true, "remove-lun": true, "resize": true,
-	"add-target": true, "remove-target": true, "set-initiators": true, "reload": true, "save": true}
+var adminVerbs = map[string]bool{"ls": true, "sessions": true, "drop": true, "luns": true, "add-lun": true, "remove-lun": true, "resize": true,
+	"add-target": true, "remove-target": true, "set-initiators": true, "acl-add": true, "acl-remove": true, "acl-from": true,
+	"map-lun": true, "unmap-lun": true, "chap": true, "portals": true, "reload": true, "save": true}
 
 // adminVerb is the client of the administration API (package admin).
 func adminVerb(args []string, stdout, stderr io.Writer) int {
@@ -79,11 +94,23 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	shrink := fs.Bool("shrink", false, "resize, reload: allow a smaller size (the data past it is lost; a reload never truncates a file)")
 	force := fs.Bool("force", false, "remove-lun, remove-target, reload: allow removing or replacing what is in use, replacing in-memory LUNs, and the file's side of a conflict with live changes")
 	dryRun := fs.Bool("dry-run", false, "reload: print what would change, change nothing")
+	from := fs.String("from", "", "acl-add: the networks it may log in from, comma-separated")
+	lunList := fs.String("luns", "", "acl-add: the LUNs it sees, comma-separated (N, or M=N)")
+	srpPort := fs.Bool("srp", false, "acl-*: the initiator is an SRP port (ID_EXT:GUID)")
+	user := fs.String("user", "", "chap: the user name")
+	secretFile := fs.String("secret-file", "", "chap: the file holding the secret (in an --admin-dir; the node reads it)")
+	secretStdin := fs.Bool("secret-stdin", false, "chap: read the secret from standard input (kept in the node's state, mode 0600)")
+	clearCHAP := fs.Bool("clear", false, "chap: remove the credentials")
+	mutual := fs.Bool("mutual", false, "chap: the target's own credentials (mutual CHAP)")
+	discovery := fs.Bool("discovery", false, "chap: discovery sessions' CHAP")
 	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
-	asJSON := fs.Bool("json", false, "sessions, luns: print the API's JSON instead of a table")
+	asJSON := fs.Bool("json", false, "ls, sessions, luns, reload --dry-run: print the API's JSON instead of a table")
+	fs.Usage = func() {} // --help prints adminUsage and the flags once, below
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
-		io.WriteString(stdout, adminUsage)
+		io.WriteString(stdout, adminUsage+"\nFlags:\n")
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
 		return exitOK
 	}
 	if err != nil || len(pos) == 0 {
@@ -137,9 +164,11 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		}
 		return json.NewDecoder(resp.Body).Decode(out)
 	}
-	if *file != "" {
-		if abs, err := filepath.Abs(*file); err == nil {
-			*file = abs // the daemon may have another working directory
+	for _, p := range []*string{file, secretFile} {
+		if *p != "" {
+			if abs, err := filepath.Abs(*p); err == nil {
+				*p = abs // the daemon may have another working directory
+			}
 		}
 	}
 	need := func(n int) bool {
@@ -151,6 +180,61 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 	}
 	var res any
 	switch pos[0] {
+	case "ls":
+		var tr admin.Tree
+		if err = call("GET", "/tree", nil, &tr); err == nil {
+			if *asJSON {
+				writeJSON(stdout, tr)
+			} else {
+				printTree(stdout, tr)
+			}
+			return exitOK
+		}
+	case "acl-add", "acl-remove", "acl-from", "map-lun", "unmap-lun":
+		ch, code := aclChange(pos, *srpPort, *from, *lunList, stderr)
+		if code != exitOK {
+			return code
+		}
+		err = call("POST", "/acl", ch, &res)
+	case "chap":
+		ch := admin.CHAPChange{Discovery: *discovery, Mutual: *mutual, Clear: *clearCHAP, User: *user, SecretFile: *secretFile}
+		want := 2
+		if *discovery {
+			want = 1
+		}
+		if len(pos) != want && !(!*discovery && len(pos) == 3) {
+			io.WriteString(stderr, adminUsage)
+			return exitUsage
+		}
+		if !*discovery {
+			ch.Target = pos[1]
+			if len(pos) == 3 {
+				ch.Initiator = pos[2]
+			}
+		}
+		if *secretStdin {
+			b, rerr := io.ReadAll(io.LimitReader(os.Stdin, 4096))
+			if rerr != nil {
+				fmt.Fprintln(stderr, "blockwire admin: reading the secret:", rerr)
+				return exitError
+			}
+			ch.Secret = strings.TrimRight(string(b), "\r\n")
+		}
+		if !ch.Clear && (ch.User == "" || (ch.Secret == "") == (ch.SecretFile == "")) {
+			fmt.Fprintln(stderr, "blockwire admin: chap needs --user and one of --secret-file or --secret-stdin (or --clear)")
+			return exitUsage
+		}
+		err = call("POST", "/chap", ch, &res)
+	case "portals":
+		if len(pos) != 2 && len(pos) != 3 {
+			io.WriteString(stderr, adminUsage)
+			return exitUsage
+		}
+		list := []string{}
+		if len(pos) == 3 {
+			list = splitList(pos[2])
+		}
+		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/portals", list, &res)
 	case "sessions":
 		var ss []admin.Session
 		if err = call("GET", "/sessions", nil, &ss); err == nil && *asJSON {
@@ -194,7 +278,7 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "TARGET\tLUN\tSIZE\tBLOCK SIZE")
 			for _, l := range ls {
-				fmt.Fprintf(tw, "%s\t%d\t%d\t%d\n", l.Target, l.LUN, l.Size, l.BlockSize)
+				fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", l.Target, l.LUN, config.HumanSize(l.Size), l.BlockSize)
 			}
 			tw.Flush()
 			return exitOK
@@ -322,6 +406,105 @@ func printPlan(w io.Writer, rr admin.ReloadResult) {
 		fmt.Fprintln(w, "the reload would be refused as a whole (nothing would change):")
 		for _, r := range rr.Refused {
 			fmt.Fprintln(w, "  refused: "+r)
+		}
+	}
+}
+
+// aclChange builds the ACL change of an acl-* or *-lun verb.
+func aclChange(pos []string, srp bool, from, luns string, stderr io.Writer) (admin.ACLChange, int) {
+	n := map[string]int{"acl-add": 3, "acl-remove": 3, "acl-from": 3, "map-lun": 4, "unmap-lun": 4}[pos[0]]
+	if len(pos) != n && !(pos[0] == "acl-from" && len(pos) == 4) {
+		io.WriteString(stderr, adminUsage)
+		return admin.ACLChange{}, exitUsage
+	}
+	ch := admin.ACLChange{Target: pos[1], Initiator: pos[2], SRP: srp}
+	switch pos[0] {
+	case "acl-add":
+		ch.Add, ch.Map = true, splitList(luns)
+		if from != "" {
+			f := splitList(from)
+			ch.From = &f
+		}
+	case "acl-remove":
+		ch.Remove = true
+	case "acl-from":
+		f := []string{}
+		if len(pos) == 4 {
+			f = splitList(pos[3])
+		}
+		ch.From = &f
+	case "map-lun":
+		ch.Map = []string{pos[3]}
+	case "unmap-lun":
+		v, err := strconv.ParseUint(pos[3], 10, 64)
+		if err != nil {
+			fmt.Fprintln(stderr, "blockwire admin: LUN:", err)
+			return ch, exitUsage
+		}
+		ch.Unmap = &v
+	}
+	return ch, exitOK
+}
+
+// printTree prints what the node serves as a tree, as targetcli's ls does.
+func printTree(w io.Writer, tr admin.Tree) {
+	fmt.Fprintf(w, "portals: %s\n", strings.Join(tr.Portals, ", "))
+	access := func(indent string, a admin.TreeAccess) {
+		switch {
+		case a.Open:
+			fmt.Fprintf(w, "%saccess: every initiator\n", indent)
+		default:
+			if len(a.Initiators) > 0 {
+				fmt.Fprintf(w, "%sinitiators: %s\n", indent, strings.Join(a.Initiators, ", "))
+			}
+			if a.CHAPUser != "" {
+				fmt.Fprintf(w, "%schap: user %s", indent, a.CHAPUser)
+				if a.MutualUser != "" {
+					fmt.Fprintf(w, ", mutual: user %s", a.MutualUser)
+				}
+				fmt.Fprintln(w)
+			}
+			for _, e := range a.ACL {
+				kind := "acl"
+				if e.SRP {
+					kind = "acl (srp)"
+				}
+				fmt.Fprintf(w, "%s%s %s\n", indent, kind, e.Initiator)
+				if len(e.From) > 0 {
+					fmt.Fprintf(w, "%s  from: %s\n", indent, strings.Join(e.From, ", "))
+				}
+				if len(e.LUNs) > 0 {
+					fmt.Fprintf(w, "%s  sees LUNs: %s\n", indent, strings.Join(e.LUNs, ", "))
+				} else {
+					fmt.Fprintf(w, "%s  sees every LUN\n", indent)
+				}
+				if e.CHAPUser != "" {
+					fmt.Fprintf(w, "%s  chap: user %s\n", indent, e.CHAPUser)
+				}
+			}
+		}
+	}
+	if tr.Discovery != nil {
+		fmt.Fprintln(w, "discovery")
+		access("  ", *tr.Discovery)
+	}
+	for _, t := range tr.Targets {
+		fmt.Fprintf(w, "target %s", t.Name)
+		if t.Alias != "" {
+			fmt.Fprintf(w, " (%s)", t.Alias)
+		}
+		fmt.Fprintln(w)
+		fmt.Fprintf(w, "  portals: %s\n", strings.Join(t.Portals, ", "))
+		access("  ", t.TreeAccess)
+		for _, l := range t.LUNs {
+			ro := ""
+			if l.ReadOnly {
+				ro = ", read-only"
+			}
+			fmt.Fprintf(w, "  lun %d: %s, %s, %d-byte blocks, %s%s\n", l.LUN, l.Backing, config.HumanSize(l.Size), l.BlockSize, l.Cache, ro)
+		}
+		for _, s := range t.Sessions {
+			fmt.Fprintf(w, "  session %s (%s): %s\n", s.ID, s.Fabric, s.Initiator)
 		}
 	}
 }

@@ -480,6 +480,11 @@ var flagNames = strings.NewReplacer(
 	"target[0].name", "--iqn", "target[0].tpgt", "--tpgt", "target[0].port_groups", "--port-groups", "target[0]", "the target (--iqn)")
 
 // version prints the module version and the VCS revision it was built from.
+// buildVersion is the version a package build names
+// (-ldflags "-X main.buildVersion=1.2.3", packaging/deb.sh); empty: the
+// module's version as Go recorded it.
+var buildVersion string
+
 func version(stdout io.Writer) int {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -499,7 +504,11 @@ func version(stdout io.Writer) int {
 			when = s.Value
 		}
 	}
-	parts := []string{"blockwire", bi.Main.Version}
+	v := bi.Main.Version
+	if buildVersion != "" {
+		v = buildVersion
+	}
+	parts := []string{"blockwire", v}
 	if rev != "" {
 		parts = append(parts, rev+dirty, when)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -105,7 +106,55 @@ name = "` + tgt + `"
 	adm(0, "add-lun", tgt, "1", "--size", "16MiB")
 	adm(0, "add-target", tgt2, "--size", "8MiB")
 	adm(0, "set-initiators", tgt2, host)
-	want := map[string]int64{tgt + "/0": 64 << 20, tgt + "/1": 16 << 20, tgt2 + "/0": 8 << 20}
+	// targetcli's everyday access edits, as verbs: an ACL entry with
+	// its networks, its LUN map and its own CHAP (the secret on stdin).
+	const host2 = "iqn.2026-11.org.example:host2"
+	adm(0, "add-lun", tgt2, "1", "--size", "4MiB")
+	adm(0, "acl-add", tgt2, host2, "--from", "127.0.0.0/8", "--luns", "0")
+	adm(0, "map-lun", tgt2, host2, "5=1")
+	adm(0, "unmap-lun", tgt2, host2, "0")
+	chap := exec.Command(binary, "admin", "--socket", sock, "chap", tgt2, host2, "--user", "host2", "--secret-stdin")
+	chap.Stdin = strings.NewReader("host2-secret-4567\n")
+	if out, err := chap.CombinedOutput(); err != nil {
+		t.Fatalf("admin chap --secret-stdin: %v\n%s", err, out)
+	}
+	host2Sees := func(what string) {
+		t.Helper()
+		u := func(lun int) string {
+			return fmt.Sprintf("iscsi://host2%%host2-secret-4567@%s/%s/%d", d.addr, tgt2, lun)
+		}
+		if out, code := blockwire(t, "inquiry", "--initiator-name", host2, u(5)); code != 0 || !strings.Contains(out, "4194304 bytes") {
+			t.Errorf("%s: host2 on its LUN 5 (target LUN 1): exit %d\n%s", what, code, out)
+		}
+		if out, code := blockwire(t, "inquiry", "--initiator-name", host2, u(0)); code == 0 {
+			t.Errorf("%s: host2 reached LUN 0, unmapped:\n%s", what, out)
+		}
+		if out, code := blockwire(t, "inquiry", "--initiator-name", host2, fmt.Sprintf("iscsi://%s/%s/5", d.addr, tgt2)); code == 0 {
+			t.Errorf("%s: host2 logged in without its CHAP secret:\n%s", what, out)
+		}
+	}
+	host2Sees("after the verbs")
+	tree := func() string {
+		t.Helper()
+		var tr admin.Tree
+		if err := json.Unmarshal([]byte(adm(0, "--json", "ls")), &tr); err != nil {
+			t.Fatal(err)
+		}
+		for i := range tr.Targets {
+			tr.Targets[i].Sessions = nil
+		}
+		tr.Portals = nil
+		b, _ := json.Marshal(tr)
+		return string(b)
+	}
+	ls := adm(0, "ls")
+	for _, w := range []string{"target " + tgt2, "acl " + host2, "from: 127.0.0.0/8", "sees LUNs: 5=1", "chap: user host2", "lun 0: " + img + ", 64MiB", "lun 1: memory, 4MiB"} {
+		if !strings.Contains(ls, w) {
+			t.Errorf("admin ls lacks %q:\n%s", w, ls)
+		}
+	}
+	treeBefore := tree()
+	want := map[string]int64{tgt + "/0": 64 << 20, tgt + "/1": 16 << 20, tgt2 + "/0": 8 << 20, tgt2 + "/1": 4 << 20}
 	checkState := func(what string) {
 		t.Helper()
 		got := luns()
@@ -149,6 +198,13 @@ name = "` + tgt + `"
 	}
 	d = serveIn(t, work, args...)
 	checkState("after a restart")
+	host2Sees("after a restart")
+	if after := tree(); after != treeBefore {
+		t.Errorf("admin ls after the restart:\n%s\nbefore:\n%s", after, treeBefore)
+	}
+	if st, err := os.Stat(filepath.Join(work, "cfg", "bw.state.toml")); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("the node's state: %v, mode %v (it holds a CHAP secret: want 0600)", err, st.Mode())
+	}
 	if out := adm(0, "reload", "--dry-run"); !strings.Contains(out, "no changes") {
 		t.Errorf("reload --dry-run after the restart:\n%s", out)
 	}

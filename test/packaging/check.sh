@@ -26,6 +26,8 @@ if blockwire config check /etc/blockwire/blockwire.toml >/tmp/pkgcheck.out 2>&1;
 	fail "the installed configuration passed config check (it should serve nothing until edited)"
 fi
 grep -q "serves nothing" /tmp/pkgcheck.out || { cat /tmp/pkgcheck.out; fail "config check gave another reason"; }
+pv=$(dpkg-query -W -f='${Version}' blockwire)
+blockwire version | grep -qF "blockwire $pv " || { blockwire version; fail "blockwire version does not name the package's version $pv"; }
 echo "packaging: installed; the default configuration serves nothing until edited"
 # A test configuration: one file LUN where the unit may write.
 cat > /etc/blockwire/blockwire.toml <<'TOML'
