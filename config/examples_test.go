@@ -3,6 +3,8 @@ package config
 import (
 	"os"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -48,5 +50,25 @@ size = "1MiB"
 	}
 	if v, err := c.Targets[0].CHAP.Value(); err != nil || v != "a-secret-of-sixteen" {
 		t.Fatalf("secret %q, %v", v, err)
+	}
+}
+
+// TestExampleShowsEveryKey: examples/blockwire.toml shows every key of the
+// schema (Keys), set or commented out, and every table's header: a key
+// added to Config without an example fails here.
+func TestExampleShowsEveryKey(t *testing.T) {
+	b, err := os.ReadFile("../examples/blockwire.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range Keys() {
+		leaf := k.Path[strings.LastIndexByte(k.Path, '.')+1:]
+		re := `(?m)^\s*#?\s*` + regexp.QuoteMeta(leaf) + `\s*=`
+		if k.Type == "table" || k.Type == "array of tables" {
+			re = `(?m)^\s*#?\s*\[\[?` + regexp.QuoteMeta(k.Path) + `\]\]?`
+		}
+		if !regexp.MustCompile(re).Match(b) {
+			t.Errorf("examples/blockwire.toml does not show %s (%s)", k.Path, k.Type)
+		}
 	}
 }

@@ -218,35 +218,70 @@ func rest(c config.Config) config.Config { c.Targets, c.Discovery = nil, nil; re
 // the consent does not cover (mu held). It reads the LUNs as they run:
 // their sizes, sessions and commands in progress.
 func (n *Node) plan(ncfg *config.Config, c Consent) (changes, refused []string) {
-	say := func(format string, a ...any) { changes = append(changes, fmt.Sprintf(format, a...)) }
-	refuse := func(format string, a ...any) { refused = append(refused, fmt.Sprintf(format, a...)) }
-	sessions := map[string]int{}
-	for _, s := range n.sessionsLocked() {
-		if !s.Discovery {
-			sessions[s.Target]++
-		}
-	}
+	return planChange(n.cfg, ncfg, c, nodeView{n})
+}
+
+// view is what planChange knows of the LUNs as they run.
+type view interface {
+	// size is the LUN's size in bytes (0: unknown).
+	size(target string, lun config.LUN) int64
 	// inUse says why removing or replacing a LUN (lun nil: the whole
 	// target) would hurt initiators, or "".
-	inUse := func(target string, lun *uint64) string {
-		var why []string
-		if k := sessions[target]; k > 0 {
-			why = append(why, fmt.Sprintf("%d session(s) logged in to the target", k))
+	inUse(target string, lun *uint64) string
+}
+
+// nodeView is the running node's view (mu held).
+type nodeView struct{ n *Node }
+
+func (v nodeView) size(target string, l config.LUN) int64 {
+	if d := v.n.device(target); d != nil {
+		if lu := d.LU(l.ID); lu != nil {
+			return int64(lu.Blocks()) * int64(lu.BlockSize())
 		}
-		if d := n.device(target); d != nil {
-			busy := 0
-			for _, id := range d.LUNs() {
-				if lu := d.LU(id); lu != nil && (lun == nil || *lun == id) {
-					busy += lu.InProgress()
-				}
-			}
-			if busy > 0 {
-				why = append(why, fmt.Sprintf("%d command(s) in progress", busy))
-			}
-		}
-		return strings.Join(why, ", ")
 	}
-	old := byName(n.cfg.Targets)
+	return 0
+}
+
+func (v nodeView) inUse(target string, lun *uint64) string {
+	n := v.n
+	sessions := 0
+	for _, s := range n.sessionsLocked() {
+		if !s.Discovery && s.Target == target {
+			sessions++
+		}
+	}
+	var why []string
+	if sessions > 0 {
+		why = append(why, fmt.Sprintf("%d session(s) logged in to the target", sessions))
+	}
+	if d := n.device(target); d != nil {
+		busy := 0
+		for _, id := range d.LUNs() {
+			if lu := d.LU(id); lu != nil && (lun == nil || *lun == id) {
+				busy += lu.InProgress()
+			}
+		}
+		if busy > 0 {
+			why = append(why, fmt.Sprintf("%d command(s) in progress", busy))
+		}
+	}
+	return strings.Join(why, ", ")
+}
+
+// configView is a configuration's view alone (config diff): sizes as it
+// says them, nothing in use.
+type configView struct{}
+
+func (configView) size(_ string, l config.LUN) int64 { return sizeOf(l.Size) }
+func (configView) inUse(string, *uint64) string      { return "" }
+
+// planChange says what bringing cfg to ncfg would change, and what of it
+// the consent does not cover, as seen through v.
+func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused []string) {
+	say := func(format string, a ...any) { changes = append(changes, fmt.Sprintf(format, a...)) }
+	refuse := func(format string, a ...any) { refused = append(refused, fmt.Sprintf(format, a...)) }
+	inUse := v.inUse
+	old := byName(cfg.Targets)
 	for _, nt := range ncfg.Targets {
 		ot, ok := old[nt.Name]
 		delete(old, nt.Name)
@@ -264,7 +299,6 @@ func (n *Node) plan(ncfg *config.Config, c Consent) (changes, refused []string) 
 		for _, l := range ot.LUNs {
 			was[l.ID] = l
 		}
-		d := n.device(nt.Name)
 		for _, l := range nt.LUNs {
 			p, ok := was[l.ID]
 			delete(was, l.ID)
@@ -274,11 +308,7 @@ func (n *Node) plan(ncfg *config.Config, c Consent) (changes, refused []string) 
 				say("%s: add (%s)", where, describeLUN(l))
 			case sameLUN(p, l):
 			case onlySize(p, l):
-				var live int64
-				if d != nil && d.LU(l.ID) != nil {
-					lu := d.LU(l.ID)
-					live = int64(lu.Blocks()) * int64(lu.BlockSize())
-				}
+				live := v.size(nt.Name, p)
 				to := sizeOf(l.Size)
 				if to == 0 || to == live {
 					continue
@@ -321,7 +351,7 @@ func (n *Node) plan(ncfg *config.Config, c Consent) (changes, refused []string) 
 			}
 		}
 	}
-	for _, t := range n.cfg.Targets {
+	for _, t := range cfg.Targets {
 		if _, gone := old[t.Name]; !gone {
 			continue
 		}
@@ -330,10 +360,10 @@ func (n *Node) plan(ncfg *config.Config, c Consent) (changes, refused []string) 
 			refuse("target %s: removing it ends its sessions: %s (--force)", t.Name, why)
 		}
 	}
-	if !reflect.DeepEqual(ncfg.Discovery, n.cfg.Discovery) {
+	if !reflect.DeepEqual(ncfg.Discovery, cfg.Discovery) {
 		say("discovery: change its access rules")
 	}
-	if a, b := rest(*ncfg), rest(*n.cfg); !reflect.DeepEqual(a, b) {
+	if a, b := rest(*ncfg), rest(*cfg); !reflect.DeepEqual(a, b) {
 		for _, f := range restartFields(a, b) {
 			say("%s (at the next start)", f)
 		}

@@ -264,3 +264,28 @@ func names(a, b []config.Target) []string {
 	}
 	return out
 }
+
+// ConfigDiff says, without a running node, what the configuration file
+// would change if the node whose state is stateFile were started or
+// reloaded with it now, and what of that would be refused (blockwire
+// config diff). A node that has recorded no state serves the file as it
+// is: ConfigDiff says so with an error.
+func ConfigDiff(file, stateFile string) (changes, refused []string, err error) {
+	cfg, err := config.Load(file)
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := loadState(stateFile)
+	if err != nil {
+		return nil, nil, err
+	}
+	if st == nil {
+		return nil, nil, fmt.Errorf("no state at %s: a node started with %s serves it as it is", stateFile, file)
+	}
+	next, conflicts := merge(st.Base, st.Running, cfg)
+	changes, refused = planChange(st.Running, next, Consent{}, configView{})
+	for _, c := range conflicts {
+		refused = append(refused, c+" (--force takes the file's; or make the file say what runs)")
+	}
+	return changes, refused, nil
+}

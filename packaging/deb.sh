@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # deb.sh: builds dist/blockwire_VERSION_ARCH.deb — the static binary, its
 # man page (from its own help), bash completion, the systemd unit and a
-# configuration that serves nothing until edited — with nfpm.
+# configuration that serves nothing until edited — with nfpm (a tool
+# dependency of the module: go.mod's tool directive, run as go tool nfpm).
 # Usage: packaging/deb.sh   (or: make deb)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,5 +19,5 @@ export BLOCKWIRE_ARCH=$(go env GOARCH)
 CGO_ENABLED=0 go build -trimpath -ldflags "-X main.buildVersion=$BLOCKWIRE_VERSION" -o dist/blockwire ./cmd/blockwire
 go run ./packaging/man dist/blockwire | gzip -9n > dist/blockwire.1.gz
 dist/blockwire completion bash > dist/blockwire.bash
-go run github.com/goreleaser/nfpm/v2/cmd/nfpm@v2.45.2 pkg --packager deb --config packaging/nfpm.yaml --target dist/
+go tool nfpm pkg --packager deb --config packaging/nfpm.yaml --target dist/
 ls dist/*.deb

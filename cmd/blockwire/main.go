@@ -4,6 +4,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -12,6 +13,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"reflect"
 	"runtime/debug"
 	"runtime/pprof"
 	"strings"
@@ -19,6 +21,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/rdma/verbs"
@@ -60,21 +63,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "serve":
 		return serve(args[1:], stderr)
 	case "config":
-		const configUsage = "usage: blockwire config check FILE   validate a configuration file (TOML) and report every error with its place\n"
-		if len(args) >= 2 && (args[len(args)-1] == "-h" || args[len(args)-1] == "--help") {
-			io.WriteString(stdout, configUsage)
-			return 0
-		}
-		if len(args) != 3 || args[1] != "check" {
-			io.WriteString(stderr, configUsage)
-			return 2
-		}
-		if _, err := config.Load(args[2]); err != nil {
-			fmt.Fprintln(stderr, err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "%s: ok\n", args[2])
-		return 0
+		return configVerb(args[1:], stdout, stderr)
 	case "discover":
 		return discover(args[1:], stdout, stderr)
 	case "inquiry":
@@ -583,4 +572,69 @@ func fileEngine(file, engine string) string {
 		return ""
 	}
 	return engine
+}
+
+const configUsage = `usage: blockwire config check FILE   validate a configuration file (TOML) and report every error with its place
+       blockwire config diff FILE [--state STATE]
+                                    what a start or reload with FILE would change from what the
+                                    node last recorded serving (its state: default beside FILE),
+                                    and what of it would be refused
+       blockwire config keys        every configuration key with its type and default
+`
+
+// configVerb is blockwire config: check, diff and keys.
+func configVerb(args []string, stdout, stderr io.Writer) int {
+	if len(args) >= 1 && (args[len(args)-1] == "-h" || args[len(args)-1] == "--help") {
+		io.WriteString(stdout, configUsage)
+		return 0
+	}
+	switch {
+	case len(args) == 2 && args[0] == "check":
+		if _, err := config.Load(args[1]); err != nil {
+			fmt.Fprintln(stderr, err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", args[1])
+		return 0
+	case len(args) >= 2 && args[0] == "diff":
+		state := node.DefaultStateFile(args[1])
+		switch {
+		case len(args) == 4 && args[2] == "--state":
+			state = args[3]
+		case len(args) != 2:
+			io.WriteString(stderr, configUsage)
+			return 2
+		}
+		changes, refused, err := node.ConfigDiff(args[1], state)
+		if err != nil {
+			fmt.Fprintln(stderr, "blockwire config diff:", err)
+			return 1
+		}
+		printPlan(stdout, admin.ReloadResult{Changes: changes, Refused: refused})
+		return 0
+	case len(args) == 1 && args[0] == "keys":
+		printKeys(stdout)
+		return 0
+	}
+	io.WriteString(stderr, configUsage)
+	return 2
+}
+
+// printKeys prints every configuration key with its type and, where the
+// node has one, its default (the man page's CONFIGURATION section).
+func printKeys(w io.Writer) {
+	defaults := map[string]string{"listen": `["127.0.0.1:3260"] (serve --listen)`, "iser": "true", "roce_gso": "true",
+		"roce_udp_port": "4791", "rdma_device": "auto", "rdma_memory": "256MiB", "poll": "0 (sleep at once)",
+		"target.lun.block_size": "512", "target.lun.io_engine": "auto", "target.lun.write_cache": "true", "target.tpgt": "1"}
+	lim := reflect.ValueOf(node.DefaultLimits())
+	for i := range lim.NumField() {
+		name, _, _ := strings.Cut(lim.Type().Field(i).Tag.Get("toml"), ",")
+		defaults["limits."+name] = fmt.Sprint(lim.Field(i).Interface())
+	}
+	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "KEY\tTYPE\tDEFAULT")
+	for _, k := range config.Keys() {
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Path, k.Type, cmp.Or(defaults[k.Path], "-"))
+	}
+	tw.Flush()
 }

@@ -43,6 +43,30 @@ func main() {
 		fmt.Fprintf(&b, ".SS %s\n", strings.Join(v[:len(v)-1], " "))
 		pre(&b, help(v...))
 	}
+	b.WriteString(".SH CONFIGURATION\n")
+	b.WriteString("serve --config reads a TOML file (/etc/blockwire/blockwire.toml for the systemd unit; " +
+		"/usr/share/doc/blockwire/examples/blockwire.toml shows every key). Its keys, from the schema itself " +
+		"(blockwire config keys), with their types and defaults; a path such as target.lun.size is the key size " +
+		"of a [[target.lun]] table:\n")
+	pre(&b, help("config", "keys"))
+	b.WriteString("Changes made with blockwire admin are recorded in the node's state (serve --state) before they take " +
+		"effect and outlast restarts; the file is never rewritten (blockwire config diff FILE shows what a reload of it would change).\n")
+	b.WriteString(".SH EXAMPLES\n")
+	pre(&b, `Serve 1 GiB in memory on 127.0.0.1:3260:
+    blockwire serve
+Serve a disk image, created sparse when missing:
+    blockwire serve --file /var/lib/blockwire/disk.img --size 20GiB
+Check a configuration, then see what reloading it would change:
+    blockwire config check /etc/blockwire/blockwire.toml
+    blockwire admin reload --dry-run
+Grow a LUN live, admit an initiator seeing only LUN 1, give it CHAP:
+    blockwire admin resize iqn.2026-11.org.example:db 0 40GiB
+    blockwire admin acl-add iqn.2026-11.org.example:db iqn.2026-11.org.example:host1 --luns 1
+    blockwire admin chap iqn.2026-11.org.example:db iqn.2026-11.org.example:host1 --user host1 --secret-stdin < host1.secret
+    blockwire admin ls
+Copy an image onto a LUN, then check the LUN at depth 32:
+    blockwire copy disk.img iscsi://127.0.0.1:3260/iqn.2026-11.org.blockwire:default/0
+    blockwire bench --rw randread --qd 32 iscsi://127.0.0.1:3260/iqn.2026-11.org.blockwire:default/0`)
 	b.WriteString(".SH FILES\n.TP\n/etc/blockwire/blockwire.toml\nthe configuration the systemd unit serves (blockwire.service)\n")
 	b.WriteString(".TP\n/run/blockwire/admin.sock\nthe administration socket\n.TP\n/var/lib/blockwire\nLUN images and reservation files\n")
 	b.WriteString(".SH SEE ALSO\n.BR iscsiadm (8),\n.BR sg_persist (8)\n")

@@ -118,7 +118,7 @@ func TestAdminHTTPNeedsTheToken(t *testing.T) {
 
 // TestCopyToAFileIsSparse: copying a LUN to a file makes a file exactly
 // the LUN's size whose zeroed ranges are holes, as qemu-img's are; an
-// existing larger file is replaced, not left with a stale tail (issue 26:
+// existing larger file is replaced (with --force), not left with a stale tail (issue 26:
 // the copy was fully allocated).
 func TestCopyToAFileIsSparse(t *testing.T) {
 	d := serve(t, "--size", "64MiB")
@@ -132,7 +132,8 @@ func TestCopyToAFileIsSparse(t *testing.T) {
 	}
 	back := filepath.Join(dir, "back.img")
 	os.WriteFile(back, bytes.Repeat([]byte{0xff}, 80<<20), 0o600) // larger, and not zero
-	if out, code := blockwire(t, "copy", d.url(defaultIQN, 0), back); code != 0 {
+	// Replacing a file that holds data is asked for (--force).
+	if out, code := blockwire(t, "copy", "--force", d.url(defaultIQN, 0), back); code != 0 {
 		t.Fatalf("copy out: exit %d\n%s", code, out)
 	}
 	st, err := os.Stat(back)

@@ -20,6 +20,7 @@ for f in /usr/bin/blockwire /usr/lib/systemd/system/blockwire.service /etc/block
 	[ -e "$f" ] || fail "$f not installed"
 done
 zcat /usr/share/man/man1/blockwire.1.gz | grep -q '^\.SS serve' || fail "the man page lacks serve"
+zcat /usr/share/man/man1/blockwire.1.gz | grep -q '^\.SH CONFIGURATION' || fail "the man page lacks its CONFIGURATION section"
 grep -q '_blockwire' /usr/share/bash-completion/completions/blockwire || grep -q 'complete' /usr/share/bash-completion/completions/blockwire || fail "no completion"
 # As installed, the configuration serves nothing: the unit's check refuses it.
 if blockwire config check /etc/blockwire/blockwire.toml >/tmp/pkgcheck.out 2>&1; then
