@@ -109,6 +109,13 @@ func TestJSONOutputs(t *testing.T) {
 	if len(ls) != 1 || ls[0].Target != iqn || ls[0].Size != 8<<20 || ls[0].BlockSize != 512 {
 		t.Errorf("admin --json luns: %+v", ls)
 	}
+	var tr admin.Tree
+	decodeStrict(t, "admin ls", cli("admin", "--socket", sock, "--json", "ls"), &tr)
+	if len(tr.Targets) != 1 || tr.Targets[0].Name != iqn || !tr.Targets[0].Open || len(tr.Targets[0].LUNs) != 1 ||
+		tr.Targets[0].LUNs[0].Size != 8<<20 || tr.Targets[0].LUNs[0].Backing != "memory" || tr.Targets[0].LUNs[0].Cache != "write-back" ||
+		len(tr.Portals) == 0 || tr.Targets[0].Sessions == nil {
+		t.Errorf("admin --json ls: %+v", tr)
+	}
 	var ss []admin.Session
 	decodeStrict(t, "admin sessions", cli("admin", "--socket", sock, "--json", "sessions"), &ss)
 	if ss == nil {
