@@ -665,7 +665,7 @@ func Load(path string) (*Config, error) {
 		}
 		return nil, fmt.Errorf("%s: %w", path, err)
 	}
-	c.resolveSecretFiles(filepath.Dir(path))
+	c.resolvePaths(filepath.Dir(path))
 	var errs []error
 	for _, k := range md.Undecoded() {
 		errs = append(errs, fmt.Errorf("%s: unknown key %s", path, k))
@@ -679,17 +679,18 @@ func Load(path string) (*Config, error) {
 	return &c, nil
 }
 
-// resolveSecretFiles makes relative secret_file paths relative to dir, the
+// resolvePaths makes the relative paths a file names — secret_file, a
+// LUN's file, ceph_conf and ceph_keyring — relative to dir, the
 // configuration file's directory, rather than to wherever blockwire was
 // started: absolute, so that the running configuration names them the same
 // from any directory (a relative --config would otherwise leave them
 // relative to the working directory, and a file saved elsewhere would name
 // them wrongly).
-func (c *Config) resolveSecretFiles(dir string) {
+func (c *Config) resolvePaths(dir string) {
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	c.secretFiles(func(p string) string {
+	c.paths(func(p string) string {
 		if filepath.IsAbs(p) {
 			return p
 		}
@@ -698,14 +699,14 @@ func (c *Config) resolveSecretFiles(dir string) {
 }
 
 // RelativeTo is the configuration as a file in dir should say it: the
-// secret_file paths under dir relative to it (Load makes them relative to
-// the file's directory again), others absolute.
+// paths under dir relative to it (Load makes them relative to the file's
+// directory again), others absolute.
 func (c *Config) RelativeTo(dir string) *Config {
 	d := c.Clone()
 	if abs, err := filepath.Abs(dir); err == nil {
 		dir = abs
 	}
-	d.secretFiles(func(p string) string {
+	d.paths(func(p string) string {
 		if r, err := filepath.Rel(dir, p); err == nil && filepath.IsAbs(p) && r != ".." && !strings.HasPrefix(r, ".."+string(filepath.Separator)) {
 			return r
 		}
@@ -714,8 +715,18 @@ func (c *Config) RelativeTo(dir string) *Config {
 	return d
 }
 
-// secretFiles rewrites every secret_file path through fix.
-func (c *Config) secretFiles(fixPath func(string) string) {
+// paths rewrites every path the configuration names through fixPath.
+func (c *Config) paths(fixPath func(string) string) {
+	for i := range c.Targets {
+		for j := range c.Targets[i].LUNs {
+			l := &c.Targets[i].LUNs[j]
+			for _, p := range []*string{&l.File, &l.CephConf, &l.CephKeyring} {
+				if *p != "" {
+					*p = fixPath(*p)
+				}
+			}
+		}
+	}
 	fix := func(s *Secret) {
 		if s != nil && s.SecretFile != "" {
 			s.SecretFile = fixPath(s.SecretFile)

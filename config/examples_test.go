@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -70,5 +71,66 @@ func TestExampleShowsEveryKey(t *testing.T) {
 		if !regexp.MustCompile(re).Match(b) {
 			t.Errorf("examples/blockwire.toml does not show %s (%s)", k.Path, k.Type)
 		}
+	}
+}
+
+// TestRelativePathsBesideTheFile: every relative path a file names is
+// found beside it, from any working directory; RelativeTo writes the paths
+// under a directory relative to it again, so a saved file loads the same.
+func TestRelativePathsBesideTheFile(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, "chap"), []byte("a-secret-of-sixteen\n"), 0o600)
+	p := filepath.Join(dir, "c.toml")
+	os.WriteFile(p, []byte("[[target]]\nname = \"iqn.2026-11.org.example:t\"\n[target.chap]\nuser = \"u\"\nsecret_file = \"chap\"\n"+
+		"[[target.lun]]\nid = 0\nfile = \"images/disk.img\"\nsize = \"1MiB\"\n[[target.lun]]\nid = 1\nfile = \"/dev/null\"\n"), 0o600)
+	t.Chdir(t.TempDir())
+	c, err := Load(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Targets[0].LUNs[0].File; got != filepath.Join(dir, "images", "disk.img") {
+		t.Errorf("a relative LUN file: %q", got)
+	}
+	if got := c.Targets[0].LUNs[1].File; got != "/dev/null" {
+		t.Errorf("an absolute LUN file: %q", got)
+	}
+	r := c.RelativeTo(dir)
+	if r.Targets[0].LUNs[0].File != filepath.Join("images", "disk.img") || r.Targets[0].CHAP.SecretFile != "chap" || r.Targets[0].LUNs[1].File != "/dev/null" {
+		t.Errorf("RelativeTo: %q %q %q", r.Targets[0].LUNs[0].File, r.Targets[0].CHAP.SecretFile, r.Targets[0].LUNs[1].File)
+	}
+	if c.Targets[0].LUNs[0].File != filepath.Join(dir, "images", "disk.img") {
+		t.Error("RelativeTo changed the configuration it was called on")
+	}
+}
+
+// TestCloneIsDeep: nothing a clone holds is shared with the original: a
+// change anywhere in the clone (a list, a table, a pointer) leaves the
+// original as it was.
+func TestCloneIsDeep(t *testing.T) {
+	t.Chdir("../examples")
+	c, err := Load("blockwire.toml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	wc := false
+	c.Targets[1].LUNs[0].WriteCache = &wc
+	c.Discovery = &Discovery{Initiators: []string{"a"}, CHAP: &Secret{User: "d"}}
+	before := fmt.Sprintf("%#v", *c)
+	d := c.Clone()
+	// Change every shared place a shallow copy would have.
+	*d.Targets[1].LUNs[0].WriteCache = true
+	d.Targets[1].LUNs[0].Size = "x"
+	d.Targets[1].Initiators[0] = "x"
+	d.Targets[1].ACL[0].LUNs[0] = "x"
+	d.Targets[1].ACL[0].From[0] = "x"
+	d.Targets[1].ACL[1].CHAP.User = "x"
+	d.Targets[1].CHAP.User = "x"
+	d.Targets[1].MutualCHAP.User = "x"
+	d.Discovery.Initiators[0] = "x"
+	d.Discovery.CHAP.User = "x"
+	d.Listen[0] = "x"
+	after := fmt.Sprintf("%#v", *c)
+	if before != after || *c.Targets[1].LUNs[0].WriteCache || c.Targets[1].ACL[0].LUNs[0] == "x" || c.Targets[1].CHAP.User == "x" || c.Discovery.CHAP.User == "x" {
+		t.Error("a change to the clone reached the original")
 	}
 }
