@@ -11,6 +11,8 @@ import (
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/node/nodetest"
 )
@@ -151,5 +153,43 @@ func ctxShutdown(t *testing.T, n *node.Node) {
 	defer cancel()
 	if err := n.Shutdown(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestReloadRefusesWhatIsInUse: a reload whose file drops a LUN an
+// initiator is logged in to, or the whole target, is refused with the
+// reason and --force, and changes nothing; the initiator keeps reading.
+// With Force the LUN goes.
+func TestReloadRefusesWhatIsInUse(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bw.toml")
+	v1 := "[[target]]\nname = \"" + stateTarget + "\"\n[[target.lun]]\nid = 0\nsize = \"8MiB\"\n[[target.lun]]\nid = 1\nsize = \"8MiB\"\n"
+	n := stateNode(t, file, v1)
+	ctx := context.Background()
+	dev, err := initiator.Open(ctx, "iscsi://"+nodetest.Portal(t, n, "iscsi")+"/"+stateTarget+"/1", initiator.Options{Dialer: &fabric.Dialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	buf := make([]byte, 4096)
+	for _, text := range []string{
+		strings.Replace(v1, "[[target.lun]]\nid = 1\nsize = \"8MiB\"\n", "", 1),                           // LUN 1 gone
+		"[[target]]\nname = \"iqn.2026-11.org.example:other\"\n[[target.lun]]\nid = 0\nsize = \"1MiB\"\n", // the target gone
+	} {
+		os.WriteFile(file, []byte(text), 0o600)
+		_, err := n.Reload(node.ReloadOptions{})
+		if err == nil || !strings.Contains(err.Error(), "session") || !strings.Contains(err.Error(), "--force") {
+			t.Errorf("a reload dropping what is in use: %v", err)
+		}
+		if lunSize(n, 1) != 8<<20 {
+			t.Fatal("a refused reload removed LUN 1")
+		}
+		if _, err := dev.ReadAtContext(ctx, buf, 0); err != nil {
+			t.Fatalf("the initiator after a refused reload: %v", err)
+		}
+	}
+	os.WriteFile(file, []byte(strings.Replace(v1, "[[target.lun]]\nid = 1\nsize = \"8MiB\"\n", "", 1)), 0o600)
+	if _, err := n.Reload(node.ReloadOptions{Consent: node.Consent{Force: true}}); err != nil || lunSize(n, 1) != -1 {
+		t.Fatalf("a forced reload: %v, LUN 1 %d bytes", err, lunSize(n, 1))
 	}
 }

@@ -257,6 +257,9 @@ name = "` + tgt + `"
 	if out, code := blockwire(t, "config", "check", other); code != 0 {
 		t.Errorf("config check of the saved file (exit %d):\n%s", code, out)
 	}
+	if b, _ := os.ReadFile(other); !strings.Contains(string(b), `size = "64MiB"`) || strings.Contains(string(b), "roce_udp_port") || !strings.Contains(string(b), `secret_file = "cfg/host1.secret"`) {
+		t.Errorf("the saved file: sizes as written, no unset keys, secret files relative to it:\n%s", b)
+	}
 	adm(0, "save")
 	if _, err := config.Load(cfgFile); err != nil {
 		t.Errorf("admin save over the configuration wrote a file that does not load: %v", err)
