@@ -112,10 +112,20 @@ func (n *Node) commit(ncfg, base *config.Config, c Consent) (Changes, error) {
 	}
 	ch, err := n.apply(ncfg)
 	n.base = nbase
-	if rerr := n.record(nbase, n.cfg); rerr != nil {
+	if rerr := n.record(nbase, recorded(n.cfg, ncfg)); rerr != nil {
 		err = errors.Join(err, rerr)
 	}
 	return ch, err
+}
+
+// recorded is what the state keeps after a change: the targets and
+// discovery as applied, and what only a restart applies (portals, limits)
+// as wanted — so that the next start serves it.
+func recorded(applied, wanted *config.Config) *config.Config {
+	r := wanted.Clone()
+	a := applied.Clone()
+	r.Targets, r.Discovery = a.Targets, a.Discovery
+	return r
 }
 
 // record writes the node's state, where it keeps one.

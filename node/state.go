@@ -90,15 +90,13 @@ func storeState(path string, st state) error {
 // value; what the file changed takes the file's. A change both made
 // differently is a conflict, named in the result; the file's value is
 // taken there (the caller refuses unless told to force). What only a
-// restart changes (portals, limits, the surfaces) is taken as a whole: as
-// it runs where the file left it, else the file's.
+// restart changes (portals, limits, the surfaces) is merged setting by
+// setting: as it runs where the file left it, else the file's.
 func merge(base, ours, theirs *config.Config) (*config.Config, []string) {
-	out := theirs.Clone()
-	if reflect.DeepEqual(rest(*theirs), rest(*base)) {
-		// The file left them: they stay as they run (flags given to
-		// serve among them).
-		out = ours.Clone()
-	}
+	// What only a restart changes, setting by setting: what the file
+	// left stays as it runs (flags given to serve among it).
+	out := ours.Clone()
+	mergeFields(reflect.ValueOf(base).Elem(), reflect.ValueOf(theirs.Clone()).Elem(), reflect.ValueOf(out).Elem())
 	var conflicts []string
 	out.Discovery = pick(base.Discovery, ours.Discovery, theirs.Discovery, func(what string) {
 		conflicts = append(conflicts, "discovery: "+what)
@@ -199,6 +197,21 @@ func mergeLUNs(where string, base, ours, theirs []config.LUN, conflicts *[]strin
 		}
 	}
 	return out
+}
+
+// mergeFields sets each field of out (ours) to theirs' where theirs
+// differs from base, a struct (the limits) field by field. Targets and
+// discovery are merge's own.
+func mergeFields(base, theirs, out reflect.Value) {
+	for i := range out.NumField() {
+		switch name := out.Type().Field(i).Name; {
+		case name == "Targets" || name == "Discovery":
+		case out.Field(i).Kind() == reflect.Struct:
+			mergeFields(base.Field(i), theirs.Field(i), out.Field(i))
+		case !reflect.DeepEqual(base.Field(i).Interface(), theirs.Field(i).Interface()):
+			out.Field(i).Set(theirs.Field(i))
+		}
+	}
 }
 
 // pick is the three-way choice for one value.

@@ -89,13 +89,23 @@ func TestStateMerge(t *testing.T) {
 	if !errors.Is(err, admin.ErrRefused) {
 		t.Errorf("a refusal is not admin.ErrRefused to the API: %v", err)
 	}
+	// A setting only a restart applies: reloaded, it waits, and the
+	// next start serves it.
+	v2 = "[limits]\ncmd_window = 64\n" + v2
 	os.WriteFile(file, []byte(v2), 0o600)
+	if ch, err := n.Reload(node.ReloadOptions{}); err != nil || len(ch.Restart) != 1 || n.Config().Limits.CmdWindow == 64 {
+		t.Fatalf("a reload of a limit: %+v %v, cmd_window %d", ch, err, n.Config().Limits.CmdWindow)
+	}
 
-	// A restart of the node (the same files) serves what ran.
+	// A restart of the node (the same files) serves what ran, and what
+	// waited for it.
 	ctxShutdown(t, n)
 	n = stateNode(t, file, v2)
 	if lunSize(n, 0) != 16<<20 || lunSize(n, 1) != 4<<20 || lunSize(n, 2) != 2<<20 {
 		t.Fatalf("after a restart: LUN sizes %d %d %d", lunSize(n, 0), lunSize(n, 1), lunSize(n, 2))
+	}
+	if n.Config().Limits.CmdWindow != 64 {
+		t.Errorf("after a restart: cmd_window %d, want the file's 64", n.Config().Limits.CmdWindow)
 	}
 	ctxShutdown(t, n)
 	// A file that conflicts with the recorded changes is refused at
