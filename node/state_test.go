@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -201,5 +202,44 @@ func TestReloadRefusesWhatIsInUse(t *testing.T) {
 	os.WriteFile(file, []byte(strings.Replace(v1, "[[target.lun]]\nid = 1\nsize = \"8MiB\"\n", "", 1)), 0o600)
 	if _, err := n.Reload(node.ReloadOptions{Consent: node.Consent{Force: true}}); err != nil || lunSize(n, 1) != -1 {
 		t.Fatalf("a forced reload: %v, LUN 1 %d bytes", err, lunSize(n, 1))
+	}
+}
+
+// TestAccessVerbs: the ACL and CHAP verbs refuse what makes no sense —
+// a second entry for one initiator, unmapping the last LUN an entry sees
+// (which would show it every LUN), an ACL entry's CHAP before the entry,
+// mutual CHAP without CHAP — and change nothing then; a plain-list name
+// becomes an entry of its own when given a LUN map.
+func TestAccessVerbs(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "bw.toml")
+	const host = "iqn.2026-11.org.example:h"
+	n := stateNode(t, file, "[[target]]\nname = \""+stateTarget+"\"\ninitiators = [\""+host+"\"]\n"+
+		"[[target.lun]]\nid = 0\nsize = \"1MiB\"\n[[target.lun]]\nid = 1\nsize = \"1MiB\"\n")
+	ctl := n.Admin()
+	one := uint64(1)
+	if err := ctl.ChangeACL(admin.ACLChange{Target: stateTarget, Initiator: host, Map: []string{"1"}}); err != nil {
+		t.Fatal(err)
+	}
+	tc := n.Config().Targets[0]
+	if len(tc.Initiators) != 0 || len(tc.ACL) != 1 || tc.ACL[0].Initiator != host || len(tc.ACL[0].LUNs) != 1 {
+		t.Fatalf("a listed name given a LUN map: %+v", tc)
+	}
+	for _, c := range []struct {
+		what string
+		err  error
+	}{
+		{"a second entry", ctl.ChangeACL(admin.ACLChange{Target: stateTarget, Initiator: host, Add: true})},
+		{"unmapping the last LUN", ctl.ChangeACL(admin.ACLChange{Target: stateTarget, Initiator: host, Unmap: &one})},
+		{"a LUN the target lacks", ctl.ChangeACL(admin.ACLChange{Target: stateTarget, Initiator: host, Map: []string{"9"}})},
+		{"CHAP of a missing entry", ctl.SetCHAP(admin.CHAPChange{Target: stateTarget, Initiator: "iqn.2026-11.org.example:x", User: "u", Secret: "0123456789abcdef"})},
+		{"mutual CHAP alone", ctl.SetCHAP(admin.CHAPChange{Target: stateTarget, Mutual: true, User: "u", Secret: "0123456789abcdef"})},
+		{"a short secret", ctl.SetCHAP(admin.CHAPChange{Target: stateTarget, User: "u", Secret: "short"})},
+	} {
+		if c.err == nil {
+			t.Errorf("%s: accepted", c.what)
+		}
+	}
+	if after := n.Config().Targets[0]; !reflect.DeepEqual(after, tc) {
+		t.Errorf("refused verbs changed the target:\n%+v\nwas\n%+v", after, tc)
 	}
 }

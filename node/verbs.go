@@ -170,16 +170,22 @@ func (n *Node) RemoveTarget(name string, force bool) error {
 
 // SetInitiators implements admin.Control: the ACL for logins from now on.
 func (n *Node) SetInitiators(name string, initiators []string) error {
+	return n.changeTarget(name, func(t *config.Target) { t.Initiators = initiators }, "admin: ACL changed", "initiators", initiators)
+}
+
+// changeTarget is a verb that edits one target's settings, logged with
+// msg and args once made.
+func (n *Node) changeTarget(name string, edit func(t *config.Target), msg string, args ...any) error {
 	err := n.change(Consent{}, func(c *config.Config) error {
 		i := targetIndex(c, name)
 		if i < 0 {
 			return fmt.Errorf("no target %q", name)
 		}
-		c.Targets[i].Initiators = initiators
+		edit(&c.Targets[i])
 		return nil
 	})
 	if err == nil {
-		n.log.Info("admin: ACL changed", "target", name, "initiators", initiators)
+		n.log.Info(msg, append([]any{"target", name}, args...)...)
 	}
 	return err
 }
@@ -258,49 +264,33 @@ func (n *Node) ChangeACL(ch admin.ACLChange) error {
 			return fmt.Errorf("no target %q", ch.Target)
 		}
 		t := &c.Targets[i]
-		match := func(a config.ACL) bool {
-			if ch.SRP {
-				return a.SRPInitiator == ch.Initiator
-			}
-			return a.Initiator == ch.Initiator
-		}
-		j := slices.IndexFunc(t.ACL, match)
-		inList := !ch.SRP && slices.Contains(t.Initiators, ch.Initiator)
+		list := &t.Initiators // the plain list it may be in
+		entry := config.ACL{Initiator: ch.Initiator}
 		if ch.SRP {
-			inList = slices.Contains(t.SRPInitiators, ch.Initiator)
+			list, entry = &t.SRPInitiators, config.ACL{SRPInitiator: ch.Initiator}
 		}
+		j := slices.IndexFunc(t.ACL, func(a config.ACL) bool { return a.Initiator == entry.Initiator && a.SRPInitiator == entry.SRPInitiator })
+		inList := slices.Contains(*list, ch.Initiator)
+		dropFromList := func() { *list = slices.DeleteFunc(*list, func(s string) bool { return s == ch.Initiator }) }
 		switch {
 		case ch.Add && (j >= 0 || inList):
 			return fmt.Errorf("%s already admits %s", ch.Target, ch.Initiator)
-		case ch.Add:
-			e := config.ACL{Initiator: ch.Initiator}
-			if ch.SRP {
-				e = config.ACL{SRPInitiator: ch.Initiator}
-			}
-			t.ACL = append(t.ACL, e)
-			j = len(t.ACL) - 1
+		case ch.Remove && j < 0 && !inList:
+			return fmt.Errorf("%s has no ACL entry for %s", ch.Target, ch.Initiator)
 		case ch.Remove:
-			if j < 0 && !inList {
-				return fmt.Errorf("%s has no ACL entry for %s", ch.Target, ch.Initiator)
-			}
 			if j >= 0 {
 				t.ACL = slices.Delete(t.ACL, j, j+1)
 			}
-			t.Initiators = slices.DeleteFunc(t.Initiators, func(s string) bool { return !ch.SRP && s == ch.Initiator })
-			t.SRPInitiators = slices.DeleteFunc(t.SRPInitiators, func(s string) bool { return ch.SRP && s == ch.Initiator })
+			dropFromList()
 			return nil
-		case j < 0 && inList:
-			// A name in the plain list becomes an entry of its own.
-			t.Initiators = slices.DeleteFunc(t.Initiators, func(s string) bool { return !ch.SRP && s == ch.Initiator })
-			t.SRPInitiators = slices.DeleteFunc(t.SRPInitiators, func(s string) bool { return ch.SRP && s == ch.Initiator })
-			e := config.ACL{Initiator: ch.Initiator}
-			if ch.SRP {
-				e = config.ACL{SRPInitiator: ch.Initiator}
-			}
-			t.ACL = append(t.ACL, e)
-			j = len(t.ACL) - 1
-		case j < 0:
+		case j < 0 && !ch.Add && !inList:
 			return fmt.Errorf("%s has no ACL entry for %s (add it first)", ch.Target, ch.Initiator)
+		case j < 0:
+			// New, or a name in the plain list that becomes an entry of
+			// its own.
+			dropFromList()
+			t.ACL = append(t.ACL, entry)
+			j = len(t.ACL) - 1
 		}
 		e := &t.ACL[j]
 		if ch.From != nil {
@@ -384,18 +374,7 @@ func (n *Node) SetCHAP(ch admin.CHAPChange) error {
 
 // SetPortals implements admin.Control.
 func (n *Node) SetPortals(name string, portals []string) error {
-	err := n.change(Consent{}, func(c *config.Config) error {
-		i := targetIndex(c, name)
-		if i < 0 {
-			return fmt.Errorf("no target %q", name)
-		}
-		c.Targets[i].Portals = portals
-		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: portals changed", "target", name, "portals", portals)
-	}
-	return err
+	return n.changeTarget(name, func(t *config.Target) { t.Portals = portals }, "admin: portals changed", "portals", portals)
 }
 
 // Tree implements admin.Control.

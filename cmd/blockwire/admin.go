@@ -225,16 +225,6 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		err = call("POST", "/chap", ch, &res)
-	case "portals":
-		if len(pos) != 2 && len(pos) != 3 {
-			io.WriteString(stderr, adminUsage)
-			return exitUsage
-		}
-		list := []string{}
-		if len(pos) == 3 {
-			list = splitList(pos[2])
-		}
-		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/portals", list, &res)
 	case "sessions":
 		var ss []admin.Session
 		if err = call("GET", "/sessions", nil, &ss); err == nil && *asJSON {
@@ -325,7 +315,8 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 			return exitUsage
 		}
 		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+forceQuery(*force), nil, &res)
-	case "set-initiators":
+	case "set-initiators", "portals":
+		// A target's list: its ACL's plain names, or its portals.
 		if len(pos) != 2 && len(pos) != 3 {
 			io.WriteString(stderr, adminUsage)
 			return exitUsage
@@ -334,7 +325,8 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		if len(pos) == 3 {
 			list = splitList(pos[2])
 		}
-		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/initiators", list, &res)
+		what := map[string]string{"set-initiators": "initiators", "portals": "portals"}[pos[0]]
+		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/"+what, list, &res)
 	case "reload":
 		q := url.Values{}
 		for k, v := range map[string]bool{"dry_run": *dryRun, "shrink": *shrink, "force": *force} {
