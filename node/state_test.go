@@ -243,3 +243,27 @@ func TestAccessVerbs(t *testing.T) {
 		t.Errorf("refused verbs changed the target:\n%+v\nwas\n%+v", after, tc)
 	}
 }
+
+// TestReloadRefusesAnotherImage: a file LUN the file points at another
+// image is refused without Force (its initiators would see other data),
+// and the image it serves stays locked by this node alone.
+func TestReloadRefusesAnotherImage(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "bw.toml")
+	v1 := "[[target]]\nname = \"" + stateTarget + "\"\n[[target.lun]]\nid = 0\nfile = \"a.img\"\nsize = \"1MiB\"\n"
+	n := stateNode(t, file, v1)
+	os.WriteFile(file, []byte(strings.Replace(v1, "a.img", "b.img", 1)), 0o600)
+	_, err := n.Reload(node.ReloadOptions{})
+	if err == nil || !strings.Contains(err.Error(), "b.img instead of") || !strings.Contains(err.Error(), "--force") {
+		t.Fatalf("a reload pointing LUN 0 at another image: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "b.img")); err == nil {
+		t.Error("a refused reload created the other image")
+	}
+	if _, err := n.Reload(node.ReloadOptions{Consent: node.Consent{Force: true}}); err != nil {
+		t.Fatalf("forced: %v", err)
+	}
+	if tr := n.Admin().Tree(); tr.Targets[0].LUNs[0].Backing != filepath.Join(dir, "b.img") {
+		t.Errorf("after the forced reload LUN 0 is %s", tr.Targets[0].LUNs[0].Backing)
+	}
+}

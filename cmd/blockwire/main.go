@@ -11,11 +11,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
 	"reflect"
 	"runtime/debug"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -87,7 +89,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 			io.WriteString(stderr, "usage: blockwire completion bash   (then: source <(blockwire completion bash))\n")
 			return 2
 		}
-		io.WriteString(stdout, bashCompletion)
+		verbs := slices.Sorted(maps.Keys(adminVerbs))
+		io.WriteString(stdout, strings.Replace(bashCompletion, "ADMINVERBS", strings.Join(verbs, " "), 1))
 		return 0
 	case "-h", "--help", "help":
 		io.WriteString(stdout, usage)
@@ -505,8 +508,9 @@ func version(stdout io.Writer) int {
 	return 0
 }
 
-// bashCompletion completes verbs, admin sub-verbs and each verb's flags,
-// which it reads from the verb's own -h output (package flag's usage).
+// bashCompletion completes verbs, admin sub-verbs (ADMINVERBS: adminVerbs,
+// filled in when printed) and each verb's flags, which it reads from the
+// verb's own -h output (package flag's usage).
 const bashCompletion = `# bash completion for blockwire: source <(blockwire completion bash)
 _blockwire() {
 	local cur=${COMP_WORDS[COMP_CWORD]}
@@ -516,7 +520,11 @@ _blockwire() {
 	fi
 	local verb=${COMP_WORDS[1]}
 	if [ "$verb" = admin ] && [ "$COMP_CWORD" -eq 2 ] && [[ $cur != -* ]]; then
-		COMPREPLY=($(compgen -W "sessions drop luns add-lun remove-lun resize add-target remove-target set-initiators reload save" -- "$cur"))
+		COMPREPLY=($(compgen -W "ADMINVERBS" -- "$cur"))
+		return
+	fi
+	if [ "$verb" = config ] && [ "$COMP_CWORD" -eq 2 ]; then
+		COMPREPLY=($(compgen -W "check diff keys" -- "$cur"))
 		return
 	fi
 	if [[ $cur == -* ]]; then
