@@ -416,17 +416,18 @@ func (t *Target) SRPAllows(id srp.PortID, remote net.Addr) bool {
 	if !t.SRPListed() {
 		return !t.Protected()
 	}
+	if a, ok := t.SRPEntry(id); ok {
+		// An entry's from holds even where srp_initiators lists the port
+		// too, as an iSCSI name's does.
+		src, err := a.Sources()
+		return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
+	}
 	for _, s := range t.SRPInitiators {
 		if p, err := srp.ParsePortID(s); err == nil && p == id {
 			return true
 		}
 	}
-	a, ok := t.SRPEntry(id)
-	if !ok {
-		return false
-	}
-	src, err := a.Sources()
-	return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
+	return false
 }
 
 // SRPListed reports whether the target names any SRP initiator.

@@ -2,11 +2,14 @@ package config
 
 import (
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/blockwire/blockwire/srp"
 )
 
 // TestExamplesValidateAsShipped: every configuration in examples/ passes
@@ -132,5 +135,30 @@ func TestCloneIsDeep(t *testing.T) {
 	after := fmt.Sprintf("%#v", *c)
 	if before != after || *c.Targets[1].LUNs[0].WriteCache || c.Targets[1].ACL[0].LUNs[0] == "x" || c.Targets[1].CHAP.User == "x" || c.Discovery.CHAP.User == "x" {
 		t.Error("a change to the clone reached the original")
+	}
+}
+
+// TestSRPFromHoldsForListedPorts: an SRP port listed in srp_initiators and
+// in an ACL entry with from is admitted only from those networks, as an
+// iSCSI name listed both ways is.
+func TestSRPFromHoldsForListedPorts(t *testing.T) {
+	const port = "0x0000000000000001:0x00000000000000aa"
+	id, err := srp.ParsePortID(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tg := Target{Name: "iqn.2026-11.org.example:t", SRPInitiators: []string{port},
+		ACL: []ACL{{SRPInitiator: port, From: []string{"192.0.2.0/24"}}}}
+	inside := &net.TCPAddr{IP: net.ParseIP("192.0.2.7"), Port: 1}
+	outside := &net.TCPAddr{IP: net.ParseIP("198.51.100.7"), Port: 1}
+	if !tg.SRPAllows(id, inside) {
+		t.Error("the port from inside its from: refused")
+	}
+	if tg.SRPAllows(id, outside) {
+		t.Error("the port from outside its from: admitted (srp_initiators escaped the entry's from)")
+	}
+	tg.ACL = nil
+	if !tg.SRPAllows(id, outside) {
+		t.Error("a port listed without an entry: refused")
 	}
 }
