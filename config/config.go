@@ -728,16 +728,21 @@ func (c *Config) paths(fixPath func(string) string) {
 			}
 		}
 	}
-	fix := func(s *Secret) {
-		if s != nil && s.SecretFile != "" {
-			s.SecretFile = fixPath(s.SecretFile)
+	for _, sec := range c.secrets() {
+		if sec.SecretFile != "" {
+			sec.SecretFile = fixPath(sec.SecretFile)
 		}
 	}
+}
+
+// secrets are every CHAP secret the configuration holds: targets',
+// their ACL entries' and discovery's.
+func (c *Config) secrets() []*Secret {
+	var out []*Secret
 	access := func(chap, mutual *Secret, acl []ACL) {
-		fix(chap)
-		fix(mutual)
+		out = append(out, chap, mutual)
 		for i := range acl {
-			fix(acl[i].CHAP)
+			out = append(out, acl[i].CHAP)
 		}
 	}
 	for i := range c.Targets {
@@ -747,6 +752,33 @@ func (c *Config) paths(fixPath func(string) string) {
 	if d := c.Discovery; d != nil {
 		access(d.CHAP, d.MutualCHAP, d.ACL)
 	}
+	return slices.DeleteFunc(out, func(s *Secret) bool { return s == nil })
+}
+
+// SecretExposure names what lets users other than the owner read a CHAP
+// secret: a secret_file, or the configuration file itself (path) when it
+// holds a secret inline, that group or others may read. Empty: nothing.
+func (c *Config) SecretExposure(path string) []string {
+	var out []string
+	check := func(file, what string) {
+		if st, err := os.Stat(file); err == nil && st.Mode().Perm()&0o077 != 0 {
+			out = append(out, fmt.Sprintf("%s (%s) is mode %04o: group or others can read the secret (chmod 600 it)", file, what, st.Mode().Perm()))
+		}
+	}
+	inline, seen := false, map[string]bool{}
+	for _, sec := range c.secrets() {
+		switch {
+		case sec.SecretFile != "" && !seen[sec.SecretFile]:
+			seen[sec.SecretFile] = true
+			check(sec.SecretFile, "secret_file of user "+sec.User)
+		case sec.Secret != "":
+			inline = true
+		}
+	}
+	if inline && path != "" {
+		check(path, "a configuration with an inline secret")
+	}
+	return out
 }
 
 // Validate checks every field and returns all problems found.

@@ -57,6 +57,10 @@ type Options struct {
 	// At start, a state that exists is merged with the configuration
 	// (Reload's merge). Empty: changes last only until the process ends.
 	StateFile string
+	// StrictSecrets refuses a configuration whose CHAP secrets group or
+	// others can read (config.SecretExposure); without it each is a
+	// warning in the log.
+	StrictSecrets bool
 	// RequireHeaderDigest and RequireDataDigest make CRC32C the only
 	// iSCSI digest accepted (RFC 7143 §13.1).
 	RequireHeaderDigest, RequireDataDigest bool
@@ -174,6 +178,14 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if exposed := cfg.SecretExposure(opts.ConfigFile); len(exposed) > 0 {
+		if opts.StrictSecrets {
+			return nil, fmt.Errorf("refused (--strict-secrets): %s", strings.Join(exposed, "; "))
+		}
+		for _, w := range exposed {
+			opts.Logger.Warn("a CHAP secret others can read", "what", w)
+		}
 	}
 	if opts.RoCEUDPPort == 0 {
 		opts.RoCEUDPPort = 4791

@@ -33,7 +33,7 @@ const usage = `blockwire: block storage over the wire
 
 Usage:
   blockwire serve [flags]             run the target (iSCSI and iSER; SRP with --srp-listen)
-  blockwire config check FILE         validate a configuration file
+  blockwire config check FILE         validate a configuration file (diff FILE: what a reload would change; keys: every key)
   blockwire discover PORTAL           list the targets a portal offers (SendTargets)
   blockwire inquiry URL               identify a LUN
   blockwire read URL [--offset N] [--length N] [--out FILE [--force]]
@@ -113,7 +113,7 @@ type serveFlags struct {
 	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                       listFlag
 	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser               *string
 	rdmaDevice, rdmaMemory, ioEngine                                            *string
-	grow, readOnly, removable, iser, writeCache, direct, roceGSO                *bool
+	grow, readOnly, removable, iser, writeCache, direct, roceGSO, strictSecrets *bool
 	tpgt                                                                        *uint
 	blockSize, roceUDP                                                          *int
 	cfgPath, statePath, logLevel, logFormat, cpuprofile, metrics                *string
@@ -149,6 +149,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.removable = fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
 	f.writeCache = fs.Bool("write-cache", true, "LUN 0's write cache; false: every write is flushed to stable storage before it is acknowledged (WCE 0)")
 	f.cfgPath = fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
+	f.strictSecrets = fs.Bool("strict-secrets", false, "refuse to start when a CHAP secret is readable by group or others (a secret_file, or the configuration holding one inline); without it that is a warning")
 	f.statePath = fs.String("state", "", "where the node records every change it is asked to make, before it takes effect, so that it lasts across restarts (default with --config: beside it, NAME.state.toml; \"none\": changes last until the process ends)")
 	f.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	f.logFormat = fs.String("log-format", "text", "text or json (log/slog, on stderr)")
@@ -331,7 +332,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 	case "none":
 		state = ""
 	}
-	opts = node.Options{Logger: slog.New(handler), ConfigFile: *f.cfgPath, StateFile: state, RoCEUDPPort: *f.roceUDP,
+	opts = node.Options{Logger: slog.New(handler), ConfigFile: *f.cfgPath, StateFile: state, StrictSecrets: *f.strictSecrets, RoCEUDPPort: *f.roceUDP,
 		RequireHeaderDigest: *f.hdigest == "required", RequireDataDigest: *f.ddigest == "required",
 		AdminHTTP: *f.adminHTTP, AdminTokenFile: *f.adminToken}
 	var cfg *config.Config
@@ -582,7 +583,10 @@ func fileEngine(file, engine string) string {
 	return engine
 }
 
-const configUsage = `usage: blockwire config check FILE   validate a configuration file (TOML) and report every error with its place
+const configUsage = `usage: blockwire config check [--strict] FILE
+                                    validate a configuration file (TOML) and report every error with
+                                    its place; warn of CHAP secrets group or others can read (a
+                                    secret_file, or FILE holding one inline): --strict refuses them
        blockwire config diff FILE [--state STATE]
                                     what a start or reload with FILE would change from what the
                                     node last recorded serving (its state: default beside FILE),
@@ -597,12 +601,22 @@ func configVerb(args []string, stdout, stderr io.Writer) int {
 		return 0
 	}
 	switch {
-	case len(args) == 2 && args[0] == "check":
-		if _, err := config.Load(args[1]); err != nil {
+	case (len(args) == 2 || len(args) == 3 && args[1] == "--strict") && args[0] == "check":
+		file := args[len(args)-1]
+		c, err := config.Load(file)
+		if err != nil {
 			fmt.Fprintln(stderr, err)
 			return 1
 		}
-		fmt.Fprintf(stdout, "%s: ok\n", args[1])
+		exposed := c.SecretExposure(file)
+		for _, w := range exposed {
+			fmt.Fprintln(stderr, "warning:", w)
+		}
+		if len(exposed) > 0 && len(args) == 3 {
+			fmt.Fprintf(stderr, "%s: refused (--strict): secrets others can read\n", file)
+			return 1
+		}
+		fmt.Fprintf(stdout, "%s: ok\n", file)
 		return 0
 	case len(args) >= 2 && args[0] == "diff":
 		state := node.DefaultStateFile(args[1])

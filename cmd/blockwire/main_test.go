@@ -24,6 +24,11 @@ func TestHelpAndExitCodes(t *testing.T) {
 	u := "iscsi://127.0.0.1:1/iqn.2026-11.org.example:t/0"
 	intSize := filepath.Join(dir, "int.toml")
 	os.WriteFile(intSize, []byte("[[target]]\nname = \"iqn.2026-11.org.example:t\"\n[[target.lun]]\nid = 0\nsize = 1048576\n"), 0o600)
+	// A CHAP secret others can read: a warning, refused with --strict.
+	exposed := filepath.Join(dir, "exposed.toml")
+	os.WriteFile(filepath.Join(dir, "open.secret"), []byte("a-secret-of-sixteen\n"), 0o644)
+	os.WriteFile(exposed, []byte("[[target]]\nname = \"iqn.2026-11.org.example:t\"\n[target.chap]\nuser = \"u\"\nsecret_file = \"open.secret\"\n[[target.lun]]\nid = 0\nsize = \"1MiB\"\n"), 0o600)
+	os.Chmod(filepath.Join(dir, "open.secret"), 0o644)
 	for _, c := range []struct {
 		args []string
 		code int
@@ -39,8 +44,8 @@ func TestHelpAndExitCodes(t *testing.T) {
 		{[]string{"bench", "-h"}, 0, "-verify"},
 		{[]string{"discover", "-h"}, 0, ""},
 		{[]string{"admin", "-h"}, 0, "sessions"},
-		{[]string{"config", "check", "--help"}, 0, "config check FILE"},
-		{[]string{"config", "check", "-h"}, 0, "config check FILE"},
+		{[]string{"config", "check", "--help"}, 0, "config check [--strict] FILE"},
+		{[]string{"config", "check", "-h"}, 0, "config check [--strict] FILE"},
 		{[]string{"bogus"}, 2, `unknown command "bogus"`},
 		{[]string{"admin", "--socket", filepath.Join(dir, "s"), "bogus"}, 2, `unknown admin verb "bogus"`},
 		{[]string{"serve", "extra-arg"}, 2, `unexpected argument "extra-arg"`},
@@ -60,6 +65,9 @@ func TestHelpAndExitCodes(t *testing.T) {
 		{[]string{"inquiry", u}, 3, ""},
 		{[]string{"admin", "--socket", filepath.Join(dir, "none.sock"), "luns"}, 3, "is blockwire serve running with --admin-socket"},
 		{[]string{"config", "check", intSize}, 1, "as a string in quotes"},
+		{[]string{"config", "check", exposed}, 0, "mode 0644: group or others can read the secret"},
+		{[]string{"config", "check", "--strict", exposed}, 1, "chmod 600"},
+		{[]string{"serve", "--config", exposed, "--strict-secrets", "--listen", "127.0.0.1:0"}, 1, "refused (--strict-secrets)"},
 	} {
 		var out, errOut bytes.Buffer
 		code := run(c.args, &out, &errOut)
