@@ -114,6 +114,7 @@ name = "` + tgt + `"
 	adm(0, "map-lun", tgt2, host2, "5=1")
 	adm(0, "unmap-lun", tgt2, host2, "0")
 	chap := exec.Command(binary, "admin", "--socket", sock, "chap", tgt2, host2, "--user", "host2", "--secret-stdin")
+	chap.Env = clientEnv()
 	chap.Stdin = strings.NewReader("host2-secret-4567\n")
 	if out, err := chap.CombinedOutput(); err != nil {
 		t.Fatalf("admin chap --secret-stdin: %v\n%s", err, out)

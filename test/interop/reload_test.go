@@ -170,6 +170,7 @@ func TestSignalsAsOperatorsExpect(t *testing.T) {
 	d.cmd.Process.Signal(syscall.SIGINT)
 	select {
 	case err := <-d.done:
+		d.done <- err // for the cleanup
 		if err != nil {
 			t.Fatalf("SIGINT: %v", err)
 		}
