@@ -288,6 +288,11 @@ type Target struct {
 	// identifier (default 1). Gateways serving one shared image give
 	// each its own.
 	TPGT uint16 `toml:"tpgt,omitzero"`
+	// TargetReset lets every initiator the target admits send TARGET
+	// WARM RESET and TARGET COLD RESET (iSCSI), which reach every LU and
+	// every initiator of the target; without it only ACL entries with
+	// target_reset may, and others get "function authorization failed".
+	TargetReset bool `toml:"target_reset,omitempty"`
 	// PortGroups turns on ALUA: "ID=state" for every gateway's target
 	// port group (ID = that gateway's tpgt), state active-optimized,
 	// active-non-optimized, standby or unavailable.
@@ -327,6 +332,9 @@ type ACL struct {
 	// From, when set, admits the initiator only from these addresses or
 	// networks ("192.0.2.7", "10.0.0.0/8", "fd00::/8").
 	From []string `toml:"from,omitempty"`
+	// TargetReset lets this initiator send TARGET WARM RESET and TARGET
+	// COLD RESET (iSCSI only).
+	TargetReset bool `toml:"target_reset,omitempty"`
 }
 
 // Sources parses From (nil: from anywhere).
@@ -599,6 +607,9 @@ func validateAccess(where string, t Target, add func(format string, args ...any)
 			who = p.String()
 			if a.CHAP != nil {
 				add("%s.acl[%d].chap: SRP has no CHAP", where, j)
+			}
+			if a.TargetReset {
+				add("%s.acl[%d].target_reset: SRP has no target reset", where, j)
 			}
 		default:
 			if err := ValidName(a.Initiator); err != nil {

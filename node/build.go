@@ -152,8 +152,11 @@ func setDiscovery(srv *iscsitarget.Server, d *config.Discovery) error {
 func targetAccess(tc config.Target, portals []string) (*iscsitarget.Target, error) {
 	allowed := tc.AllowedInitiators()
 	t := &iscsitarget.Target{Name: tc.Name, Alias: tc.Alias, Initiators: allowed, Restricted: allowed != nil, TPGT: tc.TPGT,
-		Redirect: tc.Redirect, RedirectPermanent: tc.RedirectPermanent, Portals: portals}
+		Redirect: tc.Redirect, RedirectPermanent: tc.RedirectPermanent, Portals: portals, AnyTargetReset: tc.TargetReset}
 	for _, a := range tc.ACL {
+		if a.TargetReset && a.Initiator != "" {
+			t.TargetResets = append(t.TargetResets, a.Initiator)
+		}
 		if src, err := a.Sources(); err != nil {
 			return nil, err
 		} else if src != nil && a.Initiator != "" {

@@ -175,7 +175,7 @@ func (d *Device) Execute(c *Command) {
 	}
 	lu := c.lu
 	if lu == nil {
-		lu = d.luFor(c.Nexus, c.LUN)
+		lu = d.LUFor(c.Nexus, c.LUN)
 	}
 	op := c.CDB[0]
 	if op == scsi.OpReportLuns {

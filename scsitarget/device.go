@@ -219,8 +219,9 @@ func (n *Nexus) visibleLUN(l uint64) (uint64, bool) {
 	return 0, false
 }
 
-// luFor returns the LU that nexus n reaches as LUN l, or nil.
-func (d *Device) luFor(n *Nexus, l uint64) *LU {
+// LUFor returns the LU that nexus n reaches as LUN l (through its map,
+// Nexus.LUNs), or nil.
+func (d *Device) LUFor(n *Nexus, l uint64) *LU {
 	dl, ok := n.deviceLUN(l)
 	if !ok {
 		return nil

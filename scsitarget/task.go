@@ -75,7 +75,7 @@ func (c *Command) SenseData() []byte { return c.Sense[:c.SenseLen] }
 // the fabric accepts the command (before its data arrives) and paired with
 // End. Commands for LUNs that do not exist are not entered.
 func (d *Device) Begin(c *Command) {
-	lu := d.luFor(c.Nexus, c.LUN)
+	lu := d.LUFor(c.Nexus, c.LUN)
 	if lu == nil {
 		return
 	}
@@ -186,7 +186,7 @@ const (
 // waits until it has ended. It reports TMFNoSuchTask when the task is not in
 // the task set (already completed).
 func (d *Device) AbortTask(n *Nexus, lun uint64, tag uint64) TMFResult {
-	lu := d.luFor(n, lun)
+	lu := d.LUFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
@@ -203,7 +203,7 @@ func (d *Device) AbortTask(n *Nexus, lun uint64, tag uint64) TMFResult {
 // AbortTaskSet aborts every task of nexus n on lun (SAM-5 §7.3). except,
 // the fabric's own TMF task if it is a Command, is left alone.
 func (d *Device) AbortTaskSet(n *Nexus, lun uint64) TMFResult {
-	lu := d.luFor(n, lun)
+	lu := d.LUFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
@@ -215,7 +215,7 @@ func (d *Device) AbortTaskSet(n *Nexus, lun uint64) TMFResult {
 // shared task set); the other nexuses get COMMANDS CLEARED BY ANOTHER
 // INITIATOR.
 func (d *Device) ClearTaskSet(n *Nexus, lun uint64) TMFResult {
-	lu := d.luFor(n, lun)
+	lu := d.LUFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}
@@ -232,7 +232,7 @@ func (d *Device) ClearTaskSet(n *Nexus, lun uint64) TMFResult {
 // aborted, the LU returns to its default state and every nexus (including
 // n's, per SAM-5 §6.3.2) gets BUS DEVICE RESET FUNCTION OCCURRED.
 func (d *Device) ResetLU(n *Nexus, lun uint64) TMFResult {
-	lu := d.luFor(n, lun)
+	lu := d.LUFor(n, lun)
 	if lu == nil {
 		return TMFNoSuchLUN
 	}

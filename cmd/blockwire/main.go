@@ -114,6 +114,7 @@ type serveFlags struct {
 	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser               *string
 	rdmaDevice, rdmaMemory, ioEngine                                            *string
 	grow, readOnly, removable, iser, writeCache, direct, roceGSO, strictSecrets *bool
+	targetReset                                                                 *bool
 	tpgt                                                                        *uint
 	blockSize, roceUDP                                                          *int
 	cfgPath, statePath, logLevel, logFormat, cpuprofile, metrics                *string
@@ -147,6 +148,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.blockSize = fs.Int("block-size", 512, "logical block size (512 or 4096)")
 	f.readOnly = fs.Bool("read-only", false, "write-protect LUN 0 (writes fail with DATA PROTECT)")
 	f.removable = fs.Bool("removable", false, "make LUN 0's medium removable (START STOP UNIT ejects and loads it)")
+	f.targetReset = fs.Bool("target-reset", false, "let every initiator send TARGET WARM RESET and TARGET COLD RESET, which reach every LU and every initiator of the target (default: refused, \"function authorization failed\")")
 	f.writeCache = fs.Bool("write-cache", true, "LUN 0's write cache; false: every write is flushed to stable storage before it is acknowledged (WCE 0)")
 	f.cfgPath = fs.String("config", "", "declarative configuration file (TOML); replaces the other target flags")
 	f.strictSecrets = fs.Bool("strict-secrets", false, "refuse to start when a CHAP secret is readable by group or others (a secret_file, or the configuration holding one inline); without it that is a warning")
@@ -294,7 +296,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 		// The file describes the targets: flags that would describe
 		// LUN 0 of a default target are refused, not silently ignored.
 		var clash []string
-		for _, n := range []string{"iqn", "size", "file", "grow", "io-engine", "direct", "remote", "rbd", "ceph-conf", "ceph-keyring", "ceph-user", "tpgt", "port-groups", "block-size", "read-only", "removable"} {
+		for _, n := range []string{"iqn", "size", "file", "grow", "io-engine", "direct", "remote", "rbd", "ceph-conf", "ceph-keyring", "ceph-user", "tpgt", "port-groups", "block-size", "read-only", "removable", "target-reset"} {
 			if isSet(fs, n) {
 				clash = append(clash, "--"+n)
 			}
@@ -447,7 +449,7 @@ func (f *serveFlags) defaultTarget(stderr io.Writer) (*config.Config, int) {
 	}
 	cfg := &config.Config{
 		Targets: []config.Target{{
-			Name: *f.iqn, TPGT: uint16(*f.tpgt), PortGroups: groups,
+			Name: *f.iqn, TPGT: uint16(*f.tpgt), PortGroups: groups, TargetReset: *f.targetReset,
 			LUNs: []config.LUN{{ID: 0, Size: size, File: *f.file, Remote: *f.remote, RBD: *f.rbd, CephConf: *f.cephConf,
 				CephKeyring: *f.cephKeyring, CephUser: *f.cephUser, BlockSize: *f.blockSize, ReadOnly: *f.readOnly, Removable: *f.removable, Grow: *f.grow,
 				Direct: *f.direct, IOEngine: fileEngine(*f.file, *f.ioEngine)}},

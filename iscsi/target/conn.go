@@ -1081,7 +1081,8 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 		return pdu.TMFRespComplete
 	}
 	needLUN := func() bool {
-		if lunErr != nil || dev.LU(lun) == nil {
+		// The LUN as the initiator sees it, through its nexus's map.
+		if lunErr != nil || dev.LUFor(ss.nexus, lun) == nil {
 			resp.Response = pdu.TMFRespNoLUN
 			return false
 		}
@@ -1120,11 +1121,15 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 		if needLUN() {
 			resp.Response = mapRes(dev.ResetLU(ss.nexus, lun))
 		}
-	case pdu.TMFTargetWarmReset:
+	case pdu.TMFTargetWarmReset, pdu.TMFTargetColdReset:
+		// Every LU and every initiator of the target: only an initiator
+		// allowed it may (LIO refuses likewise unless its ACL says so).
+		if !ss.tgt.AnyTargetReset && !slices.Contains(ss.tgt.TargetResets, ss.initiator) {
+			resp.Response = pdu.TMFRespAuthFailed
+			break
+		}
 		dev.ResetTarget()
-	case pdu.TMFTargetColdReset:
-		dev.ResetTarget()
-		cold = true
+		cold = req.Function == pdu.TMFTargetColdReset
 	case pdu.TMFClearACA:
 		resp.Response = pdu.TMFRespNotSupported
 	case pdu.TMFTaskReassign:

@@ -68,6 +68,13 @@ type Target struct {
 	// permanently, with RedirectPermanent (RFC 7143 §11.13.5, §13.8).
 	Redirect          string
 	RedirectPermanent bool
+	// TargetResets lists the initiators allowed TARGET WARM RESET and
+	// TARGET COLD RESET (RFC 7143 §11.5.1); AnyTargetReset allows every
+	// initiator the target admits. Each reaches every LU and every
+	// initiator of the target, so others get "function authorization
+	// failed" and nothing happens.
+	TargetResets   []string
+	AnyTargetReset bool
 }
 
 // onPortal reports whether a connection that reached local ("host:port")

@@ -598,7 +598,7 @@ func TestUnsolicitedDataOut(t *testing.T) {
 }
 
 func TestTargetColdResetDropsSessions(t *testing.T) {
-	ts := startServer(t, Options{}, nil)
+	ts := startServer(t, Options{}, func(tg *Target) { tg.AnyTargetReset = true })
 	a := dial(t, ts.addr)
 	a.mustLogin(normalKeys(ini)...)
 	b := dial(t, ts.addr)

@@ -469,15 +469,15 @@ size = "8MiB"
 func TestIscsiTestCu(t *testing.T) {
 	need(t, "iscsi-test-cu", "iscsi-inq")
 	second := freePort(t)
-	plain := serve(t, "--size", "256MiB", "--listen", second)
+	plain := serve(t, "--target-reset", "--size", "256MiB", "--listen", second)
 	// The second full run: header digests required, on a file-backed LUN
 	// read and written through io_uring with O_DIRECT (on the test's
 	// filesystem: ext4 here and in CI), the ring and the reader polling.
-	digest := serve(t, "--size", "256MiB", "--header-digest", "required", "--file", filepath.Join(t.TempDir(), "lun0.img"),
+	digest := serve(t, "--target-reset", "--size", "256MiB", "--header-digest", "required", "--file", filepath.Join(t.TempDir(), "lun0.img"),
 		"--io-engine", "io_uring", "--direct", "--poll", "1ms")
-	ro := serve(t, "--size", "64MiB", "--read-only")
-	san := serve(t, "--size", "64MiB")
-	rm := serve(t, "--size", "64MiB", "--removable")
+	ro := serve(t, "--target-reset", "--size", "64MiB", "--read-only")
+	san := serve(t, "--target-reset", "--size", "64MiB")
+	rm := serve(t, "--target-reset", "--size", "64MiB", "--removable")
 	url2 := fmt.Sprintf("iscsi://%s/%s/0", second, defaultIQN)
 
 	out, _ := run(t, 10*time.Minute, "iscsi-test-cu", "--dataloss", "--test=ALL", plain.url(defaultIQN, 0), url2)

@@ -56,7 +56,7 @@ func TestRBDLikeAFile(t *testing.T) {
 	conf := cephConf(t)
 	need(t, "iscsi-inq", "iscsi-readcapacity16", "iscsi-test-cu", "qemu-img")
 	img := rbdImage(t, conf, "256M")
-	d := serve(t, "--rbd", img, "--ceph-conf", conf)
+	d := serve(t, "--target-reset", "--rbd", img, "--ceph-conf", conf)
 	url := d.url(defaultIQN, 0)
 	if out := mustRun(t, time.Minute, "iscsi-readcapacity16", url); !strings.Contains(out, "Total size:268435456") {
 		t.Fatalf("READ CAPACITY(16) of a 256 MiB image:\n%s", out)
@@ -122,7 +122,7 @@ func expectedCu(t *testing.T) map[string]string {
 // gateway starts a blockwire serving img as target port group tpgt of
 // two (1 active/optimized, 2 active/non-optimized).
 func gateway(t *testing.T, conf, img string, tpgt int) *daemon {
-	return serve(t, "--rbd", img, "--ceph-conf", conf, "--tpgt", fmt.Sprint(tpgt), "--port-groups", "1=active-optimized,2=active-non-optimized")
+	return serve(t, "--target-reset", "--rbd", img, "--ceph-conf", conf, "--tpgt", fmt.Sprint(tpgt), "--port-groups", "1=active-optimized,2=active-non-optimized")
 }
 
 // TestRBDTwoGateways: two blockwire processes serve one image as one LU
