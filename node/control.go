@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"reflect"
 	"slices"
 	"strings"
@@ -77,8 +78,9 @@ func (r *Refused) Error() string {
 func (r *Refused) Unwrap() error { return admin.ErrRefused }
 
 // Apply brings the running node to cfg: targets added and removed, LUNs
-// added, removed, resized or replaced, ACL, CHAP and discovery changes (for
-// logins from now on), on every fabric. A configuration with errors
+// added, removed, resized or replaced, ACL, CHAP and discovery changes, on
+// every fabric — access changes reach sessions already logged in: those
+// the new rules would not admit, or whose view of the LUNs changed, end. A configuration with errors
 // changes nothing, and so does one that would cost data or sessions
 // without the consent c gives (Refused). Portals, limits and the API,
 // metrics and iSNS surfaces need a restart: Changes.Restart names them.
@@ -148,6 +150,8 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 	}
 	applied := *n.cfg // what cannot change live stays as it runs
 	applied.Targets = nil
+	prev := n.cfg
+	var accessChanged []string
 	for _, nt := range ncfg.Targets {
 		ot, exists := old[nt.Name]
 		delete(old, nt.Name)
@@ -183,6 +187,7 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 				kept.LUNs, kept.TPGT, kept.PortGroups, kept.SRPIDExt = luns, ot.TPGT, ot.PortGroups, ot.SRPIDExt
 				n.log.Info("change: access rules changed", "target", nt.Name)
 				did("target %s: access rules changed", nt.Name)
+				accessChanged = append(accessChanged, nt.Name)
 			}
 		}
 		if nt.TPGT != ot.TPGT || !slices.Equal(nt.PortGroups, ot.PortGroups) || nt.SRPIDExt != ot.SRPIDExt {
@@ -217,7 +222,47 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 		n.log.Warn("change: portals, limits, metrics, admin socket and iSNS changes take effect at the next start", "changed", ch.Restart)
 	}
 	n.cfg = &applied
+	n.revokeSRP(prev, accessChanged)
 	return ch, errors.Join(errs...)
+}
+
+// revokeSRP ends the SRP sessions of the named targets that their new
+// access rules would not admit now, or whose view of the LUNs changed —
+// as the iSCSI server does for its own (iscsi/target UpdateTarget). mu
+// held.
+func (n *Node) revokeSRP(prev *config.Config, names []string) {
+	for _, name := range names {
+		s := n.srp[name]
+		i, j := targetIndex(n.cfg, name), targetIndex(prev, name)
+		if s == nil || i < 0 || j < 0 {
+			continue
+		}
+		now, was := n.cfg.Targets[i], prev.Targets[j]
+		for _, si := range s.Sessions() {
+			id, err := srp.ParsePortID(si.Initiator)
+			if err != nil {
+				continue
+			}
+			why := ""
+			switch {
+			case !reflect.DeepEqual(now.SRPLUNMap(id), was.SRPLUNMap(id)):
+				why = "its view of the LUNs changed"
+			default:
+				for _, c := range si.Conns {
+					var remote net.Addr // as the login saw it: an IP address, where there is one
+					if ap, err := netip.ParseAddrPort(c.Remote); err == nil {
+						remote = net.TCPAddrFromAddrPort(ap)
+					}
+					if !now.SRPAllows(id, remote) {
+						why = "the target's ACL no longer admits it from " + c.Remote
+					}
+				}
+			}
+			if why != "" && s.DropSession(si.ID) {
+				n.log.Info("change: SRP session ended", "target", name, "session", si.ID, "initiator", si.Initiator, "why", why)
+			}
+		}
+	}
 }
 
 // rest is what only a restart changes: the configuration without its

@@ -265,3 +265,58 @@ func TestBoundsHitNamesEveryBound(t *testing.T) {
 		}
 	}
 }
+
+// TestRevocationReachesLiveSessions: an ACL change applies to sessions
+// already logged in, on every fabric: the iSCSI initiator and the SRP port
+// the new rules no longer admit lose their sessions at once (their reads
+// fail), while an iSCSI initiator still admitted keeps reading.
+func TestRevocationReachesLiveSessions(t *testing.T) {
+	const kept, revoked = "iqn.2026-11.org.example:kept", "iqn.2026-11.org.example:revoked"
+	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, SRPListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}}}}
+	n := startNode(t, cfg, node.Options{})
+	ctx := context.Background()
+	tcpAddr, srpAddr := portal(t, n, config.ISCSI), portal(t, n, config.SRP)
+	open := func(name string) *initiator.Device {
+		d, err := initiator.Open(ctx, "iscsi://"+tcpAddr+"/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	k, r := open(kept), open(revoked)
+	srpDev, err := srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinit.Options{Fabric: siw.New(siw.Options{})})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srpDev.Close()
+	buf := make([]byte, 512)
+	for _, rd := range []func() error{
+		func() error { _, err := k.ReadAt(buf, 0); return err },
+		func() error { _, err := r.ReadAt(buf, 0); return err },
+		func() error { _, err := srpDev.ReadAt(buf, 0); return err },
+	} {
+		if err := rd(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Only kept, over iSCSI; an SRP port that is not ours over SRP.
+	ncfg := n.Config()
+	ncfg.Targets[0].Initiators = []string{kept}
+	ncfg.Targets[0].SRPInitiators = []string{"0x0000000000000001:0x00000000000000aa"}
+	if _, err := n.Apply(ncfg, node.Consent{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := k.ReadAt(buf, 0); err != nil {
+		t.Errorf("the initiator still admitted: %v", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := r.ReadAtContext(rctx, buf, 0); err == nil {
+		t.Error("the revoked iSCSI initiator still reads")
+	}
+	if _, err := srpDev.ReadAt(buf, 0); err == nil {
+		t.Error("the revoked SRP port still reads")
+	}
+}

@@ -168,7 +168,8 @@ func (n *Node) RemoveTarget(name string, force bool) error {
 	return err
 }
 
-// SetInitiators implements admin.Control: the ACL for logins from now on.
+// SetInitiators implements admin.Control: the ACL, for sessions logged in
+// too (an initiator no longer listed loses its session).
 func (n *Node) SetInitiators(name string, initiators []string) error {
 	return n.changeTarget(name, func(t *config.Target) { t.Initiators = initiators }, "admin: ACL changed", "initiators", initiators)
 }

@@ -35,7 +35,8 @@ const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PO
                                     a smaller size needs --shrink (the data past it is lost)
   add-target NAME (--size S | --file F | --remote URL) [--initiators A,B]   with LUN 0
   remove-target NAME [--force]      closes its sessions (which needs --force)
-  set-initiators TARGET [A,B,...]   the ACL for logins from now on (none: everyone)
+  set-initiators TARGET [A,B,...]   the ACL (none: everyone); an initiator no longer
+                                    admitted loses its session at once
   acl-add TARGET INITIATOR [--from NETS] [--luns L,...] [--srp]
                                     admit an initiator (an SRP port with --srp): from these
                                     networks only, seeing these LUNs only (N, or M=N: LUN N as M)

@@ -14,6 +14,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -472,22 +473,59 @@ func (s *Server) discoveryTarget() *Target {
 }
 
 // UpdateTarget replaces the access rules of a target — every field of t
-// but its Device and TPGT, which stay — for logins from now on; sessions
-// already logged in keep going.
+// but its Device and TPGT, which stay. They hold at once: a session
+// logged in that the new rules would not admit now (its initiator, its
+// address), whose initiator's view of the LUNs or CHAP credentials changed,
+// ends; the others keep going.
 func (s *Server) UpdateTarget(t *Target) error {
 	if err := t.checkSecrets(); err != nil {
 		return fmt.Errorf("iscsi: target %s: %w", t.Name, err)
 	}
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	old := s.targets[t.Name]
 	if old == nil {
+		s.mu.Unlock()
 		return fmt.Errorf("iscsi: no target %s", t.Name)
 	}
 	nt := *t // every access rule is t's; what cannot change live is old's
 	nt.Device, nt.TPGT = old.Device, old.TPGT
 	s.targets[t.Name] = &nt
+	var live []*session
+	for _, ss := range s.sessions {
+		if ss.targetName == t.Name && !ss.discovery {
+			live = append(live, ss)
+		}
+	}
+	s.mu.Unlock()
+	// The rules hold for sessions already logged in too: a session the
+	// new rules would not let in now, or that sees the LUNs otherwise,
+	// ends (an initiator still admitted logs in again under them).
+	for _, ss := range live {
+		if why := revoked(old, &nt, ss); why != "" {
+			ss.close(why)
+		}
+	}
 	return nil
+}
+
+// revoked says why a session logged in under old's rules may not go on
+// under nt's, or "".
+func revoked(old, nt *Target, ss *session) string {
+	ini := ss.initiator
+	switch {
+	case !nt.allows(ini):
+		return "access revoked: the initiator is no longer in the target's ACL"
+	case !reflect.DeepEqual(old.LUNMaps[ini], nt.LUNMaps[ini]):
+		return "access changed: the initiator's view of the LUNs changed (it logs in again to see the new one)"
+	case !reflect.DeepEqual(old.chapFor(ini), nt.chapFor(ini)):
+		return "access changed: the CHAP credentials the initiator proved changed"
+	}
+	for _, c := range ss.connList() {
+		if !nt.admitsFrom(ini, c.dm.RemoteAddr()) {
+			return "access revoked: the initiator's from no longer admits " + c.dm.RemoteAddr()
+		}
+	}
+	return ""
 }
 
 // RemoveTarget stops offering a target and closes its sessions. The
