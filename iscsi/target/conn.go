@@ -105,7 +105,11 @@ type conn struct {
 	// monotonic clock (a step of the wall clock, as NTP makes after a
 	// virtual machine resumes, neither drops a connection nor stops its
 	// pings).
-	heard    atomic.Bool
+	heard atomic.Bool
+	// asked is set by a discovery session's Text and Logout requests
+	// (not by answers to pings) and cleared by the pinger, which ends a
+	// discovery session that asks nothing for Options.DiscoveryIdle.
+	asked    atomic.Bool
 	pingTTT  atomic.Uint32
 	pingOut  atomic.Bool // a NOP-In ping awaits its NOP-Out
 	stop     chan struct{}
@@ -523,7 +527,9 @@ func (c *conn) controlNotify(p *datamover.PDU) error {
 	op := p.BHS.Opcode()
 	if c.sess.discovery {
 		switch op {
-		case pdu.OpTextReq, pdu.OpLogoutReq, pdu.OpNopOut:
+		case pdu.OpTextReq, pdu.OpLogoutReq:
+			c.asked.Store(true)
+		case pdu.OpNopOut:
 		default:
 			return reject(pdu.RejectProtocolError, "iscsi: %s in a discovery session (RFC 7143 §4.3)", op)
 		}
@@ -604,10 +610,17 @@ func (c *conn) handleNopOut(p *datamover.PDU) error {
 // stop answering (RFC 7143 §11.19: target-initiated NOP-In with a TTT).
 func (c *conn) pinger() {
 	iv := c.srv.opts.NopInterval
-	if iv < 0 {
+	// A discovery session holds one of a few places: one that asks
+	// nothing for DiscoveryIdle ends, pinged or not.
+	disc := c.sess != nil && c.sess.discovery
+	if iv < 0 && !disc {
 		return
 	}
-	tick := time.NewTicker(min(iv, c.srv.opts.NopTimeout) / 2)
+	every := min(iv, c.srv.opts.NopTimeout) / 2
+	if iv < 0 {
+		every = c.srv.opts.DiscoveryIdle / 4
+	}
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	// Linux's ib_iser gives a discovery session one receive buffer, posted
 	// only when it sends a request (its login buffer, reused): a NOP-In
@@ -620,6 +633,7 @@ func (c *conn) pinger() {
 	// last is when a PDU was last heard, to within a tick (the tick that
 	// found heard set); sent is when the ping awaiting its answer went.
 	last, sent := time.Now(), time.Time{}
+	lastAsked := last
 	for {
 		select {
 		case <-c.stop:
@@ -629,6 +643,20 @@ func (c *conn) pinger() {
 		now := time.Now()
 		if c.heard.Swap(false) {
 			last = now
+		}
+		if disc {
+			if c.asked.Swap(false) {
+				lastAsked = now
+			}
+			if now.Sub(lastAsked) > c.srv.opts.DiscoveryIdle {
+				c.srv.discoveryIdle.Add(1)
+				c.log.Info("ending a discovery session that asked for nothing", "idle", c.srv.opts.DiscoveryIdle)
+				c.terminate()
+				return
+			}
+			if iv < 0 {
+				continue
+			}
 		}
 		if quiet {
 			if now.Sub(last) > iv+c.srv.opts.NopTimeout {

@@ -452,6 +452,11 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 				}
 				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d sessions already (the limit; %s)", n, what))
 			}
+			if ls.discovery && fromSrc >= s.opts.MaxDiscoverySessionsPerSource {
+				s.mu.Unlock()
+				s.sourceDiscoveryFull.Add(1)
+				return c.failLogin(lerr(pdu.LoginStatusOutOfResources, "%d discovery sessions from %s already (the limit)", fromSrc, c.slot.source()))
+			}
 			if !ls.discovery && fromSrc >= s.opts.MaxSessionsPerSource {
 				s.mu.Unlock()
 				s.sourceSessionsFull.Add(1)

@@ -192,6 +192,12 @@ type Options struct {
 	// counted in MaxSessions (16): clients that only ask for the target
 	// list cannot take the sessions that carry data.
 	MaxDiscoverySessions int
+	// MaxDiscoverySessionsPerSource bounds the discovery sessions of one
+	// address (4): a host cannot take them all and keep the others from
+	// the target list. DiscoveryIdle ends a discovery session that has
+	// asked for nothing in that long (30s), pings answered or not.
+	MaxDiscoverySessionsPerSource int
+	DiscoveryIdle                 time.Duration
 	// MaxLoginsPerSource bounds the connections from one address that
 	// have not finished logging in (8); more are closed as they arrive.
 	MaxLoginsPerSource int
@@ -256,6 +262,12 @@ func (o *Options) defaults() {
 	if o.MaxDiscoverySessions == 0 {
 		o.MaxDiscoverySessions = 16
 	}
+	if o.MaxDiscoverySessionsPerSource == 0 {
+		o.MaxDiscoverySessionsPerSource = 4
+	}
+	if o.DiscoveryIdle == 0 {
+		o.DiscoveryIdle = 30 * time.Second
+	}
 	if o.MaxLoginsPerSource == 0 {
 		o.MaxLoginsPerSource = 8
 	}
@@ -295,6 +307,7 @@ type Server struct {
 	// Logins refused for the session bounds, and receivers that waited
 	// for their address's commands on workers (BoundsHit).
 	sessionsFull, discoveryFull, sourceSessionsFull, sourceWaits atomic.Uint64
+	sourceDiscoveryFull, discoveryIdle                           atomic.Uint64
 	// loginTimeouts counts the connections dropped for a login not
 	// complete in time (their warnings are thinned out past 16).
 	loginTimeouts atomic.Int64
@@ -742,18 +755,22 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 // what it may make the server hold: connections closed for their
 // address's logins in progress (logins_per_source) and for a login not
 // finished in time (login_timeout); logins refused "out of resources"
-// for the sessions (sessions, discovery_sessions, sessions_per_source);
+// for the sessions (sessions, discovery_sessions, sessions_per_source,
+// discovery_sessions_per_source); discovery sessions ended for asking
+// nothing in DiscoveryIdle (discovery_idle);
 // and receivers that stopped reading while their address's commands held
 // its share of the LU workers (working_per_source). A count that grows
 // is a host at a bound: one misbehaving, or one that needs it raised.
 func (s *Server) BoundsHit() map[string]uint64 {
 	return map[string]uint64{
-		"logins_per_source":   uint64(s.refused.Load()),
-		"login_timeout":       uint64(s.loginTimeouts.Load()),
-		"sessions":            s.sessionsFull.Load(),
-		"discovery_sessions":  s.discoveryFull.Load(),
-		"sessions_per_source": s.sourceSessionsFull.Load(),
-		"working_per_source":  s.sourceWaits.Load(),
+		"logins_per_source":             uint64(s.refused.Load()),
+		"login_timeout":                 uint64(s.loginTimeouts.Load()),
+		"sessions":                      s.sessionsFull.Load(),
+		"discovery_sessions":            s.discoveryFull.Load(),
+		"discovery_sessions_per_source": s.sourceDiscoveryFull.Load(),
+		"discovery_idle":                s.discoveryIdle.Load(),
+		"sessions_per_source":           s.sourceSessionsFull.Load(),
+		"working_per_source":            s.sourceWaits.Load(),
 	}
 }
 
