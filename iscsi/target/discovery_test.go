@@ -47,3 +47,48 @@ func TestIdleDiscoverySessionsEnd(t *testing.T) {
 	}
 	ts.hit(t, "discovery_idle", 1)
 }
+
+// TestLoginsInProgressNodeWide: the connections still logging in are
+// bounded for the whole server too (as sshd's MaxStartups), so a host with
+// many addresses — a routed /64, each connection from a fresh one —
+// cannot hold thousands of half-open logins; past the bound connections
+// are closed at once, and counted.
+func TestLoginsInProgressNodeWide(t *testing.T) {
+	ts := startServer(t, Options{MaxLogins: 6, MaxLoginsPerSource: 2, LoginTimeout: 5 * time.Second}, nil)
+	var held []net.Conn
+	for i := range 6 {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 1, byte(i+1))}}
+		nc, err := d.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		held = append(held, nc)
+	}
+	defer func() {
+		for _, nc := range held {
+			nc.Close()
+		}
+	}()
+	time.Sleep(100 * time.Millisecond) // accepted and counted
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 2, 1)}}
+	nc, err := d.Dial("tcp", ts.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if _, err := nc.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+		t.Fatalf("a seventh login in progress, from a fresh address: %v, want it closed at once", err)
+	}
+	ts.hit(t, "logins", 1)
+	// A finished login frees its place.
+	held[0].Close()
+	time.Sleep(100 * time.Millisecond)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini)...)
+}
+
+func isTimeout(err error) bool {
+	ne, ok := err.(net.Error)
+	return ok && ne.Timeout()
+}

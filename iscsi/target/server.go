@@ -201,6 +201,11 @@ type Options struct {
 	// MaxLoginsPerSource bounds the connections from one address that
 	// have not finished logging in (8); more are closed as they arrive.
 	MaxLoginsPerSource int
+	// MaxLogins bounds the connections of every address together that
+	// have not finished logging in (256), as sshd's MaxStartups does: a
+	// host with many addresses cannot hold thousands of half-open logins.
+	// More are closed as they arrive.
+	MaxLogins int
 	// LogoutWait is how long Shutdown waits for initiators to log out
 	// after the Async Message asking them to (3s).
 	LogoutWait time.Duration
@@ -271,6 +276,9 @@ func (o *Options) defaults() {
 	if o.MaxLoginsPerSource == 0 {
 		o.MaxLoginsPerSource = 8
 	}
+	if o.MaxLogins == 0 {
+		o.MaxLogins = 256
+	}
 	if o.LogoutWait == 0 {
 		o.LogoutWait = 3 * time.Second
 	}
@@ -301,6 +309,10 @@ type Server struct {
 	// counts the connections closed for it.
 	logins  persource.Counts[string]
 	refused atomic.Int64
+	// loginsAll counts them all (Options.MaxLogins); refusedAll counts
+	// the connections closed for it.
+	loginsAll  int
+	refusedAll atomic.Uint64
 	// sources holds, by address, what its connections share: the count
 	// of their commands on LU workers (Options.MaxWorkingPerSource).
 	sources map[string]*source
@@ -329,9 +341,15 @@ func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
 	src := s.opts.Sources.Of(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.logins.Take(src, s.opts.MaxLoginsPerSource) {
+	if s.loginsAll >= s.opts.MaxLogins {
+		s.refusedAll.Add(1)
 		return nil
 	}
+	if !s.logins.Take(src, s.opts.MaxLoginsPerSource) {
+		s.refused.Add(1)
+		return nil
+	}
+	s.loginsAll++
 	return &loginSlot{s: s, src: src}
 }
 
@@ -351,6 +369,7 @@ func (l *loginSlot) release() {
 	l.once.Do(func() {
 		l.s.mu.Lock()
 		l.s.logins.Give(l.src)
+		l.s.loginsAll--
 		l.s.mu.Unlock()
 	})
 }
@@ -623,9 +642,9 @@ func (s *Server) Serve(a datamover.Acceptor) error {
 		delay = 0
 		slot := s.takeLoginSlot(in.RemoteAddr())
 		if slot == nil {
-			if n := s.refused.Add(1); logsample.Keep(n) {
-				s.log.Warn("connection closed: its address has too many logins in progress", "remote", in.RemoteAddr().String(),
-					"limit", s.opts.MaxLoginsPerSource, "refused", n)
+			if n := s.refused.Load() + int64(s.refusedAll.Load()); logsample.Keep(n) {
+				s.log.Warn("connection closed: too many logins in progress, from its address or in all", "remote", in.RemoteAddr().String(),
+					"limit_per_source", s.opts.MaxLoginsPerSource, "limit", s.opts.MaxLogins, "refused", n)
 			}
 			in.Close()
 			continue
@@ -753,7 +772,8 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 
 // BoundsHit counts, by bound, the times a peer met one of the bounds on
 // what it may make the server hold: connections closed for their
-// address's logins in progress (logins_per_source) and for a login not
+// address's logins in progress (logins_per_source), for all addresses'
+// (logins, Options.MaxLogins) and for a login not
 // finished in time (login_timeout); logins refused "out of resources"
 // for the sessions (sessions, discovery_sessions, sessions_per_source,
 // discovery_sessions_per_source); discovery sessions ended for asking
@@ -764,6 +784,7 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 func (s *Server) BoundsHit() map[string]uint64 {
 	return map[string]uint64{
 		"logins_per_source":             uint64(s.refused.Load()),
+		"logins":                        s.refusedAll.Load(),
 		"login_timeout":                 uint64(s.loginTimeouts.Load()),
 		"sessions":                      s.sessionsFull.Load(),
 		"discovery_sessions":            s.discoveryFull.Load(),
