@@ -263,11 +263,11 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		}
 	}
 	if st != nil {
-		// The state's base is the file as it is now.
+		// The state's base is the file as it is now. A state that cannot
+		// be written does not stop the node serving what it recorded;
+		// every change will say so until it can.
 		if err := n.record(n.base, n.cfg); err != nil {
-			n.closeDevices()
-			n.closeVerbs()
-			return nil, err
+			log.Warn("the node's state could not be brought up to date: changes are refused until it can be written", "err", err)
 		}
 	}
 	return n, nil
