@@ -80,9 +80,9 @@ func (r *Refused) Unwrap() error { return admin.ErrRefused }
 // Apply brings the running node to cfg: targets added and removed, LUNs
 // added, removed, resized or replaced, ACL, CHAP and discovery changes, on
 // every fabric — access changes reach sessions already logged in: those
-// the new rules would not admit, or whose view of the LUNs changed, end. A configuration with errors
-// changes nothing, and so does one that would cost data or sessions
-// without the consent c gives (Refused). Portals, limits and the API,
+// the new rules would not admit, or whose view of the LUNs changed, end.
+// A configuration with errors changes nothing, and so does one that would
+// cost data or sessions without the consent c gives (Refused). Portals, limits and the API,
 // metrics and iSNS surfaces need a restart: Changes.Restart names them.
 // Initiators see LUN changes through the unit attentions the SCSI core
 // queues. The change is recorded in the node's state file first
