@@ -928,12 +928,15 @@ func (n *Node) LoginFailures() [4]uint64 { return n.iscsi.LoginFailures() }
 // BoundsHit implements metrics.Source: the bounds peers met, by fabric —
 // the iSCSI target's, the SRP targets' (summed), the software iWARP
 // device's, the software RoCE devices' (summed) and the control surfaces'
-// (admin socket, admin HTTP, metrics: summed, as "control"). A fabric with
+// (admin socket, admin HTTP, metrics: summed, as "control"), and the I/O
+// budget's refusals, which every fabric shares ("all"). A fabric with
 // no server or device yet shows each of its bounds at 0, named by a zero
 // value of its type (whose counts are zero), so the names are each
 // package's alone.
 func (n *Node) BoundsHit() map[string]map[string]uint64 {
 	out := map[string]map[string]uint64{"iscsi": n.iscsi.BoundsHit(), "iwarp": n.iwarp.BoundsHit(),
+		// The I/O budget every fabric shares: TASK SET FULL by the bound met.
+		"all": n.budget.Refusals(),
 		"srp": new(srptarget.Server).BoundsHit(), "roce": new(roce.Device).BoundsHit(),
 		"control": new(httpguard.Limited).BoundsHit()}
 	for _, s := range n.srpServers() {

@@ -191,7 +191,8 @@ func TestFloodStaysWithinTheIOBudget(t *testing.T) {
 }
 
 func testFlood(t *testing.T, mod func(*Target)) {
-	// Four floods may hold at most three quarters of the budget.
+	// Four floods from one host may hold at most half the budget (its
+	// source's part), each its session's share.
 	const budget, share = 64 << 20, 12 << 20
 	ts := startServer(t, Options{CmdWindow: 128, Budget: scsitarget.NewIOBudget(budget, share)}, mod)
 	before := heapInUse()
@@ -201,7 +202,7 @@ func testFlood(t *testing.T, mod func(*Target)) {
 	}
 	var floods []*flood
 	for i := range 4 {
-		c := dial(t, ts.addr)
+		c := dialAt(t, ts.addr, net.IPv4(127, 0, 0, 3)) // the flooding host
 		c.isid[5] = byte(i + 1)
 		c.mustLogin(normalKeys(fmt.Sprintf("%s-%d", ini, i))...)
 		floods = append(floods, &flood{c: c})
@@ -237,7 +238,10 @@ func testFlood(t *testing.T, mod func(*Target)) {
 			t.Fatalf("writer: %d commands admitted (%d MiB), %d TASK SET FULL; share %d MiB", f.other, f.other*4, f.full, share>>20)
 		}
 	}
-	// A well-behaved session still works, at full speed.
+	if src := ts.srv.opts.Budget.Used(); src > ts.srv.opts.Budget.SourceLimit() {
+		t.Fatalf("the flooding host holds %d MiB, over its part %d MiB", src>>20, ts.srv.opts.Budget.SourceLimit()>>20)
+	}
+	// A well-behaved session of another host still works, at full speed.
 	d, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	if err != nil {
 		t.Fatal(err)

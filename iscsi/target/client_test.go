@@ -113,7 +113,18 @@ type tclient struct {
 
 func dial(t testing.TB, addr string) *tclient {
 	t.Helper()
-	nc, err := net.Dial("tcp", addr)
+	return dialAt(t, addr, nil)
+}
+
+// dialAt is dial from the local address ip (nil: any) — another host,
+// to the per-source bounds.
+func dialAt(t testing.TB, addr string, ip net.IP) *tclient {
+	t.Helper()
+	d := net.Dialer{}
+	if ip != nil {
+		d.LocalAddr = &net.TCPAddr{IP: ip}
+	}
+	nc, err := d.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,14 @@
 package target
 
 import (
-	"bufio"
+	"fmt"
 	"net"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/iscsi/pdu"
+	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // TestDiscoverySessionsPerSource: one address may hold only a handful of
@@ -17,13 +21,7 @@ func TestDiscoverySessionsPerSource(t *testing.T) {
 	ts.sessions(t, 2, discoveryKeys(ini))
 	ts.refused(t, 9, discoveryKeys(ini), "third discovery session from one address")
 	ts.hit(t, "discovery_sessions_per_source", 1)
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 2)}}
-	nc, err := d.Dial("tcp", ts.addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	other := &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 11}, keys: map[string]string{}}
+	other := dialAt(t, ts.addr, net.IPv4(127, 0, 0, 2))
 	other.mustLogin(discoveryKeys(ini)...)
 }
 
@@ -91,4 +89,44 @@ func TestLoginsInProgressNodeWide(t *testing.T) {
 func isTimeout(err error) bool {
 	ne, ok := err.(net.Error)
 	return ok && ne.Timeout()
+}
+
+// TestOneHostCannotStarveTheOthers: one address's sessions together hold
+// half the I/O budget at most. A host with nine sessions, each holding an
+// 8 MiB WRITE whose data never comes, used to take the whole 64 MiB budget
+// and leave every other initiator TASK SET FULL; now another host's READ
+// is answered at once, and the refusals are counted at the source bound.
+func TestOneHostCannotStarveTheOthers(t *testing.T) {
+	budget := scsitarget.NewIOBudget(64<<20, 8<<20)
+	ts := startServer(t, Options{Budget: budget}, nil)
+	admitted, full := 0, 0
+	for i := range 9 {
+		c := dial(t, ts.addr)
+		c.isid[5] = byte(i + 1)
+		c.mustLogin(normalKeys(fmt.Sprintf("%s-%d", ini, i))...)
+		c.sendCmd(write10(0, 8<<20/512), false, 8<<20, false, nil) // no data will follow
+		h, _, ok := c.recv(5 * time.Second)
+		switch {
+		case !ok:
+			t.Fatalf("session %d: no answer to its WRITE", i)
+		case h.Opcode() == pdu.OpR2T:
+			admitted++
+		case h.Opcode() == pdu.OpSCSIResponse && h[3] == scsi.StatusTaskSetFull:
+			full++
+		default:
+			t.Fatalf("session %d: %s status %#x", i, h.Opcode(), h[3])
+		}
+	}
+	if held := int64(admitted) * 8 << 20; held > budget.SourceLimit() || full == 0 {
+		t.Fatalf("one host's WRITEs: %d admitted (%d MiB), %d TASK SET FULL; its part is %d MiB", admitted, held>>20, full, budget.SourceLimit()>>20)
+	}
+	other := dialAt(t, ts.addr, net.IPv4(127, 0, 0, 2))
+	other.mustLogin(normalKeys(ini + "-other")...)
+	other.command(tur(), false, 0, nil, 0) // the power-on unit attention
+	if r := other.command(read10(0, 128), true, 64<<10, nil, 0); r.status != 0 {
+		t.Fatalf("another host's 64 KiB READ: status %#x (TASK SET FULL is %#x)", r.status, scsi.StatusTaskSetFull)
+	}
+	if r := budget.Refusals(); r["source_io_budget"] != uint64(full) {
+		t.Errorf("refusals %v, want %d at the source bound", r, full)
+	}
 }

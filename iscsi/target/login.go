@@ -471,7 +471,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		ss = &session{
 			srv: s, tsih: s.allocTSIH(), isid: ls.isid, initiator: ls.initiator, alias: ls.alias,
 			targetName: ls.targetName, tgt: ls.tgt, discovery: ls.discovery, source: c.slot.source(),
-			window: s.opts.CmdWindow, conns: map[uint16]*conn{}, io: s.opts.Budget.NewShare(),
+			window: s.opts.CmdWindow, conns: map[uint16]*conn{}, io: s.opts.Budget.NewShare(c.slot.source()),
 			ended: make(chan struct{}),
 		}
 		ss.params = sessionParams{
@@ -491,6 +491,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			// RFC 7143 §13.14: FirstBurstLength must not exceed
 			// MaxBurstLength.
 			s.mu.Unlock()
+			ss.io.Close()
 			return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "FirstBurstLength %d exceeds MaxBurstLength %d (RFC 7143 §13.14)", ss.params.FirstBurstLength, ss.params.MaxBurstLength))
 		}
 		ss.startWindow(ls.cmdSN)

@@ -312,6 +312,7 @@ func (ss *session) removeConn(c *conn) {
 		if ss.nexus != nil {
 			ss.tgt.Device.RemoveNexus(ss.nexus)
 		}
+		ss.io.Close()
 		close(ss.ended)
 		ss.srv.log.Info("session closed", "tsih", ss.tsih, "initiator", ss.initiator, "target", ss.targetName)
 	}

@@ -392,7 +392,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 		}
 		s.lastID++
 		nx = &nexus{id: s.lastID, n: &scsitarget.Nexus{InitiatorPort: lr.Initiator.String(), TargetPort: s.port.String(), RelativePort: s.opts.RelativePort, LUNs: view},
-			channels: map[*channel]struct{}{}, io: s.opts.Budget.NewShare()}
+			channels: map[*channel]struct{}{}, io: s.opts.Budget.NewShare(src)}
 		nx.n.OnUnitAttention = nx.unitAttention
 		s.nexuses[lr.Initiator] = nx
 		s.opts.Device.AddNexus(nx.n)
@@ -444,6 +444,7 @@ func (s *Server) leave(ch *channel) {
 	if empty && s.nexuses[ch.initiator] == nx {
 		delete(s.nexuses, ch.initiator)
 		s.opts.Device.RemoveNexus(nx.n)
+		nx.io.Close()
 	}
 }
 

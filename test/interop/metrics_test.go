@@ -86,7 +86,7 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 			t.Errorf("bounds_hit{fabric=iscsi,bound=%q} = %v after well-behaved clients", b, v)
 		}
 	}
-	for _, fb := range [][2]string{{"iwarp", "handshakes_per_source"}, {"srp", "channels_per_source"}, {"roce", "conn_requests_per_source"}, {"control", "connections_per_source"}} {
+	for _, fb := range [][2]string{{"iwarp", "handshakes_per_source"}, {"srp", "channels_per_source"}, {"roce", "conn_requests_per_source"}, {"control", "connections_per_source"}, {"all", "source_io_budget"}} {
 		value("blockwire_bounds_hit_total", `fabric="`+fb[0]+`"`, `bound="`+fb[1]+`"`) // exported, even at 0
 	}
 	if !regexp.MustCompile(`(?m)^go_goroutines `).MatchString(text) {
