@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -22,18 +23,34 @@ func lock(f *os.File, path string, readOnly bool) error {
 	if readOnly {
 		typ = unix.F_RDLCK
 	}
-	lk := unix.Flock_t{Type: typ, Whence: 0, Start: 0, Len: 0}
-	err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
-	switch err {
-	case nil:
-		return nil
-	case unix.EAGAIN, unix.EACCES:
-		return fmt.Errorf("file: %s is in use by another server%s: an image has one server (stop the other, or serve it read-only from both)", path, holder(f))
-	case unix.EINVAL, unix.ENOLCK, unix.EOPNOTSUPP:
-		return nil // a filesystem without such locks: nothing to enforce with
+	deadline := time.Now().Add(lingerWait)
+	for {
+		lk := unix.Flock_t{Type: typ, Whence: 0, Start: 0, Len: 0}
+		err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk)
+		switch err {
+		case nil:
+			return nil
+		case unix.EAGAIN, unix.EACCES:
+			h := holder(f)
+			if h == "" && time.Now().Before(deadline) {
+				// No process holds it: a server that just ended, whose
+				// io_uring the kernel tears down after the process has
+				// gone (the ring keeps the file open until then).
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			return fmt.Errorf("file: %s is in use by another server%s: an image has one server (stop the other, or serve it read-only from both)", path, h)
+		case unix.EINVAL, unix.ENOLCK, unix.EOPNOTSUPP:
+			return nil // a filesystem without such locks: nothing to enforce with
+		}
+		return fmt.Errorf("file: lock %s: %w", path, err)
 	}
-	return fmt.Errorf("file: lock %s: %w", path, err)
 }
+
+// lingerWait is how long lock waits for a lock no live process holds:
+// after a server is killed its io_uring may keep the file, and so the
+// lock, for a moment.
+const lingerWait = 5 * time.Second
 
 // holder names the processes holding a lock on f's file, as far as /proc
 // lets us see them: OFD locks report no owner (F_OFD_GETLK gives pid -1),
