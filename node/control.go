@@ -82,28 +82,39 @@ func (r *Refused) Unwrap() error { return admin.ErrRefused }
 // every fabric — access changes reach sessions already logged in: those
 // the new rules would not admit, or whose view of the LUNs changed, end.
 // A configuration with errors changes nothing, and so does one that would
-// cost data or sessions without the consent c gives (Refused). Portals, limits and the API,
-// metrics and iSNS surfaces need a restart: Changes.Restart names them.
+// cost data or sessions without the consent c gives (Refused). Portals,
+// limits and the API, metrics and iSNS surfaces need a restart:
+// Changes.Restart names them.
 // Initiators see LUN changes through the unit attentions the SCSI core
 // queues. The change is recorded in the node's state file first
 // (Options.StateFile).
 func (n *Node) Apply(ncfg *config.Config, c Consent) (Changes, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return n.commit(ncfg, nil, c)
+	return n.commit(ncfg, nil, c, false)
 }
 
 // commit is the one path every change takes (Apply, Reload, each
 // administration verb), with mu held: validate, refuse what the consent
-// does not cover, record the new state, apply it, record what runs if
-// that differs. base, when not nil, is the configuration file the change
-// came from (a reload): the state's new Base.
-func (n *Node) commit(ncfg, base *config.Config, c Consent) (Changes, error) {
+// does not cover (and the caller's own refusals, also), record the new
+// state, apply it, record what runs if that differs. base, when not nil,
+// is the configuration file the change came from (a reload): the state's
+// new Base. With dryRun it stops after the refusals, returning the plan.
+func (n *Node) commit(ncfg, base *config.Config, c Consent, dryRun bool, also ...string) (Changes, error) {
 	if err := ncfg.Validate(); err != nil {
 		return Changes{}, fmt.Errorf("%w (nothing changed)", err)
 	}
-	if _, refused := n.plan(ncfg, c); len(refused) > 0 {
-		return Changes{}, &Refused{refused}
+	plan, refused := n.plan(ncfg, c)
+	refused = append(refused, also...)
+	var err error
+	if len(refused) > 0 {
+		err = &Refused{refused}
+	}
+	if dryRun || err != nil {
+		if !dryRun {
+			plan = nil
+		}
+		return Changes{Applied: plan}, err
 	}
 	nbase := n.base
 	if base != nil {
@@ -335,7 +346,6 @@ func (configView) inUse(string, *uint64) string      { return "" }
 func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused []string) {
 	say := func(format string, a ...any) { changes = append(changes, fmt.Sprintf(format, a...)) }
 	refuse := func(format string, a ...any) { refused = append(refused, fmt.Sprintf(format, a...)) }
-	inUse := v.inUse
 	old := byName(cfg.Targets)
 	for _, nt := range ncfg.Targets {
 		ot, ok := old[nt.Name]
@@ -389,8 +399,10 @@ func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused [
 					refuse("%s: replacing an in-memory LUN discards its data (--force if that is meant)", where)
 				case p.File != l.File:
 					refuse("%s: it would serve %s instead of %s (--force if that is meant)", where, cmp.Or(l.File, "another backend"), p.File)
-				case inUse(nt.Name, &id) != "":
-					refuse("%s: replacing it cuts off its initiators: %s (--force)", where, inUse(nt.Name, &id))
+				default:
+					if why := v.inUse(nt.Name, &id); why != "" {
+						refuse("%s: replacing it cuts off its initiators: %s (--force)", where, why)
+					}
 				}
 			}
 		}
@@ -401,7 +413,7 @@ func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused [
 			where := fmt.Sprintf("target %s LUN %d", nt.Name, l.ID)
 			say("%s: remove (%s)", where, describeLUN(l))
 			id := l.ID
-			if why := inUse(nt.Name, &id); why != "" && !c.Force {
+			if why := v.inUse(nt.Name, &id); why != "" && !c.Force {
 				refuse("%s: removing it cuts off its initiators: %s (--force)", where, why)
 			}
 		}
@@ -411,7 +423,7 @@ func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused [
 			continue
 		}
 		say("target %s: remove, with its %d LUN(s)", t.Name, len(t.LUNs))
-		if why := inUse(t.Name, nil); why != "" && !c.Force {
+		if why := v.inUse(t.Name, nil); why != "" && !c.Force {
 			refuse("target %s: removing it ends its sessions: %s (--force)", t.Name, why)
 		}
 	}
@@ -458,7 +470,7 @@ func onlySize(a, b config.LUN) bool {
 // sessionsLocked is Sessions with mu held.
 func (n *Node) sessionsLocked() []scsitarget.SessionInfo {
 	out := n.iscsi.Sessions()
-	for _, s := range n.srp {
+	for _, s := range n.srpServersLocked() {
 		out = append(out, s.Sessions()...)
 	}
 	return out
@@ -502,25 +514,13 @@ func (n *Node) Reload(o ReloadOptions) (Changes, error) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	next, conflicts := merge(n.base, n.cfg, file)
-	if err := next.Validate(); err != nil {
-		return Changes{}, fmt.Errorf("the file merged with the running changes: %w (nothing changed)", err)
-	}
-	plan, refused := n.plan(next, o.Consent)
+	var refused []string
 	if !o.Force {
 		for _, c := range conflicts {
 			refused = append(refused, c+" (--force takes the file's; or make the file say what runs)")
 		}
 	}
-	if o.DryRun {
-		if len(refused) > 0 {
-			return Changes{Applied: plan}, &Refused{refused}
-		}
-		return Changes{Applied: plan}, nil
-	}
-	if len(refused) > 0 {
-		return Changes{}, &Refused{refused}
-	}
-	return n.commit(next, file, o.Consent)
+	return n.commit(next, file, o.Consent, o.DryRun, refused...)
 }
 
 // accessOf is what UpdateTarget changes: the target without its LUNs

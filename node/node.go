@@ -190,7 +190,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	if opts.RoCEUDPPort == 0 {
 		opts.RoCEUDPPort = 4791
 	}
-	cfg = clone(cfg)
+	cfg = cfg.Clone()
 	lim := cfg.Limits
 	// What one peer is to every per-source bound, on every fabric and
 	// control surface alike.
@@ -272,9 +272,6 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	}
 	return n, nil
 }
-
-// clone copies a configuration: the caller's may change.
-func clone(c *config.Config) *config.Config { return c.Clone() }
 
 // addTarget builds target i of cfg and serves it on every fabric the node
 // runs. Called with mu held (or before Start).
@@ -966,6 +963,11 @@ func (n *Node) BoundsHit() map[string]map[string]uint64 {
 func (n *Node) srpServers() []*srptarget.Server {
 	n.mu.Lock()
 	defer n.mu.Unlock()
+	return n.srpServersLocked()
+}
+
+// srpServersLocked is srpServers with mu held.
+func (n *Node) srpServersLocked() []*srptarget.Server {
 	out := make([]*srptarget.Server, 0, len(n.srp))
 	for _, s := range n.srp {
 		out = append(out, s)
@@ -978,7 +980,7 @@ func (n *Node) srpServers() []*srptarget.Server {
 func (n *Node) Config() *config.Config {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	return clone(n.cfg)
+	return n.cfg.Clone()
 }
 
 // DefaultLimits returns the limits a configuration leaving them at zero

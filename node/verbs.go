@@ -48,87 +48,102 @@ func targetIndex(c *config.Config, name string) int {
 	return slices.IndexFunc(c.Targets, func(t config.Target) bool { return t.Name == name })
 }
 
+// targetOf is the named target of c, or an error naming it.
+func targetOf(c *config.Config, name string) (*config.Target, error) {
+	i := targetIndex(c, name)
+	if i < 0 {
+		return nil, fmt.Errorf("no target %q", name)
+	}
+	return &c.Targets[i], nil
+}
+
+// lunIndex is the index of a target's LUN (-1: none), or an error when
+// there is no such target.
+func lunIndex(c *config.Config, target string, lun uint64) (*config.Target, int, error) {
+	t, err := targetOf(c, target)
+	if err != nil {
+		return nil, -1, err
+	}
+	return t, slices.IndexFunc(t.LUNs, func(l config.LUN) bool { return l.ID == lun }), nil
+}
+
 // change is an administration verb: the running configuration with edit
-// made, through commit like every change.
-func (n *Node) change(c Consent, edit func(c *config.Config) error) error {
+// made, through commit like every change; once made, it is logged as msg
+// with args.
+func (n *Node) change(c Consent, edit func(c *config.Config) error, msg string, args ...any) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	next := n.cfg.Clone()
 	if err := edit(next); err != nil {
 		return err
 	}
-	_, err := n.commit(next, nil, c)
-	return err
+	if _, err := n.commit(next, nil, c, false); err != nil {
+		return err
+	}
+	n.log.Info(msg, args...)
+	return nil
 }
 
-// lunIndex is the index of a target's LUN in c, or an error naming what
-// is missing.
-func lunIndex(c *config.Config, target string, lun uint64) (int, int, error) {
-	i := slices.IndexFunc(c.Targets, func(t config.Target) bool { return t.Name == target })
-	if i < 0 {
-		return -1, -1, fmt.Errorf("no target %q", target)
-	}
-	j := slices.IndexFunc(c.Targets[i].LUNs, func(l config.LUN) bool { return l.ID == lun })
-	if j < 0 {
-		return i, -1, fmt.Errorf("%s has no LUN %d", target, lun)
-	}
-	return i, j, nil
+// changeTarget is a verb that edits one target's settings.
+func (n *Node) changeTarget(name string, edit func(t *config.Target), msg string, args ...any) error {
+	return n.change(Consent{}, func(c *config.Config) error {
+		t, err := targetOf(c, name)
+		if err == nil {
+			edit(t)
+		}
+		return err
+	}, msg, append([]any{"target", name}, args...)...)
 }
 
 // AddLU implements admin.Control.
 func (n *Node) AddLU(nl admin.NewLU) error {
-	err := n.change(Consent{}, func(c *config.Config) error {
-		i, j, _ := lunIndex(c, nl.Target, nl.LUN)
+	return n.change(Consent{}, func(c *config.Config) error {
+		t, j, err := lunIndex(c, nl.Target, nl.LUN)
 		switch {
-		case i < 0:
-			return fmt.Errorf("no target %q", nl.Target)
+		case err != nil:
+			return err
 		case j >= 0:
 			return fmt.Errorf("%s already has LUN %d", nl.Target, nl.LUN)
 		}
-		c.Targets[i].LUNs = append(c.Targets[i].LUNs, lunConfig(nl))
+		t.LUNs = append(t.LUNs, lunConfig(nl))
 		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: LUN added", "target", nl.Target, "lun", nl.LUN)
-	}
-	return err
+	}, "admin: LUN added", "target", nl.Target, "lun", nl.LUN)
 }
 
 // RemoveLU implements admin.Control.
 func (n *Node) RemoveLU(name string, lun uint64, force bool) error {
-	err := n.change(Consent{Force: force}, func(c *config.Config) error {
-		i, j, err := lunIndex(c, name, lun)
-		if err == nil {
-			c.Targets[i].LUNs = slices.Delete(c.Targets[i].LUNs, j, j+1)
+	return n.change(Consent{Force: force}, func(c *config.Config) error {
+		t, j, err := lunIndex(c, name, lun)
+		switch {
+		case err != nil:
+			return err
+		case j < 0:
+			return fmt.Errorf("%s has no LUN %d", name, lun)
 		}
-		return err
-	})
-	if err == nil {
-		n.log.Info("admin: LUN removed", "target", name, "lun", lun)
-	}
-	return err
+		t.LUNs = slices.Delete(t.LUNs, j, j+1)
+		return nil
+	}, "admin: LUN removed", "target", name, "lun", lun)
 }
 
 // ResizeLU implements admin.Control: the new size is kept as an operator
 // writes it ("64MiB"). A smaller size needs shrink, and is the one way a
 // file LUN's file is truncated.
 func (n *Node) ResizeLU(name string, lun uint64, size int64, shrink bool) error {
-	err := n.change(Consent{Shrink: shrink, truncate: shrink}, func(c *config.Config) error {
-		i, j, err := lunIndex(c, name, lun)
-		if err != nil {
+	return n.change(Consent{Shrink: shrink, truncate: shrink}, func(c *config.Config) error {
+		t, j, err := lunIndex(c, name, lun)
+		switch {
+		case err != nil:
 			return err
+		case j < 0:
+			return fmt.Errorf("%s has no LUN %d", name, lun)
 		}
-		l := &c.Targets[i].LUNs[j]
+		l := &t.LUNs[j]
 		if l.Remote != "" || l.RBD != "" {
 			return fmt.Errorf("%s LUN %d: its size is the remote LUN's or the image's", name, lun)
 		}
 		l.Size = config.FormatSize(size)
 		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: LUN resized", "target", name, "lun", lun, "size", size)
-	}
-	return err
+	}, "admin: LUN resized", "target", name, "lun", lun, "size", size)
 }
 
 // AddTarget implements admin.Control: the target is served on every
@@ -138,57 +153,32 @@ func (n *Node) AddTarget(nt admin.NewTarget) error {
 	for _, x := range nt.LUNs {
 		tc.LUNs = append(tc.LUNs, lunConfig(x))
 	}
-	err := n.change(Consent{}, func(c *config.Config) error {
+	return n.change(Consent{}, func(c *config.Config) error {
 		if targetIndex(c, nt.Name) >= 0 {
 			return fmt.Errorf("target %q exists", nt.Name)
 		}
 		c.Targets = append(c.Targets, tc)
 		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: target added", "target", nt.Name, "luns", len(tc.LUNs))
-	}
-	return err
+	}, "admin: target added", "target", nt.Name, "luns", len(tc.LUNs))
 }
 
 // RemoveTarget implements admin.Control: its sessions on every fabric
 // end; a target with sessions or commands in progress needs force.
 func (n *Node) RemoveTarget(name string, force bool) error {
-	err := n.change(Consent{Force: force}, func(c *config.Config) error {
+	return n.change(Consent{Force: force}, func(c *config.Config) error {
 		i := targetIndex(c, name)
 		if i < 0 {
 			return fmt.Errorf("no target %q", name)
 		}
 		c.Targets = slices.Delete(c.Targets, i, i+1)
 		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: target removed", "target", name)
-	}
-	return err
+	}, "admin: target removed", "target", name)
 }
 
 // SetInitiators implements admin.Control: the ACL, for sessions logged in
 // too (an initiator no longer listed loses its session).
 func (n *Node) SetInitiators(name string, initiators []string) error {
 	return n.changeTarget(name, func(t *config.Target) { t.Initiators = initiators }, "admin: ACL changed", "initiators", initiators)
-}
-
-// changeTarget is a verb that edits one target's settings, logged with
-// msg and args once made.
-func (n *Node) changeTarget(name string, edit func(t *config.Target), msg string, args ...any) error {
-	err := n.change(Consent{}, func(c *config.Config) error {
-		i := targetIndex(c, name)
-		if i < 0 {
-			return fmt.Errorf("no target %q", name)
-		}
-		edit(&c.Targets[i])
-		return nil
-	})
-	if err == nil {
-		n.log.Info(msg, append([]any{"target", name}, args...)...)
-	}
-	return err
 }
 
 // Save implements admin.Control: the running configuration, as TOML, to
@@ -259,12 +249,11 @@ var _ admin.Control = control{}
 
 // ChangeACL implements admin.Control.
 func (n *Node) ChangeACL(ch admin.ACLChange) error {
-	err := n.change(Consent{}, func(c *config.Config) error {
-		i := targetIndex(c, ch.Target)
-		if i < 0 {
-			return fmt.Errorf("no target %q", ch.Target)
+	return n.change(Consent{}, func(c *config.Config) error {
+		t, err := targetOf(c, ch.Target)
+		if err != nil {
+			return err
 		}
-		t := &c.Targets[i]
 		list := &t.Initiators // the plain list it may be in
 		entry := config.ACL{Initiator: ch.Initiator}
 		if ch.SRP {
@@ -315,11 +304,7 @@ func (n *Node) ChangeACL(ch admin.ACLChange) error {
 			}
 		}
 		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: ACL entry changed", "target", ch.Target, "initiator", ch.Initiator, "add", ch.Add, "remove", ch.Remove)
-	}
-	return err
+	}, "admin: ACL entry changed", "target", ch.Target, "initiator", ch.Initiator, "add", ch.Add, "remove", ch.Remove)
 }
 
 // SetCHAP implements admin.Control.
@@ -331,7 +316,7 @@ func (n *Node) SetCHAP(ch admin.CHAPChange) error {
 		}
 		sec = &config.Secret{User: ch.User, Secret: ch.Secret, SecretFile: ch.SecretFile}
 	}
-	err := n.change(Consent{}, func(c *config.Config) error {
+	return n.change(Consent{}, func(c *config.Config) error {
 		var chap, mutual **config.Secret
 		switch {
 		case ch.Discovery:
@@ -340,11 +325,10 @@ func (n *Node) SetCHAP(ch admin.CHAPChange) error {
 			}
 			chap, mutual = &c.Discovery.CHAP, &c.Discovery.MutualCHAP
 		default:
-			i := targetIndex(c, ch.Target)
-			if i < 0 {
-				return fmt.Errorf("no target %q", ch.Target)
+			t, err := targetOf(c, ch.Target)
+			if err != nil {
+				return err
 			}
-			t := &c.Targets[i]
 			chap, mutual = &t.CHAP, &t.MutualCHAP
 			if ch.Initiator != "" {
 				j := slices.IndexFunc(t.ACL, func(a config.ACL) bool { return a.Initiator == ch.Initiator })
@@ -366,11 +350,7 @@ func (n *Node) SetCHAP(ch admin.CHAPChange) error {
 			*chap = sec
 		}
 		return nil
-	})
-	if err == nil {
-		n.log.Info("admin: CHAP changed", "target", ch.Target, "initiator", ch.Initiator, "discovery", ch.Discovery, "mutual", ch.Mutual, "cleared", ch.Clear)
-	}
-	return err
+	}, "admin: CHAP changed", "target", ch.Target, "initiator", ch.Initiator, "discovery", ch.Discovery, "mutual", ch.Mutual, "cleared", ch.Clear)
 }
 
 // SetPortals implements admin.Control.
