@@ -45,3 +45,44 @@ func TestTargetResetFromTheACL(t *testing.T) {
 		t.Errorf("target_reset on an SRP entry: %v", err)
 	}
 }
+
+// TestMergeConflicts: the three-way merge of the file's changes with the
+// live ones, element by element. A side's own change is taken; a removal
+// against a change on the other side, or two different changes, is a
+// conflict naming the LUN or target.
+func TestMergeConflicts(t *testing.T) {
+	lun := func(id uint64, size string) config.LUN { return config.LUN{ID: id, Size: size} }
+	tg := func(name string, luns ...config.LUN) config.Target { return config.Target{Name: name, LUNs: luns} }
+	cfg := func(ts ...config.Target) *config.Config { return &config.Config{Targets: ts} }
+	base := cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB")), tg("b", lun(0, "1MiB")))
+	for _, c := range []struct {
+		what        string
+		ours, file  *config.Config
+		want        *config.Config
+		conflicting string
+	}{
+		{"the file adds, live resizes", cfg(tg("a", lun(0, "16MiB"), lun(1, "8MiB")), tg("b", lun(0, "1MiB"))),
+			cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB"), lun(2, "1MiB")), tg("b", lun(0, "1MiB"))),
+			cfg(tg("a", lun(0, "16MiB"), lun(1, "8MiB"), lun(2, "1MiB")), tg("b", lun(0, "1MiB"))), ""},
+		{"the file removes a LUN resized live", cfg(tg("a", lun(0, "16MiB"), lun(1, "8MiB")), tg("b", lun(0, "1MiB"))),
+			cfg(tg("a", lun(1, "8MiB")), tg("b", lun(0, "1MiB"))), nil, "target a LUN 0: removed from the file, but changed live"},
+		{"live removes a target the file changed", cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB"))),
+			cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB")), tg("b", lun(0, "2MiB"))), nil, "target b: removed live, but changed in the file"},
+		{"both resize differently", cfg(tg("a", lun(0, "16MiB"), lun(1, "8MiB")), tg("b", lun(0, "1MiB"))),
+			cfg(tg("a", lun(0, "32MiB"), lun(1, "8MiB")), tg("b", lun(0, "1MiB"))), nil, "target a LUN 0: changed live and in the file"},
+		{"the file removes what nobody changed", cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB")), tg("b", lun(0, "1MiB"))),
+			cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB"))), cfg(tg("a", lun(0, "8MiB"), lun(1, "8MiB"))), ""},
+	} {
+		got, conflicts := merge(base, c.ours, c.file)
+		switch {
+		case c.conflicting != "":
+			if len(conflicts) != 1 || !strings.HasPrefix(conflicts[0], c.conflicting) {
+				t.Errorf("%s: conflicts %q, want %q", c.what, conflicts, c.conflicting)
+			}
+		case len(conflicts) > 0:
+			t.Errorf("%s: conflicts %q", c.what, conflicts)
+		case !slices.EqualFunc(got.Targets, c.want.Targets, equalTarget):
+			t.Errorf("%s: merged %+v, want %+v", c.what, got.Targets, c.want.Targets)
+		}
+	}
+}

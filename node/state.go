@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"cmp"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -98,103 +99,74 @@ func merge(base, ours, theirs *config.Config) (*config.Config, []string) {
 	out := ours.Clone()
 	mergeFields(reflect.ValueOf(base).Elem(), reflect.ValueOf(theirs.Clone()).Elem(), reflect.ValueOf(out).Elem())
 	var conflicts []string
-	out.Discovery = pick(base.Discovery, ours.Discovery, theirs.Discovery, func(what string) {
-		conflicts = append(conflicts, "discovery: "+what)
-	})
-	bt, ot, tt := byName(base.Targets), byName(ours.Targets), byName(theirs.Targets)
-	out.Targets = nil
-	for _, name := range names(ours.Targets, theirs.Targets) {
-		b, inB := bt[name]
-		o, inO := ot[name]
-		t, inT := tt[name]
-		where := "target " + name
-		switch {
-		case inO && inT:
+	conflictAt := func(where, what string) { conflicts = append(conflicts, where+": "+what) }
+	conflict := func(where string) func(string) { return func(what string) { conflictAt(where, what) } }
+	out.Discovery = pick(base.Discovery, ours.Discovery, theirs.Discovery, deepEqual, conflict("discovery"))
+	out.Targets = merge3(base.Targets, ours.Targets, theirs.Targets, func(t config.Target) string { return t.Name }, equalTarget,
+		func(name string) string { return "target " + name },
+		func(b, o, t config.Target, inB bool, where string) config.Target {
 			if !inB {
-				// Both added it: one target, merged against nothing.
-				b = config.Target{Name: name}
+				b = config.Target{Name: t.Name} // both added it: merged against nothing
 			}
-			m := t
-			acc := pick(accessOf(b), accessOf(o), accessOf(t), func(what string) { conflicts = append(conflicts, where+": "+what) })
-			m = acc
+			m := pick(accessOf(b), accessOf(o), accessOf(t), deepEqual, conflict(where))
 			m.TPGT, m.PortGroups, m.SRPIDExt = t.TPGT, t.PortGroups, t.SRPIDExt
-			m.LUNs = mergeLUNs(where, b.LUNs, o.LUNs, t.LUNs, &conflicts)
-			out.Targets = append(out.Targets, m)
-		case inO && !inT:
-			if !inB {
-				out.Targets = append(out.Targets, o) // added live: stays
-			} else if !equalTarget(b, o) {
-				conflicts = append(conflicts, where+": removed from the file, but changed live")
-			}
-			// else: the file removed it.
-		case inT && !inO:
-			if !inB {
-				out.Targets = append(out.Targets, t) // added to the file
-			} else if !equalTarget(b, t) {
-				conflicts = append(conflicts, where+": removed live, but changed in the file")
-				out.Targets = append(out.Targets, t)
-			}
-			// else: removed live, and the file did not touch it.
-		}
-	}
+			m.LUNs = merge3(b.LUNs, o.LUNs, t.LUNs, func(l config.LUN) uint64 { return l.ID }, sameLUN,
+				func(id uint64) string { return fmt.Sprintf("%s LUN %d", where, id) },
+				func(b, o, t config.LUN, inB bool, lw string) config.LUN {
+					if !inB { // both added it: the same, or a conflict
+						if !sameLUN(o, t) {
+							conflict(lw)("added live and in the file, differently")
+						}
+						return t
+					}
+					return pick(b, o, t, sameLUN, conflict(lw))
+				}, conflictAt)
+			slices.SortFunc(m.LUNs, func(x, y config.LUN) int { return cmp.Compare(x.ID, y.ID) })
+			return m
+		}, conflictAt)
 	return out, conflicts
 }
 
-// mergeLUNs is merge for one target's LUNs, by LUN number.
-func mergeLUNs(where string, base, ours, theirs []config.LUN, conflicts *[]string) []config.LUN {
-	idx := func(ls []config.LUN) map[uint64]config.LUN {
-		m := map[uint64]config.LUN{}
-		for _, l := range ls {
-			m[l.ID] = l
+// merge3 is the three-way walk, element by element (targets by name,
+// LUNs by number), in ours' order then theirs': one both sides have is
+// combined by both (inB: base has it too); one a side added alone stays;
+// one a side removed stays removed — unless the other side changed it,
+// a conflict (the file's is kept).
+func merge3[K comparable, V any](base, ours, theirs []V, key func(V) K, same func(a, b V) bool, name func(K) string,
+	both func(b, o, t V, inB bool, where string) V, conflict func(where, what string)) []V {
+	idx := func(vs []V) map[K]V {
+		m := make(map[K]V, len(vs))
+		for _, v := range vs {
+			m[key(v)] = v
 		}
 		return m
 	}
-	bl, ol, tl := idx(base), idx(ours), idx(theirs)
-	var ids []uint64
-	for _, l := range slices.Concat(ours, theirs) {
-		if !slices.Contains(ids, l.ID) {
-			ids = append(ids, l.ID)
+	bm, om, tm := idx(base), idx(ours), idx(theirs)
+	seen := map[K]bool{}
+	var out []V
+	for _, v := range slices.Concat(ours, theirs) {
+		k := key(v)
+		if seen[k] {
+			continue
 		}
-	}
-	slices.Sort(ids)
-	var out []config.LUN
-	for _, id := range ids {
-		b, inB := bl[id]
-		o, inO := ol[id]
-		t, inT := tl[id]
-		lw := fmt.Sprintf("%s LUN %d", where, id)
+		seen[k] = true
+		b, inB := bm[k]
+		o, inO := om[k]
+		t, inT := tm[k]
 		switch {
 		case inO && inT:
-			if !inB {
-				if !sameLUN(o, t) {
-					*conflicts = append(*conflicts, lw+": added live and in the file, differently")
-				}
-				out = append(out, t)
-				continue
-			}
-			switch {
-			case sameLUN(t, b):
-				out = append(out, o)
-			case sameLUN(o, b), sameLUN(o, t):
-				out = append(out, t)
-			default:
-				*conflicts = append(*conflicts, lw+": changed live and in the file, differently")
-				out = append(out, t)
-			}
-		case inO && !inT:
-			if !inB {
-				out = append(out, o)
-			} else if !sameLUN(b, o) {
-				*conflicts = append(*conflicts, lw+": removed from the file, but changed live")
-			}
-		case inT && !inO:
-			if !inB {
-				out = append(out, t)
-			} else if !sameLUN(b, t) {
-				*conflicts = append(*conflicts, lw+": removed live, but changed in the file")
-				out = append(out, t)
-			}
+			out = append(out, both(b, o, t, inB, name(k)))
+		case inO && !inB:
+			out = append(out, o) // added live: stays
+		case inO && !same(b, o):
+			conflict(name(k), "removed from the file, but changed live")
+		case inT && !inB:
+			out = append(out, t) // added to the file
+		case inT && !same(b, t):
+			conflict(name(k), "removed live, but changed in the file")
+			out = append(out, t)
 		}
+		// else: removed on one side, left alone on the other.
 	}
 	return out
 }
@@ -214,17 +186,19 @@ func mergeFields(base, theirs, out reflect.Value) {
 	}
 }
 
-// pick is the three-way choice for one value.
-func pick[T any](base, ours, theirs T, conflict func(string)) T {
+// pick is the three-way choice for one value, compared by eq.
+func pick[T any](base, ours, theirs T, eq func(a, b T) bool, conflict func(string)) T {
 	switch {
-	case reflect.DeepEqual(theirs, base):
+	case eq(theirs, base):
 		return ours
-	case reflect.DeepEqual(ours, base), reflect.DeepEqual(ours, theirs):
+	case eq(ours, base), eq(ours, theirs):
 		return theirs
 	}
 	conflict("changed live and in the file, differently")
 	return theirs
 }
+
+func deepEqual[T any](a, b T) bool { return reflect.DeepEqual(a, b) }
 
 // sameLUN compares LUN configurations with sizes by value: "64MiB" and
 // "67108864" are one size.
@@ -265,17 +239,6 @@ func byName(ts []config.Target) map[string]config.Target {
 		m[t.Name] = t
 	}
 	return m
-}
-
-// names lists the targets of a and b, a's order first.
-func names(a, b []config.Target) []string {
-	var out []string
-	for _, t := range slices.Concat(a, b) {
-		if !slices.Contains(out, t.Name) {
-			out = append(out, t.Name)
-		}
-	}
-	return out
 }
 
 // ConfigDiff says, without a running node, what the configuration file
