@@ -438,19 +438,23 @@ func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused [
 	return changes, refused
 }
 
-// describeLUN names a LUN's backend and size for a person.
-func describeLUN(l config.LUN) string {
-	var what string
+// backingOf names a LUN's storage: "memory", its file, "remote URL" or
+// "rbd IMAGE".
+func backingOf(l config.LUN) string {
 	switch {
 	case l.Remote != "":
-		what = "remote " + config.RedactURL(l.Remote)
+		return "remote " + config.RedactURL(l.Remote)
 	case l.RBD != "":
-		what = "rbd " + l.RBD
+		return "rbd " + l.RBD
 	case l.File != "":
-		what = "file " + l.File
-	default:
-		what = "in memory"
+		return l.File
 	}
+	return "memory"
+}
+
+// describeLUN names a LUN's storage and size for a person.
+func describeLUN(l config.LUN) string {
+	what := backingOf(l)
 	if l.Size != "" {
 		what += ", " + config.HumanSize(sizeOf(l.Size))
 	}

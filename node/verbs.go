@@ -396,15 +396,7 @@ func (n *Node) Tree() admin.Tree {
 		}
 		d := n.device(t.Name)
 		for _, l := range t.LUNs {
-			tl := admin.TreeLUN{LUN: l.ID, Backing: "memory", ReadOnly: l.ReadOnly, Cache: "write-back"}
-			switch {
-			case l.File != "":
-				tl.Backing = l.File
-			case l.Remote != "":
-				tl.Backing = "remote " + config.RedactURL(l.Remote)
-			case l.RBD != "":
-				tl.Backing = "rbd " + l.RBD
-			}
+			tl := admin.TreeLUN{LUN: l.ID, Backing: backingOf(l), ReadOnly: l.ReadOnly, Cache: "write-back"}
 			if l.WriteCache != nil && !*l.WriteCache {
 				tl.Cache = "write-through"
 			}
