@@ -1086,13 +1086,16 @@ func cloneACL(a []ACL) []ACL {
 	return a
 }
 
+// sizeUnits are the binary units sizes are written in, largest first.
+var sizeUnits = [...]struct {
+	suf string
+	m   int64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
+
 // FormatSize writes a size as an operator would: in the largest binary
 // unit that holds it exactly ("64MiB", "1GiB"), else in bytes.
 func FormatSize(n int64) string {
-	for _, u := range []struct {
-		suf string
-		m   int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
+	for _, u := range sizeUnits {
 		if n >= u.m && n%u.m == 0 {
 			return strconv.FormatInt(n/u.m, 10) + u.suf
 		}
@@ -1100,17 +1103,15 @@ func FormatSize(n int64) string {
 	return strconv.FormatInt(n, 10)
 }
 
-// HumanSize writes a size for a person to read: exact where a binary unit
-// holds it, else to one decimal ("1.5GiB").
+// HumanSize writes a size for a person to read, in the largest binary
+// unit it reaches: whole where that unit holds it exactly, else to one
+// decimal ("1.5GiB").
 func HumanSize(n int64) string {
-	if s := FormatSize(n); n < 1<<10 || !strings.ContainsAny(s[len(s)-1:], "0123456789") {
-		return s
-	}
-	for _, u := range []struct {
-		suf string
-		m   int64
-	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}} {
-		if n >= u.m {
+	for _, u := range sizeUnits {
+		switch {
+		case n >= u.m && n%u.m == 0:
+			return strconv.FormatInt(n/u.m, 10) + u.suf
+		case n >= u.m:
 			return strconv.FormatFloat(float64(n)/float64(u.m), 'f', 1, 64) + u.suf
 		}
 	}

@@ -162,3 +162,22 @@ func TestSRPFromHoldsForListedPorts(t *testing.T) {
 		t.Error("a port listed without an entry: refused")
 	}
 }
+
+// TestSizesAsWritten: FormatSize writes what ParseSize reads back, in the
+// largest unit that holds the size exactly; HumanSize rounds to one
+// decimal where no unit does.
+func TestSizesAsWritten(t *testing.T) {
+	for n, want := range map[int64]string{64 << 20: "64MiB", 1 << 30: "1GiB", 3<<20 + 512<<10: "3584KiB", 1000: "1000", 512: "512"} {
+		if got := FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+		if back, err := ParseSize(FormatSize(n)); err != nil || back != n {
+			t.Errorf("ParseSize(FormatSize(%d)) = %d, %v", n, back, err)
+		}
+	}
+	for n, want := range map[int64]string{64 << 20: "64MiB", 3<<20 + 512<<10: "3.5MiB", 1000: "1000", 1536: "1.5KiB"} {
+		if got := HumanSize(n); got != want {
+			t.Errorf("HumanSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}
