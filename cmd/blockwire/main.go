@@ -33,7 +33,9 @@ const usage = `blockwire: block storage over the wire
 
 Usage:
   blockwire serve [flags]             run the target (iSCSI and iSER; SRP with --srp-listen)
-  blockwire config check FILE         validate a configuration file (diff FILE: what a reload would change; keys: every key)
+  blockwire config check FILE         validate a configuration file
+  blockwire config diff FILE          what a reload or restart with it would change
+  blockwire config keys               every configuration key, its type and default
   blockwire discover PORTAL           list the targets a portal offers (SendTargets)
   blockwire inquiry URL               identify a LUN
   blockwire read URL [--offset N] [--length N] [--out FILE [--force]]
@@ -474,12 +476,12 @@ var flagNames = strings.NewReplacer(
 	"target[0].lun[0].remote", "--remote", "target[0].lun[0].rbd", "--rbd", "target[0].lun[0]", "LUN 0 (--size, --file, --remote, --rbd)",
 	"target[0].name", "--iqn", "target[0].tpgt", "--tpgt", "target[0].port_groups", "--port-groups", "target[0]", "the target (--iqn)")
 
-// version prints the module version and the VCS revision it was built from.
 // buildVersion is the version a package build names
 // (-ldflags "-X main.buildVersion=1.2.3", packaging/deb.sh); empty: the
 // module's version as Go recorded it.
 var buildVersion string
 
+// version prints the version and the VCS revision it was built from.
 func version(stdout io.Writer) int {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
@@ -647,9 +649,14 @@ func configVerb(args []string, stdout, stderr io.Writer) int {
 // printKeys prints every configuration key with its type and, where the
 // node has one, its default (the man page's CONFIGURATION section).
 func printKeys(w io.Writer) {
-	defaults := map[string]string{"listen": `["127.0.0.1:3260"] (serve --listen)`, "iser": "true", "roce_gso": "true",
-		"roce_udp_port": "4791", "rdma_device": "auto", "rdma_memory": "256MiB", "poll": "0 (sleep at once)",
-		"target.lun.block_size": "512", "target.lun.io_engine": "auto", "target.lun.write_cache": "true", "target.tpgt": "1"}
+	defaults := map[string]string{"listen": `["127.0.0.1:3260"] (serve --listen)`}
+	// Keys whose default is their serve flag's (the flag of the same
+	// name, the default target's for a LUN's): read from the flag.
+	fs := newServeFlags(io.Discard).fs
+	for _, k := range []string{"iser", "roce_gso", "roce_udp_port", "rdma_device", "rdma_memory", "poll",
+		"target.tpgt", "target.lun.block_size", "target.lun.io_engine", "target.lun.write_cache"} {
+		defaults[k] = fs.Lookup(strings.ReplaceAll(k[strings.LastIndexByte(k, '.')+1:], "_", "-")).DefValue
+	}
 	lim := reflect.ValueOf(node.DefaultLimits())
 	for i := range lim.NumField() {
 		name, _, _ := strings.Cut(lim.Type().Field(i).Tag.Get("toml"), ",")
