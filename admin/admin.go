@@ -312,11 +312,6 @@ func Handler(o Options) http.Handler {
 			fail(w, http.StatusBadRequest, errors.New("size: a positive number of bytes"))
 			return
 		}
-		if cur, ok := lunSize(c, r.PathValue("target"), n); ok && size < cur && r.URL.Query().Get("shrink") != "true" {
-			fail(w, http.StatusConflict, fmt.Errorf("%s LUN %d holds %d bytes: resizing it to %d would lose the data past that (blockwire admin resize --shrink, or shrink=true, if that is meant)",
-				r.PathValue("target"), n, cur, size))
-			return
-		}
 		done(w, c.ResizeLU(r.PathValue("target"), n, size, flag(r, "shrink")), map[string]any{"resized": n, "size": size})
 	})
 	mux.HandleFunc("POST /targets", func(w http.ResponseWriter, r *http.Request) {
@@ -404,17 +399,6 @@ func pathsOK(w http.ResponseWriter, dirs []string, luns ...NewLU) bool {
 	return true
 }
 
-// lunSize is a LUN's size in bytes.
-func lunSize(c Control, tgt string, lun uint64) (int64, bool) {
-	for _, d := range c.Devices() {
-		if d.Name() == tgt {
-			if lu := d.LU(lun); lu != nil {
-				return int64(lu.Blocks()) * int64(lu.BlockSize()), true
-			}
-		}
-	}
-	return 0, false
-}
 
 func lunOf(name string, lu *scsitarget.LU) LUN {
 	return LUN{Target: name, LUN: lu.LUN(), Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()}
