@@ -399,7 +399,6 @@ func pathsOK(w http.ResponseWriter, dirs []string, luns ...NewLU) bool {
 	return true
 }
 
-
 func lunOf(name string, lu *scsitarget.LU) LUN {
 	return LUN{Target: name, LUN: lu.LUN(), Size: int64(lu.Blocks()) * int64(lu.BlockSize()), BlockSize: lu.BlockSize()}
 }
