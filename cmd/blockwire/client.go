@@ -552,12 +552,12 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "blockwire: write replaces what the LUN holds from offset %d on: add --overwrite if that is what you want\n", start)
 		return exitUsage
 	}
-	inSize := int64(-1) // a regular file's size, checked against the block size
-	if *in != "-" && !*pad {
+	inSize := int64(-1) // a regular file's size, checked against the block size and the LUN's
+	if *in != "-" {
 		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() {
 			inSize = st.Size()
 		}
-		if inSize%512 != 0 && inSize > 0 {
+		if !*pad && inSize%512 != 0 && inSize > 0 {
 			fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the block size (512 or 4096): pad it, or pass --pad to fill the last block with zeroes\n", *in, inSize)
 			return exitUsage
 		}
@@ -569,23 +569,16 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	if inSize > 0 && inSize%int64(d.BlockSize()) != 0 {
-		fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the LUN's %d-byte block: pad it, or pass --pad to fill the last block with zeroes\n", *in, inSize, d.BlockSize())
+	bs := d.BlockSize()
+	if !*pad && inSize > 0 && inSize%int64(bs) != 0 {
+		fmt.Fprintf(stderr, "blockwire: %s is %d bytes, not a multiple of the LUN's %d-byte block: pad it, or pass --pad to fill the last block with zeroes\n", *in, inSize, bs)
 		return exitUsage
 	}
-	if *in != "-" {
-		// Check the whole input fits before a byte is written: a write
-		// that fails half-way leaves the LUN half-overwritten.
-		if st, err := os.Stat(*in); err == nil && st.Mode().IsRegular() {
-			need := st.Size()
-			if r := need % int64(d.BlockSize()); r != 0 {
-				need += int64(d.BlockSize()) - r // --pad
-			}
-			if start+need > d.Size() {
-				fmt.Fprintf(stderr, "blockwire: %s (%d bytes) does not fit in the LUN at offset %d (%d bytes, %d from there): nothing written\n", *in, st.Size(), start, d.Size(), max(d.Size()-start, 0))
-				return exitUsage
-			}
-		}
+	// The whole input must fit before a byte is written: a write that
+	// fails half-way leaves the LUN half-overwritten.
+	if need := (inSize + int64(bs) - 1) / int64(bs) * int64(bs); inSize > 0 && start+need > d.Size() {
+		fmt.Fprintf(stderr, "blockwire: %s (%d bytes) does not fit in the LUN at offset %d (%d bytes, %d from there): nothing written\n", *in, inSize, start, d.Size(), max(d.Size()-start, 0))
+		return exitUsage
 	}
 	var r io.Reader = os.Stdin
 	if *in != "-" {
@@ -598,15 +591,10 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 		r = f
 	}
 	buf := make([]byte, 1<<20)
-	bs := d.BlockSize()
 	at := start
 	for {
 		n, err := io.ReadFull(r, buf)
 		if n > 0 {
-			if at+int64(n) > d.Size() {
-				fmt.Fprintf(stderr, "blockwire: the input does not fit in the LUN (%d bytes) at offset %d: it runs past the end after %d bytes written\n", d.Size(), start, at-start)
-				return exitUsage
-			}
 			if n%bs != 0 {
 				if !*pad {
 					fmt.Fprintf(stderr, "blockwire: the input ends %d bytes into a %d-byte block (%d bytes written): pass --pad to fill the last block with zeroes\n", n%bs, bs, at-start)
@@ -616,6 +604,10 @@ func writeVerb(args []string, stdout, stderr io.Writer) int {
 				pad := bs - n%bs
 				clear(buf[n : n+pad])
 				n += pad
+			}
+			if at+int64(n) > d.Size() { // standard input: its size was not known
+				fmt.Fprintf(stderr, "blockwire: the input does not fit in the LUN (%d bytes) at offset %d: it runs past the end after %d bytes written\n", d.Size(), start, at-start)
+				return exitUsage
 			}
 			if _, werr := d.WriteAtContext(ctx, buf[:n], at); werr != nil {
 				return fail(stderr, werr)
