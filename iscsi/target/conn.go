@@ -1151,8 +1151,9 @@ func (c *conn) taskManagement(req pdu.TaskMgmtReq) {
 		}
 	case pdu.TMFTargetWarmReset, pdu.TMFTargetColdReset:
 		// Every LU and every initiator of the target: only an initiator
-		// allowed it may (LIO refuses likewise unless its ACL says so).
-		if !ss.tgt.AnyTargetReset && !slices.Contains(ss.tgt.TargetResets, ss.initiator) {
+		// allowed it may (LIO refuses likewise unless its ACL says so),
+		// by the target's rules as they are now, not at login.
+		if t := c.srv.target(ss.targetName); t == nil || !t.AnyTargetReset && !slices.Contains(t.TargetResets, ss.initiator) {
 			resp.Response = pdu.TMFRespAuthFailed
 			break
 		}

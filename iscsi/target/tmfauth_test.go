@@ -72,4 +72,14 @@ func TestTargetResetNeedsAuthorization(t *testing.T) {
 	if r := b.command(tur(), false, 0, nil, 0); r.status != 2 || r.sense[12] != 0x29 {
 		t.Fatalf("after an allowed target reset: %+v, want the reset unit attention", r)
 	}
+	// Allowed later, on a session already logged in: at once.
+	if err := ts.srv.UpdateTarget(&Target{Name: testIQN, TargetResets: []string{boss, ini}}); err != nil {
+		t.Fatal(err)
+	}
+	if r := tmf(t, a, pdu.TMFTargetWarmReset, 0); r != pdu.TMFRespComplete {
+		t.Fatalf("TARGET WARM RESET once the ACL allows it: response %d", r)
+	}
+	if r := b.command(tur(), false, 0, nil, 0); r.status != 2 || r.sense[12] != 0x29 {
+		t.Fatalf("after an allowed target reset: %+v, want the reset unit attention", r)
+	}
 }
