@@ -26,7 +26,7 @@ func Keys() []Key {
 	return out
 }
 
-// sizeKeys are the string keys that take a size.
+// sizeKey reports whether a string key takes a size.
 func sizeKey(name string) bool {
 	switch name {
 	case "size", "io_budget", "session_io_budget", "rdma_memory":
