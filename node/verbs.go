@@ -67,6 +67,15 @@ func lunIndex(c *config.Config, target string, lun uint64) (*config.Target, int,
 	return t, slices.IndexFunc(t.LUNs, func(l config.LUN) bool { return l.ID == lun }), nil
 }
 
+// existingLUN is lunIndex for a LUN that must exist.
+func existingLUN(c *config.Config, target string, lun uint64) (*config.Target, int, error) {
+	t, j, err := lunIndex(c, target, lun)
+	if err == nil && j < 0 {
+		err = fmt.Errorf("%s has no LUN %d", target, lun)
+	}
+	return t, j, err
+}
+
 // change is an administration verb: the running configuration with edit
 // made, through commit like every change; once made, it is logged as msg
 // with args.
@@ -113,12 +122,9 @@ func (n *Node) AddLU(nl admin.NewLU) error {
 // RemoveLU implements admin.Control.
 func (n *Node) RemoveLU(name string, lun uint64, force bool) error {
 	return n.change(Consent{Force: force}, func(c *config.Config) error {
-		t, j, err := lunIndex(c, name, lun)
-		switch {
-		case err != nil:
+		t, j, err := existingLUN(c, name, lun)
+		if err != nil {
 			return err
-		case j < 0:
-			return fmt.Errorf("%s has no LUN %d", name, lun)
 		}
 		t.LUNs = slices.Delete(t.LUNs, j, j+1)
 		return nil
@@ -130,12 +136,9 @@ func (n *Node) RemoveLU(name string, lun uint64, force bool) error {
 // file LUN's file is truncated.
 func (n *Node) ResizeLU(name string, lun uint64, size int64, shrink bool) error {
 	return n.change(Consent{Shrink: shrink, truncate: shrink}, func(c *config.Config) error {
-		t, j, err := lunIndex(c, name, lun)
-		switch {
-		case err != nil:
+		t, j, err := existingLUN(c, name, lun)
+		if err != nil {
 			return err
-		case j < 0:
-			return fmt.Errorf("%s has no LUN %d", name, lun)
 		}
 		l := &t.LUNs[j]
 		if l.Remote != "" || l.RBD != "" {
