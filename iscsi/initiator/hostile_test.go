@@ -440,3 +440,70 @@ func TestHostileTargetImpossibleAnswers(t *testing.T) {
 		}
 	}
 }
+
+// TestConnectionEndedDuringLoginIsRecovered: a connection of the session
+// that ends while the session is still logging in its other connections
+// (before the session holds any of them) is lost like one that ends a
+// moment later: the session reinstates itself instead of keeping a
+// connection that is gone.
+func TestConnectionEndedDuringLoginIsRecovered(t *testing.T) {
+	keys := slices.Clone(loginKeys)
+	for i := range keys {
+		if keys[i].Key == "MaxConnections" {
+			keys[i].Value = "2"
+		}
+	}
+	var dials atomic.Int32
+	first := make(chan *fakeTarget, 1)
+	d := scriptDialer{func(f *fakeTarget) {
+		switch dials.Add(1) {
+		case 1:
+			if f.loginWith(text.Append(nil, keys...)) {
+				first <- f
+			}
+		case 2:
+			// The first connection ends before this one's login is
+			// answered, so before Login returns.
+			select {
+			case f1 := <-first:
+				f1.c.Close()
+			case <-time.After(5 * time.Second):
+				return
+			}
+			time.Sleep(100 * time.Millisecond)
+			f.loginWith(text.Append(nil, keys...))
+			untilLogout(f)
+		default:
+			f.loginWith(text.Append(nil, keys...))
+			untilLogout(f)
+		}
+	}}
+	opts := hostileOptions(d)
+	opts.Connections = 2
+	opts.RecoveryTimeout = 10 * time.Second
+	s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for dials.Load() < 3 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := dials.Load(); n < 3 {
+		t.Fatalf("%d connections dialled: the session kept a connection that ended during its login and did not reinstate", n)
+	}
+	if n := s.Connections(); n != 2 {
+		t.Errorf("the reinstated session has %d connections, want 2", n)
+	}
+}
+
+// untilLogout reads what the initiator sends until a Logout Request, and
+// then ends the connection (which the initiator takes for the answer).
+func untilLogout(f *fakeTarget) {
+	for p := range f.reqs {
+		if p.h.Opcode() == pdu.OpLogoutReq {
+			return
+		}
+	}
+}

@@ -376,13 +376,43 @@ func sendDataOut(l *link, t *task, ttt uint32, from, to, mx int) error {
 // recovers by reinstatement (ERL 0) unless it is closing.
 func (l *link) ConnectionTerminateNotify(err error) {
 	close(l.done)
-	s := l.s
+	l.s.lose(l, err)
+}
+
+// install makes links the session's connections. A connection that ended
+// before it was installed (its ConnectionTerminateNotify found it was not
+// the session's yet) is lost now, so the session recovers as it would
+// have a moment later.
+func (s *Session) install(links []*link) {
+	s.mu.Lock()
+	s.links = links
+	s.mu.Unlock()
+	s.loseEnded(links)
+}
+
+// loseEnded calls lose for the first of links that has already ended.
+func (s *Session) loseEnded(links []*link) {
+	for _, l := range links {
+		select {
+		case <-l.done:
+			s.lose(l, errors.New("the connection ended as it was logged in"))
+			return
+		default:
+		}
+	}
+}
+
+// lose handles the end of connection l: when l is one of the session's
+// connections in full feature phase and the session is not closing, the
+// others are dropped and the session recovers. A second call for the same
+// loss finds l no longer the session's and does nothing.
+func (s *Session) lose(l *link, err error) {
 	s.mu.Lock()
 	mine := false
 	for _, x := range s.links {
 		mine = mine || x == l
 	}
-	if !mine || s.closed || !l.ffp.Load() {
+	if !mine || s.closed || s.discovery || !l.ffp.Load() {
 		s.mu.Unlock()
 		return
 	}
@@ -467,6 +497,7 @@ func (s *Session) recover(lost error) {
 			s.mu.Lock()
 			s.cond.Broadcast()
 			s.mu.Unlock()
+			s.loseEnded(links)
 			return
 		}
 		lastErr = err

@@ -24,26 +24,29 @@ var ErrClosed = errors.New("iscsi: session closed")
 // concurrent use: commands from several goroutines are pipelined up to the
 // target's command window.
 type Session struct {
-	opts    Options
-	portal  string
-	target  string
-	isid    [6]byte
-	log     slogger
-	sendMu  sync.Mutex // orders CmdSN assignment with transmission
-	mu      sync.Mutex
-	cond    *sync.Cond
-	links   []*link // the session's connections; links[0] is the leading one
-	rr      int     // round-robin position for new commands
-	tsih    uint16
-	params  params
-	cmdSN   uint32
-	exp     uint32 // ExpCmdSN
-	max     uint32 // MaxCmdSN
-	nextITT uint32
-	tasks   map[uint32]*task
-	tmfs    map[uint32]chan byte
-	closed  bool
-	failed  error
+	opts   Options
+	portal string
+	target string
+	// discovery: a discovery session, which is not reinstated when its
+	// connection ends.
+	discovery bool
+	isid      [6]byte
+	log       slogger
+	sendMu    sync.Mutex // orders CmdSN assignment with transmission
+	mu        sync.Mutex
+	cond      *sync.Cond
+	links     []*link // the session's connections; links[0] is the leading one
+	rr        int     // round-robin position for new commands
+	tsih      uint16
+	params    params
+	cmdSN     uint32
+	exp       uint32 // ExpCmdSN
+	max       uint32 // MaxCmdSN
+	nextITT   uint32
+	tasks     map[uint32]*task
+	tmfs      map[uint32]chan byte
+	closed    bool
+	failed    error
 	// expStatSN is read by the stamper under the datamover's lock.
 	expStatSN atomic.Uint32
 	// heard is set by every PDU received and cleared by the pinger at
@@ -126,7 +129,7 @@ func Login(ctx context.Context, portal, target string, opts Options) (*Session, 
 	if err != nil {
 		return nil, err
 	}
-	s.links = links
+	s.install(links)
 	if opts.NopInterval > 0 {
 		go s.pinger()
 	}
