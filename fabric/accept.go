@@ -128,7 +128,7 @@ func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) 
 		in.nc.Close()
 		return nil, fmt.Errorf("MPA: %w", err)
 	}
-	return acceptISER(req, ip.PD, opt, p)
+	return acceptISER(ctx, req, ip.PD, opt, p)
 }
 
 // ISER returns an acceptor for iSER in the connection-first form (seed
@@ -163,19 +163,21 @@ type rdmaIncoming struct {
 func (in *rdmaIncoming) RemoteAddr() net.Addr { return in.req.RemoteAddr() }
 func (in *rdmaIncoming) Close() error         { return in.req.Reject(nil) }
 
-func (in *rdmaIncoming) Establish(_ context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
+func (in *rdmaIncoming) Establish(ctx context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
 	opt := in.a.opt
 	if opt.Logger == nil {
 		opt.Logger = p.Logger
 	}
-	return acceptISER(in.req, in.a.pd, opt, p)
+	return acceptISER(ctx, in.req, in.a.pd, opt, p)
 }
 
 // acceptISER accepts one RDMA connection request as an iSER connection:
 // it reads the initiator's iSER CM header, answers with ours (tagged
 // offsets are virtual addresses; Send with Invalidate is used unless the
 // initiator declined it, wire-facts §2.2) and returns the connection.
-func acceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options, p datamover.AcceptParams) (*datamover.Established, error) {
+// It gives up when ctx ends before the peer has completed the connection
+// (where the fabric can: rdma.AcceptContext).
+func acceptISER(ctx context.Context, req rdma.ConnRequest, pd *rdma.PD, opt iser.Options, p datamover.AcceptParams) (*datamover.Established, error) {
 	peer := iser.DecodeCMHeader(req.PrivateData())
 	if why := peer.Pref.Refusal(p.EndNode, p.Gateway); why != "" {
 		// Seed 001: the node cannot meet the initiator's preference;
@@ -193,19 +195,31 @@ func acceptISER(req rdma.ConnRequest, pd *rdma.PD, opt iser.Options, p datamover
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	opt.Recvs, opt.Unexpected = receiveBudget(opt, p.Window)
+	// Until the login completes the connection holds a few login-sized
+	// buffers, not the ring a full window needs: whoever can send a
+	// connection request (a spoofed source, before any handshake) makes
+	// the node hold little.
+	opt.LoginRecvs = loginRecvs
 	res := iser.Prepare(pd, opt)
 	reply := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: peer.SendInvNotSupported}.Append(nil)
-	qp, err := req.Accept(res.ConnParams(reply))
+	qp, err := rdma.AcceptContext(ctx, req, res.ConnParams(reply))
 	if err != nil {
+		res.Release()
 		return nil, fmt.Errorf("iSER accept: %w", err)
 	}
 	return &datamover.Established{
 		Open:  func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) },
 		RDMA:  true,
 		ISER:  true,
-		Close: func() { qp.Close() },
+		Close: func() { qp.Close(); res.Release() },
 	}, nil
 }
+
+// loginRecvs is the receive buffers and send slots an accepted iSER
+// connection has until its login completes: one Login Request at a time
+// comes in, one response goes out, and a buffer may wait a moment to be
+// posted again.
+const loginRecvs = 4
 
 // receiveBudget sizes an iSER connection's receive buffers (seed 004 §8):
 // the CmdSN window, then 64 more, of which up to 32 may hold unexpected

@@ -886,6 +886,22 @@ type ConnRequest interface {
 	Reject(privateData []byte) error
 }
 
+// ContextAccepter is a ConnRequest whose Accept can be given up: a
+// fabric that waits for the peer after answering (the InfiniBand CM's
+// RTU) stops waiting when ctx ends.
+type ContextAccepter interface {
+	AcceptContext(ctx context.Context, p ConnParams) (QP, error)
+}
+
+// AcceptContext accepts req, giving up when ctx ends where the fabric
+// can (ContextAccepter); elsewhere it is req.Accept.
+func AcceptContext(ctx context.Context, req ConnRequest, p ConnParams) (QP, error) {
+	if ca, ok := req.(ContextAccepter); ok {
+		return ca.AcceptContext(ctx, p)
+	}
+	return req.Accept(p)
+}
+
 // RejectError is a connection request the peer refused.
 type RejectError struct {
 	// Reason is the transport's reject code (InfiniBand CM reason; 0 for

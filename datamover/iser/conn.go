@@ -79,6 +79,14 @@ type Options struct {
 	// Unexpected is the MaxOutstandingUnexpectedPDUs this side declares
 	// (seed 004 §6.7); default a sixth of Recvs, at least 2.
 	Unexpected int
+	// LoginRecvs, when set, is how many receive buffers and send slots
+	// the connection has until its login completes (EnableDatamover);
+	// then it grows to Recvs and SendSlots. A login exchanges one PDU at
+	// a time, so a target that accepts connections from anyone holds
+	// little for a peer that has not logged in (Linux isert posts a
+	// single login-sized receive until then). 0: everything from the
+	// start.
+	LoginRecvs int
 	Logger     *slog.Logger
 }
 
@@ -120,6 +128,9 @@ func (o *Options) defaults() {
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
+	if o.LoginRecvs >= o.Recvs || o.LoginRecvs >= o.SendSlots {
+		o.LoginRecvs = 0
+	}
 }
 
 // maxAHS is room for an AHS in a receive buffer or send slot.
@@ -133,9 +144,14 @@ type Resources struct {
 	pd       *rdma.PD
 	scq, rcq *rdma.CQ
 	hl       int
+	// recvBufs has an entry for each of the Recvs buffers; the first
+	// posted of them exist from Prepare, the rest from grow.
 	recvBufs [][]byte
+	posted   int
 
-	recvBacking []byte
+	// recvBacking holds the first posted buffers, grown the rest.
+	recvBacking, grown []byte
+	attached           atomic.Bool
 }
 
 // Prepare allocates the resources of one connection.
@@ -146,16 +162,36 @@ func Prepare(pd *rdma.PD, opt Options) *Resources {
 	if opt.Profile == ProfileRFC5046 {
 		r.hl = HeaderLenRFC5046
 	}
-	size := r.hl + pdu.BHSLen + maxAHS + opt.RecvDataSize
-	// From the PD: on a hardware device, registered memory the receives
-	// land in without a bounce (given back when the connection ends).
-	backing := pd.Alloc(size * opt.Recvs)
-	r.recvBacking = backing
 	r.recvBufs = make([][]byte, opt.Recvs)
-	for i := range r.recvBufs {
-		r.recvBufs[i] = backing[i*size : (i+1)*size : (i+1)*size]
+	r.posted = opt.Recvs
+	if opt.LoginRecvs > 0 {
+		r.posted = opt.LoginRecvs
 	}
+	r.recvBacking = r.carve(0, r.posted)
 	return r
+}
+
+// carve allocates the receive buffers from..to-1 and returns their
+// backing: from the PD, on a hardware device registered memory the
+// receives land in without a bounce (given back when the connection
+// ends).
+func (r *Resources) carve(from, to int) []byte {
+	size := r.hl + pdu.BHSLen + maxAHS + r.opt.RecvDataSize
+	backing := r.pd.Alloc(size * (to - from))
+	for i := from; i < to; i++ {
+		j := i - from
+		r.recvBufs[i] = backing[j*size : (j+1)*size : (j+1)*size]
+	}
+	return backing
+}
+
+// Release gives back the resources of a connection that was never
+// attached (its accept failed, or the node refused it before it ran).
+// After Attach the connection gives them back itself when it ends.
+func (r *Resources) Release() {
+	if r.attached.CompareAndSwap(false, true) {
+		r.pd.Free(r.recvBacking)
+	}
 }
 
 // ConnParams are the rdma connection parameters with the receives to
@@ -164,7 +200,7 @@ func (r *Resources) ConnParams(privateData []byte) rdma.ConnParams {
 	p := rdma.ConnParams{PD: r.pd, PrivateData: privateData,
 		QP: rdma.QPConfig{SendCQ: r.scq, RecvCQ: r.rcq, SendDepth: r.opt.SendSlots + 2*r.opt.ORD + 8,
 			RecvDepth: r.opt.Recvs, IRD: r.opt.IRD, ORD: r.opt.ORD}}
-	for i, b := range r.recvBufs {
+	for i, b := range r.recvBufs[:r.posted] {
 		p.Recvs = append(p.Recvs, rdma.RecvWR{ID: uint64(i), Buf: b})
 	}
 	return p
@@ -218,10 +254,13 @@ type Conn struct {
 	slots [][]byte
 	// slotBacking holds the slots: from the PD (registered memory on a
 	// hardware device), given back with the receive buffers once the
-	// connection has ended and its dispatchers are done.
-	slotBacking []byte
-	freeSlot    chan int
-	waiters     []chan rdma.Status
+	// connection has ended and its dispatchers are done; moreSlots holds
+	// those grow added. nslots is how many slots exist (Options.LoginRecvs
+	// until the login completes): the free ones are on freeSlot.
+	slotBacking, moreSlots []byte
+	freeSlot               chan int
+	nslots                 atomic.Int32
+	waiters                []chan rdma.Status
 
 	tmu    sync.Mutex
 	tasks  map[uint32]*taskTags
@@ -239,6 +278,7 @@ type Conn struct {
 	pending  datamover.Params
 	havePend bool
 	enabled  bool
+	freed    bool // the buffers were given back (the connection ended)
 	termOnce sync.Once
 	dispDone chan struct{}
 
@@ -275,17 +315,15 @@ func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *
 		close(c.ready)
 		c.helloDone = true
 	}
-	slotSize := r.hl + pdu.BHSLen + maxAHS + max(o.RecvDataSize, 8192)
-	backing := r.pd.Alloc(slotSize * o.SendSlots)
-	c.slotBacking = backing
+	r.attached.Store(true)
 	c.slots = make([][]byte, o.SendSlots)
 	c.waiters = make([]chan rdma.Status, o.SendSlots)
 	c.freeSlot = make(chan int, o.SendSlots)
-	for i := range c.slots {
-		c.slots[i] = backing[i*slotSize : (i+1)*slotSize : (i+1)*slotSize]
-		c.waiters[i] = make(chan rdma.Status, 1)
-		c.freeSlot <- i
+	n := o.SendSlots
+	if r.posted < len(r.recvBufs) {
+		n = o.LoginRecvs
 	}
+	c.slotBacking = c.addSlots(0, n)
 	if !o.Initiator {
 		var err error
 		if c.ackMR, err = r.pd.Register(make([]byte, 1), 0, rdma.LocalWrite); err != nil {
@@ -304,6 +342,44 @@ func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *
 		}
 	}
 	return c
+}
+
+// addSlots allocates the send slots from..to-1, frees them for use and
+// returns their backing.
+func (c *Conn) addSlots(from, to int) []byte {
+	size := c.hl + pdu.BHSLen + maxAHS + max(c.r.opt.RecvDataSize, 8192)
+	backing := c.r.pd.Alloc(size * (to - from))
+	for i := from; i < to; i++ {
+		j := i - from
+		c.slots[i] = backing[j*size : (j+1)*size : (j+1)*size]
+		c.waiters[i] = make(chan rdma.Status, 1)
+	}
+	c.nslots.Store(int32(to))
+	for i := from; i < to; i++ {
+		c.freeSlot <- i
+	}
+	return backing
+}
+
+// grow gives a connection that began with Options.LoginRecvs its whole
+// receive ring and every send slot, once its login has completed.
+func (c *Conn) grow() error {
+	c.pmu.Lock()
+	defer c.pmu.Unlock()
+	r := c.r
+	if r.posted == len(r.recvBufs) || c.freed {
+		return nil
+	}
+	from := r.posted
+	r.grown = r.carve(from, len(r.recvBufs))
+	r.posted = len(r.recvBufs)
+	for i := from; i < len(r.recvBufs); i++ {
+		if err := c.qp.PostRecv(rdma.RecvWR{ID: uint64(i), Buf: r.recvBufs[i]}); err != nil {
+			return err
+		}
+	}
+	c.moreSlots = c.addSlots(int(c.nslots.Load()), len(c.slots))
+	return nil
 }
 
 // RemoteAddr implements datamover.Conn.
@@ -392,6 +468,11 @@ func (c *Conn) MaxSendDataSegmentLength() int {
 // EnableDatamover implements datamover.Conn: the final Login Response
 // goes out as a Send, then the negotiated values apply.
 func (c *Conn) EnableDatamover(final *datamover.PDU) error {
+	// The whole ring is posted before the final Login Response goes
+	// out: the initiator may send a full window right after it.
+	if err := c.grow(); err != nil {
+		return err
+	}
 	if final != nil {
 		if err := c.SendControl(final, true); err != nil {
 			return err
@@ -769,7 +850,7 @@ const terminateGrace = 4 * time.Second
 func (c *Conn) ConnectionTerminate() {
 	c.termOnce.Do(func() {
 		deadline := time.Now().Add(terminateGrace)
-		for len(c.freeSlot) < cap(c.freeSlot) && time.Now().Before(deadline) {
+		for len(c.freeSlot) < int(c.nslots.Load()) && time.Now().Before(deadline) {
 			select {
 			case <-c.qp.Done():
 				deadline = time.Now()
@@ -869,8 +950,13 @@ func (c *Conn) Serve(up datamover.Upcalls) {
 	// The queue pair is closed and nothing reads a receive buffer or a
 	// send slot any more (a delivered PDU is not kept past its upcall:
 	// its buffer is posted again right after).
+	c.pmu.Lock()
+	c.freed = true
 	c.r.pd.Free(c.r.recvBacking)
+	c.r.pd.Free(c.r.grown)
 	c.r.pd.Free(c.slotBacking)
+	c.r.pd.Free(c.moreSlots)
+	c.pmu.Unlock()
 	if err == nil {
 		if qerr := c.qp.Err(); qerr != nil && !errors.Is(qerr, rdma.ErrDisconnected) {
 			err = qerr

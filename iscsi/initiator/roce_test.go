@@ -181,6 +181,13 @@ func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
 // and the LU.
 func serveISEROverRoCE(t *testing.T, port int, lc scsitarget.LUConfig) (*roce.Device, *scsitarget.LU) {
 	t.Helper()
+	idev, lu, _ := serveISEROverRoCEServer(t, port, lc)
+	return idev, lu
+}
+
+// serveISEROverRoCEServer is serveISEROverRoCE that returns the server too.
+func serveISEROverRoCEServer(t *testing.T, port int, lc scsitarget.LUConfig) (*roce.Device, *scsitarget.LU, *iscsitarget.Server) {
+	t.Helper()
 	tdev, err := roce.Open("127.0.0.2", roce.Options{Port: port})
 	if err != nil {
 		t.Fatal(err)
@@ -198,7 +205,7 @@ func serveISEROverRoCE(t *testing.T, port int, lc scsitarget.LUConfig) (*roce.De
 		t.Fatal(err)
 	}
 	go srv.Serve(fabric.ISER(ln, tdev.RDMA().AllocPD(), iser.Options{}))
-	return idev, lu
+	return idev, lu, srv
 }
 
 // stallDialer dials iSER over a RoCE device with 8 receive buffers and

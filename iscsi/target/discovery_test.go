@@ -1,11 +1,15 @@
 package target
 
 import (
+	"context"
 	"fmt"
 	"net"
+	"os"
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/datamover"
+	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -84,6 +88,69 @@ func TestLoginsInProgressNodeWide(t *testing.T) {
 	time.Sleep(100 * time.Millisecond)
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini)...)
+}
+
+// TestSetupsGiveWayToNewConnections: connections still in their
+// fabric's set-up — RDMA connection requests from spoofed sources whose
+// RTU never comes, here set-ups that never end — cannot keep a genuine
+// peer out once they fill every place for logins in progress: the oldest
+// set-up gives its place to the newer connection (and ends at once), so
+// the genuine peer, whose set-up completes at once, logs in, and the
+// evictions are counted.
+func TestSetupsGiveWayToNewConnections(t *testing.T) {
+	ts := startServerOn(t, Options{MaxLogins: 6, MaxLoginsPerSource: 2, LoginTimeout: 20 * time.Second}, nil, os.Stderr,
+		func(l net.Listener) stallingSetups { return stallingSetups{fabric.TCP(l)} })
+	const flood = 20
+	var stalled []net.Conn
+	for i := range flood {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 3, byte(i+1))}}
+		nc, err := d.Dial("tcp", ts.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		stalled = append(stalled, nc)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for ts.srv.BoundsHit()["logins_setup_evicted"] < flood-6 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	ts.hit(t, "logins_setup_evicted", flood-6)
+	// The evicted set-ups ended: their connections are closed.
+	for i, nc := range stalled[:flood-6] {
+		nc.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := nc.Read(make([]byte, 1)); err == nil || isTimeout(err) {
+			t.Fatalf("set-up %d, evicted: %v, want its connection closed", i, err)
+		}
+	}
+	c := dialAt(t, ts.addr, net.IPv4(127, 0, 2, 1))
+	c.mustLogin(normalKeys(ini)...)
+	ts.hit(t, "logins_setup_evicted", flood-6+1)
+	ts.hit(t, "logins", 0)
+}
+
+// stallingSetups is a TCP acceptor whose connections from 127.0.3.0/24
+// never finish their set-up (Establish returns only when its context
+// ends), as RDMA connection requests whose RTU never comes.
+type stallingSetups struct{ datamover.Acceptor }
+
+func (a stallingSetups) Accept(ctx context.Context) (datamover.Incoming, error) {
+	in, err := a.Acceptor.Accept(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if ip := in.RemoteAddr().(*net.TCPAddr).IP.To4(); ip[2] == 3 {
+		return stalledSetup{in}, nil
+	}
+	return in, nil
+}
+
+type stalledSetup struct{ datamover.Incoming }
+
+func (in stalledSetup) Establish(ctx context.Context, p datamover.AcceptParams) (*datamover.Established, error) {
+	<-ctx.Done()
+	in.Close()
+	return nil, context.Cause(ctx)
 }
 
 func isTimeout(err error) bool {

@@ -8,6 +8,7 @@
 package target
 
 import (
+	"container/list"
 	"context"
 	"errors"
 	"fmt"
@@ -313,6 +314,11 @@ type Server struct {
 	// the connections closed for it.
 	loginsAll  int
 	refusedAll atomic.Uint64
+	// setups holds, oldest first, the login slots whose connections are
+	// still in their fabric's set-up; setupsEvicted counts those that
+	// gave their place to a newer connection (takeLoginSlot).
+	setups        list.List
+	setupsEvicted atomic.Uint64
 	// sources holds, by address, what its connections share: the count
 	// of their commands on LU workers (Options.MaxWorkingPerSource).
 	sources map[string]*source
@@ -330,18 +336,31 @@ type Server struct {
 // in progress; release frees it (once) at full feature phase or when the
 // connection ends.
 type loginSlot struct {
-	s    *Server
-	src  string
-	once sync.Once
+	s   *Server
+	src string
+	// Under s.mu. released: the place is free again. setup: the slot is
+	// in s.setups, its connection's fabric set-up (Establish) under way;
+	// cancel ends that set-up when the slot is evicted.
+	released bool
+	setup    *list.Element
+	cancel   context.CancelFunc
 }
 
 // takeLoginSlot admits a new connection from addr, or returns nil when its
-// source has too many logins in progress.
-func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
+// source has too many logins in progress, or when every address's
+// together are at Options.MaxLogins and none of them is still in its
+// fabric's set-up. Such a set-up — an RDMA connection request answered
+// and waiting for the peer's RTU, a TCP connection that has sent nothing
+// — is what a flood of spoofed or empty connections holds: the oldest
+// one gives its place to the new connection (as a SYN queue drops its
+// oldest entry), so a genuine peer, whose set-up completes in a round
+// trip, still gets in. cancel ends the new connection's set-up when it
+// is evicted in turn.
+func (s *Server) takeLoginSlot(addr net.Addr, cancel context.CancelFunc) *loginSlot {
 	src := s.opts.Sources.Of(addr)
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.loginsAll >= s.opts.MaxLogins {
+	if s.loginsAll >= s.opts.MaxLogins && s.setups.Len() == 0 {
 		s.refusedAll.Add(1)
 		return nil
 	}
@@ -349,8 +368,28 @@ func (s *Server) takeLoginSlot(addr net.Addr) *loginSlot {
 		s.refused.Add(1)
 		return nil
 	}
+	if s.loginsAll >= s.opts.MaxLogins {
+		old := s.setups.Front().Value.(*loginSlot)
+		old.releaseLocked()
+		old.cancel()
+		s.setupsEvicted.Add(1)
+	}
 	s.loginsAll++
-	return &loginSlot{s: s, src: src}
+	l := &loginSlot{s: s, src: src, cancel: cancel}
+	l.setup = s.setups.PushBack(l)
+	return l
+}
+
+// established takes the slot out of the set-ups (its connection is set
+// up; its login goes on); false when it was evicted meanwhile.
+func (l *loginSlot) established() bool {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	if l.setup != nil {
+		l.s.setups.Remove(l.setup)
+		l.setup = nil
+	}
+	return !l.released
 }
 
 // source is the address the slot's connection came from ("" without a
@@ -366,12 +405,22 @@ func (l *loginSlot) release() {
 	if l == nil {
 		return
 	}
-	l.once.Do(func() {
-		l.s.mu.Lock()
-		l.s.logins.Give(l.src)
-		l.s.loginsAll--
-		l.s.mu.Unlock()
-	})
+	l.s.mu.Lock()
+	l.releaseLocked()
+	l.s.mu.Unlock()
+}
+
+func (l *loginSlot) releaseLocked() {
+	if l.released {
+		return
+	}
+	l.released = true
+	l.s.logins.Give(l.src)
+	l.s.loginsAll--
+	if l.setup != nil {
+		l.s.setups.Remove(l.setup)
+		l.setup = nil
+	}
 }
 
 // NewServer returns a server with no targets.
@@ -640,8 +689,10 @@ func (s *Server) Serve(a datamover.Acceptor) error {
 			return err
 		}
 		delay = 0
-		slot := s.takeLoginSlot(in.RemoteAddr())
+		ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoginTimeout)
+		slot := s.takeLoginSlot(in.RemoteAddr(), cancel)
 		if slot == nil {
+			cancel()
 			if n := s.refused.Load() + int64(s.refusedAll.Load()); logsample.Keep(n) {
 				s.log.Warn("connection closed: too many logins in progress, from its address or in all", "remote", in.RemoteAddr().String(),
 					"limit_per_source", s.opts.MaxLoginsPerSource, "limit", s.opts.MaxLogins, "refused", n)
@@ -649,18 +700,23 @@ func (s *Server) Serve(a datamover.Acceptor) error {
 			in.Close()
 			continue
 		}
-		go s.establish(in, slot)
+		go s.establish(ctx, cancel, in, slot)
 	}
 }
 
 // establish lets the fabric finish setting up an accepted connection (an
-// MPA exchange, an RDMA/CM accept; bounded by the login timeout) and runs
-// it. The connection holds its login slot until its login completes.
-func (s *Server) establish(in datamover.Incoming, slot *loginSlot) {
-	ctx, cancel := context.WithTimeout(context.Background(), s.opts.LoginTimeout)
+// MPA exchange, an RDMA/CM accept; bounded by the login timeout, ended by
+// cancel when a newer connection takes its slot) and runs it. The
+// connection holds its login slot until its login completes.
+func (s *Server) establish(ctx context.Context, cancel context.CancelFunc, in datamover.Incoming, slot *loginSlot) {
 	defer cancel()
 	est, err := in.Establish(ctx, datamover.AcceptParams{Window: s.opts.CmdWindow, EndNode: s.opts.EndNode, Gateway: s.opts.Gateway,
 		SendTimeout: s.opts.NopTimeout, Logger: s.log})
+	if err == nil && !slot.established() {
+		// Evicted as it completed: its place is another's now.
+		est.Close()
+		err = errors.New("its place among the logins in progress went to a newer connection")
+	}
 	if err != nil {
 		slot.release()
 		// A fabric's set-up that fails (junk instead of an MPA
@@ -773,8 +829,10 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 // BoundsHit counts, by bound, the times a peer met one of the bounds on
 // what it may make the server hold: connections closed for their
 // address's logins in progress (logins_per_source), for all addresses'
-// (logins, Options.MaxLogins) and for a login not
-// finished in time (login_timeout); logins refused "out of resources"
+// (logins, Options.MaxLogins), connections still in their fabric's
+// set-up that gave their place to a newer one at that bound
+// (logins_setup_evicted), and for a login not finished in time
+// (login_timeout); logins refused "out of resources"
 // for the sessions (sessions, discovery_sessions, sessions_per_source,
 // discovery_sessions_per_source); discovery sessions ended for asking
 // nothing in DiscoveryIdle (discovery_idle);
@@ -785,6 +843,7 @@ func (s *Server) BoundsHit() map[string]uint64 {
 	return map[string]uint64{
 		"logins_per_source":             uint64(s.refused.Load()),
 		"logins":                        s.refusedAll.Load(),
+		"logins_setup_evicted":          s.setupsEvicted.Load(),
 		"login_timeout":                 uint64(s.loginTimeouts.Load()),
 		"sessions":                      s.sessionsFull.Load(),
 		"discovery_sessions":            s.discoveryFull.Load(),

@@ -1264,6 +1264,13 @@ func (r *connRequest) established() {
 // Accept implements rdma.ConnRequest: REP, then the QP is ready once the
 // RTU (or the first packet on the QP) arrives.
 func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
+	return r.AcceptContext(context.Background(), p)
+}
+
+// AcceptContext is Accept that gives up when ctx ends before the RTU has
+// come (rdma.AcceptContext): the queue pair is dropped and the request
+// forgotten, as when the RTU never comes.
+func (r *connRequest) AcceptContext(ctx context.Context, p rdma.ConnParams) (rdma.QP, error) {
 	d := r.d
 	if len(p.PrivateData) > 196 {
 		return nil, fmt.Errorf("roce: %d bytes of private data, a REP holds 196", len(p.PrivateData))
@@ -1297,23 +1304,36 @@ func (r *connRequest) Accept(p rdma.ConnParams) (rdma.QP, error) {
 	d.conns[r.local] = &connection{qp: q, local: r.local, remote: r.req.LocalCommID, remoteQPN: r.req.LocalQPN, peer: r.peer}
 	d.mu.Unlock()
 	d.sendMAD(r.peer, ib.AttrREP, r.tid, data)
+	drop := func(err error) (rdma.QP, error) {
+		d.dropQP(q)
+		q.Close()
+		d.mu.Lock()
+		delete(d.accepts, r.local)
+		delete(d.waitRTU, q.cfg.LocalQPN)
+		delete(d.conns, r.local)
+		d.mu.Unlock()
+		r.forget(0)
+		return nil, err
+	}
+	t := time.NewTimer(cmTimeout)
+	defer t.Stop()
 	for try := 0; ; try++ {
 		select {
 		case <-r.ready:
 			return q, nil
-		case <-time.After(cmTimeout):
+		case <-t.C:
 			if try == cmRetries {
-				d.dropQP(q)
-				q.Close()
-				d.mu.Lock()
-				delete(d.accepts, r.local)
-				delete(d.waitRTU, q.cfg.LocalQPN)
-				delete(d.conns, r.local)
-				d.mu.Unlock()
-				r.forget(0)
-				return nil, errors.New("roce: no RTU after the REP")
+				return drop(errors.New("roce: no RTU after the REP"))
 			}
 			d.sendMAD(r.peer, ib.AttrREP, r.tid, data)
+			t.Reset(cmTimeout)
+		case <-ctx.Done():
+			select {
+			case <-r.ready:
+				return q, nil
+			default:
+			}
+			return drop(fmt.Errorf("roce: no RTU after the REP: %w", context.Cause(ctx)))
 		case <-d.done:
 			return nil, rdma.ErrClosed
 		}
