@@ -796,3 +796,76 @@ func TestParkedCommandsUnderChurn(t *testing.T) {
 	// leave them parked.
 	t.Logf("40 reads after the churn in %v", time.Since(start).Round(time.Millisecond))
 }
+
+// TestWriteDataThatNeverComes: a WRITE whose Data-Out never comes used to
+// hold its buffer and its share of the I/O budget for as long as its
+// connection answered pings. Now, after DataTimeout without the data it
+// owes, it is answered CHECK CONDITION, ABORTED COMMAND / INITIATOR
+// RESPONSE TIMEOUT, its budget is given back, data sent for it late is
+// discarded (the connection goes on), and the second such WRITE ends the
+// connection.
+func TestWriteDataThatNeverComes(t *testing.T) {
+	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	ts := startServer(t, Options{Budget: budget, DataTimeout: 300 * time.Millisecond, NopInterval: -1}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini, text.KV{Key: "InitialR2T", Value: "Yes"}, text.KV{Key: "ImmediateData", Value: "No"})...)
+	c.command(tur(), false, 0, nil, 0) // the power-on unit attention
+	stalled := func() (itt uint32, r2t pdu.R2T) {
+		t.Helper()
+		itt = c.sendCmd(write10(0, 16), false, 8192, false, nil)
+		h, _, ok := c.recv(2 * time.Second)
+		if !ok || h.Opcode() != pdu.OpR2T {
+			t.Fatalf("no R2T for the WRITE: %v %s", ok, h.Opcode())
+		}
+		if err := r2t.Decode(&h); err != nil {
+			t.Fatal(err)
+		}
+		if u := budget.Used(); u != 8192 {
+			t.Fatalf("the WRITE holds %d bytes of the budget, want 8192", u)
+		}
+		return itt, r2t
+	}
+	itt, r2t := stalled()
+	start := time.Now()
+	h, data, ok := c.recv(5 * time.Second)
+	if !ok || h.Opcode() != pdu.OpSCSIResponse || h.ITT() != itt {
+		t.Fatalf("no answer to the WRITE whose data never came: %v %s", ok, h.Opcode())
+	}
+	if waited := time.Since(start); waited < 300*time.Millisecond {
+		t.Errorf("answered after %v, before the data timeout", waited)
+	}
+	c.expStatSN = h.StatSN() + 1
+	if h[3] != scsi.StatusCheckCondition || len(data) < 2+14 || data[2+2]&0xf != scsi.SenseAbortedCommand || data[2+12] != 0x4b || data[2+13] != 0x06 {
+		t.Fatalf("status %#x sense % x, want CHECK CONDITION, ABORTED COMMAND 4B/06", h[3], data)
+	}
+	if u := budget.Used(); u != 0 {
+		t.Errorf("%d bytes of the budget held after the WRITE ended", u)
+	}
+	ts.hit(t, "data_timeout", 1)
+	// Its data, sent late, is discarded; the connection goes on.
+	do := pdu.DataOut{Final: true, ITT: itt, TTT: r2t.TTT, Offset: 0, ExpStatSN: c.expStatSN}
+	var dh pdu.BHS
+	do.Encode(&dh)
+	c.sendRaw(&dh, nil, make([]byte, 8192))
+	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("TEST UNIT READY after late data: status %#x", r.status)
+	}
+	// A second on the connection ends it.
+	stalled()
+	for {
+		h, _, ok := c.recv(5 * time.Second)
+		if !ok {
+			break
+		}
+		if h.Opcode() != pdu.OpSCSIResponse {
+			t.Fatalf("%s while the second stalled WRITE waited", h.Opcode())
+		}
+	}
+	if isTimeout(c.rerr) {
+		t.Fatal("the connection stayed open after a second WRITE's data stopped coming")
+	}
+	ts.hit(t, "data_timeout", 2)
+	if u := budget.Used(); u != 0 {
+		t.Errorf("%d bytes of the budget held after the connection ended", u)
+	}
+}

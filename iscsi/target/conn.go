@@ -1,6 +1,7 @@
 package target
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -106,6 +107,9 @@ type conn struct {
 	// virtual machine resumes, neither drops a connection nor stops its
 	// pings).
 	heard atomic.Bool
+	// dataTimeouts counts the WRITEs ended for data that stopped coming
+	// (pinger goroutine only).
+	dataTimeouts int
 	// asked is set by a discovery session's Text and Logout requests
 	// (not by answers to pings) and cleared by the pinger, which ends a
 	// discovery session that asks nothing for Options.DiscoveryIdle.
@@ -613,13 +617,25 @@ func (c *conn) pinger() {
 	// A discovery session holds one of a few places: one that asks
 	// nothing for DiscoveryIdle ends, pinged or not.
 	disc := c.sess != nil && c.sess.discovery
-	if iv < 0 && !disc {
+	// WRITEs whose data stops coming end (Options.DataTimeout).
+	dt := c.srv.opts.DataTimeout
+	checkData := dt > 0 && !disc
+	if iv < 0 && !disc && !checkData {
 		return
 	}
-	every := min(iv, c.srv.opts.NopTimeout) / 2
-	if iv < 0 {
+	every := dt / 4
+	switch {
+	case iv >= 0:
+		every = min(iv, c.srv.opts.NopTimeout) / 2
+	case disc:
 		every = c.srv.opts.DiscoveryIdle / 4
 	}
+	if checkData {
+		every = min(every, dt/4)
+	}
+	// A WRITE that owes data and got none for stallTicks ticks has been
+	// without it for DataTimeout at least.
+	stallTicks := int((dt+every-1)/every) + 1
 	tick := time.NewTicker(every)
 	defer tick.Stop()
 	// Linux's ib_iser gives a discovery session one receive buffer, posted
@@ -643,6 +659,12 @@ func (c *conn) pinger() {
 		now := time.Now()
 		if c.heard.Swap(false) {
 			last = now
+		}
+		if checkData && !c.checkData(stallTicks) {
+			return
+		}
+		if iv < 0 && !disc {
+			continue
 		}
 		if disc {
 			if c.asked.Swap(false) {
@@ -691,6 +713,63 @@ func (c *conn) pinger() {
 			return
 		}
 	}
+}
+
+// checkData ends the tasks that owe Data-Out — an R2T outstanding, or
+// unsolicited data announced (F=0) — and got none for stallTicks of the
+// pinger's ticks: each is answered CHECK CONDITION, ABORTED COMMAND /
+// INITIATOR RESPONSE TIMEOUT (SPC-4), and its buffer and I/O budget are
+// freed, so a peer that answers pings but never sends the data it owes
+// does not hold them for as long as it stays logged in. Data-Out that
+// comes later for it is discarded, as after an abort. The second such
+// end on one connection ends the connection (RFC 7143 §7.1.4: at ERL 0
+// the session then recovers). False when the connection ends.
+func (c *conn) checkData(stallTicks int) bool {
+	type ended struct {
+		t         *task
+		itt       uint32
+		expDataSN uint32
+		edtl      uint32
+		received  uint32
+	}
+	var late []ended
+	c.mu.Lock()
+	for _, t := range c.tasks {
+		owed := t.unsolOpen
+		for i := range t.bursts {
+			owed = owed || t.bursts[i].live
+		}
+		if !owed || t.executing || t.aborted || t.released || t.full || t.received != t.seen {
+			t.seen, t.stalled = t.received, 0
+			continue
+		}
+		if t.stalled++; t.stalled >= stallTicks {
+			t.aborted = true
+			late = append(late, ended{t: t, itt: t.itt, expDataSN: t.dataSN + t.r2tSN, edtl: t.edtl, received: t.received})
+		}
+	}
+	c.mu.Unlock()
+	for _, e := range late {
+		c.srv.dataTimeouts.Add(1)
+		c.dataTimeouts++
+		c.log.Warn("ending a WRITE whose data stopped coming", "itt", fmt.Sprintf("%#x", e.itt), "received", e.received,
+			"edtl", e.edtl, "timeout", c.srv.opts.DataTimeout)
+		c.release(e.t, false)
+		sense := (&scsi.Sense{Key: scsi.SenseAbortedCommand, ASC: 0x4b, ASCQ: 0x06}).AppendFixed(make([]byte, 2, 2+scsi.FixedLen))
+		binary.BigEndian.PutUint16(sense, uint16(len(sense)-2))
+		r := pdu.SCSIResponse{ITT: e.itt, Response: pdu.RespCompleted, Status: scsi.StatusCheckCondition, ExpDataSN: e.expDataSN}
+		var h pdu.BHS
+		r.Encode(&h)
+		if err := c.send(&h, sense, true); err != nil {
+			return false
+		}
+	}
+	if len(late) > 0 && c.dataTimeouts > 1 {
+		c.log.Warn("dropping connection: the data of its WRITEs stopped coming again", "timeout", c.srv.opts.DataTimeout)
+		c.terminate()
+		return false
+	}
+	return true
 }
 
 // requestLogout sends an Async Message asking the initiator to log out

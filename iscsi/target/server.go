@@ -199,6 +199,13 @@ type Options struct {
 	// asked for nothing in that long (30s), pings answered or not.
 	MaxDiscoverySessionsPerSource int
 	DiscoveryIdle                 time.Duration
+	// DataTimeout ends a WRITE whose data stops coming: one the
+	// initiator owes Data-Out (an R2T outstanding, or unsolicited data
+	// announced) that gets none for this long (15s) is answered CHECK
+	// CONDITION, ABORTED COMMAND / INITIATOR RESPONSE TIMEOUT, and its
+	// buffer and share of the I/O budget are freed; a second on the same
+	// connection ends the connection. Negative: never.
+	DataTimeout time.Duration
 	// MaxLoginsPerSource bounds the connections from one address that
 	// have not finished logging in (8); more are closed as they arrive.
 	MaxLoginsPerSource int
@@ -274,6 +281,9 @@ func (o *Options) defaults() {
 	if o.DiscoveryIdle == 0 {
 		o.DiscoveryIdle = 30 * time.Second
 	}
+	if o.DataTimeout == 0 {
+		o.DataTimeout = 15 * time.Second
+	}
 	if o.MaxLoginsPerSource == 0 {
 		o.MaxLoginsPerSource = 8
 	}
@@ -325,7 +335,7 @@ type Server struct {
 	// Logins refused for the session bounds, and receivers that waited
 	// for their address's commands on workers (BoundsHit).
 	sessionsFull, discoveryFull, sourceSessionsFull, sourceWaits atomic.Uint64
-	sourceDiscoveryFull, discoveryIdle                           atomic.Uint64
+	sourceDiscoveryFull, discoveryIdle, dataTimeouts             atomic.Uint64
 	// loginTimeouts counts the connections dropped for a login not
 	// complete in time (their warnings are thinned out past 16).
 	loginTimeouts atomic.Int64
@@ -835,7 +845,8 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 // (login_timeout); logins refused "out of resources"
 // for the sessions (sessions, discovery_sessions, sessions_per_source,
 // discovery_sessions_per_source); discovery sessions ended for asking
-// nothing in DiscoveryIdle (discovery_idle);
+// nothing in DiscoveryIdle (discovery_idle); WRITEs ended for data
+// that stopped coming (data_timeout, Options.DataTimeout);
 // and receivers that stopped reading while their address's commands held
 // its share of the LU workers (working_per_source). A count that grows
 // is a host at a bound: one misbehaving, or one that needs it raised.
@@ -849,6 +860,7 @@ func (s *Server) BoundsHit() map[string]uint64 {
 		"discovery_sessions":            s.discoveryFull.Load(),
 		"discovery_sessions_per_source": s.sourceDiscoveryFull.Load(),
 		"discovery_idle":                s.discoveryIdle.Load(),
+		"data_timeout":                  s.dataTimeouts.Load(),
 		"sessions_per_source":           s.sourceSessionsFull.Load(),
 		"working_per_source":            s.sourceWaits.Load(),
 	}

@@ -69,6 +69,10 @@ type task struct {
 	full    bool
 	charged int64
 	counted bool
+	// seen is received at the pinger's last tick, stalled the ticks
+	// since without more data while Data-Out was owed (checkData).
+	seen    uint32
+	stalled int
 
 	dataSN   uint32
 	senseBuf [2 + 64]byte

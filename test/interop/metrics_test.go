@@ -81,7 +81,7 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 	}
 	// Two well-behaved clients met none of the bounds on what a peer
 	// may make the target hold.
-	for _, b := range []string{"logins_per_source", "logins", "logins_setup_evicted", "login_timeout", "sessions", "discovery_sessions", "sessions_per_source", "discovery_sessions_per_source", "discovery_idle", "working_per_source"} {
+	for _, b := range []string{"logins_per_source", "logins", "logins_setup_evicted", "login_timeout", "sessions", "discovery_sessions", "sessions_per_source", "discovery_sessions_per_source", "discovery_idle", "data_timeout", "working_per_source"} {
 		if v := value("blockwire_bounds_hit_total", `fabric="iscsi"`, `bound="`+b+`"`); v != 0 {
 			t.Errorf("bounds_hit{fabric=iscsi,bound=%q} = %v after well-behaved clients", b, v)
 		}
