@@ -255,22 +255,25 @@ func (n *Node) revokeSRP(prev *config.Config, names []string) {
 				continue
 			}
 			why := ""
-			switch {
-			case !reflect.DeepEqual(now.SRPLUNMap(id), was.SRPLUNMap(id)):
-				why = "its view of the LUNs changed"
-			default:
-				for _, c := range si.Conns {
-					var remote net.Addr // as the login saw it: an IP address, where there is one
-					if ap, err := netip.ParseAddrPort(c.Remote); err == nil {
-						remote = net.TCPAddrFromAddrPort(ap)
-					}
-					if !now.SRPAllows(id, remote) {
-						why = "the target's ACL no longer admits it from " + c.Remote
-					}
+			for _, c := range si.Conns {
+				var remote net.Addr // as the login saw it: an IP address, where there is one
+				if ap, err := netip.ParseAddrPort(c.Remote); err == nil {
+					remote = net.TCPAddrFromAddrPort(ap)
+				}
+				if !now.SRPAllows(id, remote) {
+					why = "the target's ACL no longer admits it from " + c.Remote
 				}
 			}
-			if why != "" && s.DropSession(si.ID) {
-				n.log.Info("change: SRP session ended", "target", name, "session", si.ID, "initiator", si.Initiator, "why", why)
+			if why != "" {
+				if s.DropSession(si.ID) {
+					n.log.Info("change: SRP session ended", "target", name, "session", si.ID, "initiator", si.Initiator, "why", why)
+				}
+				continue
+			}
+			// A new view of the LUNs holds at once, told by a unit
+			// attention (and an SRP_AER_REQ).
+			if view := now.SRPLUNMap(id); !reflect.DeepEqual(view, was.SRPLUNMap(id)) && s.Remap(id, view) {
+				n.log.Info("change: SRP initiator's view of the LUNs changed", "target", name, "session", si.ID, "initiator", si.Initiator)
 			}
 		}
 	}

@@ -22,6 +22,7 @@ import (
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/node/nodetest"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/srp"
 	srpinit "github.com/blockwire/blockwire/srp/initiator"
 )
 
@@ -318,5 +319,67 @@ func TestRevocationReachesLiveSessions(t *testing.T) {
 	}
 	if _, err := srpDev.ReadAt(buf, 0); err == nil {
 		t.Error("the revoked SRP port still reads")
+	}
+}
+
+// TestLUNMapChangeReachesLiveSessions: a new LUN map in an ACL entry
+// holds at once for sessions already logged in, on iSCSI and SRP alike,
+// without ending them: each initiator's LUN 0 reaches the device's LUN 1
+// after the change (the unit attention that tells it is taken in stride),
+// and an initiator whose entry did not change still reads its own LUN 0.
+func TestLUNMapChangeReachesLiveSessions(t *testing.T) {
+	const (
+		iqn   = "iqn.2026-11.org.example:mapped"
+		other = "iqn.2026-11.org.example:other"
+	)
+	port := srp.MakePortID(0x1, 0xab)
+	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, SRPListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}, {ID: 1, Size: "1MiB"}},
+			ACL: []config.ACL{{Initiator: iqn, LUNs: []string{"0"}}, {Initiator: other}, {SRPInitiator: port.String(), LUNs: []string{"0"}}}}}}
+	n := startNode(t, cfg, node.Options{})
+	ctx := context.Background()
+	tcpAddr, srpAddr := portal(t, n, config.ISCSI), portal(t, n, config.SRP)
+	open := func(name string, lun int) *initiator.Device {
+		d, err := initiator.Open(ctx, fmt.Sprintf("iscsi://%s/%s/%d", tcpAddr, diskA, lun), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: name})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { d.Close() })
+		return d
+	}
+	// Device LUN 1 holds a marker, written by the initiator that sees all.
+	marker := bytes.Repeat([]byte("lun-one!"), 64)
+	if _, err := open(other, 1).WriteAt(marker, 0); err != nil {
+		t.Fatal(err)
+	}
+	o, m := open(other, 0), open(iqn, 0)
+	srpDev, err := srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinit.Options{Fabric: siw.New(siw.Options{}), Initiator: port})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srpDev.Close()
+	buf := make([]byte, 512)
+	reads := map[string]func() ([]byte, error){
+		"iSCSI": func() ([]byte, error) { _, err := m.ReadAt(buf, 0); return buf, err },
+		"SRP":   func() ([]byte, error) { _, err := srpDev.ReadAt(buf, 0); return buf, err },
+	}
+	for what, rd := range reads {
+		if b, err := rd(); err != nil || bytes.Equal(b, marker) {
+			t.Fatalf("%s before the change: %v (LUN 1's marker: %v)", what, err, bytes.Equal(b, marker))
+		}
+	}
+	ncfg := n.Config()
+	ncfg.Targets[0].ACL[0].LUNs = []string{"0=1"}
+	ncfg.Targets[0].ACL[2].LUNs = []string{"0=1"}
+	if _, err := n.Apply(ncfg, node.Consent{}); err != nil {
+		t.Fatal(err)
+	}
+	for what, rd := range reads {
+		if b, err := rd(); err != nil || !bytes.Equal(b, marker) {
+			t.Errorf("%s after its LUN 0 was mapped to LUN 1: %v (LUN 1's marker: %v)", what, err, bytes.Equal(b, marker))
+		}
+	}
+	if _, err := o.ReadAt(buf, 0); err != nil || bytes.Equal(buf, marker) {
+		t.Errorf("the initiator whose view did not change: %v (LUN 1's marker: %v)", err, bytes.Equal(buf, marker))
 	}
 }

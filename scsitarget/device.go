@@ -63,9 +63,14 @@ func (d *Device) AddLU(lu *LU) error {
 	}
 	d.lus[lu.lun] = lu
 	for n := range d.nexuses {
+		// A LUN outside a nexus's view (Nexus.LUNs) changes nothing it
+		// sees: it is not told.
+		if _, ok := n.visibleLUN(lu.lun); !ok {
+			continue
+		}
 		n.addUA(lu.lun, scsi.UAPowerOnReset())
 		for other := range d.lus {
-			if other != lu.lun {
+			if _, sees := n.visibleLUN(other); sees && other != lu.lun {
 				n.addUA(other, scsi.UAReportedLUNsChanged())
 			}
 		}
@@ -88,8 +93,13 @@ func (d *Device) RemoveLU(lun uint64) error {
 	luns := d.LUNs()
 	d.forEachNexus(func(n *Nexus) {
 		n.dropLUN(lun)
+		if _, saw := n.visibleLUN(lun); !saw {
+			return
+		}
 		for _, other := range luns {
-			n.addUA(other, scsi.UAReportedLUNsChanged())
+			if _, sees := n.visibleLUN(other); sees {
+				n.addUA(other, scsi.UAReportedLUNsChanged())
+			}
 		}
 	})
 	return nil
@@ -161,8 +171,11 @@ type Nexus struct {
 	// masking and per-initiator numbering, as LIO's mapped LUNs). LUNs
 	// not in it do not exist for the nexus: REPORT LUNS omits them and
 	// commands to them fail as to a missing LUN. Nil: every LUN under its
-	// own number. Set before the nexus's first command; fixed after.
+	// own number. Set before AddNexus; Device.SetNexusLUNs changes it
+	// later.
 	LUNs map[uint64]uint64
+	// view, once SetNexusLUNs has run, takes the place of LUNs.
+	view atomic.Pointer[lunView]
 
 	stats   Stats
 	mu      sync.Mutex
@@ -196,27 +209,69 @@ func (n *Nexus) addUA(lun uint64, s scsi.Sense) {
 	}
 }
 
+// lunView is a nexus's map of the LUNs (Nexus.LUNs) as SetNexusLUNs set
+// it; a nil m is every LUN under its own number.
+type lunView struct{ m map[uint64]uint64 }
+
+// lunMap is the nexus's view now: nil for every LUN.
+func (n *Nexus) lunMap() map[uint64]uint64 {
+	if n == nil {
+		return nil
+	}
+	if v := n.view.Load(); v != nil {
+		return v.m
+	}
+	return n.LUNs
+}
+
 // deviceLUN is the device LUN the nexus reaches as l; false when l does
 // not exist for it.
 func (n *Nexus) deviceLUN(l uint64) (uint64, bool) {
-	if n == nil || n.LUNs == nil {
+	m := n.lunMap()
+	if m == nil {
 		return l, true
 	}
-	d, ok := n.LUNs[l]
+	d, ok := m[l]
 	return d, ok
 }
 
 // visibleLUN is the number under which the nexus sees device LUN l.
 func (n *Nexus) visibleLUN(l uint64) (uint64, bool) {
-	if n == nil || n.LUNs == nil {
+	m := n.lunMap()
+	if m == nil {
 		return l, true
 	}
-	for v, d := range n.LUNs {
+	for v, d := range m {
 		if d == l {
 			return v, true
 		}
 	}
 	return 0, false
+}
+
+// SetNexusLUNs gives nexus n a new view of the LUNs (Nexus.LUNs; nil:
+// every LUN) at once, as an ACL's LUN map changes while its initiator is
+// logged in: LIO looks mapped LUNs up per command too. The LUNs it no
+// longer reaches lose their pending unit attentions; every LUN it
+// reaches now reports REPORTED LUNS DATA HAS CHANGED (SPC-4 §6.37: a
+// change to the logical unit inventory), so the initiator scans again;
+// other nexuses are not told. A command already under way finishes on
+// the LU it reached.
+func (d *Device) SetNexusLUNs(n *Nexus, m map[uint64]uint64) {
+	before := map[uint64]bool{}
+	for _, l := range d.LUNs() {
+		if _, ok := n.visibleLUN(l); ok {
+			before[l] = true
+		}
+	}
+	n.view.Store(&lunView{m: m})
+	for _, l := range d.LUNs() {
+		if _, ok := n.visibleLUN(l); ok {
+			n.addUA(l, scsi.UAReportedLUNsChanged())
+		} else if before[l] {
+			n.dropLUN(l)
+		}
+	}
 }
 
 // LUFor returns the LU that nexus n reaches as LUN l (through its map,
@@ -231,11 +286,12 @@ func (d *Device) LUFor(n *Nexus, l uint64) *LU {
 
 // visibleLUNs returns the LUNs nexus n sees, in its numbering, sorted.
 func (d *Device) visibleLUNs(n *Nexus) []uint64 {
-	if n == nil || n.LUNs == nil {
+	m := n.lunMap()
+	if m == nil {
 		return d.LUNs()
 	}
-	out := make([]uint64, 0, len(n.LUNs))
-	for v, dl := range n.LUNs {
+	out := make([]uint64, 0, len(m))
+	for v, dl := range m {
 		if d.LU(dl) != nil {
 			out = append(out, v)
 		}

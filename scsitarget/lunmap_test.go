@@ -85,3 +85,57 @@ func TestNexusLUNMap(t *testing.T) {
 		t.Fatalf("after the reset, the open nexus's LUN 3: %v", s)
 	}
 }
+
+// TestLUNChangesReachOnlyTheNexusesThatSeeThem: a LUN added or removed
+// outside a nexus's view is not announced to it (it was told of a LUN
+// added for someone else), one inside is (REPORTED LUNS DATA HAS
+// CHANGED on the LUNs it sees); SetNexusLUNs changes one nexus's view at
+// once and tells that nexus alone.
+func TestLUNChangesReachOnlyTheNexusesThatSeeThem(t *testing.T) {
+	d, _ := newDev(t, false)
+	masked := &Nexus{InitiatorPort: "iqn.a,i,0x1", TargetPort: "t,0x1", LUNs: map[uint64]uint64{0: 0}}
+	open := &Nexus{InitiatorPort: "iqn.b,i,0x1", TargetPort: "t,0x1"}
+	d.AddNexus(masked)
+	d.AddNexus(open)
+	clearUA(t, d, masked)
+	clearUA(t, d, open)
+	tur := func(n *Nexus, lun uint64) *Command {
+		c := &Command{Nexus: n, LUN: lun, CDB: []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}}
+		d.Begin(c)
+		d.Execute(c)
+		d.End(c)
+		return c
+	}
+	be, _ := mem.New(1 << 20)
+	lu2, err := NewLU(d.Name(), LUConfig{LUN: 2, Backend: be})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.AddLU(lu2)
+	good(t, tur(masked, 0)) // LUN 2 is not its business
+	if s := sense(t, tur(open, 0)); s.ASC != 0x3f || s.ASCQ != 0x0e {
+		t.Fatalf("the open nexus after LUN 2 was added: %v, want REPORTED LUNS DATA HAS CHANGED", s)
+	}
+	// Remapped: the masked nexus now reaches device LUN 2 as its LUN 7
+	// and LUN 0 no longer; the open nexus is not told.
+	d.SetNexusLUNs(masked, map[uint64]uint64{7: 2})
+	if s := sense(t, tur(masked, 7)); s.ASC != 0x3f || s.ASCQ != 0x0e {
+		t.Fatalf("the remapped nexus's first command: %v, want REPORTED LUNS DATA HAS CHANGED", s)
+	}
+	good(t, tur(masked, 7))
+	if s := sense(t, tur(masked, 0)); s.ASC != 0x25 {
+		t.Fatalf("LUN 0 after the remap: %v, want LOGICAL UNIT NOT SUPPORTED", s)
+	}
+	if s := sense(t, tur(open, 2)); s.ASC != 0x29 {
+		t.Fatalf("the open nexus's first command to the new LUN 2: %v, want its power-on unit attention", s)
+	}
+	good(t, tur(open, 2)) // and no word of the masked nexus's remap
+	// Removing LUN 0 concerns the open nexus only now.
+	if err := d.RemoveLU(0); err != nil {
+		t.Fatal(err)
+	}
+	good(t, tur(masked, 7))
+	if s := sense(t, tur(open, 2)); s.ASC != 0x3f || s.ASCQ != 0x0e {
+		t.Fatalf("the open nexus after LUN 0 was removed: %v, want REPORTED LUNS DATA HAS CHANGED", s)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
@@ -109,6 +110,7 @@ type tclient struct {
 	badDD     bool     // corrupt the next data digest
 	pending   *pdu.BHS // a PDU read ahead by a test action
 	rerr      error    // why the last recv returned no PDU
+	lun       uint64   // the LUN command addresses
 }
 
 func dial(t testing.TB, addr string) *tclient {
@@ -253,7 +255,8 @@ func (c *tclient) command(cdb []byte, read bool, edtl uint32, out []byte, immedi
 	c.t.Helper()
 	itt := c.itt
 	c.itt++
-	cmd := pdu.SCSICommand{Final: true, Read: read, Write: out != nil, Attr: pdu.AttrSimple, ITT: itt, EDTL: edtl, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN}
+	cmd := pdu.SCSICommand{Final: true, Read: read, Write: out != nil, Attr: pdu.AttrSimple, ITT: itt, EDTL: edtl, CmdSN: c.cmdSN, ExpStatSN: c.expStatSN,
+		LUN: scsi.EncodeLUN(c.lun)}
 	c.cmdSN++
 	copy(cmd.CDB[:], cdb)
 	var h pdu.BHS

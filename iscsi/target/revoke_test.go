@@ -1,6 +1,7 @@
 package target
 
 import (
+	"bytes"
 	"errors"
 	"net"
 	"net/netip"
@@ -8,14 +9,17 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/iscsi/auth"
+	"github.com/blockwire/blockwire/scsi"
 )
 
 // TestAccessChangesReachLiveSessions: UpdateTarget applies to sessions
 // already logged in, not only to logins from now on. An initiator dropped
-// from the ACL, one whose from no longer admits its address, one whose
-// view of the LUNs changed and one whose CHAP secret changed each lose
-// their session (the last two log in again under the new rules); an
-// initiator the change does not touch keeps its session.
+// from the ACL, one whose from no longer admits its address and one whose
+// CHAP secret changed each lose their session (the last logs in again
+// under the new rules); one whose view of the LUNs changed keeps its
+// session and sees the new view at once, told by REPORTED LUNS DATA HAS
+// CHANGED; an initiator the change does not touch keeps its session and
+// is told nothing.
 func TestAccessChangesReachLiveSessions(t *testing.T) {
 	const (
 		stays  = "iqn.2026-11.org.example:stays"
@@ -43,13 +47,32 @@ func TestAccessChangesReachLiveSessions(t *testing.T) {
 	if err := ts.srv.UpdateTarget(nt); err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{gone, moved, mapped} {
+	for _, name := range []string{gone, moved} {
 		if !closedBy(cs[name], 3*time.Second) {
 			t.Errorf("%s kept its session after the change that concerns it", name)
 		}
 	}
 	if r := cs[stays].command(tur(), false, 0, nil, 0); r.status != 0 {
 		t.Errorf("the initiator the change does not touch: status %d", r.status)
+	}
+	// The remapped initiator reaches the LU as LUN 5 now, and LUN 0 is
+	// gone for it; its first command hears of the change.
+	m := cs[mapped]
+	m.lun = 5
+	if r := m.command(tur(), false, 0, nil, 0); r.status != scsi.StatusCheckCondition || len(r.sense) < 14 || r.sense[12] != 0x3f || r.sense[13] != 0x0e {
+		t.Fatalf("the remapped initiator's first command: status %#x sense % x, want REPORTED LUNS DATA HAS CHANGED", r.status, r.sense)
+	}
+	if r := m.command(tur(), false, 0, nil, 0); r.status != 0 {
+		t.Errorf("TEST UNIT READY on its new LUN 5: status %#x sense % x", r.status, r.sense)
+	}
+	r := m.command([]byte{0xa0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0}, true, 256, nil, 0)
+	five := scsi.EncodeLUN(5)
+	if want := append([]byte{0, 0, 0, 8, 0, 0, 0, 0}, five[:]...); r.status != 0 || !bytes.Equal(r.data, want) {
+		t.Errorf("REPORT LUNS after the remap: status %#x data % x, want % x", r.status, r.data, want)
+	}
+	m.lun = 0
+	if r := m.command(tur(), false, 0, nil, 0); r.status != scsi.StatusCheckCondition || len(r.sense) < 14 || r.sense[12] != 0x25 {
+		t.Errorf("LUN 0, no longer in its view: status %#x sense % x, want LOGICAL UNIT NOT SUPPORTED", r.status, r.sense)
 	}
 
 	// A CHAP secret changed: the session proved the old one.

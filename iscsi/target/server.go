@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"reflect"
@@ -589,11 +590,17 @@ func (s *Server) UpdateTarget(t *Target) error {
 	}
 	s.mu.Unlock()
 	// The rules hold for sessions already logged in too: a session the
-	// new rules would not let in now, or that sees the LUNs otherwise,
-	// ends (an initiator still admitted logs in again under them).
+	// new rules would not let in now ends (an initiator still admitted
+	// logs in again under them); one whose view of the LUNs changed sees
+	// the new one at once, told by a unit attention.
 	for _, ss := range live {
 		if why := revoked(old, &nt, ss); why != "" {
 			ss.close(why)
+			continue
+		}
+		if m := nt.LUNMaps[ss.initiator]; !maps.Equal(old.LUNMaps[ss.initiator], m) || (m == nil) != (old.LUNMaps[ss.initiator] == nil) {
+			s.log.Info("access changed: the initiator's view of the LUNs changed; it is told by REPORTED LUNS DATA HAS CHANGED", "tsih", ss.tsih, "initiator", ss.initiator)
+			nt.Device.SetNexusLUNs(ss.nexus, m)
 		}
 	}
 	return nil
@@ -606,8 +613,6 @@ func revoked(old, nt *Target, ss *session) string {
 	switch {
 	case !nt.allows(ini):
 		return "access revoked: the initiator is no longer in the target's ACL"
-	case !reflect.DeepEqual(old.LUNMaps[ini], nt.LUNMaps[ini]):
-		return "access changed: the initiator's view of the LUNs changed (it logs in again to see the new one)"
 	case !reflect.DeepEqual(old.chapFor(ini), nt.chapFor(ini)):
 		return "access changed: the CHAP credentials the initiator proved changed"
 	}

@@ -79,8 +79,8 @@ type Options struct {
 	// nexus".
 	Allow func(initiator srp.PortID, remote net.Addr) bool
 	// LUNMap, when set, gives an initiator port its view of the LUNs
-	// (scsitarget.Nexus.LUNs: LUN masking and numbering; nil: all),
-	// fixed when its I_T nexus is created.
+	// (scsitarget.Nexus.LUNs: LUN masking and numbering; nil: all) when
+	// its I_T nexus is created; Remap changes it later.
 	LUNMap func(initiator srp.PortID) map[uint64]uint64
 	// Budget bounds the I/O buffers of all channels together and each
 	// I_T nexus's share (shared with the node's other fabrics); nil: 1
@@ -274,6 +274,21 @@ func (s *Server) DropSession(id string) bool {
 		ch.logout(srp.LogoutNoReason, errors.New("dropped by the administrator"))
 	}
 	return len(chans) > 0
+}
+
+// Remap gives the I_T nexus of initiator port id its new view of the LUNs
+// (scsitarget.Device.SetNexusLUNs: nil, every LUN) at once — its ACL
+// entry's LUN map changed; the initiator is told by REPORTED LUNS DATA
+// HAS CHANGED (and an SRP_AER_REQ). It reports whether the nexus exists.
+func (s *Server) Remap(id srp.PortID, view map[uint64]uint64) bool {
+	s.mu.Lock()
+	nx := s.nexuses[id]
+	s.mu.Unlock()
+	if nx == nil {
+		return false
+	}
+	s.opts.Device.SetNexusLUNs(nx.n, view)
+	return true
 }
 
 // Channels returns the number of live RDMA channels.
