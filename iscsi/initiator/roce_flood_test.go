@@ -3,20 +3,16 @@ package initiator
 import (
 	"bytes"
 	"context"
-	"encoding/binary"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"net/netip"
 	"runtime"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
-	"github.com/blockwire/blockwire/rdma/ib"
+	"github.com/blockwire/blockwire/rdma/roce/rocetest"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
@@ -117,66 +113,30 @@ func liveMemory() uint64 {
 // nothing: what a peer forging its source addresses sends.
 type reqSpoofer struct {
 	t     *testing.T
-	conns []*net.UDPConn
-	to    netip.AddrPort
+	peers []*rocetest.Peer
 }
 
 func newREQSpoofer(t *testing.T, sources int, to netip.AddrPort) *reqSpoofer {
-	sp := &reqSpoofer{t: t, to: to}
+	sp := &reqSpoofer{t: t}
 	for i := range sources {
-		from := netip.AddrFrom4([4]byte{127, 0, 4, byte(i + 1)})
-		c, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(netip.AddrPortFrom(from, 0)))
+		p, err := rocetest.Dial(netip.AddrFrom4([4]byte{127, 0, 4, byte(i + 1)}), to)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { c.Close() })
-		raw, _ := c.SyscallConn()
-		raw.Control(func(fd uintptr) { // DF: identification 0, as the device assumes
-			syscall.SetsockoptInt(int(fd), syscall.IPPROTO_IP, syscall.IP_MTU_DISCOVER, syscall.IP_PMTUDISC_DO)
-		})
-		sp.conns = append(sp.conns, c)
+		t.Cleanup(func() { p.Close() })
+		sp.peers = append(sp.peers, p)
 	}
 	return sp
 }
 
 // send sends the n-th REQ, from the n-th source in turn.
 func (sp *reqSpoofer) send(n int) {
-	c := sp.conns[n%len(sp.conns)]
-	la := c.LocalAddr().(*net.UDPAddr).AddrPort()
-	from, dst := la.Addr(), sp.to.Addr()
-	req := ib.REQ{LocalCommID: rand.Uint32(), ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3260), LocalQPN: rand.Uint32() & 0xffffff,
-		ResponderResources: 16, InitiatorDepth: 16, RemoteCMResponseTimeout: 20, StartingPSN: rand.Uint32() & 0xffffff,
-		LocalCMResponseTimeout: 20, RetryCount: 7, PKey: 0xffff, PathMTU: 3, RNRRetryCount: 7, MaxCMRetries: 15}
-	req.Primary = ib.Path{LocalLID: 0xffff, RemoteLID: 0xffff, LocalGID: netip.AddrFrom16(from.As16()).As16(),
-		RemoteGID: netip.AddrFrom16(dst.As16()).As16(), HopLimit: 64, LocalACKTimeout: 14}
-	// The RDMA/CM header (IPv4: version 4 in the high nibble, the
-	// source port, the addresses), then the iSER CM header.
-	req.PrivateData[1] = 0x40
-	binary.BigEndian.PutUint16(req.PrivateData[2:], la.Port())
-	s4, d4 := from.As4(), dst.As4()
-	copy(req.PrivateData[16:20], s4[:])
-	copy(req.PrivateData[32:36], d4[:])
-	copy(req.PrivateData[36:], iser.CMHeader{ZBVANotSupported: true}.Append(nil))
-	var data [ib.CMDataLen]byte
-	req.Put(&data)
-	m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend,
-		TID: uint64(req.LocalCommID), AttrID: ib.AttrREQ, Data: data}
-	p := ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1},
-		DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)}
-	pkt, err := p.Append(nil)
+	p := sp.peers[n%len(sp.peers)]
+	req, err := p.REQ(3260, p.Addr().Addr(), iser.CMHeader{ZBVANotSupported: true}.Append(nil))
+	if err == nil {
+		err = p.SendREQ(req)
+	}
 	if err != nil {
 		sp.t.Error(err)
-		return
 	}
-	ulen := 8 + len(pkt) + ib.ICRCLen
-	var ip [20]byte // what the ICRC covers of the IPv4 header (DF, identification 0)
-	ip[0], ip[6], ip[9] = 0x45, 0x40, 17
-	binary.BigEndian.PutUint16(ip[2:], uint16(20+ulen))
-	copy(ip[12:], s4[:])
-	copy(ip[16:], d4[:])
-	var udp [8]byte
-	binary.BigEndian.PutUint16(udp[0:], la.Port())
-	binary.BigEndian.PutUint16(udp[2:], sp.to.Port())
-	binary.BigEndian.PutUint16(udp[4:], uint16(ulen))
-	c.WriteToUDPAddrPort(ib.AppendICRC(ip[:], udp[:], pkt), sp.to)
 }

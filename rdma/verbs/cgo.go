@@ -173,6 +173,14 @@ static int bw_addr(struct sockaddr *sa, uint8_t *ip, int *port) {
 }
 static int bw_local_addr(struct rdma_cm_id *id, uint8_t *ip, int *port) { return bw_addr(rdma_get_local_addr(id), ip, port); }
 static int bw_peer_addr(struct rdma_cm_id *id, uint8_t *ip, int *port) { return bw_addr(rdma_get_peer_addr(id), ip, port); }
+// bw_path_dgid copies the peer's GID from the request's primary path (on
+// RoCE the address the CM answers), or returns 0 when there is none.
+static int bw_path_dgid(struct rdma_cm_id *id, uint8_t *gid) {
+	if (id->route.num_paths < 1 || id->route.path_rec == NULL)
+		return 0;
+	memcpy(gid, &id->route.path_rec[0].dgid, 16);
+	return 1;
+}
 
 static struct ibv_context *bw_id_verbs(struct rdma_cm_id *id) { return id->verbs; }
 static uint8_t bw_id_port(struct rdma_cm_id *id) { return id->port_num; }
@@ -880,6 +888,32 @@ func idAddr(id *cID, local bool) net.Addr {
 	return nil
 }
 
+// claimed says why a connection request on a RoCE device must be refused
+// for the address it claims, or "". librdmacm reports the peer address
+// the RDMA/CM header in the peer's REQ names — whatever the peer wrote —
+// while the CM answers the GID of the REQ's primary path: a peer that
+// named another address there would never see the answer. A request
+// whose two disagree is a peer passing for an address it does not hold
+// (an ACL's from, the per-source bounds), and is refused. On InfiniBand
+// a GID is no IP address and there is nothing to compare; iWARP's address
+// is its TCP connection's.
+func (d *Device) claimed(id *cID, remote net.Addr) string {
+	ta, ok := remote.(*net.TCPAddr)
+	if d.info.Kind != "RoCE" || !ok {
+		return ""
+	}
+	var g [16]C.uint8_t
+	if C.bw_path_dgid(id, &g[0]) == 0 {
+		return ""
+	}
+	gid := netip.AddrFrom16([16]byte(C.GoBytes(unsafe.Pointer(&g[0]), 16))).Unmap()
+	claim, _ := netip.AddrFromSlice(ta.IP)
+	if claim.Unmap() == gid {
+		return ""
+	}
+	return fmt.Sprintf("its RDMA/CM header claims the address %s, its path is to %s", claim.Unmap(), gid)
+}
+
 func parseAddr(addr string) (netip.AddrPort, error) {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -977,6 +1011,12 @@ func (l *listener) event(e cmEvent) {
 		}
 		r := &request{d: l.d, id: e.id, pdata: e.pdata, ird: e.ird, ord: e.ord}
 		r.local, r.remote = idAddr(e.id, true), idAddr(e.id, false)
+		if why := l.d.claimed(e.id, r.remote); why != "" {
+			l.d.log.Warn("verbs: connection request refused: "+why, "from", r.remote)
+			C.rdma_reject(e.id, nil, 0)
+			go l.d.destroyID(e.id)
+			return
+		}
 		if err := l.d.own(e.id, r); err != nil {
 			C.rdma_reject(e.id, nil, 0)
 			go C.rdma_destroy_id(e.id)

@@ -35,7 +35,7 @@ var boots = [][]string{
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
 	// build): rxe, then siw.
-	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-remove", "verbs-rxe-loss"},
+	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-forged-cm", "verbs-rxe-remove", "verbs-rxe-loss"},
 	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile", "verbs-siw-our-iser-lio", "verbs-siw-remove"},
 	// The fault-injection harness with netem's faults (test/torture).
 	{"torture-netem"},
@@ -238,7 +238,8 @@ func extraCPIO(t *testing.T, debs []string) string {
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("arranging the extra packages: %v\n%s", err, out)
 	}
-	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping", "torture": "../torture"} {
+	// forgecm asks for connections with a forged RDMA/CM header.
+	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping", "torture": "../torture", "forgecm": "./forgecm"} {
 		build := exec.Command("go", "build", "-o", filepath.Join(root, "lab", "bin", bin), pkg)
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
