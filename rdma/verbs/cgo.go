@@ -1130,7 +1130,9 @@ func (r *request) Accept(p rdma.ConnParams) (rdma.QP, error) {
 			q.destroy()
 			return
 		}
-		err = q.established(10*time.Second, nil)
+		if err = q.established(10*time.Second, nil); err != nil {
+			q.Close() // accepted, never established: nothing stays behind
+		}
 	})
 	if q == nil && err == nil {
 		err = errors.New("verbs: the request was already answered")
@@ -1361,14 +1363,17 @@ func (d *Device) newQP(id *cID, p rdma.ConnParams, local, remote net.Addr) (*qp,
 		q.rfree = append(q.rfree, i)
 	}
 	if err := d.own(id, q); err != nil {
-		q.destroy()
+		q.destroyQP()
 		return nil, err
 	}
 	C.bw_arm(q.cq)
 	go q.poll()
 	for _, r := range p.Recvs {
 		if err := q.PostRecv(r); err != nil {
-			q.destroy()
+			// The id stays the caller's: it rejects the request (or
+			// ends the dial) and destroys it — destroying it here made
+			// that reject touch a freed id.
+			q.destroyQP()
 			return nil, err
 		}
 	}
@@ -1904,8 +1909,16 @@ func (q *qp) Close() error {
 	return nil
 }
 
-// destroy frees the queue pair's resources; the poller is stopped first.
+// destroy frees the queue pair's resources and then its id; the poller
+// is stopped first.
 func (q *qp) destroy() {
+	q.destroyQP()
+	// Last: the device may be closing and waiting for its last id.
+	q.d.destroyID(q.id)
+}
+
+// destroyQP frees the queue pair's resources but not its id.
+func (q *qp) destroyQP() {
 	q.fail(errors.New("verbs: queue pair destroyed"))
 	q.ccf.Close()
 	<-q.pollDone
@@ -1922,8 +1935,6 @@ func (q *qp) destroy() {
 	C.rdma_destroy_qp(q.id)
 	C.ibv_destroy_cq(q.cq)
 	C.ibv_destroy_comp_channel(q.cc)
-	// Last: the device may be closing and waiting for its last id.
-	defer q.d.destroyID(q.id)
 	q.smu.Lock()
 	for i := range q.sends {
 		q.releaseSlot(&q.sends[i])

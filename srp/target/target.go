@@ -375,6 +375,14 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	imm := !s.opts.NoImmediate && lr.Immediate &&
 		int(lr.ImmDataOffset) >= srp.CmdLen+srp.ImmediateLen && int(lr.ImmDataOffset) < maxIT
 	ch := newChannel(s, &lr, maxIT, imm, req)
+	if ch == nil {
+		s.mu.Lock()
+		s.reserved--
+		s.from.Give(src)
+		s.mu.Unlock()
+		s.reject(req, &lr, srp.RejectResources, "the RDMA device's registered memory is spent (rdma_memory)")
+		return
+	}
 	mc := uint8(srp.MultiChanNoExisting)
 	if len(existing) > 0 {
 		mc = srp.MultiChanMaintained
@@ -393,6 +401,7 @@ func (s *Server) admit(req rdma.ConnRequest, lr0 *srp.LoginReq) {
 	if err != nil {
 		s.from.Give(src)
 		s.mu.Unlock()
+		ch.freeMemory()
 		s.log.Warn("srp: accepting a login failed", "remote", req.RemoteAddr(), "err", err)
 		return
 	}
@@ -499,6 +508,7 @@ type channel struct {
 	immOff    int // 0 without immediate data
 	credits   int
 
+	mem   []byte // ring and the tasks' responses, registered on a kernel device
 	ring  []byte // receive buffers, maxIT bytes each
 	slots []rdma.RecvWR
 	tasks []task
@@ -508,7 +518,6 @@ type channel struct {
 	delta atomic.Int32 // receive buffers posted again, credit not yet returned
 
 	mu       sync.Mutex
-	idle     *sync.Cond // signalled when live drops to 0
 	byTag    map[uint64]*task
 	closing  bool
 	live     int // tasks not yet released
@@ -522,12 +531,36 @@ type channel struct {
 	logoutCh chan struct{}
 }
 
+// rspLen is room for an SRP_RSP with the longest sense data.
+const rspLen = srp.RspLen + 4 + len(scsitarget.Command{}.Sense)
+
+// newChannel prepares a channel, or returns nil when the device's
+// registered memory cannot hold its receive buffers and responses: on a
+// kernel RDMA device they live there for the channel's life, so that
+// what the initiator sends and every answer move without a bounce, which
+// needs registered memory too (a login refused then is one the initiator
+// can report; a channel without them answered nothing once the budget
+// was spent).
 func newChannel(s *Server, lr *srp.LoginReq, maxIT int, imm bool, req rdma.ConnRequest) *channel {
 	n := s.opts.Credits + extraRecvs
-	ch := &channel{s: s, initiator: lr.Initiator, maxIT: maxIT, credits: s.opts.Credits,
-		cq: rdma.NewCQ(4 * n), ring: make([]byte, n*maxIT), slots: make([]rdma.RecvWR, n),
+	size := n*maxIT + 2*n*rspLen
+	var mem []byte
+	if m := s.opts.PD.Memory(); m != nil {
+		b, ok := m.Alloc(size)
+		if !ok {
+			return nil
+		}
+		mem = b
+	} else {
+		mem = make([]byte, size)
+	}
+	ch := &channel{s: s, initiator: lr.Initiator, maxIT: maxIT, credits: s.opts.Credits, mem: mem,
+		cq: rdma.NewCQ(4 * n), ring: mem[:n*maxIT], slots: make([]rdma.RecvWR, n),
 		tasks: make([]task, 2*n), byTag: map[uint64]*task{}, logoutCh: make(chan struct{})}
-	ch.idle = sync.NewCond(&ch.mu)
+	rsps := mem[n*maxIT:]
+	for i := range ch.tasks {
+		ch.tasks[i].rsp = rsps[i*rspLen : (i+1)*rspLen : (i+1)*rspLen]
+	}
 	ch.remote = req.RemoteAddr().String()
 	ch.log = s.log.With("initiator", lr.Initiator.String(), "remote", ch.remote)
 	if imm {
@@ -544,6 +577,15 @@ func newChannel(s *Server, lr *srp.LoginReq, maxIT int, imm bool, req rdma.ConnR
 }
 
 func (ch *channel) recvs() []rdma.RecvWR { return append([]rdma.RecvWR(nil), ch.slots...) }
+
+// freeMemory gives the channel's buffers back to the device, once its
+// queue pair is closed (nothing can land in them any more).
+func (ch *channel) freeMemory() {
+	if m := ch.s.opts.PD.Memory(); m != nil {
+		m.Free(ch.mem)
+	}
+	ch.mem, ch.ring = nil, nil
+}
 
 // run is the channel's completion loop: receives and send completions
 // come through one CQ and are handled here, in order.
@@ -576,12 +618,31 @@ func (ch *channel) run() {
 	} else {
 		ch.log.Info("srp: channel closed")
 	}
-	// Tasks still executing in the core finish without a response.
-	ch.mu.Lock()
-	for ch.live > 0 {
-		ch.idle.Wait()
+	// Tasks still executing in the core finish without a response. What
+	// they post on the dead queue pair comes back flushed, and a kernel
+	// device delivers flushes after Done too: completions are still taken
+	// until the last task has ended (a task whose flushed response nobody
+	// took kept the channel, and the node's shutdown, waiting for ever).
+	for {
+		ch.mu.Lock()
+		live := ch.live
+		ch.mu.Unlock()
+		if live == 0 {
+			break
+		}
+		wctx, wcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		n, _ := ch.cq.Wait(wctx, comps[:])
+		wcancel()
+		for i := range comps[:n] {
+			ch.completion(&comps[i])
+		}
 	}
-	ch.mu.Unlock()
+	// The queue pair is given back now, whoever ended the channel: a
+	// kernel device frees a queue pair and its registered memory only
+	// when it is closed, and a peer that disconnects closes nothing of
+	// ours (each ib_srp login left one behind until exit).
+	ch.qp.Close()
+	ch.freeMemory()
 	ch.s.leave(ch)
 	cancel()
 }

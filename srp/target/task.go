@@ -37,7 +37,7 @@ type task struct {
 	done    bool  // released (under ch.mu)
 
 	onAbortFn func()
-	rsp       [srp.RspLen + 4 + len(scsitarget.Command{}.Sense)]byte
+	rsp       []byte // rspLen bytes of the channel's registered memory
 	sg        [1][]byte
 	wr        rdma.SendWR // PostSend copies it: reused for every post
 }
@@ -319,7 +319,7 @@ func (ch *channel) respond(t *task) {
 	if !t.write && cmd.Status == scsi.StatusGood && t.bb != nil {
 		n := min(xfer, t.in.Total)
 		if !ch.place(t, t.bb.B[:n]) {
-			ch.release(t)
+			ch.giveUp(t)
 			return
 		}
 	}
@@ -395,13 +395,27 @@ func (ch *channel) taskSetFull(t *task) {
 	ch.send(t, &r, false)
 }
 
-// giveUp ends a task whose work requests could not be posted (the channel
-// is going down).
+// giveUp ends a task whose work requests could not be posted. On a
+// channel going down it ends without an answer; on a live one the device
+// could not move the data (a kernel device whose registered memory is
+// spent: a buffer outside it needs a bounce from it), and the command is
+// answered TASK SET FULL, which the initiator retries — an unanswered
+// command only ends in its abort and reset, and the disk offline.
 func (ch *channel) giveUp(t *task) {
 	ch.mu.Lock()
-	t.aborted = true
+	down := ch.closing || ch.qp.Err() != nil
+	if down {
+		t.aborted = true
+	}
 	ch.mu.Unlock()
-	ch.release(t)
+	if down {
+		ch.release(t)
+		return
+	}
+	if k := ch.fulls.Add(1); logsample.KeepFirst(k, 8) {
+		ch.log.Warn("srp: TASK SET FULL: the RDMA device could not move a command's data (its registered memory spent?)", "count", k)
+	}
+	ch.taskSetFull(t)
 }
 
 // release ends a task: out of the task set, buffers back, receive buffer
@@ -446,9 +460,6 @@ func (ch *channel) release(t *task) {
 	ch.mu.Lock()
 	ch.free = append(ch.free, t.idx)
 	ch.live--
-	if ch.live == 0 {
-		ch.idle.Broadcast()
-	}
 	idle := ch.live == 0 && !ch.closing
 	ch.mu.Unlock()
 	if unanswered && idle {
