@@ -101,7 +101,8 @@ func (m *memory) Alloc(n int) ([]byte, bool) {
 			// Once: the pools fall back to Go memory and bounce copies.
 			m.warned = true
 			if m.log != nil {
-				m.log.Warn("verbs: no more registered memory: buffers now move through copies", "err", err)
+				m.log.Warn("verbs: no more registered memory (rdma_memory): new buffers come from the Go heap and move through bounce copies, "+
+					"which need registered memory too — I/O that finds none is answered TASK SET FULL and SRP logins are refused until some is free", "err", err)
 			}
 		}
 		return nil, false
