@@ -182,12 +182,12 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.hdigest = fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	f.ddigest = fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
 	f.iser = fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
-	fs.Var(&f.iserRoce, "roce-listen", "also serve iSER over the software RoCEv2 device (InfiniBand RC in UDP, connection management as Linux's RDMA/CM) on address:port (IPv4 or [IPv6]), the port being the one the service ID names (repeatable)")
+	fs.Var(&f.iserRoce, "roce-listen", "also serve iSER through RDMA/CM on address:port (IPv4 or [IPv6]), the port being the one the service ID names, on the RDMA device --rdma-device picks for that address: a kernel device (an RDMA NIC, rxe, siw) in a build with verbs support, else the software RoCEv2 device (InfiniBand RC in UDP) (repeatable)")
 	f.roceUDP = fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
 	f.poll = fs.Duration("poll", 0, "the target's receivers (each iSCSI/TCP connection's reader, each software RoCEv2 device's) poll their sockets, and an I/O alone on a file LUN's io_uring its completion, up to this long (such as 1ms, the most) before they sleep, each adapting within it to how long its peer or device takes to answer: lower latency at low queue depths for the CPU the polling takes while traffic flows; 0: off")
 	f.roceGSO = fs.Bool("roce-gso", true, "the software RoCEv2 device sends runs of packets as UDP GSO datagrams; false: one datagram per packet (packet captures on this host then show packets)")
 	fs.Var(&f.srp, "srp-listen", "also serve every target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
-	fs.Var(&f.srpRoce, "srp-roce-listen", "also serve every target over SRP on the software RoCEv2 device (the login in an InfiniBand CM REQ, as Linux ib_srp sends it through RDMA/CM over rxe, and to each target's IOC GUID as service ID with the whole login) on address:port (IPv4 or [IPv6]) (repeatable)")
+	fs.Var(&f.srpRoce, "srp-roce-listen", "also serve every target over SRP through RDMA/CM on address:port (IPv4 or [IPv6]) — the login in the connection request, as Linux ib_srp sends it — on the RDMA device --rdma-device picks for that address: a kernel device (an RDMA NIC, rxe, siw) in a build with verbs support, else the software RoCEv2 device, which also takes logins to each target's IOC GUID as service ID (repeatable)")
 	f.rdmaDevice = fs.String("rdma-device", "auto", "the RDMA device under --roce-listen and --srp-roce-listen: auto (the kernel RDMA device of each address — an RDMA NIC, rxe, siw — in a build with verbs support, else the software RoCEv2 device), soft, or a device name as \"blockwire rdma\" lists it")
 	f.rdmaMemory = fs.String("rdma-memory", "256MiB", "memory registered with a kernel RDMA device at most (the locked-memory limit must allow it)")
 	f.srpID = fs.String("srp-id-ext", "", "the first target's SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
@@ -559,14 +559,22 @@ func rdmaDevices(args []string, stdout, stderr io.Writer) int {
 		io.WriteString(stderr, "usage: blockwire rdma\n")
 		return 2
 	}
-	devs, err := verbs.Devices()
-	if err != nil {
+	const soft = "the built-in software devices (iWARP on every --listen portal, RoCEv2 with --roce-listen) need none"
+	if !verbs.Supported {
+		_, err := verbs.Devices()
 		fmt.Fprintln(stderr, "blockwire:", err)
-		fmt.Fprintln(stderr, "blockwire: the software devices (iWARP on every --listen portal, RoCEv2 with --roce-listen) need no RDMA device")
+		fmt.Fprintln(stderr, "blockwire: "+soft)
 		return 1
 	}
-	if len(devs) == 0 {
-		fmt.Fprintln(stdout, "no kernel RDMA device (rdma link add rxe0 type rxe netdev ETH makes a software one; the built-in software devices need none)")
+	devs, err := verbs.Devices()
+	if err != nil || len(devs) == 0 {
+		// rdma-core answers a host without RDMA devices (or without
+		// the rdma_cm module) with an error: it is the same answer.
+		why := ""
+		if err != nil {
+			why = " (" + err.Error() + ")"
+		}
+		fmt.Fprintf(stdout, "no kernel RDMA device%s: rdma link add rxe0 type rxe netdev ETH (or type siw) makes a software one over a network device; %s\n", why, soft)
 		return 0
 	}
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)

@@ -7,10 +7,10 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/blockwire/blockwire/rdma/verbs"
 )
 
-// TestMetricsExposedWarning: metrics on a non-loopback address without a
-// token are warned about; on loopback or with a token they are not.
 // TestHelpAndExitCodes: every verb's -h/--help exits 0; usage errors exit
 // 2 and name the problem — bad flags, extra arguments, malformed URLs
 // (no LUN, a port out of range, IPv6 without brackets), unknown admin
@@ -113,6 +113,29 @@ func TestServeFlagsDocumented(t *testing.T) {
 	for f := range documented {
 		if !have[f] {
 			t.Errorf("docs/configuration.md documents --%s, which serve does not have", f)
+		}
+	}
+}
+
+// TestRDMAListsOrSaysWhatToDo: "blockwire rdma" lists the kernel RDMA
+// devices, or — on a host with none, where rdma-core answers with an
+// error — says how to make one and that the software devices need none,
+// rather than only the error; a build without verbs support says so.
+func TestRDMAListsOrSaysWhatToDo(t *testing.T) {
+	var out, errb bytes.Buffer
+	rc := rdmaDevices(nil, &out, &errb)
+	switch {
+	case !verbs.Supported:
+		if rc != 1 || !strings.Contains(errb.String(), "without RDMA hardware support") || !strings.Contains(errb.String(), "need none") {
+			t.Errorf("a build without verbs: rc %d, %q", rc, errb.String())
+		}
+	case strings.HasPrefix(out.String(), "no kernel RDMA device"):
+		if rc != 0 || !strings.Contains(out.String(), "rdma link add rxe0 type rxe") || !strings.Contains(out.String(), "need none") {
+			t.Errorf("no device: rc %d, %q", rc, out.String())
+		}
+	default:
+		if rc != 0 || !strings.HasPrefix(out.String(), "DEVICE") {
+			t.Errorf("devices: rc %d, %q %q", rc, out.String(), errb.String())
 		}
 	}
 }

@@ -361,6 +361,33 @@ func (c *Conn) addSlots(from, to int) []byte {
 	return backing
 }
 
+// deregister gives back the connection's memory regions once nothing can
+// use them (the queue pair is closed, its dispatchers are done): the read
+// contexts' sinks, Data_ACK's sink and the tasks' regions. A region left
+// registered stays in its device's table with the buffer it last mapped
+// (each iSER connection left 33 and more behind).
+func (c *Conn) deregister() {
+	for i := range c.reads {
+		c.reads[i].mr.Deregister()
+	}
+	if c.ackMR != nil {
+		c.ackMR.Deregister()
+	}
+	c.tmu.Lock()
+	defer c.tmu.Unlock()
+	for _, mr := range c.mrPool {
+		mr.Deregister()
+	}
+	c.mrPool = nil
+	for _, t := range c.tasks {
+		for _, mr := range []*rdma.MR{t.rmr, t.wmr} {
+			if mr != nil {
+				mr.Deregister()
+			}
+		}
+	}
+}
+
 // grow gives a connection that began with Options.LoginRecvs its whole
 // receive ring and every send slot, once its login has completed.
 func (c *Conn) grow() error {
@@ -950,6 +977,7 @@ func (c *Conn) Serve(up datamover.Upcalls) {
 	// The queue pair is closed and nothing reads a receive buffer or a
 	// send slot any more (a delivered PDU is not kept past its upcall:
 	// its buffer is posted again right after).
+	c.deregister()
 	c.pmu.Lock()
 	c.freed = true
 	c.r.pd.Free(c.r.recvBacking)

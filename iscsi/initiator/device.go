@@ -105,7 +105,7 @@ type DiscoveredTarget struct {
 // Discover runs a discovery session and asks for SendTargets=All.
 func Discover(ctx context.Context, portal string, opts Options) ([]DiscoveredTarget, error) {
 	opts.defaults()
-	s := &Session{opts: opts, portal: withPort(portal), isid: newISID(), log: opts.Logger, discovery: true, tasks: map[uint32]*task{}, tmfs: map[uint32]chan byte{}, cmdSN: 1, nextITT: 1}
+	s := &Session{opts: opts, portal: withPort(portal), isid: newISID(), log: opts.Logger, discovery: true, stop: make(chan struct{}), tasks: map[uint32]*task{}, tmfs: map[uint32]chan byte{}, cmdSN: 1, nextITT: 1}
 	s.cond = newCond(s)
 	l, err := s.connect(ctx, true, 0)
 	if err != nil {

@@ -516,6 +516,7 @@ func (s *Session) recover(lost error) {
 func (s *Session) fail(err error) {
 	s.mu.Lock()
 	s.closed = true
+	s.stopOnce.Do(func() { close(s.stop) })
 	s.failed = err
 	tasks := s.tasks
 	s.tasks = map[uint32]*task{}
@@ -733,7 +734,13 @@ func (s *Session) pinger() {
 	tick := time.NewTicker(s.opts.NopInterval / 2)
 	defer tick.Stop()
 	last := time.Now() // when a PDU was last heard, to within a tick
-	for now := range tick.C {
+	for {
+		var now time.Time
+		select {
+		case now = <-tick.C:
+		case <-s.stop:
+			return
+		}
 		if s.heard.Swap(false) {
 			last = now
 		}
@@ -772,6 +779,7 @@ func (s *Session) Close() error {
 		return nil
 	}
 	s.closed = true
+	s.stopOnce.Do(func() { close(s.stop) })
 	var l *link
 	if len(s.links) > 0 {
 		l = s.links[0]

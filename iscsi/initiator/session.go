@@ -54,6 +54,10 @@ type Session struct {
 	// monotonic clock, which a step of the wall clock does not move.
 	heard    atomic.Bool
 	logoutCh chan struct{}
+	// stop is closed when the session closes (closed set): the pinger
+	// ends then, not at its next tick.
+	stop     chan struct{}
+	stopOnce sync.Once
 }
 
 type slogger = interface {
@@ -123,6 +127,7 @@ func Login(ctx context.Context, portal, target string, opts Options) (*Session, 
 		tmfs:    map[uint32]chan byte{},
 		cmdSN:   1,
 		nextITT: 1,
+		stop:    make(chan struct{}),
 	}
 	s.cond = newCond(s)
 	links, err := s.connectAll(ctx)

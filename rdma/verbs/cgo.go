@@ -350,7 +350,7 @@ func query(ctx *cContext) Info {
 	if mtu >= 1 && mtu <= 5 {
 		in.MTU = 128 << int(mtu)
 	}
-	in.Netdev = netdevOf(in.Name)
+	in.Netdev = netdevOf(in.Name, in.NodeGUID)
 	return in
 }
 

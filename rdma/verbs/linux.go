@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -83,13 +84,35 @@ func portState(s int) string {
 	return fmt.Sprintf("state %d", s)
 }
 
-// netdevOf is the network device of port 1 (sysfs; "" when none).
-func netdevOf(dev string) string {
-	b, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "ports/1/gid_attrs/ndevs/0"))
-	if err != nil {
+// netdevOf is the network device of port 1 (sysfs; "" when none): the
+// one its first GID belongs to on RoCE; on iWARP (siw has no GID
+// attributes) the one whose MAC address the node GUID is made from, as
+// siw and rxe make it (EUI-64: ff:fe in the middle, the
+// universal/local bit flipped).
+func netdevOf(dev string, guid uint64) string {
+	if b, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "ports/1/gid_attrs/ndevs/0")); err == nil {
+		return string(trimNL(b))
+	}
+	nets, err := os.ReadDir("/sys/class/net")
+	if err != nil || guid == 0 {
 		return ""
 	}
-	return string(trimNL(b))
+	for _, n := range nets {
+		b, err := os.ReadFile(filepath.Join("/sys/class/net", n.Name(), "address"))
+		if err != nil {
+			continue
+		}
+		mac, err := net.ParseMAC(string(trimNL(b)))
+		if err != nil || len(mac) != 6 {
+			continue
+		}
+		eui := uint64(mac[0]^0x02)<<56 | uint64(mac[1])<<48 | uint64(mac[2])<<40 | 0xfffe<<24 |
+			uint64(mac[3])<<16 | uint64(mac[4])<<8 | uint64(mac[5])
+		if eui == guid {
+			return n.Name()
+		}
+	}
+	return ""
 }
 
 func trimNL(b []byte) []byte {

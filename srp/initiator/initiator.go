@@ -197,6 +197,9 @@ func Dial(ctx context.Context, addr string, tgt srp.PortID, opts Options) (*Chan
 		mr, err := c.pd.AllocMROn(qp)
 		if err != nil {
 			qp.Close()
+			for _, q := range c.reqs[:i] {
+				q.mr.Deregister()
+			}
 			return nil, err
 		}
 		c.reqs[i] = &request{idx: i, mr: mr, iu: make([]byte, c.maxIT), done: make(chan struct{}, 1)}
@@ -539,6 +542,11 @@ func (c *Channel) Close() error {
 	}
 	c.qp.Close()
 	c.wg.Wait()
+	// Nothing reaches the requests' regions now: their indexes go back
+	// to the device (each channel left one per request registered).
+	for _, q := range c.reqs {
+		q.mr.Deregister()
+	}
 	return nil
 }
 

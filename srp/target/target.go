@@ -642,6 +642,14 @@ func (ch *channel) run() {
 	// when it is closed, and a peer that disconnects closes nothing of
 	// ours (each ib_srp login left one behind until exit).
 	ch.qp.Close()
+	// The tasks' regions go back to the device (their sinks: nothing can
+	// reach them with the queue pair closed).
+	for i := range ch.tasks {
+		if mr := ch.tasks[i].mr; mr != nil {
+			mr.Deregister()
+			ch.tasks[i].mr = nil
+		}
+	}
 	ch.freeMemory()
 	ch.s.leave(ch)
 	cancel()

@@ -5,7 +5,10 @@
 # node record names the iSER portal); the I/O and ext4 checks.
 rdma_dev siw dummy || exit 1
 modprobe ib_iser
+# blockwire rdma names siw0's network device (siw has no GID attributes
+# to read it from: the node GUID is made from its MAC address).
 /lab/bin/blockwire-verbs rdma | grep siw0 || exit 1
+/lab/bin/blockwire-verbs rdma | grep siw0 | grep -q dummy0 || { say "blockwire rdma does not name siw0's network device"; /lab/bin/blockwire-verbs rdma; rdma link show; exit 1; }
 rm -f /tmp/pat /tmp/rb
 # siw counts registered memory against RLIMIT_MEMLOCK even for root: a
 # limit below --rdma-memory is refused at start, by name.
