@@ -19,8 +19,11 @@ for f in /usr/bin/blockwire /usr/lib/systemd/system/blockwire.service /etc/block
 	/usr/share/doc/blockwire/examples/blockwire.toml; do
 	[ -e "$f" ] || fail "$f not installed"
 done
-zcat /usr/share/man/man1/blockwire.1.gz | grep -q '^\.SS serve' || fail "the man page lacks serve"
-zcat /usr/share/man/man1/blockwire.1.gz | grep -q '^\.SH CONFIGURATION' || fail "the man page lacks its CONFIGURATION section"
+# Searched in a file, not through a pipe: under pipefail, grep -q leaving
+# early makes zcat die of SIGPIPE once the page outgrows the pipe's buffer.
+zcat /usr/share/man/man1/blockwire.1.gz > /tmp/pkgman.roff
+grep -q '^\.SS serve' /tmp/pkgman.roff || fail "the man page lacks serve"
+grep -q '^\.SH CONFIGURATION' /tmp/pkgman.roff || fail "the man page lacks its CONFIGURATION section"
 grep -q '_blockwire' /usr/share/bash-completion/completions/blockwire || grep -q 'complete' /usr/share/bash-completion/completions/blockwire || fail "no completion"
 # As installed, the configuration serves nothing: the unit's check refuses it.
 if blockwire config check /etc/blockwire/blockwire.toml >/tmp/pkgcheck.out 2>&1; then
@@ -28,7 +31,7 @@ if blockwire config check /etc/blockwire/blockwire.toml >/tmp/pkgcheck.out 2>&1;
 fi
 grep -q "serves nothing" /tmp/pkgcheck.out || { cat /tmp/pkgcheck.out; fail "config check gave another reason"; }
 pv=$(dpkg-query -W -f='${Version}' blockwire)
-blockwire version | grep -qF "blockwire $pv " || { blockwire version; fail "blockwire version does not name the package's version $pv"; }
+grep -qF "blockwire $pv " <<<"$(blockwire version)" || { blockwire version; fail "blockwire version does not name the package's version $pv"; }
 echo "packaging: installed; the default configuration serves nothing until edited"
 # A test configuration: one file LUN where the unit may write.
 cat > /etc/blockwire/blockwire.toml <<'TOML'
@@ -62,9 +65,9 @@ start
 up
 out=$(iscsi-ls -s iscsi://127.0.0.1:3260) || fail "iscsi-ls failed"
 echo "$out"
-echo "$out" | grep -q "iqn.2026-11.org.example:packaged" || fail "iscsi-ls does not list the target"
-echo "$out" | grep -q "Lun:0" || fail "iscsi-ls does not list LUN 0"
-blockwire admin --json luns | grep -q '"size": 16777216' || fail "admin luns over the installed socket"
+grep -q "iqn.2026-11.org.example:packaged" <<<"$out" || fail "iscsi-ls does not list the target"
+grep -q "Lun:0" <<<"$out" || fail "iscsi-ls does not list LUN 0"
+grep -q '"size": 16777216' <<<"$(blockwire admin --json luns)" || fail "admin luns over the installed socket"
 # A live change lasts: resized with the admin verb, the service restarted
 # as the unit runs it, the change is still there; /etc/blockwire unchanged.
 before=$(sha256sum /etc/blockwire/blockwire.toml)
@@ -72,9 +75,9 @@ blockwire admin resize iqn.2026-11.org.example:packaged 0 32MiB >/dev/null || fa
 stop
 start
 up
-blockwire admin --json luns | grep -q '"size": 33554432' || { blockwire admin luns; fail "the resize did not outlast a restart"; }
+grep -q '"size": 33554432' <<<"$(blockwire admin --json luns)" || { blockwire admin luns; fail "the resize did not outlast a restart"; }
 [ "$(stat -c %s /var/lib/blockwire/disk0.img)" = 33554432 ] || fail "the image is not 32 MiB after the restart"
-blockwire admin reload --dry-run | grep -q "no changes" || { blockwire admin reload --dry-run; fail "a dry run of the unchanged file shows changes"; }
+grep -q "no changes" <<<"$(blockwire admin reload --dry-run)" || { blockwire admin reload --dry-run; fail "a dry run of the unchanged file shows changes"; }
 [ "$(sha256sum /etc/blockwire/blockwire.toml)" = "$before" ] || fail "the configuration file was rewritten"
 [ -s /var/lib/blockwire/state.toml ] || fail "no state in /var/lib/blockwire/state.toml"
 stop
