@@ -81,7 +81,7 @@ ceph-osd "${C[@]}" -i "$ID" --mkfs --osd-uuid "$OSDUUID" 2>"$D/log/osd-mkfs.err"
 ceph-osd "${C[@]}" -i "$ID" -f </dev/null >"$D/log/osd.out" 2>&1 &
 echo "osd $!" >>"$D/pids"
 for _ in $(seq 1 300); do
-	if ceph "${C[@]}" osd stat -f json 2>/dev/null | grep -q '"num_up_osds":1'; then
+	if grep -q '"num_up_osds":1' <<<"$(ceph "${C[@]}" osd stat -f json 2>/dev/null)"; then
 		echo "ceph: up, $D/ceph.conf"
 		exit 0
 	fi

@@ -5,7 +5,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); L=${1:-./guestlab-out}; mkdir -p "$L"; cd "$L"
 T0=$(date +%s); t() { echo "[guestlab] $* at +$(( $(date +%s)-T0 ))s"; }
 apt-get update -q >/dev/null
-KPKG=$(apt-cache show linux-image-amd64 | sed -n 's/^Depends: \(linux-image-[^ ]*\) .*/\1/p' | head -1)   # e.g. linux-image-6.1.0-56-amd64
+KPKG=$(apt-cache show linux-image-amd64 | sed -n 's/^Depends: \(linux-image-[^ ]*\) .*/\1/p' | sed -n 1p)   # e.g. linux-image-6.1.0-56-amd64
 KV=${KPKG#linux-image-}; KSRC=linux-source-$(echo "$KV" | cut -d. -f1,2)                             # 6.1.0-56-amd64, linux-source-6.1
 DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
   qemu-system-x86 busybox-static cpio zstd kmod xz-utils gcc make "linux-headers-$KV" >/dev/null
@@ -35,7 +35,7 @@ ln -sf busybox root/usr/bin/sh
 SRC=kernel/lib/modules/$KV; D=root/lib/modules/$KV; mkdir -p $D/extra; cp $SRC/modules.builtin* $SRC/modules.order $D/
 declare -A seen
 addmod() { local m=$1 f d; [ -n "${seen[$m]:-}" ] && return 0; seen[$m]=1
-  f=$(find $SRC/kernel \( -name "$m.ko" -o -name "${m//_/-}.ko" -o -name "${m//-/_}.ko" \) | head -1)
+  f=$(find $SRC/kernel \( -name "$m.ko" -o -name "${m//_/-}.ko" -o -name "${m//-/_}.ko" \) -print -quit)
   [ -z "$f" ] && return 0
   mkdir -p $D/$(dirname ${f#$SRC/}); cp $f $D/${f#$SRC/}
   for d in $(modinfo -F depends $f | tr , ' '); do addmod $d; done
