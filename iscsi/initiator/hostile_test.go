@@ -29,11 +29,17 @@ import (
 // scriptDialer connects the initiator to a scripted target over an
 // in-memory pipe: script plays the target's side and the pipe closes when
 // it returns.
-type scriptDialer struct{ script func(*fakeTarget) }
+// When hold is set, the target stops reading after each PDU hold
+// reports true for, until resume closes (its receiver busy).
+type scriptDialer struct {
+	script func(*fakeTarget)
+	hold   func(fakePDU) bool
+	resume chan struct{}
+}
 
 func (d scriptDialer) Dial(ctx context.Context, portal string, p datamover.DialParams) (*datamover.Established, error) {
 	a, b := net.Pipe()
-	f := &fakeTarget{c: b, reqs: make(chan fakePDU, 64)}
+	f := &fakeTarget{c: b, reqs: make(chan fakePDU, 64), hold: d.hold, resume: d.resume}
 	go f.read()
 	go func() {
 		defer b.Close()
@@ -56,6 +62,9 @@ type fakeTarget struct {
 	reqs  chan fakePDU
 	sent  atomic.Int64 // bytes written
 	stuck atomic.Bool  // a write found the initiator not reading
+	// hold and resume: scriptDialer's.
+	hold   func(fakePDU) bool
+	resume chan struct{}
 }
 
 var errDeadline = os.ErrDeadlineExceeded
@@ -76,6 +85,9 @@ func (f *fakeTarget) read() {
 		select {
 		case f.reqs <- p:
 		default: // nobody looks at that many: dropped, the pipe drained
+		}
+		if f.hold != nil && f.hold(p) {
+			<-f.resume
 		}
 	}
 }
@@ -152,7 +164,7 @@ func hostileOptions(d scriptDialer) Options {
 // Request with "more text follows" (the C bit) is given up on once the
 // text passes text.MaxTextLen, not read until the login times out.
 func TestHostileTargetEndlessLoginText(t *testing.T) {
-	d := scriptDialer{func(f *fakeTarget) {
+	d := scriptDialer{script: func(f *fakeTarget) {
 		chunk := bytes.Repeat([]byte("a"), 8192)
 		for {
 			p, ok := f.next()
@@ -182,7 +194,7 @@ func TestHostileTargetEndlessLoginText(t *testing.T) {
 // Responses that never set F stop once the text passes text.MaxTextLen.
 func TestHostileTargetEndlessDiscoveryText(t *testing.T) {
 	var sent atomic.Int64
-	d := scriptDialer{func(f *fakeTarget) {
+	d := scriptDialer{script: func(f *fakeTarget) {
 		defer func() { sent.Store(f.sent.Load()) }()
 		if !f.login() {
 			return
@@ -214,7 +226,7 @@ func TestHostileTargetEndlessDiscoveryText(t *testing.T) {
 // TestHostileTargetTwoLogoutResponses: a target that answers our Logout
 // twice must not crash the initiator (the second answer is ignored).
 func TestHostileTargetTwoLogoutResponses(t *testing.T) {
-	d := scriptDialer{func(f *fakeTarget) {
+	d := scriptDialer{script: func(f *fakeTarget) {
 		if !f.login() {
 			return
 		}
@@ -301,7 +313,7 @@ func FuzzHostileTarget(f *testing.F) {
 		mode, raw := in[0], in[1:]
 		var target *fakeTarget
 		closed := make(chan struct{})
-		d := scriptDialer{func(f *fakeTarget) {
+		d := scriptDialer{script: func(f *fakeTarget) {
 			target = f
 			defer close(closed)
 			if !f.login() {
@@ -351,7 +363,7 @@ func FuzzHostileLogin(f *testing.F) {
 		}
 		var pdus atomic.Int64
 		closed := make(chan struct{})
-		d := scriptDialer{func(f *fakeTarget) {
+		d := scriptDialer{script: func(f *fakeTarget) {
 			defer close(closed)
 			if !f.loginWith(keys) {
 				return
@@ -428,7 +440,7 @@ func TestHostileTargetImpossibleAnswers(t *testing.T) {
 			}
 		}
 		// After the login the connection ends: no Logout to wait for.
-		d := scriptDialer{func(f *fakeTarget) { f.loginWith(text.Append(nil, keys...)) }}
+		d := scriptDialer{script: func(f *fakeTarget) { f.loginWith(text.Append(nil, keys...)) }}
 		s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
 		if s != nil {
 			s.Close()
@@ -455,7 +467,7 @@ func TestConnectionEndedDuringLoginIsRecovered(t *testing.T) {
 	}
 	var dials atomic.Int32
 	first := make(chan *fakeTarget, 1)
-	d := scriptDialer{func(f *fakeTarget) {
+	d := scriptDialer{script: func(f *fakeTarget) {
 		switch dials.Add(1) {
 		case 1:
 			if f.loginWith(text.Append(nil, keys...)) {
@@ -505,5 +517,69 @@ func untilLogout(f *fakeTarget) {
 		if p.h.Opcode() == pdu.OpLogoutReq {
 			return
 		}
+	}
+}
+
+// TestReceiverReadsWhileDataOutWaits: the Data-Out an R2T asks for goes
+// out beside the receiver, not from it, so a target that reads nothing for
+// a while (its own receiver busy writing to us) can still hand us what it
+// sends meanwhile. Sent from the receiver, each side waited on a write the
+// other did not read: against our own target, 1 MiB writes at QD 32 beside
+// reads stalled for 15-30 s until a send timed out.
+func TestReceiverReadsWhileDataOutWaits(t *testing.T) {
+	resume := make(chan struct{})
+	answered := make(chan error, 1)
+	d := scriptDialer{hold: func(p fakePDU) bool { return p.h.Opcode() == pdu.OpSCSICommand }, resume: resume}
+	d.script = func(f *fakeTarget) {
+		answered <- func() error {
+			if !f.login() {
+				return errors.New("no login")
+			}
+			cmd, ok := f.next()
+			if !ok || cmd.h.Opcode() != pdu.OpSCSICommand {
+				return errors.New("no command")
+			}
+			var c pdu.SCSICommand
+			c.Decode(&cmd.h)
+			var h pdu.BHS
+			(&pdu.R2T{LUN: c.LUN, ITT: c.ITT, TTT: 9, StatSN: 2, ExpCmdSN: c.CmdSN + 1, MaxCmdSN: c.CmdSN + 32, Offset: 4096, Desired: 61440}).Encode(&h)
+			if err := f.write(pduBytes(h, nil)); err != nil {
+				return err
+			}
+			// Our receiver is busy: the Data-Out waits; the initiator
+			// must still take this ping.
+			(&pdu.NopIn{ITT: pdu.ReservedITT, TTT: pdu.ReservedTTT, StatSN: 2, ExpCmdSN: c.CmdSN + 1, MaxCmdSN: c.CmdSN + 32}).Encode(&h)
+			if err := f.write(pduBytes(h, nil)); err != nil {
+				return errors.New("the initiator stopped reading while its Data-Out waited for us")
+			}
+			close(resume)
+			for got := 0; got < 61440; {
+				p, ok := f.next()
+				if !ok {
+					return errors.New("the Data-Out did not come")
+				}
+				if p.h.Opcode() == pdu.OpDataOut {
+					got += len(p.data)
+				}
+			}
+			(&pdu.SCSIResponse{ITT: c.ITT, StatSN: 2, ExpCmdSN: c.CmdSN + 1, MaxCmdSN: c.CmdSN + 32}).Encode(&h)
+			if err := f.write(pduBytes(h, nil)); err != nil {
+				return err
+			}
+			untilLogout(f)
+			return nil
+		}()
+	}
+	s, err := Login(context.Background(), "fake:3260", "iqn.2026-11.org.blockwire:fake", hostileOptions(d))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdb := []byte{0x2a, 0, 0, 0, 0, 0, 0, 0, 128, 0} // WRITE(10), 128 blocks
+	if _, err := s.Do(context.Background(), 0, cdb, make([]byte, 65536), nil); err != nil {
+		t.Errorf("the write: %v", err)
+	}
+	servetest.Closes(t, s.Close, 15*time.Second)
+	if err := <-answered; err != nil {
+		t.Fatal(err)
 	}
 }

@@ -353,7 +353,49 @@ func (s *Session) handleR2T(l *link, h *pdu.BHS) error {
 		s.finish(r.ITT, nil, fmt.Errorf("iscsi: R2T for [%d,%d) beyond the %d bytes to write", r.Offset, end, len(t.out)))
 		return nil
 	}
-	return sendDataOut(l, t, r.TTT, int(r.Offset), end, mx)
+	// Not sent here: a receiver blocked writing Data-Out to a target
+	// whose own receiver is blocked writing to us (an R2T, Data-In)
+	// deadlocks the connection until a send times out (seen: 1 MiB
+	// writes at QD 32 with reads beside them, 15 s stalls).
+	select {
+	case l.solicited <- solicitedData{t: t, ttt: r.TTT, from: int(r.Offset), to: end, mx: mx}:
+	case <-l.done:
+	}
+	return nil
+}
+
+// maxSolicited bounds the R2Ts received and not yet answered on a
+// connection: we ask for MaxOutstandingR2T=1, so a target keeps one per
+// task, and a session holds fewer tasks than this. A target past it
+// holds up our receiver, not our memory.
+const maxSolicited = 1024
+
+// solicitedData is an R2T's Data-Out to send: [from, to) of t's data.
+type solicitedData struct {
+	t            *task
+	ttt          uint32
+	from, to, mx int
+}
+
+// sendSolicited sends the Data-Out of the R2Ts the receiver hands it, in
+// the order they came, until the connection ends.
+func (l *link) sendSolicited() {
+	for {
+		select {
+		case w := <-l.solicited:
+			l.s.mu.Lock()
+			live := l.s.tasks[w.t.itt] == w.t
+			l.s.mu.Unlock()
+			if !live {
+				continue // finished or aborted meanwhile: its data may be the caller's again
+			}
+			if err := sendDataOut(l, w.t, w.ttt, w.from, w.to, w.mx); err != nil {
+				l.dm.ConnectionTerminate()
+			}
+		case <-l.done:
+			return
+		}
+	}
 }
 
 func sendDataOut(l *link, t *task, ttt uint32, from, to, mx int) error {

@@ -102,11 +102,15 @@ type link struct {
 	loginCh chan *datamover.PDU
 	textCh  chan *datamover.PDU // Text Responses in full feature phase
 	done    chan struct{}
-	ffp     atomic.Bool
-	keys    map[string]string // the target's login keys so far (Serve goroutine)
-	rdma    bool              // the datamover is iSER
-	offers  map[string]string
-	chapAlg int
+	// solicited carries the R2Ts received to the goroutine that sends
+	// their Data-Out (sendSolicited), so the receiver goes on reading
+	// while the data goes out.
+	solicited chan solicitedData
+	ffp       atomic.Bool
+	keys      map[string]string // the target's login keys so far (Serve goroutine)
+	rdma      bool              // the datamover is iSER
+	offers    map[string]string
+	chapAlg   int
 	// Set by the receive goroutine on the final login response.
 	params   params
 	finalExp uint32
@@ -184,7 +188,8 @@ func (s *Session) connectAll(ctx context.Context) ([]*link, error) {
 func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*link, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.opts.DialTimeout)
 	defer cancel()
-	l := &link{s: s, cid: cid, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{}}
+	l := &link{s: s, cid: cid, loginCh: make(chan *datamover.PDU, 4), textCh: make(chan *datamover.PDU, 4), done: make(chan struct{}), keys: map[string]string{},
+		solicited: make(chan solicitedData, maxSolicited)}
 	if s.opts.Dialer == nil {
 		return nil, errors.New("iscsi: Options.Dialer is nil (fabric.Dialer connects over TCP and iSER)")
 	}
@@ -195,6 +200,7 @@ func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*lin
 	}
 	l.dm, l.rdma = est.Open(s.stamp), est.RDMA
 	go l.dm.Serve(l)
+	go l.sendSolicited()
 	stop := context.AfterFunc(ctx, l.dm.ConnectionTerminate)
 	err = s.login(ctx, l, discovery)
 	stop()
