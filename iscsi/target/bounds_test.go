@@ -2,12 +2,16 @@ package target
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -868,4 +872,145 @@ func TestWriteDataThatNeverComes(t *testing.T) {
 	if u := budget.Used(); u != 0 {
 		t.Errorf("%d bytes of the budget held after the connection ended", u)
 	}
+}
+
+// TestWritesBeyondTheR2TBoundWaitWithoutBuffers: a connection solicits
+// the data of Options.SolicitedWrites WRITEs at most at once. The others
+// wait in arrival order holding nothing of the I/O budget beyond the
+// immediate data they brought, and get their R2Ts as earlier ones finish;
+// every WRITE completes with its data in place. (A WRITE used to take its
+// whole transfer's buffer at arrival: six 256 KiB WRITEs without their
+// data held 1.5 MiB.)
+func TestWritesBeyondTheR2TBoundWaitWithoutBuffers(t *testing.T) {
+	for _, imm := range []int{0, 4096} {
+		t.Run(fmt.Sprintf("immediate=%d", imm), func(t *testing.T) {
+			const writes, blocks, size = 6, 512, 512 * 512
+			budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+			ts := startServer(t, Options{Budget: budget, SolicitedWrites: 2, NopInterval: -1}, nil)
+			c := dial(t, ts.addr)
+			keys := []text.KV{{Key: "InitialR2T", Value: "Yes"}, {Key: "ImmediateData", Value: "No"}}
+			if imm > 0 {
+				keys = []text.KV{{Key: "InitialR2T", Value: "Yes"}, {Key: "ImmediateData", Value: "Yes"}, {Key: "FirstBurstLength", Value: strconv.Itoa(imm)}}
+			}
+			c.mustLogin(normalKeys(ini, keys...)...)
+			c.command(tur(), false, 0, nil, 0) // the power-on unit attention
+			data := make([][]byte, writes)
+			itts := make([]uint32, writes)
+			for i := range writes {
+				data[i] = bytes.Repeat([]byte{byte(0x10 + i)}, size)
+				itts[i] = c.sendCmd(write10(uint32(i*blocks), blocks), false, size, false, data[i][:imm])
+			}
+			r2ts := map[uint32][]pdu.R2T{}
+			status := map[uint32]byte{}
+			// read takes the PDUs the target sends until done holds, or
+			// for d when done is nil.
+			read := func(d time.Duration, done func() bool) {
+				t.Helper()
+				for done == nil || !done() {
+					h, _, ok := c.recv(d)
+					if !ok {
+						if done == nil && isTimeout(c.rerr) {
+							return
+						}
+						t.Fatalf("waiting for the target: %v (R2Ts for %d WRITEs)", c.rerr, len(r2ts))
+					}
+					switch h.Opcode() {
+					case pdu.OpR2T:
+						var r pdu.R2T
+						r.Decode(&h)
+						r2ts[r.ITT] = append(r2ts[r.ITT], r)
+					case pdu.OpSCSIResponse:
+						status[h.ITT()] = h[3]
+					default:
+						t.Fatalf("unexpected %s", h.Opcode())
+					}
+				}
+			}
+			read(300*time.Millisecond, nil)
+			if len(r2ts) != 2 || r2ts[itts[0]] == nil || r2ts[itts[1]] == nil {
+				t.Fatalf("R2Ts for %d WRITEs (ITTs %v), want the first two", len(r2ts), slices.Collect(maps.Keys(r2ts)))
+			}
+			if u, want := budget.Used(), int64(2*size+(writes-2)*imm); u != want {
+				t.Fatalf("the six WRITEs hold %d bytes of the budget, want %d (two whole, the rest their immediate data)", u, want)
+			}
+			for i, itt := range itts {
+				// Its turn came when the one two before it finished.
+				read(5*time.Second, func() bool { return len(r2ts[itt]) > 0 })
+				if len(r2ts) > 2 {
+					t.Fatalf("%d WRITEs solicited at once, bound 2", len(r2ts))
+				}
+				for _, r := range r2ts[itt] {
+					for sent := uint32(0); sent < r.Desired; {
+						n := min(r.Desired-sent, 8192)
+						do := pdu.DataOut{Final: sent+n == r.Desired, ITT: itt, TTT: r.TTT, DataSN: sent / 8192, Offset: r.Offset + sent, ExpStatSN: c.expStatSN}
+						var dh pdu.BHS
+						do.Encode(&dh)
+						c.sendRaw(&dh, nil, data[i][r.Offset+sent:r.Offset+sent+n])
+						sent += n
+					}
+				}
+				delete(r2ts, itt)
+				read(5*time.Second, func() bool { _, ok := status[itt]; return ok })
+				if status[itt] != scsi.StatusGood {
+					t.Fatalf("WRITE %d: status %#x", i, status[itt])
+				}
+			}
+			for i := range writes {
+				r := c.command(read10(uint32(i*blocks), blocks), true, size, nil, 0)
+				if r.status != scsi.StatusGood || !bytes.Equal(r.data, data[i]) {
+					t.Fatalf("WRITE %d: read back status %#x, data equal %v", i, r.status, bytes.Equal(r.data, data[i]))
+				}
+			}
+			if ts.srv.BoundsHit()["writes_waited"] != writes-2 {
+				t.Errorf("writes_waited %d, want %d", ts.srv.BoundsHit()["writes_waited"], writes-2)
+			}
+			deadline := time.Now().Add(2 * time.Second)
+			for budget.Used() != 0 && time.Now().Before(deadline) {
+				time.Sleep(10 * time.Millisecond)
+			}
+			if u := budget.Used(); u != 0 {
+				t.Errorf("%d bytes of the budget held after every WRITE ended", u)
+			}
+		})
+	}
+}
+
+// TestWaitingWriteGetsThePlaceOfOneThatTimedOut: a WRITE in line for its
+// R2Ts gets them when the one ahead of it ends without its data
+// (DataTimeout), not only when one completes.
+func TestWaitingWriteGetsThePlaceOfOneThatTimedOut(t *testing.T) {
+	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	ts := startServer(t, Options{Budget: budget, SolicitedWrites: 1, DataTimeout: 300 * time.Millisecond, NopInterval: -1}, nil)
+	c := dial(t, ts.addr)
+	c.mustLogin(normalKeys(ini, text.KV{Key: "InitialR2T", Value: "Yes"}, text.KV{Key: "ImmediateData", Value: "No"})...)
+	c.command(tur(), false, 0, nil, 0) // the power-on unit attention
+	first := c.sendCmd(write10(0, 16), false, 8192, false, nil)
+	second := c.sendCmd(write10(16, 16), false, 8192, false, nil)
+	h := c.nextNonNop(t)
+	if h.Opcode() != pdu.OpR2T || h.ITT() != first {
+		t.Fatalf("%s for ITT %#x, want the first WRITE's R2T", h.Opcode(), h.ITT())
+	}
+	if u := budget.Used(); u != 8192 {
+		t.Fatalf("%d bytes of the budget held, want the first WRITE's 8192", u)
+	}
+	// The first ends (CHECK CONDITION) and the second gets its R2T, in
+	// either order.
+	var ended, solicited bool
+	for range 2 {
+		switch h = c.nextNonNop(t); {
+		case h.Opcode() == pdu.OpSCSIResponse && h.ITT() == first && h[3] == scsi.StatusCheckCondition:
+			ended = true
+		case h.Opcode() == pdu.OpR2T && h.ITT() == second:
+			solicited = true
+		default:
+			t.Fatalf("%s for ITT %#x status %#x, want the first WRITE ended and the second's R2T", h.Opcode(), h.ITT(), h[3])
+		}
+	}
+	if !ended || !solicited {
+		t.Fatalf("first ended %v, second solicited %v", ended, solicited)
+	}
+	if u := budget.Used(); u != 8192 {
+		t.Fatalf("%d bytes of the budget held, want the second WRITE's 8192", u)
+	}
+	ts.hit(t, "writes_waited", 1)
 }

@@ -94,7 +94,13 @@ type conn struct {
 
 	// Receive-goroutine state between DataBuffer and ControlNotify.
 	pendingTask *task
-	pendingDO   doPlacement
+	// soliciting counts the connection's WRITEs holding a place for
+	// solicited data (task.solicits, Options.SolicitedWrites);
+	// waitingR2T are those in line for one, in arrival order. Guarded by
+	// mu.
+	soliciting int
+	waitingR2T []*task
+	pendingDO  doPlacement
 
 	// Text negotiation continuation (RFC 7143 §11.10-11).
 	textIn  []byte

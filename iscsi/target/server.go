@@ -207,6 +207,14 @@ type Options struct {
 	// buffer and share of the I/O budget are freed; a second on the same
 	// connection ends the connection. Negative: never.
 	DataTimeout time.Duration
+	// SolicitedWrites bounds the WRITEs of one connection whose data the
+	// target solicits at once (R2Ts outstanding, 8). A WRITE that needs
+	// R2Ts beyond it waits, in arrival order, holding no buffer and no
+	// I/O budget beyond the immediate and unsolicited data it brought;
+	// its buffer is taken when its turn comes. What a connection holds
+	// for data that has not come is then bounded by this many transfers,
+	// not by its command window (writes_waited counts the waits).
+	SolicitedWrites int
 	// MaxLoginsPerSource bounds the connections from one address that
 	// have not finished logging in (8); more are closed as they arrive.
 	MaxLoginsPerSource int
@@ -285,6 +293,9 @@ func (o *Options) defaults() {
 	if o.DataTimeout == 0 {
 		o.DataTimeout = 15 * time.Second
 	}
+	if o.SolicitedWrites == 0 {
+		o.SolicitedWrites = 8
+	}
 	if o.MaxLoginsPerSource == 0 {
 		o.MaxLoginsPerSource = 8
 	}
@@ -337,6 +348,7 @@ type Server struct {
 	// for their address's commands on workers (BoundsHit).
 	sessionsFull, discoveryFull, sourceSessionsFull, sourceWaits atomic.Uint64
 	sourceDiscoveryFull, discoveryIdle, dataTimeouts             atomic.Uint64
+	writesWaited                                                 atomic.Uint64
 	// loginTimeouts counts the connections dropped for a login not
 	// complete in time (their warnings are thinned out past 16).
 	loginTimeouts atomic.Int64
@@ -851,7 +863,9 @@ func (s *Server) findSession(initiator string, isid [6]byte, targetName string, 
 // for the sessions (sessions, discovery_sessions, sessions_per_source,
 // discovery_sessions_per_source); discovery sessions ended for asking
 // nothing in DiscoveryIdle (discovery_idle); WRITEs ended for data
-// that stopped coming (data_timeout, Options.DataTimeout);
+// that stopped coming (data_timeout, Options.DataTimeout); WRITEs that
+// waited for their R2Ts behind the connection's earlier ones, holding no
+// buffer meanwhile (writes_waited, Options.SolicitedWrites);
 // and receivers that stopped reading while their address's commands held
 // its share of the LU workers (working_per_source). A count that grows
 // is a host at a bound: one misbehaving, or one that needs it raised.
@@ -866,6 +880,7 @@ func (s *Server) BoundsHit() map[string]uint64 {
 		"discovery_sessions_per_source": s.sourceDiscoveryFull.Load(),
 		"discovery_idle":                s.discoveryIdle.Load(),
 		"data_timeout":                  s.dataTimeouts.Load(),
+		"writes_waited":                 s.writesWaited.Load(),
 		"sessions_per_source":           s.sourceSessionsFull.Load(),
 		"working_per_source":            s.sourceWaits.Load(),
 	}

@@ -3,6 +3,7 @@ package target
 import (
 	"encoding/binary"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
@@ -69,6 +70,15 @@ type task struct {
 	full    bool
 	charged int64
 	counted bool
+	// solicits: it holds one of the connection's places for WRITEs
+	// whose data is solicited (Options.SolicitedWrites), from arrival or
+	// from its turn until its data is in; waiting: it is in line for one
+	// (conn.waitingR2T); partial: its buffer holds only the data it
+	// brought unasked, the whole one comes with its turn (wholeLocked).
+	// All three guarded by conn.mu.
+	solicits bool
+	waiting  bool
+	partial  bool
 	// seen is received at the pinger's last tick, stalled the ticks
 	// since without more data while Data-Out was owed (checkData).
 	seen    uint32
@@ -130,17 +140,6 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 		t.lunErr = true
 	}
 	t.cmd.Nexus = c.sess.nexus
-	if cmd.EDTL > 0 {
-		if c.sess.io.Take(int64(cmd.EDTL)) {
-			t.charged = int64(cmd.EDTL)
-			t.bb = c.srv.pool.Get(int(cmd.EDTL))
-			t.buf = t.bb.B
-			t.cmd.Data = t.buf
-		} else {
-			t.full = true
-			c.sess.noteFull(cmd.EDTL)
-		}
-	}
 	if cmd.Write {
 		t.received = dsl
 		if !c.conf.InitialR2T {
@@ -157,8 +156,100 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 		}
 		t.nextR2T = max(dsl, 0)
 	}
+	if need := cmd.EDTL; need > 0 {
+		if cmd.Write && cmd.EDTL > t.unsolLimit && !c.solicitNow(t) {
+			// Its data will be solicited after the connection's
+			// earlier WRITEs' (Options.SolicitedWrites): until then it
+			// holds a buffer for what it brings unasked only.
+			need, t.partial = t.unsolLimit, true
+		}
+		if need == 0 {
+		} else if c.sess.io.Take(int64(need)) {
+			t.charged = int64(need)
+			t.bb = c.srv.pool.Get(int(need))
+			t.buf = t.bb.B
+			t.cmd.Data = t.buf
+		} else {
+			t.full = true
+			c.sess.noteFull(cmd.EDTL)
+		}
+	}
 	t.cmd.OnAbort = t.onAbortFn
 	return t, nil
+}
+
+// solicitNow gives t one of the connection's places for WRITEs whose data
+// is solicited (Options.SolicitedWrites) if one is free and no WRITE
+// waits for one already.
+func (c *conn) solicitNow(t *task) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.solicitLocked(t)
+}
+
+func (c *conn) solicitLocked(t *task) bool {
+	if c.soliciting >= c.srv.opts.SolicitedWrites || len(c.waitingR2T) > 0 {
+		return false
+	}
+	c.soliciting++
+	t.solicits = true
+	return true
+}
+
+// endSolicitLocked gives back t's place among the soliciting WRITEs, or
+// takes it out of the line for one; true when a waiting WRITE may now be
+// admitted (admitWaiting, outside conn.mu).
+func (c *conn) endSolicitLocked(t *task) bool {
+	if t.waiting {
+		t.waiting = false
+		if i := slices.Index(c.waitingR2T, t); i >= 0 {
+			c.waitingR2T = slices.Delete(c.waitingR2T, i, i+1)
+		}
+	}
+	if !t.solicits {
+		return false
+	}
+	t.solicits = false
+	c.soliciting--
+	return len(c.waitingR2T) > 0
+}
+
+// admitWaiting gives the WRITEs waiting for a place among the soliciting
+// ones (in arrival order) the places free now, and sends their R2Ts.
+func (c *conn) admitWaiting() {
+	for {
+		c.mu.Lock()
+		if c.closed || len(c.waitingR2T) == 0 || c.soliciting >= c.srv.opts.SolicitedWrites {
+			c.mu.Unlock()
+			return
+		}
+		t := c.waitingR2T[0]
+		c.waitingR2T = slices.Delete(c.waitingR2T, 0, 1)
+		t.waiting = false
+		c.soliciting++
+		t.solicits = true
+		a := t.advanceLocked()
+		c.mu.Unlock()
+		t.run(a)
+	}
+}
+
+// wholeLocked gives a WRITE that waited with a partial buffer its whole
+// transfer's buffer, the data it brought copied in (the one copy of an
+// unsolicited payload that waited); false when the I/O budget has no room
+// (TASK SET FULL).
+func (t *task) wholeLocked() bool {
+	c := t.c
+	if !c.sess.io.Take(int64(t.edtl) - t.charged) {
+		return false
+	}
+	t.charged = int64(t.edtl)
+	bb := c.srv.pool.Get(int(t.edtl))
+	copy(bb.B, t.buf)
+	c.srv.pool.Put(t.bb)
+	t.bb, t.buf, t.partial = bb, bb.B, false
+	t.cmd.Data = t.buf
+	return true
 }
 
 // getTask takes a task from the server's pool (no allocation per command
@@ -331,6 +422,11 @@ func (t *task) drop() {
 type action struct {
 	r2ts    []pdu.R2T
 	execute bool
+	// admit: a place among the connection's soliciting WRITEs came free
+	// and a WRITE waits for it (conn.admitWaiting).
+	admit bool
+	// full: its whole buffer could not be had when its turn came.
+	full bool
 }
 
 // advanceLocked decides the task's next step once it has been delivered:
@@ -340,15 +436,37 @@ func (t *task) advanceLocked() action {
 	if !t.delivered || t.executing || t.aborted || t.released {
 		return a
 	}
+	c := t.c
 	if !t.write || t.received >= t.edtl || t.full {
 		t.executing = true
 		a.execute = true
+		a.admit = c.endSolicitLocked(t)
 		return a
 	}
 	if t.unsolOpen {
 		return a
 	}
-	c := t.c
+	if !t.solicits {
+		if t.waiting {
+			return a
+		}
+		if !c.solicitLocked(t) {
+			// Options.SolicitedWrites: its R2Ts wait for an earlier
+			// WRITE's data to be in (admitWaiting).
+			t.waiting = true
+			c.waitingR2T = append(c.waitingR2T, t)
+			c.srv.writesWaited.Add(1)
+			return a
+		}
+	}
+	if t.partial && !t.wholeLocked() {
+		t.full = true
+		t.executing = true
+		a.execute = true
+		a.admit = c.endSolicitLocked(t)
+		a.full = true
+		return a
+	}
 	outstanding := 0
 	for i := range t.bursts {
 		if t.bursts[i].live {
@@ -387,6 +505,12 @@ func (t *task) advanceLocked() action {
 // run carries out an action outside conn.mu and session.mu: Get_Data for
 // every R2T (seed 002 §9.3) or execution.
 func (t *task) run(a action) {
+	if a.full {
+		t.c.sess.noteFull(t.edtl)
+	}
+	if a.admit {
+		t.c.admitWaiting()
+	}
 	for i := range a.r2ts {
 		if err := t.c.dm.GetData(&a.r2ts[i], t.buf); err != nil {
 			// The datamover cannot fetch the data: the task could
@@ -592,11 +716,15 @@ func (c *conn) release(t *task, reuseBuf bool) {
 			t.bursts[i].live = false
 		}
 	}
+	admit := c.endSolicitLocked(t)
 	counted := t.counted
 	t.counted = false
 	c.mu.Unlock()
 	if counted {
 		c.sess.taskDone()
+	}
+	if admit {
+		c.admitWaiting()
 	}
 	c.uncharge(t)
 	if delivered {
@@ -613,6 +741,14 @@ func (c *conn) release(t *task, reuseBuf bool) {
 
 // freeTask drops a task that was never registered.
 func (c *conn) freeTask(t *task) {
+	if t.solicits {
+		c.mu.Lock()
+		admit := c.endSolicitLocked(t)
+		c.mu.Unlock()
+		if admit {
+			c.admitWaiting()
+		}
+	}
 	c.uncharge(t)
 	c.srv.putTask(t)
 }
