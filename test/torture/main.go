@@ -42,6 +42,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&cfg.FaultEvery, "fault-every", time.Second, "mean time between faults")
 	faults := fs.String("faults", strings.Join(AllFaults, ","), "fault kinds: "+strings.Join(KnownFaults, ", ")+` ("preempt" not with "crash")`)
 	fs.BoolVar(&cfg.LieAboutFlush, "lie-about-flush", false, "storage that acknowledges FUA and SYNCHRONIZE CACHE without making anything durable (the checker must fail)")
+	fs.BoolVar(&cfg.LieAboutSync, "lie-about-sync", false, "storage whose SYNCHRONIZE CACHE answers GOOD without flushing, FUA honest (the checker must fail)")
+	fs.BoolVar(&cfg.FUAFlushesAll, "fua-flushes-all", false, "storage without a durable write: FUA flushes every cached block (hides a lying SYNCHRONIZE CACHE)")
 	fs.StringVar(&cfg.Fabric, "fabric", "tcp", "tcp (iSCSI/TCP) or iser (iSER over the software iWARP device)")
 	fs.IntVar(&cfg.Connections, "connections", 1, "connections per session (MC/S above 1)")
 	fs.BoolVar(&cfg.WriteThrough, "write-through", false, "the LU's write cache off: every acknowledged write must survive")

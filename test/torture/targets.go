@@ -42,7 +42,7 @@ func (t *incarnation) start() (string, error) {
 	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, ISER: &iser, Targets: []config.Target{{Name: iqn,
 		LUNs: []config.LUN{{ID: 0, Size: strconv.FormatInt(t.disk.View().Size(), 10), BlockSize: blockSize, WriteCache: &writeCache}}}}}
 	n, err := node.New(cfg, node.Options{Logger: t.cfg.Log, Backend: func(string, config.LUN) (backend.Backend, error) {
-		return t.disk.View(), nil
+		return t.disk.Backend(), nil
 	}})
 	if err != nil {
 		return "", err

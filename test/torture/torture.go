@@ -74,9 +74,15 @@ type Config struct {
 	RBD, CephConf string
 	Gateways      int
 	// LieAboutFlush makes the storage acknowledge FUA and SYNCHRONIZE
-	// CACHE without making anything durable: the deliberate bug the
-	// checker must catch.
-	LieAboutFlush bool
+	// CACHE without making anything durable; LieAboutSync only
+	// SYNCHRONIZE CACHE (FUA stays honest): deliberate bugs the checker
+	// must catch. Without Binary only.
+	LieAboutFlush, LieAboutSync bool
+	// FUAFlushesAll gives the storage in this process no durable write:
+	// the SCSI core then answers FUA with a flush of every cached block
+	// (storage without RWF_DSYNC). By default a FUA write makes its own
+	// block durable and no other, as on a file.
+	FUAFlushesAll bool
 	// OpTimeout bounds each operation (10s); one that takes longer is
 	// aborted and counts as failed.
 	OpTimeout time.Duration
@@ -189,7 +195,19 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	case cfg.Binary != "":
 		tg = &process{cfg: &cfg, addr: cfg.TargetAddr}
 	default:
-		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, cfg.LieAboutFlush)}
+		if cfg.LieAboutSync && cfg.FUAFlushesAll {
+			// FUA would flush through the same lying Flush: that is
+			// LieAboutFlush, not a SYNCHRONIZE CACHE that lies alone.
+			return nil, errors.New("LieAboutSync needs storage with a durable write (not FUAFlushesAll)")
+		}
+		lie := ""
+		switch {
+		case cfg.LieAboutFlush:
+			lie = "flush"
+		case cfg.LieAboutSync:
+			lie = "sync"
+		}
+		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, lie, cfg.FUAFlushesAll)}
 	}
 	addr, err := tg.start()
 	if err != nil {

@@ -199,6 +199,26 @@ func TestCheckerCatchesLostFUA(t *testing.T) {
 	}
 }
 
+// TestCheckerCatchesLyingSyncCache: storage whose SYNCHRONIZE CACHE
+// answers GOOD without flushing, while FUA writes are durable, must fail
+// the check — in a run like TestTortureTCP's, every fault kind. With the
+// earlier storage double, whose every FUA write flushed every block, such
+// a lie went through the CI runs: one FUA write after the SYNCHRONIZE
+// CACHE made its writes durable anyway.
+func TestCheckerCatchesLyingSyncCache(t *testing.T) {
+	short(t, Config{Duration: 20 * time.Second, Seed: 1, Connections: 2, LieAboutSync: true, FaultEvery: 700 * time.Millisecond}, porcupine.Illegal)
+	if _, err := Run(context.Background(), Config{Duration: time.Second, LieAboutSync: true, FUAFlushesAll: true}); err == nil {
+		t.Error("a lying SYNCHRONIZE CACHE on storage whose FUA flushes everything was run (FUA would lie too)")
+	}
+}
+
+// TestTortureFUAFlushesAll: the earlier storage double, FUA flushing
+// every cached block, still runs clean.
+func TestTortureFUAFlushesAll(t *testing.T) {
+	short(t, Config{Duration: 10 * time.Second, Seed: 8, FUAFlushesAll: true, Faults: []string{"crash", "reset"},
+		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+}
+
 // TestTorturePreempt: PREEMPT AND ABORT of a client's key at random
 // times while it writes, with resets, partitions and delays: none of its
 // writes sent before a preemption may land after it.

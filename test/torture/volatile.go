@@ -3,6 +3,8 @@ package main
 import (
 	"errors"
 	"sync"
+
+	"github.com/blockwire/blockwire/backend"
 )
 
 // errPowerLost is what a crashed incarnation's storage answers.
@@ -10,13 +12,21 @@ var errPowerLost = errors.New("torture: power lost")
 
 // volatileDisk is storage with a volatile write cache, so that a crash
 // can lose what was not flushed: writes land in the cache; Flush (what
-// the SCSI core calls for FUA and SYNCHRONIZE CACHE) copies every dirty
-// block to the durable image; Crash throws the cache away. With
-// lieAboutFlush set, Flush acknowledges without copying: the deliberate
-// bug the checker must catch.
+// the SCSI core calls for SYNCHRONIZE CACHE) copies every dirty block to
+// the durable image; a durable write (WriteAtDurable: FUA, or the write
+// cache off — RWF_DSYNC on a file) makes its own blocks durable and no
+// other; Crash throws the cache away. With fuaFlushesAll the disk has no
+// durable write, so the SCSI core answers FUA with a write and a Flush of
+// everything, as on storage without one (the earlier double, kept as a
+// second mode: it makes every FUA a SYNCHRONIZE CACHE, which hides a
+// SYNCHRONIZE CACHE that lies). lie is a deliberate bug the checker must
+// catch: "flush", Flush and durable writes acknowledge without making
+// anything durable; "sync", Flush does (SYNCHRONIZE CACHE answers GOOD
+// without flushing) while durable writes are honest.
 type volatileDisk struct {
 	blockSize     int
-	lieAboutFlush bool
+	lie           string
+	fuaFlushesAll bool
 
 	mu      sync.Mutex // guards what follows; no I/O under it but memory copies
 	cur     []byte     // what reads see
@@ -25,8 +35,8 @@ type volatileDisk struct {
 	epoch   int // the incarnation whose views may use the disk
 }
 
-func newVolatileDisk(size int64, blockSize int, lie bool) *volatileDisk {
-	return &volatileDisk{blockSize: blockSize, lieAboutFlush: lie, cur: make([]byte, size),
+func newVolatileDisk(size int64, blockSize int, lie string, fuaFlushesAll bool) *volatileDisk {
+	return &volatileDisk{blockSize: blockSize, lie: lie, fuaFlushesAll: fuaFlushesAll, cur: make([]byte, size),
 		durable: make([]byte, size), dirty: map[int64]bool{}}
 }
 
@@ -43,6 +53,41 @@ func (d *volatileDisk) View() *view {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return &view{d: d, epoch: d.epoch}
+}
+
+// Backend is the current incarnation's handle as its LU's backend: with
+// a durable write unless fuaFlushesAll.
+func (d *volatileDisk) Backend() backend.Backend {
+	if d.fuaFlushesAll {
+		return d.View()
+	}
+	return durableView{d.View()}
+}
+
+// durableView is a view with a durable write (backend.DurableWriter).
+type durableView struct{ *view }
+
+// WriteAtDurable writes p and makes those blocks durable, no others.
+func (v durableView) WriteAtDurable(p []byte, off int64) (int, error) {
+	d := v.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.epoch != v.epoch {
+		return 0, errPowerLost
+	}
+	n := copy(d.cur[off:], p)
+	bs := int64(d.blockSize)
+	for b := off / bs; b*bs < off+int64(n); b++ {
+		if d.lie == "flush" {
+			d.dirty[b] = true
+			continue
+		}
+		// The whole block: any earlier unflushed bytes of it may
+		// survive too (the model allows an unsynced write to).
+		copy(d.durable[b*bs:(b+1)*bs], d.cur[b*bs:(b+1)*bs])
+		delete(d.dirty, b)
+	}
+	return n, nil
 }
 
 func (v *view) Size() int64 { return int64(len(v.d.cur)) }
@@ -80,7 +125,7 @@ func (v *view) Flush() error {
 	if d.epoch != v.epoch {
 		return errPowerLost
 	}
-	if d.lieAboutFlush {
+	if d.lie != "" {
 		return nil
 	}
 	bs := int64(d.blockSize)
