@@ -15,6 +15,7 @@ import (
 
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/scsi"
 )
 
 // client is one initiator session doing operations.
@@ -56,11 +57,26 @@ func (c *client) login(ctx context.Context) error {
 
 // register registers the client's key on its session (REGISTER AND
 // IGNORE EXISTING KEY).
+//
+// One answered with a unit attention (the new session's first command
+// gets the reset or power-on condition) did not run (SAM-5 §5.14): it is
+// sent again, a few times, instead of being recorded as one that may
+// have happened — which left the client unregistered while the checker
+// allowed every outcome.
 func (c *client) register() {
-	op := porcupine.Operation{ClientId: c.id, Input: input{kind: opRegister, nexus: c.nexus}, Call: c.now()}
+	op := porcupine.Operation{ClientId: c.id, Input: input{kind: opRegister, nexus: c.nexus}}
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
 	defer cancel()
-	_, err := c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
+	var err error
+	for range 4 {
+		op.Call = c.now()
+		_, err = c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
+		var se *initiator.SCSIError
+		if !errors.As(err, &se) || se.Status != scsi.StatusCheckCondition || se.Sense == nil || se.Sense.Key != scsi.SenseUnitAttention {
+			break
+		}
+		c.rec.count("register: unit attention, sent again")
+	}
 	op.Return = c.now()
 	if err != nil {
 		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}

@@ -101,7 +101,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	} else {
 		rep.Print(stdout)
 	}
-	if rep.Verdict != porcupine.Ok {
+	if rep.Verdict != porcupine.Ok || rep.Implausible != "" {
 		return 1
 	}
 	return 0
@@ -132,6 +132,9 @@ func (r *Report) Print(w io.Writer) {
 		fmt.Fprintf(w, "checker: %s\n", r.Checked)
 	}
 	fmt.Fprintf(w, "verdict: %s\n", verdictText(r.Verdict))
+	if r.Implausible != "" {
+		fmt.Fprintf(w, "implausible: %s — the run proves little, and fails\n", r.Implausible)
+	}
 	for _, l := range r.Window {
 		fmt.Fprintln(w, "  ", l)
 	}

@@ -156,6 +156,30 @@ type Report struct {
 	Window []string
 	// NetemDropped counts the packets netem dropped (netem.go).
 	NetemDropped int
+	// Implausible, when set, says why the run proves little whatever its
+	// verdict (implausible): it fails the run as an illegal history does.
+	Implausible string `json:",omitempty"`
+}
+
+// implausible says why a run's history, legal or not, proves little: no
+// write or no read completed, more than a tenth of them failed (the
+// faults kept the clients from working rather than testing them), or,
+// with preemptions, none took effect (no PREEMPT AND ABORT completed, or
+// no write was refused for the reservation after one). "" when none.
+func (r *Report) implausible(faults []string) string {
+	w, rd := r.Ops["write ok"], r.Ops["read ok"]
+	if w == 0 || rd == 0 {
+		return fmt.Sprintf("too few operations completed (%d writes, %d reads)", w, rd)
+	}
+	failed := r.Ops["write failed"] + r.Ops["read failed"]
+	if total := w + rd + failed; failed*10 > total {
+		return fmt.Sprintf("%d of %d writes and reads failed", failed, total)
+	}
+	if slices.Contains(faults, "preempt") && (r.Ops["preempt ok"] == 0 || r.Ops["write refused: reservation conflict"] == 0) {
+		return fmt.Sprintf("no preemption took effect (%d PREEMPT AND ABORT completed, %d writes refused for a reservation conflict)",
+			r.Ops["preempt ok"], r.Ops["write refused: reservation conflict"])
+	}
+	return ""
 }
 
 // Run runs the clients against a target while faults are injected, then
@@ -360,6 +384,7 @@ loop:
 	_, gw := tg.(*gateways)
 	var st stretchStats
 	rep.Verdict, rep.Window, st = check(newModel(rec.owner), h, cfg.Artifact, !gw)
+	rep.Implausible = rep.implausible(cfg.Faults)
 	rep.Checked = st.String()
 	return rep, nil
 }

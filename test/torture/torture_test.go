@@ -125,8 +125,8 @@ func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
 		}
 		t.Fatalf("verdict %s, want %s", rep.Verdict, want)
 	}
-	if rep.Ops["write ok"] == 0 || rep.Ops["read ok"] == 0 {
-		t.Fatalf("too few operations: %v", rep.Ops)
+	if rep.Implausible != "" {
+		t.Fatalf("implausible: %s (%v)", rep.Implausible, rep.Ops)
 	}
 	return rep
 }
@@ -384,5 +384,29 @@ func TestValuesTornInAnEdgeWord(t *testing.T) {
 	binary.LittleEndian.PutUint64(blk[32:], old)
 	if got := values(blk); !slices.Contains(got, output{value: old}) {
 		t.Errorf("a whole value in the first word taken in part: %+v", got)
+	}
+}
+
+// TestCLIFailsAnImplausibleRun: a run in which no preemption took effect
+// proves nothing about preemptions, linearizable or not: the command
+// fails it and says why (the go tests did; the command exited 0).
+func TestCLIFailsAnImplausibleRun(t *testing.T) {
+	var out, errOut strings.Builder
+	code := run([]string{"-faults", "preempt", "-fault-every", "1h", "-duration", "2s", "-seed", "6"}, &out, &errOut)
+	if code != 1 || !strings.Contains(out.String(), "implausible: no preemption took effect") {
+		t.Fatalf("exit %d, output:\n%s%s", code, out.String(), errOut.String())
+	}
+	for _, c := range []struct {
+		ops  map[string]int
+		want string
+	}{
+		{map[string]int{"write ok": 100, "read ok": 100, "write failed": 5}, ""},
+		{map[string]int{"write ok": 0, "read ok": 100}, "too few operations"},
+		{map[string]int{"write ok": 50, "read ok": 50, "read failed": 20}, "20 of 120"},
+	} {
+		r := &Report{Ops: c.ops}
+		if got := r.implausible(nil); c.want == "" && got != "" || !strings.Contains(got, c.want) {
+			t.Errorf("%v: %q, want %q", c.ops, got, c.want)
+		}
 	}
 }
