@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -31,6 +32,8 @@ type client struct {
 	s      *initiator.Session
 	pr     bool // reservations in play: register on every session
 	nexus  int  // the session's number (with pr)
+	// writing is 1 + the block of the client's outstanding write, or 0.
+	writing *atomic.Int64
 }
 
 func (c *client) login(ctx context.Context) error {
@@ -113,7 +116,9 @@ func (c *client) run(ctx context.Context) {
 			// Write-through: every write is durable once acknowledged.
 			op.Input = input{kind: opWrite, block: block, value: v, fua: fua || c.cfg.WriteThrough, nexus: c.nexus}
 			op.Call = c.now()
+			c.writing.Store(int64(block) + 1)
 			_, err := c.do(octx, rw16(0x8a, block, fua), buf, nil)
+			c.writing.Store(0)
 			op.Return = c.now()
 			var se *initiator.SCSIError
 			switch {

@@ -43,6 +43,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	faults := fs.String("faults", strings.Join(AllFaults, ","), "fault kinds: "+strings.Join(KnownFaults, ", ")+` ("preempt" not with "crash")`)
 	fs.BoolVar(&cfg.LieAboutFlush, "lie-about-flush", false, "storage that acknowledges FUA and SYNCHRONIZE CACHE without making anything durable (the checker must fail)")
 	fs.BoolVar(&cfg.LieAboutSync, "lie-about-sync", false, "storage whose SYNCHRONIZE CACHE answers GOOD without flushing, FUA honest (the checker must fail)")
+	fs.DurationVar(&cfg.WriteDelay, "write-delay", 0, "how long each write to the in-process storage takes before it lands (writes in flight at a preemption)")
 	fs.BoolVar(&cfg.FUAFlushesAll, "fua-flushes-all", false, "storage without a durable write: FUA flushes every cached block (hides a lying SYNCHRONIZE CACHE)")
 	fs.StringVar(&cfg.Fabric, "fabric", "tcp", "tcp (iSCSI/TCP) or iser (iSER over the software iWARP device)")
 	fs.IntVar(&cfg.Connections, "connections", 1, "connections per session (MC/S above 1)")

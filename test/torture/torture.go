@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/anishathalye/porcupine"
@@ -83,6 +84,11 @@ type Config struct {
 	// (storage without RWF_DSYNC). By default a FUA write makes its own
 	// block durable and no other, as on a file.
 	FUAFlushesAll bool
+	// WriteDelay is how long each write to the storage in this process
+	// takes before it lands (0): with it, writes are in flight in the
+	// storage when a PREEMPT AND ABORT comes, and the abort must wait
+	// for them.
+	WriteDelay time.Duration
 	// OpTimeout bounds each operation (10s); one that takes longer is
 	// aborted and counts as failed.
 	OpTimeout time.Duration
@@ -231,7 +237,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		case cfg.LieAboutSync:
 			lie = "sync"
 		}
-		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, lie, cfg.FUAFlushesAll)}
+		tg = &incarnation{cfg: &cfg, disk: newVolatileDisk(int64(cfg.Blocks)*blockSize, blockSize, lie, cfg.FUAFlushesAll, cfg.WriteDelay)}
 	}
 	addr, err := tg.start()
 	if err != nil {
@@ -271,11 +277,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer cancel()
 
 	var wg sync.WaitGroup
+	// writing[c]: 1 + the block client c has a write outstanding to, or
+	// 0 (a preemption picks such a victim when there is one, so aborts
+	// race writes in flight).
+	writing := make([]atomic.Int64, cfg.Clients)
 	for c := 0; c < cfg.Clients; c++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl := &client{id: c, cfg: &cfg, portal: px[c%len(px)].Addr(), paths: px.others(c % len(px)), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr}
+			cl := &client{id: c, cfg: &cfg, portal: px[c%len(px)].Addr(), paths: px.others(c % len(px)), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr,
+				writing: &writing[c]}
 			cl.run(runCtx)
 		}()
 	}
@@ -329,10 +340,16 @@ loop:
 			rep.NetemDropped += n
 		case "preempt":
 			victim := rng.IntN(cfg.Clients)
+			for i := range cfg.Clients {
+				if c := (victim + i) % cfg.Clients; writing[c].Load() != 0 {
+					victim = c
+					break
+				}
+			}
+			inFlight := int(writing[victim].Load()) - 1
 			op := porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opPreempt, victim: victim}, Call: now()}
 			octx, ocancel := context.WithTimeout(ctx, cfg.OpTimeout)
 			_, err := admin.Do(octx, 0, prOut(5), prParams(adminKey, clientKey(victim)), nil)
-			ocancel()
 			op.Return = now()
 			if err != nil {
 				cfg.Log.Warn("preempt failed", "victim", victim, "after", time.Duration(op.Return-op.Call), "err", err)
@@ -342,6 +359,17 @@ loop:
 				rec.count("preempt ok")
 			}
 			rec.add(op)
+			if err == nil && inFlight >= 0 && cfg.WriteDelay > 0 {
+				// The block the victim was writing, read at once and
+				// again once its write would have landed: a write the
+				// preemption neither aborted nor waited for shows up
+				// in the second read only.
+				for _, wait := range []time.Duration{0, cfg.WriteDelay + 5*time.Millisecond} {
+					time.Sleep(wait)
+					look(octx, admin, rec, cfg.Clients, inFlight, now)
+				}
+			}
+			ocancel()
 		}
 		faults = append(faults, fault{kind, now()})
 		cfg.Log.Info("fault", "kind", kind, "at", time.Duration(now()))
@@ -420,4 +448,18 @@ func (r *recorder) count(what string) {
 	}
 	r.counts[what]++
 	r.mu.Unlock()
+}
+
+// look reads block through s as client id and records what it saw.
+func look(ctx context.Context, s *initiator.Session, rec *recorder, id, block int, now func() int64) {
+	buf := make([]byte, blockSize)
+	op := porcupine.Operation{ClientId: id, Input: input{kind: opRead, block: block}, Call: now()}
+	if _, err := s.Do(ctx, 0, rw16(0x88, block, false), nil, buf); err != nil {
+		return // a read that failed says nothing
+	}
+	op.Return = now()
+	for _, v := range values(buf) {
+		op.Output = v
+		rec.add(op)
+	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"sync"
+	"time"
 
 	"github.com/blockwire/blockwire/backend"
 )
@@ -27,6 +28,9 @@ type volatileDisk struct {
 	blockSize     int
 	lie           string
 	fuaFlushesAll bool
+	// writeDelay is how long a write takes before it lands (storage
+	// latency: writes are then in flight when a preemption comes).
+	writeDelay time.Duration
 
 	mu      sync.Mutex // guards what follows; no I/O under it but memory copies
 	cur     []byte     // what reads see
@@ -35,8 +39,8 @@ type volatileDisk struct {
 	epoch   int // the incarnation whose views may use the disk
 }
 
-func newVolatileDisk(size int64, blockSize int, lie string, fuaFlushesAll bool) *volatileDisk {
-	return &volatileDisk{blockSize: blockSize, lie: lie, fuaFlushesAll: fuaFlushesAll, cur: make([]byte, size),
+func newVolatileDisk(size int64, blockSize int, lie string, fuaFlushesAll bool, writeDelay time.Duration) *volatileDisk {
+	return &volatileDisk{blockSize: blockSize, lie: lie, fuaFlushesAll: fuaFlushesAll, writeDelay: writeDelay, cur: make([]byte, size),
 		durable: make([]byte, size), dirty: map[int64]bool{}}
 }
 
@@ -70,6 +74,7 @@ type durableView struct{ *view }
 // WriteAtDurable writes p and makes those blocks durable, no others.
 func (v durableView) WriteAtDurable(p []byte, off int64) (int, error) {
 	d := v.d
+	time.Sleep(d.writeDelay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.epoch != v.epoch {
@@ -104,6 +109,7 @@ func (v *view) ReadAt(p []byte, off int64) (int, error) {
 
 func (v *view) WriteAt(p []byte, off int64) (int, error) {
 	d := v.d
+	time.Sleep(d.writeDelay)
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.epoch != v.epoch {
