@@ -57,7 +57,19 @@ type AcceptParams struct {
 	// (sendguard.MinProgress) before the connection fails: a peer that
 	// stops reading, or reads a trickle; 0: no bound.
 	SendTimeout time.Duration
-	Logger      *slog.Logger
+	// Memory, when set, is charged what the connection holds once its
+	// login completes (an iSER connection's receive ring and send
+	// slots) and given it back when the connection ends; a connection
+	// whose charge is refused ends instead of holding it.
+	Memory Charger
+	Logger *slog.Logger
+}
+
+// Charger is a budget memory is charged to (scsitarget.IOShare is one):
+// Take reports whether there was room for n bytes; Give returns them.
+type Charger interface {
+	Take(n int64) bool
+	Give(n int64)
 }
 
 // Established is a connection whose fabric set-up is done.

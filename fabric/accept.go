@@ -200,6 +200,7 @@ func acceptISER(ctx context.Context, req rdma.ConnRequest, pd *rdma.PD, opt iser
 	// connection request (a spoofed source, before any handshake) makes
 	// the node hold little.
 	opt.LoginRecvs = loginRecvs
+	opt.Memory = p.Memory
 	res := iser.Prepare(pd, opt)
 	reply := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: peer.SendInvNotSupported}.Append(nil)
 	qp, err := rdma.AcceptContext(ctx, req, res.ConnParams(reply))

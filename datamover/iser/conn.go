@@ -87,7 +87,12 @@ type Options struct {
 	// single login-sized receive until then). 0: everything from the
 	// start.
 	LoginRecvs int
-	Logger     *slog.Logger
+	// Memory, when set, is charged what grow adds when the login
+	// completes (the rest of the ring and the send slots) and given it
+	// back when the connection ends; a refused charge fails the login's
+	// EnableDatamover.
+	Memory datamover.Charger
+	Logger *slog.Logger
 }
 
 // WithDefaults returns the options with every zero field at its default.
@@ -278,7 +283,8 @@ type Conn struct {
 	pending  datamover.Params
 	havePend bool
 	enabled  bool
-	freed    bool // the buffers were given back (the connection ended)
+	freed    bool  // the buffers were given back (the connection ended)
+	charged  int64 // what grow charged to Options.Memory
 	termOnce sync.Once
 	dispDone chan struct{}
 
@@ -398,6 +404,14 @@ func (c *Conn) grow() error {
 		return nil
 	}
 	from := r.posted
+	if m := r.opt.Memory; m != nil {
+		n := int64(len(r.recvBufs)-from)*int64(r.hl+pdu.BHSLen+maxAHS+r.opt.RecvDataSize) +
+			int64(len(c.slots)-int(c.nslots.Load()))*int64(c.hl+pdu.BHSLen+maxAHS+max(r.opt.RecvDataSize, 8192))
+		if !m.Take(n) {
+			return fmt.Errorf("iser: no room in the I/O budget for the connection's receive ring and send slots (%d bytes)", n)
+		}
+		c.charged = n
+	}
 	r.grown = r.carve(from, len(r.recvBufs))
 	r.posted = len(r.recvBufs)
 	for i := from; i < len(r.recvBufs); i++ {
@@ -984,6 +998,10 @@ func (c *Conn) Serve(up datamover.Upcalls) {
 	c.r.pd.Free(c.r.grown)
 	c.r.pd.Free(c.slotBacking)
 	c.r.pd.Free(c.moreSlots)
+	if c.charged > 0 {
+		c.r.opt.Memory.Give(c.charged)
+		c.charged = 0
+	}
 	c.pmu.Unlock()
 	if err == nil {
 		if qerr := c.qp.Err(); qerr != nil && !errors.Is(qerr, rdma.ErrDisconnected) {

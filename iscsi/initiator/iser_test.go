@@ -320,3 +320,53 @@ func (tc preferCase) run(t *testing.T, rdmaFabric rdma.Fabric, transport string)
 		t.Fatalf("read back differs (%v)", err)
 	}
 }
+
+// TestISERRingChargedToTheBudget: the receive ring and send slots an iSER
+// connection grows to when its login completes are charged to the I/O
+// budget of its source, given back when it ends — and a login the budget
+// has no room for ends instead of holding them. (They were plain memory
+// outside every budget: ~0.5 MiB a connection, the sessions' count the
+// only bound.)
+func TestISERRingChargedToTheBudget(t *testing.T) {
+	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	addr := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{Budget: budget}, fabric.ISERPortal{
+		IWARP: siw.New(siw.Options{}),
+		PD:    rdma.NewDevice("target").AllocPD(),
+	})
+	url := fmt.Sprintf("iser://%s/%s/0", addr, tIQN)
+	d, err := Open(context.Background(), url, Options{Dialer: &fabric.Dialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ring := budget.Used()
+	if ring < 256<<10 {
+		t.Fatalf("a logged-in iSER connection holds %d bytes of the budget, want its ring (~0.5 MiB)", ring)
+	}
+	d.Close()
+	waitUsed(t, budget, 0)
+	// A budget with room for less than a ring: the login ends, nothing
+	// stays charged.
+	small := scsitarget.NewIOBudget(ring/2, ring/2)
+	addr = startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{Budget: small}, fabric.ISERPortal{
+		IWARP: siw.New(siw.Options{}),
+		PD:    rdma.NewDevice("target").AllocPD(),
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if d, err := Open(ctx, fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{}, RecoveryTimeout: -1}); err == nil {
+		d.Close()
+		t.Fatalf("an iSER login went through with %d bytes of budget for a %d-byte ring", ring/2, ring)
+	}
+	waitUsed(t, small, 0)
+}
+
+func waitUsed(t *testing.T, b *scsitarget.IOBudget, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for b.Used() != want && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if u := b.Used(); u != want {
+		t.Fatalf("%d bytes of the budget held, want %d", u, want)
+	}
+}

@@ -94,6 +94,10 @@ type conn struct {
 
 	// Receive-goroutine state between DataBuffer and ControlNotify.
 	pendingTask *task
+	// mem is the I/O budget share what the datamover holds once logged
+	// in is charged to (datamover.AcceptParams.Memory); closed when the
+	// connection ends.
+	mem *scsitarget.IOShare
 	// soliciting counts the connection's WRITEs holding a place for
 	// solicited data (task.solicits, Options.SolicitedWrites);
 	// waitingR2T are those in line for one, in arrival order. Guarded by

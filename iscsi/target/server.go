@@ -737,14 +737,18 @@ func (s *Server) Serve(a datamover.Acceptor) error {
 // connection holds its login slot until its login completes.
 func (s *Server) establish(ctx context.Context, cancel context.CancelFunc, in datamover.Incoming, slot *loginSlot) {
 	defer cancel()
+	// What the connection holds once logged in (an iSER ring) counts
+	// against its source's part of the I/O budget.
+	mem := s.opts.Budget.NewShare(slot.source())
 	est, err := in.Establish(ctx, datamover.AcceptParams{Window: s.opts.CmdWindow, EndNode: s.opts.EndNode, Gateway: s.opts.Gateway,
-		SendTimeout: s.opts.NopTimeout, Logger: s.log})
+		SendTimeout: s.opts.NopTimeout, Memory: mem, Logger: s.log})
 	if err == nil && !slot.established() {
 		// Evicted as it completed: its place is another's now.
 		est.Close()
 		err = errors.New("its place among the logins in progress went to a newer connection")
 	}
 	if err != nil {
+		mem.Close()
 		slot.release()
 		// A fabric's set-up that fails (junk instead of an MPA
 		// Request, a refused RDMA/CM connection) is anyone's to cause:
@@ -760,6 +764,7 @@ func (s *Server) establish(ctx context.Context, cancel context.CancelFunc, in da
 	}
 	c := newConn(s, remote, est.Open, est.RDMA, est.ISER)
 	c.slot = slot
+	c.mem = mem
 	s.start(c, func() { slot.release(); est.Close() })
 }
 
@@ -770,6 +775,9 @@ func (s *Server) start(c *conn, abort func()) {
 	if s.closing {
 		s.mu.Unlock()
 		abort()
+		if c.mem != nil {
+			c.mem.Close()
+		}
 		return
 	}
 	s.conns[c] = struct{}{}
@@ -780,6 +788,9 @@ func (s *Server) start(c *conn, abort func()) {
 		defer s.connWG.Done()
 		c.run()
 		c.awaitBackground()
+		if c.mem != nil {
+			c.mem.Close() // the datamover gave its charge back as it ended
+		}
 		s.mu.Lock()
 		delete(s.conns, c)
 		s.leaveSource(c.src)
