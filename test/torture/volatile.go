@@ -73,26 +73,7 @@ type durableView struct{ *view }
 
 // WriteAtDurable writes p and makes those blocks durable, no others.
 func (v durableView) WriteAtDurable(p []byte, off int64) (int, error) {
-	d := v.d
-	time.Sleep(d.writeDelay)
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.epoch != v.epoch {
-		return 0, errPowerLost
-	}
-	n := copy(d.cur[off:], p)
-	bs := int64(d.blockSize)
-	for b := off / bs; b*bs < off+int64(n); b++ {
-		if d.lie == "flush" {
-			d.dirty[b] = true
-			continue
-		}
-		// The whole block: any earlier unflushed bytes of it may
-		// survive too (the model allows an unsynced write to).
-		copy(d.durable[b*bs:(b+1)*bs], d.cur[b*bs:(b+1)*bs])
-		delete(d.dirty, b)
-	}
-	return n, nil
+	return v.write(p, off, v.d.lie != "flush")
 }
 
 func (v *view) Size() int64 { return int64(len(v.d.cur)) }
@@ -107,7 +88,13 @@ func (v *view) ReadAt(p []byte, off int64) (int, error) {
 	return copy(p, d.cur[off:]), nil
 }
 
-func (v *view) WriteAt(p []byte, off int64) (int, error) {
+func (v *view) WriteAt(p []byte, off int64) (int, error) { return v.write(p, off, false) }
+
+// write lands p after the disk's write delay: in the cache, or with
+// durable in the durable image too — whole blocks, so any earlier
+// unflushed bytes of them may survive as well (the model allows an
+// unsynced write to).
+func (v *view) write(p []byte, off int64, durable bool) (int, error) {
 	d := v.d
 	time.Sleep(d.writeDelay)
 	d.mu.Lock()
@@ -118,7 +105,12 @@ func (v *view) WriteAt(p []byte, off int64) (int, error) {
 	n := copy(d.cur[off:], p)
 	bs := int64(d.blockSize)
 	for b := off / bs; b*bs < off+int64(n); b++ {
-		d.dirty[b] = true
+		if !durable {
+			d.dirty[b] = true
+			continue
+		}
+		copy(d.durable[b*bs:(b+1)*bs], d.cur[b*bs:(b+1)*bs])
+		delete(d.dirty, b)
 	}
 	return n, nil
 }
