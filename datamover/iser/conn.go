@@ -181,7 +181,7 @@ func Prepare(pd *rdma.PD, opt Options) *Resources {
 // receives land in without a bounce (given back when the connection
 // ends).
 func (r *Resources) carve(from, to int) []byte {
-	size := r.hl + pdu.BHSLen + maxAHS + r.opt.RecvDataSize
+	size := r.recvSize()
 	backing := r.pd.Alloc(size * (to - from))
 	for i := from; i < to; i++ {
 		j := i - from
@@ -189,6 +189,9 @@ func (r *Resources) carve(from, to int) []byte {
 	}
 	return backing
 }
+
+// recvSize is the size of one receive buffer.
+func (r *Resources) recvSize() int { return r.hl + pdu.BHSLen + maxAHS + r.opt.RecvDataSize }
 
 // Release gives back the resources of a connection that was never
 // attached (its accept failed, or the node refused it before it ran).
@@ -353,7 +356,7 @@ func (r *Resources) Attach(qp rdma.QP, peer CMHeader, stamp datamover.Stamper) *
 // addSlots allocates the send slots from..to-1, frees them for use and
 // returns their backing.
 func (c *Conn) addSlots(from, to int) []byte {
-	size := c.hl + pdu.BHSLen + maxAHS + max(c.r.opt.RecvDataSize, 8192)
+	size := c.slotSize()
 	backing := c.r.pd.Alloc(size * (to - from))
 	for i := from; i < to; i++ {
 		j := i - from
@@ -366,6 +369,9 @@ func (c *Conn) addSlots(from, to int) []byte {
 	}
 	return backing
 }
+
+// slotSize is the size of one send slot.
+func (c *Conn) slotSize() int { return c.hl + pdu.BHSLen + maxAHS + max(c.r.opt.RecvDataSize, 8192) }
 
 // deregister gives back the connection's memory regions once nothing can
 // use them (the queue pair is closed, its dispatchers are done): the read
@@ -405,8 +411,9 @@ func (c *Conn) grow() error {
 	}
 	from := r.posted
 	if m := r.opt.Memory; m != nil {
-		n := int64(len(r.recvBufs)-from)*int64(r.hl+pdu.BHSLen+maxAHS+r.opt.RecvDataSize) +
-			int64(len(c.slots)-int(c.nslots.Load()))*int64(c.hl+pdu.BHSLen+maxAHS+max(r.opt.RecvDataSize, 8192))
+		// What carve and addSlots below allocate: the buffers and
+		// slots not there yet, at the sizes they give them.
+		n := int64(len(r.recvBufs)-from)*int64(r.recvSize()) + int64(len(c.slots)-int(c.nslots.Load()))*int64(c.slotSize())
 		if !m.Take(n) {
 			return fmt.Errorf("iser: no room in the I/O budget for the connection's receive ring and send slots (%d bytes)", n)
 		}

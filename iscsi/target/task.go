@@ -163,13 +163,14 @@ func (c *conn) newTask(h *pdu.BHS) (*task, error) {
 			// holds a buffer for what it brings unasked only.
 			need, t.partial = t.unsolLimit, true
 		}
-		if need == 0 {
-		} else if c.sess.io.Take(int64(need)) {
+		switch {
+		case need == 0: // nothing comes before its turn
+		case c.sess.io.Take(int64(need)):
 			t.charged = int64(need)
 			t.bb = c.srv.pool.Get(int(need))
 			t.buf = t.bb.B
 			t.cmd.Data = t.buf
-		} else {
+		default:
 			t.full = true
 			c.sess.noteFull(cmd.EDTL)
 		}
