@@ -1,5 +1,6 @@
 #!/bin/bash
-# Build the guestlab (Debian 6.1 kernel + busybox initramfs with open-iscsi, LIO, rdma_rxe, siw, ib_iser/isert, ib_srp/srpt).
+# Build the guestlab (Debian 6.1 kernel + busybox initramfs with open-iscsi, LIO, rdma_rxe, siw, ib_iser/isert, ib_srp/srpt,
+# dm-log-writes for the power cut).
 # usage: build-guestlab.sh OUTDIR   (needs root + Debian bookworm apt; init and run.sh beside this script)
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd); L=${1:-./guestlab-out}; mkdir -p "$L"; cd "$L"
@@ -14,7 +15,7 @@ PKGS="libc6 libgcc-s1 open-iscsi libopeniscsiusr libisns0 libkmod2 libmount1 lib
  libsystemd0 libcap2 libgcrypt20 libgpg-error0 liblz4-1 liblzma5 libzstd1 zlib1g iproute2 libbpf1 libbsd0 libmd0 libdb5.3
  libelf1 libmnl0 libtirpc3 libgssapi-krb5-2 libkrb5-3 libk5crypto3 libkrb5support0 libkeyutils1 libxtables12 e2fsprogs
  libext2fs2 libcom-err2 libss2 libuuid1 kmod rdmacm-utils ibverbs-utils libibverbs1 librdmacm1 ibverbs-providers
- libnl-3-200 libnl-route-3-200 busybox-static"
+ libnl-3-200 libnl-route-3-200 busybox-static dmsetup libdevmapper1.02.1 libudev1"
 mkdir -p debs; (cd debs && apt-get download $PKGS "$KPKG" "$KSRC" 2>&1 | { grep -v unsandboxed || true; } | tail -1)
 t "downloads"
 # kernel
@@ -42,7 +43,7 @@ addmod() { local m=$1 f d; [ -n "${seen[$m]:-}" ] && return 0; seen[$m]=1
   for d in $(modinfo -F softdep $f | tr ' ' '\n' | grep -v :); do addmod $d; done; }
 for m in scsi_mod sd_mod sg iscsi_tcp ib_iser rdma_rxe ib_srp ib_srpt ib_isert target_core_mod target_core_file \
   target_core_iblock iscsi_target_mod ib_uverbs rdma_ucm ib_umad ext4 dummy veth sch_netem loop configfs crc32c_generic \
-  scsi_debug crc32c-intel crct10dif_generic crct10dif-pclmul libcrc32c crc64_rocksoft_generic crc32_generic crc32-pclmul; do addmod $m; done
+  scsi_debug dm_mod dm_log_writes crc32c-intel crct10dif_generic crct10dif-pclmul libcrc32c crc64_rocksoft_generic crc32_generic crc32-pclmul; do addmod $m; done
 strip --strip-debug -o $D/extra/siw.ko siwsrc/drivers/infiniband/sw/siw/siw.ko
 depmod -b root $KV
 # config files + lab scripts

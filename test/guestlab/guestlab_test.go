@@ -18,6 +18,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -37,8 +38,9 @@ var boots = [][]string{
 	// build): rxe, then siw.
 	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-forged-cm", "verbs-rxe-srp-cycles", "verbs-rxe-remove", "verbs-rxe-loss"},
 	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile", "verbs-siw-our-iser-lio", "verbs-siw-remove"},
-	// The fault-injection harness with netem's faults (test/torture).
-	{"torture-netem"},
+	// The fault-injection harness (test/torture) with netem's faults,
+	// and with power cuts under a file LUN (dm-log-writes).
+	{"torture-netem", "power-cut"},
 }
 
 // benchBoots are the guest lab's benchmarks (BLOCKWIRE_GUESTLAB_BENCH=1):
@@ -239,12 +241,28 @@ func extraCPIO(t *testing.T, debs []string) string {
 		t.Fatalf("arranging the extra packages: %v\n%s", err, out)
 	}
 	// forgecm asks for connections with a forged RDMA/CM header.
-	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping", "torture": "../torture", "forgecm": "./forgecm"} {
+	// logreplay replays a dm-log-writes log to a power cut.
+	for bin, pkg := range map[string]string{"blockwire": "../../cmd/blockwire", "gorping": "./rping", "torture": "../torture", "forgecm": "./forgecm",
+		"logreplay": "./logreplay"} {
 		build := exec.Command("go", "build", "-o", filepath.Join(root, "lab", "bin", bin), pkg)
 		build.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("building %s: %v\n%s", bin, err, out)
 		}
+	}
+	// blockwire-nosync: a deliberate bug the power cut must catch — the
+	// file backend never syncs (Flush does nothing, a durable write is a
+	// plain one). go build -overlay replaces the source file, so nothing
+	// in the product can switch it on; when the code it replaces changes,
+	// the build fails until the mutation is brought up to date.
+	nosync := mutant(t, tmp, "../../backend/file/file.go", map[string]string{
+		"\tn, err := b.write(p, off, unix.RWF_DSYNC)\n": "\tn, err := b.write(p, off, 0)\n",
+		"\t\terr := syscall.Fdatasync(b.fd)\n":          "\t\tvar err error\n",
+	})
+	build := exec.Command("go", "build", "-overlay", nosync, "-o", filepath.Join(root, "lab", "bin", "blockwire-nosync"), "../../cmd/blockwire")
+	build.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building blockwire-nosync: %v\n%s", err, out)
 	}
 	// The verbs build: cgo against rdma-core (libibverbs, librdmacm),
 	// linked dynamically to the guest's own copies of them.
@@ -273,6 +291,38 @@ func extraCPIO(t *testing.T, debs []string) string {
 		t.Fatalf("cpio: %v\n%s", err, b)
 	}
 	return out
+}
+
+// mutant writes a go build overlay (returning its path) that replaces
+// src with a copy in which each old string, found exactly once, becomes
+// its new one.
+func mutant(t *testing.T, dir, src string, edits map[string]string) string {
+	t.Helper()
+	abs, err := filepath.Abs(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(abs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	text := string(b)
+	for old, new := range edits {
+		if n := strings.Count(text, old); n != 1 {
+			t.Fatalf("%s holds the mutated code %q %d times, want once: update the mutation", src, old, n)
+		}
+		text = strings.Replace(text, old, new, 1)
+	}
+	copyPath := filepath.Join(dir, "mutant-"+filepath.Base(src))
+	if err := os.WriteFile(copyPath, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {abs: copyPath}})
+	path := filepath.Join(dir, "overlay-"+filepath.Base(src)+".json")
+	if err := os.WriteFile(path, overlay, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }
 
 // savePCAPs writes the captures a failing scenario printed on the console

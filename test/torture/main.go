@@ -49,6 +49,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.IntVar(&cfg.Connections, "connections", 1, "connections per session (MC/S above 1)")
 	fs.BoolVar(&cfg.WriteThrough, "write-through", false, "the LU's write cache off: every acknowledged write must survive")
 	fs.StringVar(&cfg.Binary, "binary", "", "run this blockwire executable as the target (crash = SIGKILL) instead of one in this process")
+	fs.StringVar(&cfg.LUNFile, "lun-file", "", "with -binary: the file it serves (default: one in a temporary directory)")
+	fs.StringVar(&cfg.PowerCut, "power-cut", "", "with -binary: a shell command run after each SIGKILL, before the restart, that leaves at -lun-file only what the storage made durable (a power cut)")
 	fs.StringVar(&cfg.TargetAddr, "target-addr", "", "with -binary: the address it serves on (default a free port on 127.0.0.1)")
 	netem := fs.String("netem", "", `network devices ("dev" or "dev@netns", comma-separated) on the path to the target for the faults loss, reorder, jitter and blackhole (tc netem)`)
 	fs.StringVar(&cfg.RBD, "rbd", "", "with -binary (an rbd build) and -ceph-conf: gateways serving this RBD image (pool/image); crash kills one")

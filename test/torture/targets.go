@@ -83,9 +83,15 @@ type process struct {
 	addr string
 	cmd  *exec.Cmd
 	log  *os.File
+	// cut is the error of the last power-cut command (Config.PowerCut):
+	// the next start reports it.
+	cut error
 }
 
 func (p *process) start() (string, error) {
+	if p.cut != nil {
+		return "", p.cut
+	}
 	if p.log == nil {
 		if p.addr == "" {
 			// A port of our own, kept across restarts.
@@ -106,7 +112,11 @@ func (p *process) start() (string, error) {
 	}
 	lun := p.lun
 	if lun == nil {
-		lun = []string{"--file", filepath.Join(p.cfg.Dir, "lun.img"), "--size", strconv.Itoa(p.cfg.Blocks * blockSize)}
+		file := p.cfg.LUNFile
+		if file == "" {
+			file = filepath.Join(p.cfg.Dir, "lun.img")
+		}
+		lun = []string{"--file", file, "--size", strconv.Itoa(p.cfg.Blocks * blockSize)}
 	}
 	args := append([]string{"serve", "--listen", p.addr, "--iqn", iqn, "--block-size", strconv.Itoa(blockSize),
 		"--iser=" + strconv.FormatBool(p.cfg.Fabric == "iser"), "--log-level", "warn",
@@ -129,9 +139,19 @@ func (p *process) start() (string, error) {
 	return "", fmt.Errorf("%s serve did not listen on %s within a minute (log: %s)", p.cfg.Binary, p.addr, p.log.Name())
 }
 
+// crash SIGKILLs the process; with Config.PowerCut, the command then
+// takes from the storage what a power cut at that moment would have.
 func (p *process) crash() {
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	p.cmd.Wait()
+	if p.cfg.PowerCut == "" {
+		return
+	}
+	cmd := exec.Command("sh", "-c", p.cfg.PowerCut)
+	cmd.Stdout, cmd.Stderr = p.log, p.log
+	if err := cmd.Run(); err != nil {
+		p.cut = fmt.Errorf("the power cut (%s) failed: %v (its output is in %s)", p.cfg.PowerCut, err, p.log.Name())
+	}
 }
 
 func (p *process) stop() {

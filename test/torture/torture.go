@@ -56,6 +56,15 @@ type Config struct {
 	// ServeArgs are more flags for the binary's serve (its LUN's
 	// --io-engine and --direct, say).
 	ServeArgs []string
+	// LUNFile, with Binary, is the file the binary serves (default: one
+	// in Dir).
+	LUNFile string
+	// PowerCut, with Binary, is a shell command run after each SIGKILL,
+	// before the restart: it must leave at LUNFile only what the storage
+	// under it had made durable, as a power cut would (the guest lab's
+	// power-cut scenario replays a dm-log-writes log to the moment of the
+	// kill). A command that fails ends the run.
+	PowerCut string
 	// Dir holds the binary's file and log (a temporary directory).
 	Dir string
 	// TargetAddr, with Binary, is the address it serves on (default: a
@@ -211,6 +220,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	if cfg.TargetAddr != "" && (cfg.Binary == "" || cfg.RBD != "") {
 		return nil, errors.New("TargetAddr is the address of a target run from Binary (not gateways)")
+	}
+	if (cfg.LUNFile != "" || cfg.PowerCut != "") && (cfg.Binary == "" || cfg.RBD != "") {
+		return nil, errors.New("LUNFile and PowerCut are for a target run from Binary serving a file (not gateways)")
 	}
 	var tg targetRunner
 	switch {

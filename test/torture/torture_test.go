@@ -186,6 +186,35 @@ func TestTortureKill(t *testing.T) {
 	}
 }
 
+// TestPowerCutCommand: with PowerCut, the command runs after every
+// SIGKILL and before the restart (the guest lab's power-cut scenario
+// replays the storage's write log there), the binary serves LUNFile, and
+// a command that fails ends the run with its reason.
+func TestPowerCutCommand(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "blockwire")
+	if out, err := exec.Command("go", "build", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	dir := t.TempDir()
+	logsOnFailure(t, dir)
+	lun, cuts := filepath.Join(dir, "elsewhere.img"), filepath.Join(dir, "cuts")
+	rep := short(t, Config{Duration: 6 * time.Second, Seed: 5, Binary: bin, Dir: dir, LUNFile: lun,
+		PowerCut: "test -f " + lun + " && echo cut >> " + cuts, Faults: []string{"crash"}, FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+	b, _ := os.ReadFile(cuts)
+	if n := strings.Count(string(b), "cut\n"); n == 0 || n != rep.Faults["crash"] {
+		t.Errorf("the power-cut command ran %d times for %d kills", n, rep.Faults["crash"])
+	}
+	if _, err := os.Stat(filepath.Join(dir, "lun.img")); err == nil {
+		t.Error("the binary served the default file, not LUNFile")
+	}
+	dir = t.TempDir()
+	_, err := Run(context.Background(), Config{Duration: 3 * time.Second, Seed: 5, Binary: bin, Dir: dir,
+		PowerCut: "echo the log is gone; exit 3", Faults: []string{"crash"}, FaultEvery: 300 * time.Millisecond})
+	if err == nil || !strings.Contains(err.Error(), "power cut") {
+		t.Fatalf("a failing power cut: Run returned %v", err)
+	}
+}
+
 // TestCheckerCatchesLostFUA: storage that acknowledges FUA and
 // SYNCHRONIZE CACHE without making anything durable must fail the check,
 // with the breaking operations listed and the visualization written.
