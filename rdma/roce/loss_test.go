@@ -181,3 +181,78 @@ func lossyNetworkRun(t *testing.T, loss float64) {
 		t.Errorf("%g loss: %v for %d operations — a stall, not retransmissions", loss, took, ops)
 	}
 }
+
+// The shape of iSER reads on a lossy link, with the local ACK timeout
+// Linux's rxe asks for in its connection requests (4.096 µs × 2^19 ≈
+// 2.15 s): each I/O a 4 KiB RDMA Write and a small Send behind it (the
+// response), 3 % of the packets from the side that sends them lost, one
+// I/O at a time and eight. A lost packet with nothing behind it — the
+// response of the last I/O in flight, while the initiator waits for it
+// before it sends another command — shows no gap to the responder, which
+// then says nothing: only the requester's timer finds the loss. With the
+// QP's timeout as that timer each such loss cost 2.15 s, doubled for
+// each in a row: the guest lab's reads from Linux rxe timed out after
+// 60 s at 3 %, and a capture showed the target's response sent again
+// 2.15 s after each loss. An RTT-based timer under the QP's timeout, as
+// RDMA NICs on lossy Ethernet have, finds it in milliseconds; only waits
+// as long as the QP's timeout count against its retry count.
+func TestTailLossUnderALongQPTimeout(t *testing.T) {
+	for _, depth := range []int{1, 8} {
+		t.Run(fmt.Sprintf("depth%d", depth), func(t *testing.T) { tailLossRun(t, depth) })
+	}
+}
+
+func tailLossRun(t *testing.T, depth int) {
+	const ios, size = 300, 4096
+	ab := newLossy(21, 0.03, 0, 0)
+	a, b := pair(t, ab, newLossy(22, 0, 0, 0), 1024)
+	a.qp.mu.Lock()
+	a.qp.cfg.Timeout, a.qp.cfg.RetryCount = serviceTime(19), 7
+	a.qp.mu.Unlock()
+	region := make([]byte, depth*size)
+	mr, _ := b.pd.Register(region, 0x40000, rdma.RemoteWrite)
+	for i := range ios {
+		b.qp.PostRecv(rdma.RecvWR{ID: uint64(i), Buf: make([]byte, 64)})
+	}
+	data := bytes.Repeat([]byte("iser"), size/4)
+	start := time.Now()
+	post := func(i int) {
+		slot := uint64(i%depth) * size
+		w := rdma.SendWR{ID: uint64(2 * i), Op: rdma.OpWrite, SG: [][]byte{data}, RemoteSTag: mr.STag(), RemoteTO: 0x40000 + slot, Unsignaled: true}
+		s := rdma.SendWR{ID: uint64(2*i + 1), Op: rdma.OpSend, SG: [][]byte{[]byte("response")}}
+		if err := a.qp.PostSend(&w); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.qp.PostSend(&s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := 0
+	for ; next < depth; next++ {
+		post(next)
+	}
+	for done := 0; done < ios; {
+		for _, c := range waitN(t, a.scq, 1) {
+			if c.Status != rdma.Success {
+				t.Fatalf("I/O %d: %v", c.ID/2, c.Status)
+			}
+			done++
+			if next < ios {
+				post(next)
+				next++
+			}
+		}
+	}
+	if got := len(waitN(t, b.rcq, ios)); got != ios {
+		t.Fatalf("%d Sends received, want %d", got, ios)
+	}
+	took := time.Since(start)
+	s := a.qp.Stats()
+	ab.mu.Lock()
+	lost := ab.lost
+	ab.mu.Unlock()
+	t.Logf("%d I/Os in %s, %d packets lost: %+v", ios, took.Round(time.Millisecond), lost, s)
+	if took > 5*time.Second {
+		t.Errorf("%d I/Os at depth %d took %s over a link losing 3 %%: lost packets waited for the QP's timeout", ios, depth, took.Round(time.Millisecond))
+	}
+}

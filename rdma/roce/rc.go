@@ -186,6 +186,22 @@ type RC struct {
 	armedAt   uint64    // progress when the timer was armed
 	rereq     uint32    // the PSN a lost Read response was last asked again from
 	rereqSet  bool
+	// The adaptive retransmission timer. A lost packet with nothing
+	// behind it shows the responder no gap, and it says nothing: only
+	// this side's timer finds the loss. Waiting the QP's timeout for it
+	// (the local ACK timeout the connection manager agreed: 2.15 s from
+	// Linux rxe) all but stalled a lossy link, so, as RDMA NICs that
+	// run RoCE on lossy Ethernet do, the timer runs on the measured
+	// round trip (RFC 6298's estimator, one packet timed at a time, never
+	// a retransmitted one — Karn), under the QP's timeout; only waits as
+	// long as the QP's timeout count against RetryCount.
+	front        uint32    // the first PSN never sent
+	rttPSN       uint32    // the packet being timed
+	rttAt        time.Time // when it was sent
+	rttOn        bool
+	srtt, rttvar time.Duration
+	fast         int       // early retransmissions since the last progress
+	stallAt      time.Time // when the wait for progress began (zero: progress since the timer was armed)
 
 	stats   Stats
 	onClose func() // a local Close: the device tells the peer (DREQ)
@@ -202,7 +218,8 @@ type RC struct {
 
 // Stats count the transport's recoveries.
 type Stats struct {
-	Timeouts    int // retransmission timer expiries
+	Timeouts    int // waits as long as the QP's timeout (each counts against RetryCount)
+	Early       int // retransmissions by the round-trip timer, before the QP's timeout
 	SeqNAKs     int // PSN sequence error NAKs received
 	RNRNAKs     int // receiver-not-ready NAKs received
 	ReadRetries int // RDMA Reads asked again after a lost response
@@ -222,7 +239,7 @@ func (q *RC) Stats() Stats {
 // an active side learns it from the REP, after its QP exists. q.mu held.
 func (q *RC) startSendLocked(psn uint32) {
 	psn &= psnMask
-	q.cfg.SendPSN, q.nextPSN, q.sendPSN, q.acked = psn, psn, psn, (psn-1)&psnMask
+	q.cfg.SendPSN, q.nextPSN, q.sendPSN, q.front, q.acked = psn, psn, psn, psn, (psn-1)&psnMask
 }
 
 // NewRC returns a connected queue pair that sends through link; packets
@@ -230,7 +247,8 @@ func (q *RC) startSendLocked(psn uint32) {
 func NewRC(cfg RCConfig, link Link) *RC {
 	cfg.defaults()
 	q := &RC{cfg: cfg, link: link, dev: cfg.PD.Device(), done: make(chan struct{}),
-		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask, ePSN: cfg.RecvPSN & psnMask}
+		nextPSN: cfg.SendPSN & psnMask, sendPSN: cfg.SendPSN & psnMask, front: cfg.SendPSN & psnMask, acked: (cfg.SendPSN - 1) & psnMask,
+		ePSN: cfg.RecvPSN & psnMask}
 	q.vec, _ = link.(VecLink)
 	q.timer = time.AfterFunc(time.Hour, q.timeout)
 	q.timer.Stop()
@@ -386,13 +404,58 @@ func (q *RC) pumpLocked() {
 				break
 			}
 			q.sendReadRequest(w, i)
+			q.sentLocked(q.sendPSN, (w.lastPSN()+1)&psnMask)
 			q.sendPSN = (w.lastPSN() + 1) & psnMask
 			continue
 		}
 		q.sendSegment(w, i)
+		q.sentLocked(q.sendPSN, (q.sendPSN+1)&psnMask)
 		q.sendPSN = (q.sendPSN + 1) & psnMask
 	}
 	q.armLocked()
+}
+
+// sentLocked notes that the packets from psn to end (exclusive) are
+// sent: the first of them never sent before is timed, unless one is
+// being timed already (a retransmitted packet never is: its
+// acknowledgement might be the first transmission's).
+func (q *RC) sentLocked(psn, end uint32) {
+	if psnDiff(end, q.front) <= 0 {
+		return // retransmissions only
+	}
+	if !q.rttOn {
+		if psnDiff(psn, q.front) < 0 {
+			psn = q.front
+		}
+		q.rttOn, q.rttPSN, q.rttAt = true, psn, time.Now()
+	}
+	q.front = end
+}
+
+// minRTO is the least the round-trip timer waits: a retransmission too
+// early costs only a duplicate the responder drops or acknowledges again
+// (Reads are idempotent), but a peer's scheduling pause should not cause
+// a stream of them.
+const minRTO = 5 * time.Millisecond
+
+// rttSampleLocked folds one measured round trip into the estimate
+// (RFC 6298 §2: gains 1/8 and 1/4).
+func (q *RC) rttSampleLocked(r time.Duration) {
+	if q.srtt == 0 {
+		q.srtt, q.rttvar = r, r/2
+		return
+	}
+	q.rttvar += (max(q.srtt-r, r-q.srtt) - q.rttvar) / 4
+	q.srtt += (r - q.srtt) / 8
+}
+
+// rtoLocked is the round-trip timer's wait: the QP's timeout until a
+// round trip is measured, never more than it.
+func (q *RC) rtoLocked() time.Duration {
+	if q.srtt == 0 {
+		return q.cfg.Timeout
+	}
+	return min(q.cfg.Timeout, max(minRTO, q.srtt+4*q.rttvar))
 }
 
 func (q *RC) bth(op ib.Opcode, psn uint32, ack bool) ib.BTH {
@@ -470,6 +533,10 @@ func (q *RC) wantAck(psn uint32) bool {
 func (q *RC) ackedTo(psn uint32) {
 	if psnDiff(psn, q.acked) > 0 && psnDiff(psn, q.nextPSN) < 0 {
 		q.acked = psn
+		if q.rttOn && psnDiff(psn, q.rttPSN) >= 0 {
+			q.rttOn = false
+			q.rttSampleLocked(time.Since(q.rttAt))
+		}
 		q.progressLocked()
 	}
 }
@@ -637,9 +704,13 @@ func (q *RC) armLocked() {
 	if !q.armed {
 		q.armed = true
 		q.armedAt = q.progress
-		// Each retry waits twice as long: a slow peer is not flooded
-		// with whole windows again and again.
-		q.timer.Reset(q.cfg.Timeout << min(q.retries, 6))
+		if q.stallAt.IsZero() {
+			q.stallAt = time.Now()
+		}
+		// Each retry waits twice as long, and so does each early one: a
+		// slow peer is not flooded with whole windows again and again.
+		full := q.cfg.Timeout << min(q.retries, 6)
+		q.timer.Reset(min(full, q.rtoLocked()<<min(q.fast, 6)))
 	}
 }
 
@@ -652,13 +723,14 @@ func (q *RC) armLocked() {
 // starts a new whole timeout instead of retransmitting. A loss is found
 // between one and two timeouts after the last progress.
 func (q *RC) progressLocked() {
-	q.retries, q.rnrTries, q.rereqSet = 0, 0, false
+	q.retries, q.rnrTries, q.rereqSet, q.fast, q.stallAt = 0, 0, false, 0, time.Time{}
 	q.progress++
 	q.armLocked()
 }
 
-// timeout: no progress for a whole timeout — go back to the oldest
-// unacknowledged packet, or fail after RetryCount tries.
+// timeout: no progress for the round-trip timer's wait — go back to the
+// oldest unacknowledged packet; when the wait has been as long as the
+// QP's timeout, that is a retry, and the QP fails after RetryCount.
 func (q *RC) timeout() {
 	q.mu.Lock()
 	defer q.unlock()
@@ -678,8 +750,15 @@ func (q *RC) timeout() {
 		q.pumpLocked()
 		return
 	}
+	if time.Since(q.stallAt) < q.cfg.Timeout<<min(q.retries, 6) {
+		q.fast++
+		q.stats.Early++
+		q.goBackLocked(q.oldestLocked())
+		return
+	}
 	q.retries++
 	q.stats.Timeouts++
+	q.stallAt = time.Now() // the next retry counts from here
 	if q.retries > q.cfg.RetryCount {
 		q.failLocked(fmt.Errorf("roce: no acknowledgement after %d retries (transport retry counter exceeded)", q.cfg.RetryCount))
 		return
@@ -704,7 +783,7 @@ func (q *RC) oldestLocked() uint32 {
 
 // goBackLocked retransmits from psn.
 func (q *RC) goBackLocked(psn uint32) {
-	q.sendPSN = psn
+	q.sendPSN, q.rttOn = psn, false
 	q.pumpLocked()
 }
 
@@ -810,7 +889,7 @@ func (q *RC) gotAck(p *ib.Packet) {
 			return
 		}
 		q.holdUntil = time.Now().Add(rnrDelay(syn & 0x1f))
-		q.sendPSN = psn
+		q.sendPSN, q.rttOn = psn, false
 		q.rnrWait, q.armed = true, true
 		q.timer.Reset(time.Until(q.holdUntil))
 	case ib.SyndromeNAK:
