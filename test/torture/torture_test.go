@@ -500,25 +500,9 @@ func TestHarnessCatchesMutations(t *testing.T) {
 	}
 	for _, m := range mutations {
 		t.Run(m.name, func(t *testing.T) {
-			src := filepath.Join(root, m.file)
-			b, err := os.ReadFile(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if n := strings.Count(string(b), m.old); n != 1 {
-				t.Fatalf("%s holds the mutated code %d times, want once: update the mutation", m.file, n)
-			}
 			dir := t.TempDir()
-			mutant := filepath.Join(dir, filepath.Base(m.file))
-			if err := os.WriteFile(mutant, []byte(strings.Replace(string(b), m.old, m.new, 1)), 0o644); err != nil {
-				t.Fatal(err)
-			}
-			overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {src: mutant}})
-			if err := os.WriteFile(filepath.Join(dir, "overlay.json"), overlay, 0o644); err != nil {
-				t.Fatal(err)
-			}
 			bin := filepath.Join(dir, "torture")
-			build := exec.Command("go", "build", "-overlay", filepath.Join(dir, "overlay.json"), "-o", bin, "./test/torture")
+			build := exec.Command("go", "build", "-overlay", overlay(t, root, dir, m.file, m.old, m.new), "-o", bin, "./test/torture")
 			build.Dir = root
 			if out, err := build.CombinedOutput(); err != nil {
 				t.Fatalf("building the mutant: %v\n%s", err, out)
@@ -551,5 +535,75 @@ func TestHarnessCatchesMutations(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// overlay writes, in dir, a copy of file (relative to root) in which old,
+// found exactly once, becomes new, and a go build overlay that puts the
+// copy in file's place; it returns the overlay's path.
+func overlay(t *testing.T, root, dir, file, old, new string) string {
+	t.Helper()
+	src := filepath.Join(root, file)
+	b, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(b), old); n != 1 {
+		t.Fatalf("%s holds the mutated code %d times, want once: update the mutation", file, n)
+	}
+	mutant := filepath.Join(dir, filepath.Base(file))
+	if err := os.WriteFile(mutant, []byte(strings.Replace(string(b), old, new, 1)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	o, _ := json.Marshal(map[string]map[string]string{"Replace": {src: mutant}})
+	path := filepath.Join(dir, "overlay.json")
+	if err := os.WriteFile(path, o, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// TestTortureCephGatewaysCatchStaleReservations: a deliberate bug in the
+// gateways' shared reservation state — a gateway acknowledges another's
+// change of the state without marking its own copy out of date, so after
+// a PREEMPT AND ABORT through one gateway the other still takes the
+// preempted client's writes — must fail preemptions on two gateways of
+// one Ceph RBD image. (Runs in .ci/run's Ceph stage.)
+func TestTortureCephGatewaysCatchStaleReservations(t *testing.T) {
+	conf := os.Getenv("BLOCKWIRE_CEPH_CONF")
+	if conf == "" {
+		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
+	}
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "blockwire-rbd-stale")
+	build := exec.Command("go", "build", "-tags", "rbd", "-overlay", overlay(t, root, dir, "scsitarget/pr.go",
+		"\t\tif v == 0 || v != p.known.Load() {\n\t\t\tp.stale.Store(true)\n\t\t}\n\t}); err != nil {",
+		"\t\t_ = v\n\t}); err != nil {"), "-o", bin, "./cmd/blockwire")
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the mutant: %v\n%s", err, out)
+	}
+	for try, seed := range []uint64{7, 8} {
+		img := "rbd/torture-stale-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		if out, err := exec.Command("rbd", "-c", conf, "create", "--size", "64M", img).CombinedOutput(); err != nil {
+			t.Fatalf("rbd create (the rbd pool is made by TestTortureCephGateways): %v\n%s", err, out)
+		}
+		t.Cleanup(func() { exec.Command("rbd", "-c", conf, "rm", "--no-progress", img).Run() })
+		rep, err := Run(context.Background(), Config{Duration: 15 * time.Second, Seed: seed, Binary: bin, Dir: t.TempDir(), RBD: img,
+			CephConf: conf, Faults: []string{"preempt", "reset"}, FaultEvery: 500 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.Verdict == porcupine.Illegal || rep.Implausible != "" {
+			t.Logf("caught (seed %d): %s %s", seed, verdictText(rep.Verdict), rep.Implausible)
+			return
+		}
+		if try == 1 {
+			t.Fatalf("the harness let stale reservations through in two runs: %v", rep.Ops)
+		}
 	}
 }
