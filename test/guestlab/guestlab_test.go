@@ -36,8 +36,11 @@ var boots = [][]string{
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
 	// build): rxe, then siw.
-	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-forged-cm", "verbs-rxe-srp-cycles", "verbs-rxe-iser-cycles", "verbs-rxe-remove", "verbs-rxe-loss"},
-	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile", "verbs-siw-our-iser-lio", "verbs-siw-iser-cycles", "verbs-siw-remove"},
+	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-forged-cm", "verbs-rxe-remove", "verbs-rxe-loss"},
+	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile", "verbs-siw-our-iser-lio", "verbs-siw-remove"},
+	// 100 logins and logouts each, counting what blockwire holds.
+	{"verbs-rxe-srp-cycles", "verbs-rxe-iser-cycles"},
+	{"verbs-siw-srp-cycles", "verbs-siw-iser-cycles"},
 	// The fault-injection harness (test/torture) with netem's faults,
 	// and with power cuts under a file LUN (dm-log-writes).
 	{"torture-netem", "power-cut"},
