@@ -41,9 +41,10 @@ var boots = [][]string{
 	// 100 logins and logouts each, counting what blockwire holds.
 	{"verbs-rxe-srp-cycles", "verbs-rxe-iser-cycles"},
 	{"verbs-siw-srp-cycles", "verbs-siw-iser-cycles"},
-	// The fault-injection harness (test/torture) with netem's faults,
-	// and with power cuts under a file LUN (dm-log-writes).
-	{"torture-netem", "power-cut"},
+	// The fault-injection harness (test/torture) with netem's faults;
+	// then with power cuts under a file LUN (dm-log-writes).
+	{"torture-netem"},
+	{"power-cut"},
 }
 
 // benchBoots are the guest lab's benchmarks (BLOCKWIRE_GUESTLAB_BENCH=1):
