@@ -1811,7 +1811,14 @@ func (q *qp) complete(w *cBWWC) {
 		// connection ends, with the reason.
 		err := fmt.Errorf("verbs: %s: work completion error: %s (vendor error %#x)", q.d.name,
 			C.GoString(C.ibv_wc_status_str(uint32(w.status))), uint32(w.vendor_err))
-		q.d.log.Warn("verbs: completion error: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr,
+		// A connection already ending (the peer disconnected, or Close)
+		// may see its last requests fail so (siw: local QP operation
+		// error at a logout): that is its end, not a fault.
+		level := slog.LevelWarn
+		if q.stopped() {
+			level = slog.LevelDebug
+		}
+		q.d.log.Log(context.Background(), level, "verbs: completion error: the connection ends", "device", q.d.name, "peer", q.attr.RemoteAddr,
 			"status", C.GoString(C.ibv_wc_status_str(uint32(w.status))), "vendor_err", uint32(w.vendor_err))
 		q.fail(err)
 	}

@@ -58,7 +58,11 @@ cycles_stop() {
   if kill -0 $B 2>/dev/null; then say "blockwire did not stop within 15 s of SIGTERM"; kill -9 $B; rc=1
   else wait $B || { say "blockwire did not stop cleanly"; rc=1; }; fi
   grep -E "^(SIG|panic|fatal)" -A10 /tmp/cyc.log && rc=1
-  grep -E "level=(WARN|ERROR)" /tmp/cyc.log | head -5 | grep . && { say "blockwire logged warnings"; rc=1; }
+  # A completion error at a logout (siw: local QP operation error, when it
+  # comes before the disconnect event) is the connection's end: counted,
+  # not a failure; any other warning is.
+  say "completion errors at a connection's end: $(grep -c 'completion error: the connection ends' /tmp/cyc.log)"
+  grep -E "level=(WARN|ERROR)" /tmp/cyc.log | grep -v 'completion error: the connection ends' | head -5 | grep . && { say "blockwire logged warnings"; rc=1; }
   true
 }
 # iser_cycle I: one login, a 1 MiB read, a logout (ADDR and PORT set).
