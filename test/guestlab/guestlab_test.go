@@ -18,7 +18,6 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -27,6 +26,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/mutant"
 )
 
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
@@ -259,10 +260,13 @@ func extraCPIO(t *testing.T, debs []string) string {
 	// plain one). go build -overlay replaces the source file, so nothing
 	// in the product can switch it on; when the code it replaces changes,
 	// the build fails until the mutation is brought up to date.
-	nosync := mutant(t, tmp, "../../backend/file/file.go", map[string]string{
+	nosync, err := mutant.Overlay(tmp, "../../backend/file/file.go", map[string]string{
 		"\tn, err := b.write(p, off, unix.RWF_DSYNC)\n": "\tn, err := b.write(p, off, 0)\n",
 		"\t\terr := syscall.Fdatasync(b.fd)\n":          "\t\tvar err error\n",
 	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	build := exec.Command("go", "build", "-overlay", nosync, "-o", filepath.Join(root, "lab", "bin", "blockwire-nosync"), "../../cmd/blockwire")
 	build.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if out, err := build.CombinedOutput(); err != nil {
@@ -295,38 +299,6 @@ func extraCPIO(t *testing.T, debs []string) string {
 		t.Fatalf("cpio: %v\n%s", err, b)
 	}
 	return out
-}
-
-// mutant writes a go build overlay (returning its path) that replaces
-// src with a copy in which each old string, found exactly once, becomes
-// its new one.
-func mutant(t *testing.T, dir, src string, edits map[string]string) string {
-	t.Helper()
-	abs, err := filepath.Abs(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := os.ReadFile(abs)
-	if err != nil {
-		t.Fatal(err)
-	}
-	text := string(b)
-	for old, new := range edits {
-		if n := strings.Count(text, old); n != 1 {
-			t.Fatalf("%s holds the mutated code %q %d times, want once: update the mutation", src, old, n)
-		}
-		text = strings.Replace(text, old, new, 1)
-	}
-	copyPath := filepath.Join(dir, "mutant-"+filepath.Base(src))
-	if err := os.WriteFile(copyPath, []byte(text), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	overlay, _ := json.Marshal(map[string]map[string]string{"Replace": {abs: copyPath}})
-	path := filepath.Join(dir, "overlay-"+filepath.Base(src)+".json")
-	if err := os.WriteFile(path, overlay, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	return path
 }
 
 // savePCAPs writes the captures a failing scenario printed on the console

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"math"
 	"os"
@@ -16,6 +15,8 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+
+	"github.com/blockwire/blockwire/internal/mutant"
 )
 
 // op is a history entry for the model tests: times in milliseconds, ret
@@ -538,26 +539,12 @@ func TestHarnessCatchesMutations(t *testing.T) {
 	}
 }
 
-// overlay writes, in dir, a copy of file (relative to root) in which old,
-// found exactly once, becomes new, and a go build overlay that puts the
-// copy in file's place; it returns the overlay's path.
+// overlay writes, in dir, a copy of file (relative to root) in which old
+// becomes new, and returns the go build -overlay file that uses it.
 func overlay(t *testing.T, root, dir, file, old, new string) string {
 	t.Helper()
-	src := filepath.Join(root, file)
-	b, err := os.ReadFile(src)
+	path, err := mutant.Overlay(dir, filepath.Join(root, file), map[string]string{old: new})
 	if err != nil {
-		t.Fatal(err)
-	}
-	if n := strings.Count(string(b), old); n != 1 {
-		t.Fatalf("%s holds the mutated code %d times, want once: update the mutation", file, n)
-	}
-	mutant := filepath.Join(dir, filepath.Base(file))
-	if err := os.WriteFile(mutant, []byte(strings.Replace(string(b), old, new, 1)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	o, _ := json.Marshal(map[string]map[string]string{"Replace": {src: mutant}})
-	path := filepath.Join(dir, "overlay.json")
-	if err := os.WriteFile(path, o, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return path
