@@ -61,7 +61,7 @@ func parseSuper(b []byte) (logSuper, error) {
 		return logSuper{}, fmt.Errorf("log-writes: version %d, want %d", v, logVersion)
 	}
 	s := logSuper{Entries: le.Uint64(b[16:]), SectorSize: le.Uint32(b[24:])}
-	if s.SectorSize < 512 || s.SectorSize&(s.SectorSize-1) != 0 {
+	if s.SectorSize < 512 || s.SectorSize > 64<<10 || s.SectorSize&(s.SectorSize-1) != 0 {
 		return logSuper{}, fmt.Errorf("log-writes: sector size %d", s.SectorSize)
 	}
 	return s, nil
@@ -110,10 +110,12 @@ type region struct{ Off, Len int64 }
 
 func (r region) touches(off, n int64) bool { return r.Len > 0 && off < r.Off+r.Len && r.Off < off+n }
 
-// replay applies the log's writes and discards to img in order up to the
-// mark named mark, and counts the writes after it, and of them those
-// that touch watch. It fails when the mark is not in the log.
-func replay(log io.ReaderAt, img io.WriterAt, mark string, watch region) (replayStats, error) {
+// replay applies the log's writes and discards to img, a device of size
+// bytes, in order up to the mark named mark, and counts the writes after
+// it, and of them those that touch watch. It fails when the mark is not
+// in the log, and on an entry outside the device (a log of another
+// device, or a damaged one).
+func replay(log io.ReaderAt, img io.WriterAt, size int64, mark string, watch region) (replayStats, error) {
 	var st replayStats
 	sb := make([]byte, 512)
 	if _, err := log.ReadAt(sb, 0); err != nil {
@@ -158,10 +160,13 @@ func replay(log io.ReaderAt, img io.WriterAt, mark string, watch region) (replay
 		if e.is(flagFUA) {
 			st.FUA++
 		}
-		n := int64(e.Sectors) * ss
-		if n == 0 {
+		if e.Sectors == 0 {
 			continue
 		}
+		if devSectors := uint64(size / ss); e.Sector >= devSectors || e.Sectors > devSectors-e.Sector {
+			return st, fmt.Errorf("log-writes: entry %d writes sectors [%d,+%d) of a device of %d", i, e.Sector, e.Sectors, devSectors)
+		}
+		n := int64(e.Sectors) * ss
 		if int64(cap(data)) < n {
 			data = make([]byte, n)
 		}

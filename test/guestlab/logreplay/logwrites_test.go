@@ -64,7 +64,7 @@ func TestReplayUpToTheMark(t *testing.T) {
 		l.write(7, 'z', 1, 0)
 		l.entry(0, 0, flagMark, "dm-log-writes-end", nil)
 		img := image(bytes.Repeat([]byte{'.'}, 8*ss))
-		st, err := replay(bytes.NewReader(l.bytes()), img, "powercut", region{Off: int64(2 * ss), Len: int64(ss)})
+		st, err := replay(bytes.NewReader(l.bytes()), img, int64(len(img)), "powercut", region{Off: int64(2 * ss), Len: int64(ss)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,10 +96,29 @@ func TestReplayRefusesWhatIsNotALog(t *testing.T) {
 		"magic":     {append([]byte{0}, good[1:]...), "magic"},
 		"truncated": {good[:len(good)-100], "the data of entry 0"},
 		"sector":    {func() []byte { b := bytes.Clone(good); b[24] = 100; return b }(), "sector size"},
+		"outside":   {func() []byte { l := newLog(512); l.write(8, 'a', 1, 0); return l.bytes() }(), "of a device of 8"},
 	} {
-		_, err := replay(bytes.NewReader(c.log), image(make([]byte, 4096)), "powercut", region{})
+		_, err := replay(bytes.NewReader(c.log), image(make([]byte, 4096)), 4096, "powercut", region{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: %v, want an error saying %q", name, err, c.want)
 		}
 	}
+}
+
+// FuzzReplay: whatever the log holds, replay neither panics nor writes
+// outside the device (the image below panics if it does), nor allocates
+// more than the device's size for an entry.
+func FuzzReplay(f *testing.F) {
+	l := newLog(512)
+	l.write(0, 'a', 2, 0)
+	l.entry(0, 0, flagFlush, "", nil)
+	l.write(3, 'b', 1, flagFUA)
+	l.entry(0, 0, flagMark, "powercut", nil)
+	l.write(1, 'c', 1, 0)
+	f.Add(l.bytes())
+	f.Add(newLog(4096).bytes())
+	f.Fuzz(func(t *testing.T, log []byte) {
+		img := image(make([]byte, 8*512))
+		replay(bytes.NewReader(log), img, int64(len(img)), "powercut", region{Off: 512, Len: 512})
+	})
 }

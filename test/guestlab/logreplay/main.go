@@ -18,6 +18,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"io"
 	"os"
 )
 
@@ -48,7 +49,17 @@ func main() {
 		fmt.Fprintln(os.Stderr, "logreplay:", err)
 		os.Exit(1)
 	}
-	st, err := replay(log, img, *mark, w)
+	var st replayStats
+	fi, err := img.Stat()
+	if err == nil {
+		size := fi.Size()
+		if fi.Mode()&os.ModeDevice != 0 {
+			size, err = img.Seek(0, io.SeekEnd)
+		}
+		if err == nil {
+			st, err = replay(log, img, size, *mark, w)
+		}
+	}
 	if err == nil {
 		err = img.Sync()
 	}
