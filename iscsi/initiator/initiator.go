@@ -72,6 +72,13 @@ type Options struct {
 	// commands on whichever answers (failover; reads and writes are
 	// idempotent, so nothing acknowledged is lost or done twice wrongly).
 	Paths []string
+	// ISID is the initiator part of the session's identifier (RFC 7143
+	// §11.12.5); zero: a random one of the random type. An initiator that
+	// gave a session up and logs in again with its ISID reinstates it
+	// (§6.3.5): the target ends the old session — its tasks aborted or
+	// finished — before it answers, so nothing the old session sent takes
+	// effect after the new login completed.
+	ISID [6]byte
 	// pref is the node preference an iSER connection asks for (seed
 	// 001; set by Open's Prefer plan).
 	pref    datamover.Preference

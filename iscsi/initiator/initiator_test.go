@@ -472,3 +472,59 @@ func rw16(op byte, lba uint64, blocks uint32) []byte {
 	binary.BigEndian.PutUint32(cdb[10:], blocks)
 	return cdb
 }
+
+// A session given up and logged in again with its ISID is reinstated: the
+// target ends the old one (its next command fails; it does not recover,
+// recovery being off) and the new one works. Portals lists where each
+// session logged in.
+func TestLoginWithTheISIDOfAnEarlierSessionReinstatesIt(t *testing.T) {
+	addr := startTarget(t, scsitarget.LUConfig{}, nil)
+	isid := [6]byte{0x80, 0, 0, 0, 0, 7}
+	opts := Options{Dialer: &fabric.Dialer{}, ISID: isid, RecoveryTimeout: -1, NopInterval: -1}
+	ctx := context.Background()
+	old, err := Login(ctx, addr, tIQN, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	tur := make([]byte, 6)
+	// A session's first command may meet a unit attention (power on, or
+	// the loss of an earlier nexus).
+	do := func(s *Session) (err error) {
+		for try := 0; try < 3; try++ {
+			if _, err = s.Do(ctx, 0, tur, nil, nil); err == nil {
+				return nil
+			}
+		}
+		return err
+	}
+	if err := do(old); err != nil {
+		t.Fatal(err)
+	}
+	s, err := Login(ctx, addr, tIQN, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if s.TSIH() == old.TSIH() {
+		t.Fatalf("TSIH %d again: not a new session", s.TSIH())
+	}
+	if err := do(s); err != nil {
+		t.Fatalf("the new session: %v", err)
+	}
+	// Its connection was closed by the target before the new login
+	// completed; the initiator may take a moment to see the close.
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if _, err := old.Do(ctx, 0, tur, nil, nil); err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the old session still works after a login with its ISID")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := s.Portals(); len(got) != 1 || got[0] != withPort(addr) {
+		t.Fatalf("Portals() = %q, want [%s]", got, addr)
+	}
+}

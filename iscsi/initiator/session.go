@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -31,22 +32,25 @@ type Session struct {
 	// connection ends.
 	discovery bool
 	isid      [6]byte
-	log       slogger
-	sendMu    sync.Mutex // orders CmdSN assignment with transmission
-	mu        sync.Mutex
-	cond      *sync.Cond
-	links     []*link // the session's connections; links[0] is the leading one
-	rr        int     // round-robin position for new commands
-	tsih      uint16
-	params    params
-	cmdSN     uint32
-	exp       uint32 // ExpCmdSN
-	max       uint32 // MaxCmdSN
-	nextITT   uint32
-	tasks     map[uint32]*task
-	tmfs      map[uint32]chan byte
-	closed    bool
-	failed    error
+	// portals are those the session has logged in to (Portals), in
+	// order; guarded by mu.
+	portals []string
+	log     slogger
+	sendMu  sync.Mutex // orders CmdSN assignment with transmission
+	mu      sync.Mutex
+	cond    *sync.Cond
+	links   []*link // the session's connections; links[0] is the leading one
+	rr      int     // round-robin position for new commands
+	tsih    uint16
+	params  params
+	cmdSN   uint32
+	exp     uint32 // ExpCmdSN
+	max     uint32 // MaxCmdSN
+	nextITT uint32
+	tasks   map[uint32]*task
+	tmfs    map[uint32]chan byte
+	closed  bool
+	failed  error
 	// expStatSN is read by the stamper under the datamover's lock.
 	expStatSN atomic.Uint32
 	// heard is set by every PDU received and cleared by the pinger at
@@ -125,13 +129,16 @@ func Login(ctx context.Context, portal, target string, opts Options) (*Session, 
 		opts:    opts,
 		portal:  withPort(portal),
 		target:  target,
-		isid:    newISID(),
+		isid:    opts.ISID,
 		log:     opts.Logger.With("target", target, "portal", portal),
 		tasks:   map[uint32]*task{},
 		tmfs:    map[uint32]chan byte{},
 		cmdSN:   1,
 		nextITT: 1,
 		stop:    make(chan struct{}),
+	}
+	if s.isid == ([6]byte{}) {
+		s.isid = newISID()
 	}
 	s.cond = newCond(s)
 	links, err := s.connectAll(ctx)
@@ -143,6 +150,15 @@ func Login(ctx context.Context, portal, target string, opts Options) (*Session, 
 		go s.pinger()
 	}
 	return s, nil
+}
+
+// Portals are the portals the session has logged in to so far: its
+// first, and those recovery failed over to (Options.Paths). A command the
+// session sent may have reached any of them.
+func (s *Session) Portals() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.portals)
 }
 
 func withPort(p string) string {
@@ -170,6 +186,11 @@ func (s *Session) connectAll(ctx context.Context) ([]*link, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.mu.Lock()
+	if !slices.Contains(s.portals, s.portal) {
+		s.portals = append(s.portals, s.portal)
+	}
+	s.mu.Unlock()
 	links := []*link{l}
 	want := min(max(s.opts.Connections, 1), s.params.maxConns)
 	for cid := 1; cid < want; cid++ {

@@ -21,23 +21,32 @@ import (
 
 // client is one initiator session doing operations.
 type client struct {
-	id     int
-	cfg    *Config
-	portal string
-	paths  []string // failover portals (gateways)
-	rng    *rand.Rand
-	now    func() int64
-	rec    *recorder
-	seq    uint64
-	s      *initiator.Session
-	pr     bool // reservations in play: register on every session
-	nexus  int  // the session's number (with pr)
+	id  int
+	cfg *Config
+	rng *rand.Rand
+	now func() int64
+	rec *recorder
+	seq uint64
+	s   *initiator.Session
+	// targets are the addresses of every target (gateway), home is the
+	// one the client logs in to (the others are its failover paths).
+	targets []string
+	home    int
+	pr      bool // reservations in play: register on every session
+	nexus   int  // the session's number (with pr)
 	// writing is 1 + the block of the client's outstanding write, or 0.
 	writing *atomic.Int64
 }
 
+// login logs in with the client's one ISID: a session given up is
+// reinstated (RFC 7143 §6.3.5), so the target ends it — its tasks
+// aborted or finished — before the new login completes. The checker
+// bounds the operations that failed by that moment (segments.go), and
+// checks the target keeps to it.
 func (c *client) login(ctx context.Context) error {
-	s, err := initiator.Login(ctx, c.portal, iqn, initiator.Options{
+	call := c.now()
+	s, err := initiator.Login(ctx, c.targets[c.home], iqn, initiator.Options{
+		ISID:            [6]byte{0x80, 0x42, 0, 0, byte(c.id >> 8), byte(c.id)},
 		InitiatorName:   fmt.Sprintf("iqn.2026-11.org.blockwire:torture-client-%d", c.id),
 		Dialer:          &fabric.Dialer{},
 		ISER:            c.cfg.Fabric == "iser",
@@ -45,17 +54,43 @@ func (c *client) login(ctx context.Context) error {
 		DialTimeout:     2 * time.Second,
 		RecoveryTimeout: 15 * time.Second,
 		NopInterval:     time.Second,
-		Paths:           c.paths,
+		Paths:           c.paths(),
 	})
 	if err != nil {
 		return err
 	}
+	c.rec.addLogin(c.id, login{call: call, ret: c.now(), target: c.home})
 	c.s = s
 	if c.pr {
 		c.nexus = c.rec.newNexus(c.id)
 		c.register()
 	}
 	return nil
+}
+
+// paths are the failover portals: every target but home.
+func (c *client) paths() []string {
+	var out []string
+	for k, t := range c.targets {
+		if k != c.home {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// via is the targets s has logged in to, as output.via.
+func (c *client) via(s *initiator.Session) uint64 {
+	var m uint64
+	if s == nil {
+		return 0
+	}
+	for _, p := range s.Portals() {
+		if k := slices.Index(c.targets, p); k >= 0 {
+			m |= 1 << k
+		}
+	}
+	return m
 }
 
 // register registers the client's key on its session (REGISTER AND
@@ -71,6 +106,7 @@ func (c *client) register() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
 	defer cancel()
 	var err error
+	s := c.s
 	for range 4 {
 		op.Call = c.now()
 		_, err = c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
@@ -82,7 +118,7 @@ func (c *client) register() {
 	}
 	op.Return = c.now()
 	if err != nil {
-		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}
+		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return, via: c.via(s)}
 		c.rec.count("register failed")
 	} else {
 		c.rec.count("register ok")
@@ -114,9 +150,10 @@ func (c *client) run(ctx context.Context) {
 			fua := c.rng.IntN(3) == 0
 			fill(buf, v)
 			// Write-through: every write is durable once acknowledged.
-			op.Input = input{kind: opWrite, block: block, value: v, fua: fua || c.cfg.WriteThrough, nexus: c.nexus}
+			op.Input = input{kind: opWrite, block: block, value: v, fua: fua, durable: fua || c.cfg.WriteThrough, nexus: c.nexus}
 			op.Call = c.now()
 			c.writing.Store(int64(block) + 1)
+			s := c.s
 			_, err := c.do(octx, rw16(0x8a, block, fua), buf, nil)
 			c.writing.Store(0)
 			op.Return = c.now()
@@ -129,8 +166,16 @@ func (c *client) run(ctx context.Context) {
 				if c.s != nil {
 					c.register()
 				}
+			case errors.As(err, &se):
+				// It ended with a status (after a replay on a reinstated
+				// session, the first copy ended with the old session): it
+				// may have happened, but before its answer.
+				op.Output = output{unknown: true}
+				c.rec.count("write failed")
+				c.rec.count("write failed with a status")
+				c.rec.add(op)
 			case err != nil:
-				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return} // it may have happened, or not
+				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return, via: c.via(s)} // it may have happened, or not
 				c.rec.count("write failed")
 				c.rec.add(op)
 			default:

@@ -60,10 +60,12 @@ type input struct {
 	kind  opKind
 	block int
 	value uint64 // written
-	fua   bool
+	// fua is the write's FUA bit on the wire; durable, that the write is
+	// durable once acknowledged (FUA, or the LU's write cache is off).
+	fua, durable bool
 	// nexus is the session a write came on or a registration was made
 	// on (0: reservations are not in play); victim is the client whose
-	// key a preemption removed.
+	// key a preemption removed, or the target (gateway) a crash ended.
 	nexus, victim int
 }
 
@@ -76,9 +78,12 @@ type output struct {
 	mask    uint64
 	unknown bool
 	// failed is when the client saw an unknown operation fail (0: not
-	// known); the checker of stretches bounds its effect by the first
-	// crash after it (segments.go).
+	// known); via, the targets (gateways: bit k for gateway k) its
+	// session had logged in to, which it may have reached. The checker
+	// of stretches bounds its effect by the first crash of each of them,
+	// or the client's next login there, after it (segments.go).
 	failed int64
+	via    uint64
 }
 
 // regState is one block's state. vol lists the values written since the
@@ -161,7 +166,7 @@ func newModel(owner map[int]int) porcupine.NondeterministicModel {
 				return nil // acknowledged while not registered
 			}
 			n := s
-			if i.fua {
+			if i.durable {
 				n.cur, n.durable, n.vol = i.value, i.value, ""
 			} else {
 				n = withVolatile(s, i.value)
@@ -208,8 +213,11 @@ var modelDescriptions = porcupine.NondeterministicModel{
 			}
 			return fmt.Sprintf("read b%d -> %x", i.block, out.(output).value)
 		case opWrite:
-			if i.fua {
+			switch {
+			case i.fua:
 				return fmt.Sprintf("write b%d %x FUA", i.block, i.value)
+			case i.durable:
+				return fmt.Sprintf("write b%d %x (write-through)", i.block, i.value)
 			}
 			return fmt.Sprintf("write b%d %x", i.block, i.value)
 		case opSync:

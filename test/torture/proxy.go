@@ -171,6 +171,15 @@ func (p *proxy) pipe(dst, src net.Conn) {
 // at "the network" hits them all.
 type proxies []*proxy
 
+// addrs are the proxies' addresses.
+func (ps proxies) addrs() []string {
+	out := make([]string, len(ps))
+	for k, p := range ps {
+		out[k] = p.Addr()
+	}
+	return out
+}
+
 // others are the addresses of every proxy but i.
 func (ps proxies) others(i int) []string {
 	var out []string

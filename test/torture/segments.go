@@ -19,38 +19,62 @@ import (
 // operations linearized so far: memory grows with the square of a
 // partition's length, and a block's history over 30 minutes (hundreds of
 // thousands of operations, with every flush and crash copied in) outgrew
-// 24 GiB. So when crashes end every operation of the target — power lost
-// under the in-process target, SIGKILL of the only target process — each
-// block's history is cut at the crashes that no operation of the block
-// and no flush overlaps, and the stretches between cuts are checked one
-// after another, each starting from the states the one before can end
-// in. That is exact, not an approximation:
+// 24 GiB. So each block's history is cut at quiescent moments — none of
+// its operations, no flush and no crash in progress — and the stretches
+// between cuts are checked one after another, each starting from the
+// states the one before can end in. That is exact, not an approximation:
 //
-//   - an operation that failed (unknown: it may have happened) cannot
-//     take effect after the first crash that begins after the client saw
-//     it fail: the crash ends the incarnation that held it (the
-//     in-process disk refuses every view of before, volatile.go; a
-//     SIGKILLed process writes nothing more), and the initiator does not
-//     send a command again once it reported it failed. Its return is
-//     moved there (just before that crash returns), so it no longer spans
-//     the rest of the history;
-//   - after a crash a block's state is (v, durable v, nothing volatile)
-//     for some v. Which v are possible is found by endStates, a search
-//     of every linearization of the stretch (below); porcupine checks
-//     the stretch too, and says why when it breaks the model;
-//   - a SYNCHRONIZE CACHE followed by another, with no crash that can
-//     fall between them, changes nothing a crash can observe (the second
-//     sets the durable value anew and empties the volatile ones), and
-//     flushes after the last crash change nothing observable at all:
-//     both are left out, which keeps thousands of flushes from being
-//     copied into every block's stretches.
+//   - every operation of a stretch is linearized before the cut and every
+//     later one after it, so the history is linearizable if and only if
+//     some chain of the stretches' linearizations is;
+//   - which states a stretch can end in is found by endStates, a search
+//     of every linearization of the stretch (below); porcupine checks the
+//     stretch too, and says why when it breaks the model;
+//   - an operation that failed (unknown: it may have happened) would span
+//     the rest of the history and leave nothing to cut. But it cannot take
+//     effect once nothing of it remains anywhere: on each target its
+//     session reached (the gateways it failed over to), after the end of
+//     that target's first crash that began after the client saw it fail
+//     (the in-process disk refuses every view of before, volatile.go; a
+//     SIGKILLed process writes nothing more), or after the client's next
+//     login there completed: the client logs in with its one ISID, and a
+//     target ends a session it reinstates — its tasks aborted or finished
+//     — before it answers (RFC 7143 §6.3.5). The initiator does not send a
+//     command again once it reported it failed. Its return is moved to
+//     the latest of those moments over the targets (bound), so a history
+//     where a target lets an old session's write land after that fails
+//     the check: the property is checked, not assumed;
+//   - flushes and write durability matter only to a crash that follows:
+//     a SYNCHRONIZE CACHE followed by another with no crash that can fall
+//     between them, and every flush after the last crash, are left out
+//     (which keeps thousands of flushes from being copied into every
+//     block's stretches), and writes called after the last crash count as
+//     durable at once (which keeps the states a cut carries to one value
+//     each instead of a list of every value written since).
 //
-// With reservations (no crashes) or gateways (a crash ends one of them
-// only) the history is checked whole, as before.
+// With reservations the blocks share the registrations: such a history
+// is checked whole, as before.
+
+// cutting is how checkStretches cuts a history.
+type cutting struct {
+	// logins are each client's logins that completed, in order.
+	logins map[int][]login
+	// every is how many operations of its block a stretch has at least
+	// before it is cut at the next quiescent moment (cutEvery).
+	every int
+	// timeout bounds porcupine's check of each stretch.
+	timeout time.Duration
+}
+
+// cutEvery is cutting.every for the runs: porcupine's memory for a
+// stretch of a few hundred operations is small, and the states carried
+// across a cut are few.
+const cutEvery = 256
 
 // stretchStats says how a history was checked.
 type stretchStats struct {
 	Blocks, Stretches, Largest, States int
+	Bounded, Unbounded                 int    // failed operations bounded by a crash or a login, and not
 	Fault                              string // the checker's own, if any
 }
 
@@ -58,8 +82,8 @@ func (s stretchStats) String() string {
 	if s.Stretches == 0 {
 		return "checked whole"
 	}
-	t := fmt.Sprintf("checked in %d stretches of %d blocks cut at crashes (largest %d operations; at most %d states possible after a crash)",
-		s.Stretches, s.Blocks, s.Largest, s.States)
+	t := fmt.Sprintf("checked in %d stretches of %d blocks cut at quiescent moments (largest %d operations; at most %d states carried across a cut; %d failed operations bounded (by their status, a crash or a login), %d not)",
+		s.Stretches, s.Blocks, s.Largest, s.States, s.Bounded, s.Unbounded)
 	if s.Fault != "" {
 		t += "; the checker failed: " + s.Fault
 	}
@@ -69,14 +93,15 @@ func (s stretchStats) String() string {
 // stretchFailure is the stretch of one block where the history breaks
 // the model, with the states it starts from.
 type stretchFailure struct {
-	block int
-	init  []regState
-	ops   []porcupine.Operation
+	block  int
+	init   []regState
+	ops    []porcupine.Operation
+	before []porcupine.Operation // the stretch before, sorted by call (nil: none)
 }
 
 // checkStretches checks h stretch by stretch; ok is false when h cannot
-// be cut (no crash, or reservations in play): check it whole then.
-func checkStretches(model porcupine.NondeterministicModel, h []porcupine.Operation, timeout time.Duration) (res porcupine.CheckResult, fail *stretchFailure, st stretchStats, ok bool) {
+// be cut (reservations in play): check it whole then.
+func checkStretches(model porcupine.NondeterministicModel, h []porcupine.Operation, cut cutting) (res porcupine.CheckResult, fail *stretchFailure, st stretchStats, ok bool) {
 	var crashes, syncs []porcupine.Operation
 	per := map[int][]porcupine.Operation{}
 	for _, op := range h {
@@ -91,16 +116,31 @@ func checkStretches(model porcupine.NondeterministicModel, h []porcupine.Operati
 			return porcupine.Unknown, nil, st, false
 		}
 	}
-	if len(crashes) == 0 {
-		return porcupine.Unknown, nil, st, false
+	if cut.every < 1 {
+		cut.every = cutEvery
 	}
-	byCall := func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) }
 	slices.SortFunc(crashes, byCall)
 	syncs = fewerSyncs(syncs, crashes)
+	lastCrash := int64(math.MinInt64)
+	if len(crashes) > 0 {
+		lastCrash = crashes[len(crashes)-1].Return
+	}
 	blocks := make([]int, 0, len(per))
 	for b, ops := range per {
-		for k := range ops {
-			ops[k] = boundByCrash(ops[k], crashes)
+		for k, op := range ops {
+			if o, _ := op.Output.(output); o.unknown {
+				op = cut.bound(op, crashes)
+				if op.Return == math.MaxInt64 {
+					st.Unbounded++
+				} else {
+					st.Bounded++
+				}
+			}
+			if i := op.Input.(input); i.kind == opWrite && op.Call > lastCrash {
+				i.durable = true // no crash can tell (above)
+				op.Input = i
+			}
+			ops[k] = op
 		}
 		slices.SortFunc(ops, byCall)
 		blocks = append(blocks, b)
@@ -124,7 +164,7 @@ func checkStretches(model porcupine.NondeterministicModel, h []porcupine.Operati
 			defer wg.Done()
 			for k := range work {
 				r := &results[k]
-				r.res, r.fail, r.st = checkBlock(single, blocks[k], per[blocks[k]], crashes, syncs, timeout)
+				r.res, r.fail, r.st = checkBlock(single, blocks[k], per[blocks[k]], crashes, syncs, cut)
 			}
 		}()
 	}
@@ -150,16 +190,41 @@ func checkStretches(model porcupine.NondeterministicModel, h []porcupine.Operati
 	return res, fail, st, true
 }
 
-// boundByCrash moves the return of an operation that failed to just
-// before the end of the first crash that began after its failure.
-func boundByCrash(op porcupine.Operation, crashes []porcupine.Operation) porcupine.Operation {
+// bound moves the return of an operation that failed to the moment by
+// which nothing of it can remain (above): for each target its session
+// reached, the end of that target's first crash that began after the
+// failure or the completion of the client's next login there, whichever
+// comes first (just before it); the latest of those over the targets.
+// With no such moment for one of them it is left as it is. crashes are
+// sorted by call.
+func (c cutting) bound(op porcupine.Operation, crashes []porcupine.Operation) porcupine.Operation {
 	o, _ := op.Output.(output)
-	if !o.unknown || o.failed == 0 {
+	if !o.unknown || o.failed == 0 || o.via == 0 {
 		return op
 	}
-	k, _ := slices.BinarySearchFunc(crashes, o.failed+1, func(c porcupine.Operation, t int64) int { return cmp.Compare(c.Call, t) })
-	if k < len(crashes) {
-		op.Return = crashes[k].Return - 1
+	first, _ := slices.BinarySearchFunc(crashes, o.failed+1, func(c porcupine.Operation, t int64) int { return cmp.Compare(c.Call, t) })
+	end := int64(math.MinInt64)
+	for g := range 64 {
+		if o.via&(1<<g) == 0 {
+			continue
+		}
+		t := int64(math.MaxInt64)
+		for _, cr := range crashes[first:] {
+			if cr.Input.(input).victim == g {
+				t = cr.Return - 1
+				break
+			}
+		}
+		for _, l := range c.logins[op.ClientId] {
+			if l.target == g && l.call > o.failed {
+				t = min(t, l.ret-1)
+				break
+			}
+		}
+		end = max(end, t)
+	}
+	if end != math.MaxInt64 {
+		op.Return = end
 	}
 	return op
 }
@@ -167,7 +232,7 @@ func boundByCrash(op porcupine.Operation, crashes []porcupine.Operation) porcupi
 // fewerSyncs leaves out the flushes a crash cannot tell from none
 // (above). crashes are sorted by call.
 func fewerSyncs(syncs, crashes []porcupine.Operation) []porcupine.Operation {
-	if len(syncs) == 0 {
+	if len(syncs) == 0 || len(crashes) == 0 {
 		return nil
 	}
 	slices.SortFunc(syncs, func(a, b porcupine.Operation) int { return cmp.Compare(a.Call, b.Call) })
@@ -202,33 +267,36 @@ func crashBetween(crashes []porcupine.Operation, from, to int64) bool {
 }
 
 // checkBlock checks one block's history (sorted by call) stretch by
-// stretch.
-func checkBlock(model porcupine.NondeterministicModel, block int, ops, crashes, syncs []porcupine.Operation, timeout time.Duration) (porcupine.CheckResult, *stretchFailure, stretchStats) {
+// stretch: a stretch ends at the first quiescent moment — the call of an
+// operation of the block that begins after every earlier one returned,
+// with no flush and no crash in progress — once it has cut.every
+// operations of the block.
+func checkBlock(model porcupine.NondeterministicModel, block int, ops, crashes, syncs []porcupine.Operation, cut cutting) (porcupine.CheckResult, *stretchFailure, stretchStats) {
 	var st stretchStats
-	// maxRet[k]: the latest return among ops[:k+1]; the same for syncs.
-	prefixMax := func(ops []porcupine.Operation) []int64 {
-		m := make([]int64, len(ops))
-		for k, op := range ops {
-			m[k] = op.Return
+	// spans reports whether one of xs (sorted by call, m the running
+	// maximum of their returns) is in progress at t: called before it,
+	// returning at or after it.
+	prefixMax := func(xs []porcupine.Operation) []int64 {
+		m := make([]int64, len(xs))
+		for k, x := range xs {
+			m[k] = x.Return
 			if k > 0 {
 				m[k] = max(m[k], m[k-1])
 			}
 		}
 		return m
 	}
-	opsMax, syncsMax := prefixMax(ops), prefixMax(syncs)
-	overlaps := func(ops []porcupine.Operation, m []int64, c porcupine.Operation) bool {
-		k, _ := slices.BinarySearchFunc(ops, c.Return+1, func(op porcupine.Operation, t int64) int { return cmp.Compare(op.Call, t) })
-		return k > 0 && m[k-1] >= c.Call
+	crashesMax, syncsMax := prefixMax(crashes), prefixMax(syncs)
+	spans := func(xs []porcupine.Operation, m []int64, t int64) bool {
+		k, _ := slices.BinarySearchFunc(xs, t, func(x porcupine.Operation, t int64) int { return cmp.Compare(x.Call, t) })
+		return k > 0 && m[k-1] >= t
 	}
-	// between returns what of ops (sorted by call) is called in (lo, hi).
-	between := func(ops []porcupine.Operation, lo, hi int64) []porcupine.Operation {
-		a, _ := slices.BinarySearchFunc(ops, lo+1, func(op porcupine.Operation, t int64) int { return cmp.Compare(op.Call, t) })
-		b, _ := slices.BinarySearchFunc(ops, hi, func(op porcupine.Operation, t int64) int { return cmp.Compare(op.Call, t) })
-		return ops[a:b]
+	// between returns what of xs (sorted by call) is called in [lo, hi).
+	between := func(xs []porcupine.Operation, lo, hi int64) []porcupine.Operation {
+		a, _ := slices.BinarySearchFunc(xs, lo, func(x porcupine.Operation, t int64) int { return cmp.Compare(x.Call, t) })
+		b, _ := slices.BinarySearchFunc(xs, hi, func(x porcupine.Operation, t int64) int { return cmp.Compare(x.Call, t) })
+		return xs[a:b]
 	}
-	init := []regState{{}}
-	lo := int64(math.MinInt64)
 	check := func(stretch []porcupine.Operation, from []regState) porcupine.CheckResult {
 		m := model
 		m.Init = func() []any {
@@ -238,46 +306,51 @@ func checkBlock(model porcupine.NondeterministicModel, block int, ops, crashes, 
 			}
 			return out
 		}
-		return porcupine.CheckOperationsTimeout(m.ToModel(), stretch, timeout)
+		return porcupine.CheckOperationsTimeout(m.ToModel(), stretch, cut.timeout)
 	}
-	stretch := func(hi int64) []porcupine.Operation {
-		s := slices.Clone(between(ops, lo, hi))
+	init := []regState{{}}
+	first, lo := 0, int64(math.MinInt64) // the stretch: ops[first:], and what is called from lo
+	var before []porcupine.Operation     // the stretch before
+	stretch := func(k int, hi int64) []porcupine.Operation {
+		s := slices.Clone(ops[first:k])
 		s = append(s, between(syncs, lo, hi)...)
 		return append(s, between(crashes, lo, hi)...)
 	}
-	for _, c := range crashes {
-		if c.Call <= lo || overlaps(ops, opsMax, c) || overlaps(syncs, syncsMax, c) {
-			continue
+	latest := int64(math.MinInt64) // the latest return among ops[first:k]
+	for k, op := range ops {
+		if t := op.Call; k-first >= cut.every && latest < t && !spans(crashes, crashesMax, t) && !spans(syncs, syncsMax, t) {
+			s := stretch(k, t)
+			st.Stretches++
+			st.Largest = max(st.Largest, len(s))
+			switch r := check(s, init); r {
+			case porcupine.Illegal:
+				return r, &stretchFailure{block, init, s, before}, st
+			case porcupine.Unknown:
+				return r, nil, st
+			}
+			next, err := endStates(model.Step, s, init, stateBudget)
+			st.States = max(st.States, len(next))
+			if err != nil {
+				st.Fault = fmt.Sprintf("block %d, the cut at %v: %v", block, time.Duration(t), err)
+				return porcupine.Unknown, nil, st
+			}
+			if len(next) == 0 {
+				// porcupine found the stretch legal, so it ends in some
+				// state: not finding one is a fault of this checker.
+				st.Fault = fmt.Sprintf("block %d: no state found at the cut at %v", block, time.Duration(t))
+				return porcupine.Unknown, nil, st
+			}
+			slices.SortFunc(s, byCall)
+			init, first, lo, latest, before = next, k, t, math.MinInt64, s
 		}
-		s := append(stretch(c.Call), c)
-		st.Stretches++
-		st.Largest = max(st.Largest, len(s))
-		switch r := check(s, init); r {
-		case porcupine.Illegal:
-			return r, &stretchFailure{block, init, s}, st
-		case porcupine.Unknown:
-			return r, nil, st
-		}
-		next, err := endStates(model.Step, s, init, stateBudget)
-		st.States = max(st.States, len(next))
-		if err != nil {
-			st.Fault = fmt.Sprintf("block %d, the crash at %v: %v", block, time.Duration(c.Call), err)
-			return porcupine.Unknown, nil, st
-		}
-		if len(next) == 0 {
-			// porcupine found the stretch legal, so it ends in some
-			// state: not finding one is a fault of this checker.
-			st.Fault = fmt.Sprintf("block %d: no state found after the crash at %v", block, time.Duration(c.Call))
-			return porcupine.Unknown, nil, st
-		}
-		init, lo = next, c.Return
+		latest = max(latest, op.Return)
 	}
-	s := stretch(math.MaxInt64)
+	s := stretch(len(ops), math.MaxInt64)
 	st.Stretches++
 	st.Largest = max(st.Largest, len(s))
 	r := check(s, init)
 	if r == porcupine.Illegal {
-		return r, &stretchFailure{block, init, s}, st
+		return r, &stretchFailure{block, init, s, before}, st
 	}
 	return r, nil, st
 }
@@ -286,8 +359,8 @@ func checkBlock(model porcupine.NondeterministicModel, block int, ops, crashes, 
 // pairs it remembers, about 100 bytes each.
 const stateBudget = 4 << 20
 
-// endStates returns every state the block can be in after all of ops
-// (the latest called is a crash), starting from any of init: an
+// endStates returns every state the block can be in after all of ops,
+// starting from any of init: an
 // exhaustive search of the linearizations, as porcupine's, but one that
 // collects the states at the end instead of stopping at the first. A
 // linearization is a path of steps; it may take next any operation

@@ -5,6 +5,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,18 +13,21 @@ import (
 )
 
 // simulate makes a history of clients reading, writing and flushing
-// blocks of storage that follows the model, with crashes, failed writes
-// that land before, late (before the next crash) or never, and, when
-// bug is set, one read that returns a value it should not.
-func simulate(rng *rand.Rand, bug bool) []porcupine.Operation {
+// blocks of storage that follows the model, with crashes (unless
+// crashFree), failed writes that land before, late (before the next crash
+// and before the client's next login completes) or never, and, when bug
+// is set, one read that returns a value it should not. A client logs in
+// again after each failed write; logins are those logins.
+func simulate(rng *rand.Rand, bug, crashFree bool) ([]porcupine.Operation, map[int][]login) {
 	const clients, blocks, end = 3, 2, 1500
 	type crash struct{ call, at, ret int64 }
 	var crashes []crash
 	// Times are tens of ticks, so that a linearization point fits
 	// strictly inside every operation.
-	for t := int64(20 + rng.IntN(80)); t < end; t += int64(30 + rng.IntN(150)) {
+	for t := int64(20 + rng.IntN(80)); t < end && !crashFree; t += int64(30 + rng.IntN(150)) {
 		crashes = append(crashes, crash{t * 10, t*10 + 5, t*10 + 30})
 	}
+	logins := map[int][]login{}
 	// crashIn is the moment of a crash inside (a, b), or 0.
 	crashIn := func(a, b int64) int64 {
 		for _, c := range crashes {
@@ -53,20 +57,27 @@ func simulate(rng *rand.Rand, bug bool) []porcupine.Operation {
 			call, ret := t*10, (t+1+int64(rng.IntN(20)))*10
 			lin := call + 1 + rng.Int64N(ret-call-1)
 			op := porcupine.Operation{ClientId: cl, Call: call, Return: ret}
+			next := ret/10 + int64(rng.IntN(6)) // the client's next call, in tens
 			crashAt := crashIn(call, ret)
 			interrupted := crashAt != 0
 			switch p := rng.IntN(100); {
 			case p < 45:
 				seq++
-				op.Input = input{kind: opWrite, block: rng.IntN(blocks), value: uint64(cl+1)<<32 | seq, fua: rng.IntN(3) == 0}
+				fua := rng.IntN(3) == 0
+				op.Input = input{kind: opWrite, block: rng.IntN(blocks), value: uint64(cl+1)<<32 | seq, fua: fua, durable: fua}
 				happens := true
 				if interrupted || rng.IntN(30) == 0 {
-					op.Output = output{unknown: true, failed: ret}
+					op.Output = output{unknown: true, failed: ret, via: 1}
+					// The client logs in again; the login ends what is
+					// left of the write.
+					l := login{call: ret + 10, ret: ret + 10*int64(2+rng.IntN(5))}
+					logins[cl] = append(logins[cl], l)
+					next = l.ret/10 + 1
 					switch rng.IntN(3) {
 					case 0:
 						happens = false
-					case 1: // late, before the next crash
-						if nc := nextCrash(ret); nc > ret+1 {
+					case 1: // late, before the next crash and the login's end
+						if nc := min(nextCrash(ret), l.ret-1); nc > ret+1 {
 							lin = ret + 1 + rng.Int64N(nc-ret-1)
 						}
 					}
@@ -96,7 +107,7 @@ func simulate(rng *rand.Rand, bug bool) []porcupine.Operation {
 				h = append(h, op)
 				events = append(events, event{lin, len(h) - 1})
 			}
-			t = ret/10 + int64(rng.IntN(6))
+			t = next
 		}
 	}
 	for k, c := range crashes {
@@ -120,7 +131,7 @@ func simulate(rng *rand.Rand, bug bool) []porcupine.Operation {
 		switch i.kind {
 		case opWrite:
 			cur[i.block] = i.value
-			if i.fua {
+			if i.durable {
 				durable[i.block], vol[i.block] = i.value, nil
 			} else {
 				vol[i.block] = append(vol[i.block], i.value)
@@ -146,12 +157,14 @@ func simulate(rng *rand.Rand, bug bool) []porcupine.Operation {
 			h[r].Output = output{value: written[rng.IntN(len(written))]}
 		}
 	}
-	return h
+	return h, logins
 }
 
 // TestStretchesAgreeWithWholeCheck: on histories small enough to check
 // whole, checking them stretch by stretch gives the same verdict —
-// legal or not — and histories of storage that follows the model pass.
+// legal or not — and histories of storage that follows the model pass;
+// with crashes and without (failed writes then bounded by the client's
+// next login), cut as often as can be and less often.
 func TestStretchesAgreeWithWholeCheck(t *testing.T) {
 	n := 400
 	if testing.Short() {
@@ -159,10 +172,11 @@ func TestStretchesAgreeWithWholeCheck(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(11, 12))
 	model := newModel(nil)
-	illegal, cut := 0, 0
+	illegal, cut, free := 0, 0, 0
 	for k := range n {
-		bug := k%2 == 1
-		h := simulate(rng, bug)
+		bug, crashFree := k%2 == 1, k%4 >= 2
+		h, logins := simulate(rng, bug, crashFree)
+		c := cutting{logins: logins, every: []int{1, 7, 50}[k%3], timeout: time.Minute}
 		// The whole check with the same bound on failed writes.
 		var crashes []porcupine.Operation
 		for _, op := range h {
@@ -173,18 +187,21 @@ func TestStretchesAgreeWithWholeCheck(t *testing.T) {
 		slices.SortFunc(crashes, byCall)
 		bounded := make([]porcupine.Operation, len(h))
 		for i, op := range h {
-			bounded[i] = boundByCrash(op, crashes)
+			bounded[i] = c.bound(op, crashes)
 		}
 		whole := porcupine.CheckOperationsTimeout(model.ToModel(), bounded, time.Minute)
-		got, fail, st, ok := checkStretches(model, h, time.Minute)
+		got, fail, st, ok := checkStretches(model, h, c)
 		if !ok {
 			t.Fatalf("history %d: not cut", k)
 		}
 		if got != whole {
-			t.Fatalf("history %d (bug %v): stretch by stretch %v, whole %v (%s)", k, bug, got, whole, st)
+			t.Fatalf("history %d (bug %v, crash-free %v): stretch by stretch %v, whole %v (%s)", k, bug, crashFree, got, whole, st)
 		}
 		if !bug && whole != porcupine.Ok {
 			t.Fatalf("history %d: storage that follows the model fails the check", k)
+		}
+		if st.Unbounded != 0 {
+			t.Fatalf("history %d: %d failed writes not bounded", k, st.Unbounded)
 		}
 		if got == porcupine.Illegal {
 			illegal++
@@ -192,13 +209,52 @@ func TestStretchesAgreeWithWholeCheck(t *testing.T) {
 				t.Fatalf("history %d: illegal without the failing stretch", k)
 			}
 		}
-		if st.Stretches > 1 {
+		if st.Stretches > 2*st.Blocks {
 			cut++
+			if crashFree {
+				free++
+			}
 		}
 	}
-	t.Logf("%d histories, %d illegal, %d cut in more than one stretch", n, illegal, cut)
-	if illegal < n/8 || cut < n/2 {
-		t.Fatalf("too few illegal (%d) or cut (%d) histories of %d to mean anything", illegal, cut, n)
+	t.Logf("%d histories, %d illegal, %d cut in more than two stretches per block (%d of them crash-free)", n, illegal, cut, free)
+	if illegal < n/8 || cut < n/2 || free < n/8 {
+		t.Fatalf("too few illegal (%d) or cut (%d, crash-free %d) histories of %d to mean anything", illegal, cut, free, n)
+	}
+}
+
+// TestBound: a failed write is bounded by the first crash of each target
+// it reached or the client's next login there, whichever ends first, and
+// by the latest of those over the targets; without one for a target it
+// stays open.
+func TestBound(t *testing.T) {
+	crash := func(call, ret int64, target int) porcupine.Operation {
+		return porcupine.Operation{ClientId: 9, Input: input{kind: opCrash, victim: target}, Call: call, Return: ret}
+	}
+	crashes := []porcupine.Operation{crash(50, 60, 1), crash(200, 210, 0), crash(300, 310, 1)}
+	c := cutting{logins: map[int][]login{
+		1: {{call: 5, ret: 8, target: 0}, {call: 100, ret: 120, target: 0}},
+		2: {{call: 30, ret: 40, target: 1}},
+	}}
+	failed := func(client int, via uint64) porcupine.Operation {
+		return porcupine.Operation{ClientId: client, Input: input{kind: opWrite}, Call: 10, Return: math.MaxInt64,
+			Output: output{unknown: true, failed: 20, via: via}}
+	}
+	for _, x := range []struct {
+		name string
+		op   porcupine.Operation
+		ret  int64
+	}{
+		{"target 0: the next login", failed(1, 1), 119},
+		{"target 1: its crash", failed(1, 2), 59},
+		{"both: the later", failed(1, 3), 119},
+		{"target 0, no login: its crash", failed(2, 1), 209},
+		{"target 1: the login before the crash", failed(2, 2), 39},
+		{"target 2: nothing ends it", failed(1, 4), math.MaxInt64},
+		{"not known where it went", failed(1, 0), math.MaxInt64},
+	} {
+		if got := c.bound(x.op, crashes).Return; got != x.ret {
+			t.Errorf("%s: return %d, want %d", x.name, got, x.ret)
+		}
 	}
 }
 
@@ -233,7 +289,7 @@ func TestEndStates(t *testing.T) {
 		return porcupine.Operation{Input: in, Output: out, Call: call, Return: ret}
 	}
 	w := func(call, ret int64, v uint64, fua, unknown bool) porcupine.Operation {
-		return op(call, ret, input{kind: opWrite, value: v, fua: fua}, output{unknown: unknown})
+		return op(call, ret, input{kind: opWrite, value: v, fua: fua, durable: fua}, output{unknown: unknown})
 	}
 	crash := op(100, 110, input{kind: opCrash}, output{})
 	sync := op(40, 45, input{kind: opSync}, output{})
@@ -273,5 +329,40 @@ func TestEndStates(t *testing.T) {
 	}
 	if _, err := endStates(model.Step, many, []regState{{}}, 100); err == nil {
 		t.Fatal("12 overlapping writes explored within 100 positions and states")
+	}
+}
+
+// TestReportOfABreakAtAStretchStart: a FUA write lost in a crash shows
+// in the first read after it, at the start of a stretch: the report
+// names the block, shows the end of the stretch before — the write, the
+// flush after it, the crash — and marks the read where the history
+// breaks.
+func TestReportOfABreakAtAStretchStart(t *testing.T) {
+	op := func(client int, call, ret int64, in input, out any) porcupine.Operation {
+		return porcupine.Operation{ClientId: client, Input: in, Output: out, Call: call, Return: ret}
+	}
+	h := []porcupine.Operation{
+		op(0, 0, 10, input{kind: opWrite, block: 3, value: 0xa, fua: true, durable: true}, output{}),
+		op(1, 12, 15, input{kind: opSync}, nil),
+		op(1, 13, 16, input{kind: opSync}, nil),
+		op(4, 20, 30, input{kind: opCrash}, nil),
+		op(2, 40, 50, input{kind: opRead, block: 3}, output{value: 0}),
+	}
+	res, lines, _ := check(newModel(nil), h, cutting{every: 1, timeout: time.Minute}, "")
+	if res != porcupine.Illegal {
+		t.Fatalf("verdict %v", res)
+	}
+	report := strings.Join(lines, "\n")
+	t.Logf("\n%s", report)
+	for _, want := range []string{"block 3, the end of the stretch before:", "write b3 a FUA", "sync cache ×2", "crash",
+		"block 3, in the stretch from", "read b3 -> 0"} {
+		if !strings.Contains(report, want) {
+			t.Errorf("the report lacks %q", want)
+		}
+	}
+	for _, l := range lines {
+		if marked := strings.HasSuffix(l, "<- the history breaks the model here"); marked != strings.Contains(l, "read b3 -> 0") {
+			t.Errorf("the break marked on the wrong line: %q", l)
+		}
 	}
 }

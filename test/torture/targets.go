@@ -20,10 +20,11 @@ import (
 )
 
 // targetRunner runs the target: start (again, after a crash) returns its
-// address; crash ends it as a power loss or SIGKILL would; stop ends it.
+// address; crash ends it as a power loss or SIGKILL would and says which
+// target ended (the gateway's number; 0 when there is one); stop ends it.
 type targetRunner interface {
 	start() (string, error)
-	crash()
+	crash() int
 	stop()
 }
 
@@ -62,9 +63,10 @@ func (t *incarnation) start() (string, error) {
 
 // crash loses power under the target: the disk's cache goes first, then
 // the server (nothing of it reaches the disk again).
-func (t *incarnation) crash() {
+func (t *incarnation) crash() int {
 	t.disk.Crash()
 	t.stop()
+	return 0
 }
 
 // stop ends the node at once (no logout waited for).
@@ -141,17 +143,18 @@ func (p *process) start() (string, error) {
 
 // crash SIGKILLs the process; with Config.PowerCut, the command then
 // takes from the storage what a power cut at that moment would have.
-func (p *process) crash() {
+func (p *process) crash() int {
 	p.cmd.Process.Signal(syscall.SIGKILL)
 	p.cmd.Wait()
 	if p.cfg.PowerCut == "" {
-		return
+		return 0
 	}
 	cmd := exec.Command("sh", "-c", p.cfg.PowerCut)
 	cmd.Stdout, cmd.Stderr = p.log, p.log
 	if err := cmd.Run(); err != nil {
 		p.cut = fmt.Errorf("the power cut (%s) failed: %v (its output is in %s)", p.cfg.PowerCut, err, p.log.Name())
 	}
+	return 0
 }
 
 func (p *process) stop() {
@@ -203,7 +206,11 @@ func (g *gateways) start() (string, error) {
 	return g.ps[0].addr, nil
 }
 
-func (g *gateways) crash() { g.ps[g.rng.IntN(len(g.ps))].crash() }
+func (g *gateways) crash() int {
+	k := g.rng.IntN(len(g.ps))
+	g.ps[k].crash()
+	return k
+}
 
 func (g *gateways) stop() {
 	for _, p := range g.ps {

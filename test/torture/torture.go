@@ -297,7 +297,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			cl := &client{id: c, cfg: &cfg, portal: px[c%len(px)].Addr(), paths: px.others(c % len(px)), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr,
+			cl := &client{id: c, cfg: &cfg, targets: px.addrs(), home: c % len(px), rng: rand.New(rand.NewPCG(cfg.Seed, uint64(c)+1)), now: now, rec: rec, pr: pr,
 				writing: &writing[c]}
 			cl.run(runCtx)
 		}()
@@ -322,7 +322,7 @@ loop:
 		switch kind {
 		case "crash":
 			call := now()
-			tg.crash()
+			victim := tg.crash()
 			addr, err := tg.start()
 			if err != nil {
 				cancel()
@@ -333,7 +333,7 @@ loop:
 				px[0].SetTarget(addr)
 				px[0].Reset()
 			}
-			rec.add(porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opCrash}, Call: call, Return: now()})
+			rec.add(porcupine.Operation{ClientId: cfg.Clients, Input: input{kind: opCrash, victim: victim}, Call: call, Return: now()})
 		case "reset":
 			px.Reset()
 		case "reset-one":
@@ -419,11 +419,8 @@ loop:
 	for k, v := range rec.counts {
 		rep.Ops[k] = v
 	}
-	// A crash ends every operation of the target unless it kills one
-	// gateway of several.
-	_, gw := tg.(*gateways)
 	var st stretchStats
-	rep.Verdict, rep.Window, st = check(newModel(rec.owner), h, cfg.Artifact, !gw)
+	rep.Verdict, rep.Window, st = check(newModel(rec.owner), h, cutting{logins: rec.logins, timeout: 2 * time.Minute}, cfg.Artifact)
 	rep.Implausible = rep.implausible(cfg.Faults)
 	rep.Checked = st.String()
 	return rep, nil
@@ -436,6 +433,26 @@ type recorder struct {
 	counts map[string]int
 	nexus  int         // the last nexus number given out
 	owner  map[int]int // the client of each nexus
+	logins map[int][]login
+}
+
+// login is a client's login that completed, on a target (gateway).
+type login struct {
+	call, ret int64
+	target    int
+}
+
+func (r *recorder) addLogin(client int, l login) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.logins == nil {
+		r.logins = map[int][]login{}
+	}
+	r.logins[client] = append(r.logins[client], l)
+	if r.counts == nil {
+		r.counts = map[string]int{}
+	}
+	r.counts["login ok"]++
 }
 
 // newNexus numbers a client's new session.
