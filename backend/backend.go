@@ -119,8 +119,10 @@ type SharedState interface {
 	// been told; ErrStale if another target stored first.
 	StoreState(b []byte, version uint64) (uint64, error)
 	// WatchState registers the function called when the record changed
-	// (with its new version, or 0 when changes may have been missed); it
-	// must not block.
+	// (with its new version, or 0 when changes may have been missed). The
+	// change counts as told once it returns; it may take a few seconds (a
+	// target waits there for its writes checked against the old record),
+	// and must not wait for anything that waits for a StoreState.
 	WatchState(changed func(version uint64)) error
 }
 

@@ -232,9 +232,15 @@ func (d *Device) Execute(c *Command) {
 		c.Status = scsi.StatusReservationConflict
 		return
 	}
-	if c.Nexus != nil && lu.prConflict(c.Nexus, o) {
-		c.Status = scsi.StatusReservationConflict
-		return
+	if c.Nexus != nil {
+		conflict, gated, epoch := lu.prCheck(c.Nexus, o)
+		if conflict {
+			c.Status = scsi.StatusReservationConflict
+			return
+		}
+		if gated {
+			defer lu.pr.gate.leave(epoch)
+		}
 	}
 	if lu.sanitizing.Load() && !o.noUA {
 		// SBC-4 §4.11.2: only INQUIRY, REPORT LUNS and REQUEST SENSE

@@ -74,6 +74,7 @@ type prState struct {
 	onALUA  func(map[uint16]ALUAState)
 	stale   atomic.Bool   // the shared record changed: reload before use
 	known   atomic.Uint64 // version, for the watch callback
+	gate    writeGate     // writes checked against this copy, until they end
 	// reloadFails counts the reloads that failed in a row, and retryAt
 	// is when the next may be tried (p.mu).
 	reloadFails uint64
@@ -237,6 +238,11 @@ func (p *prState) attachShared(s backend.SharedState, log *slog.Logger) error {
 	if err := s.WatchState(func(v uint64) {
 		if v == 0 || v != p.known.Load() {
 			p.stale.Store(true)
+			// Acknowledged once the writes checked against the old copy
+			// have ended (writeGate).
+			if !p.gate.settle(settleWait) && log != nil {
+				log.Warn("persistent reservations: writes checked against the old shared state still running; acknowledging the change anyway", "waited", settleWait)
+			}
 		}
 	}); err != nil {
 		return err
@@ -446,6 +452,25 @@ func (p *prState) register(k prKey, key uint64) {
 		p.order = append(p.order, k)
 	}
 	p.regs[k] = key
+}
+
+// prCheck is prConflict for a command about to run. A write on a LU whose
+// state is shared with other gateways enters the write gate after its
+// check (gated: it leaves with lu.pr.gate.leave(epoch) once it ended).
+func (lu *LU) prCheck(n *Nexus, o *opInfo) (conflict, gated bool, epoch uint64) {
+	p := &lu.pr
+	if p.shared == nil || !o.writes {
+		return lu.prConflict(n, o), false, 0
+	}
+	for {
+		e := p.gate.current()
+		if lu.prConflict(n, o) {
+			return true, false, 0
+		}
+		if p.gate.enter(e) {
+			return false, true, e
+		}
+	}
 }
 
 // prConflict reports whether a command from n conflicts with the LU's

@@ -3,6 +3,7 @@ package scsitarget
 import (
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/mem"
@@ -181,5 +182,74 @@ func TestSharedLUResetAcrossGateways(t *testing.T) {
 			t.Fatalf("gateway %d after the reset: sense %x/%02x/%02x", i, s.Key, s.ASC, s.ASCQ)
 		}
 		good(t, run(x.d, x.n, tur, nil))
+	}
+}
+
+// slowShared is a gateway's view of the shared image whose writes wait,
+// once started, until release is closed: a write in flight in the
+// storage.
+type slowShared struct {
+	sharedMem
+	started chan struct{}
+	release chan struct{}
+}
+
+func (s slowShared) WriteAt(p []byte, off int64) (int, error) {
+	s.started <- struct{}{}
+	<-s.release
+	return s.sharedMem.WriteAt(p, off)
+}
+
+// PREEMPT AND ABORT through gateway A ends the preempted nexus's tasks on
+// every gateway before it completes (SPC-4 §5.13.11.2.5): a write of the
+// victim that gateway B had already checked and handed to the storage
+// must have landed before the preemption is answered — B acknowledges
+// A's change only once its writes checked against the old state are done
+// — so no write of the preempted initiator lands after it.
+func TestPreemptAndAbortWaitsForTheOtherGatewaysWrites(t *testing.T) {
+	rec := &record{version: 1}
+	disk, _ := mem.New(16 << 20)
+	slow := slowShared{sharedMem{disk, rec}, make(chan struct{}, 1), make(chan struct{})}
+	var gw []*Device
+	for _, be := range []backend.Backend{sharedMem{disk, rec}, slow} {
+		d := NewDevice("iqn.2026-11.org.blockwire:shared", nil)
+		lu, err := NewLU(d.Name(), LUConfig{Backend: be})
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.AddLU(lu)
+		gw = append(gw, d)
+	}
+	a := nexus(gw[0], "iqn.a,i,0x1", "iqn.t,t,0x1")
+	v := nexus(gw[1], "iqn.v,i,0x1", "iqn.t,t,0x2")
+	cdb, p := prOut(0, 0, 0, 0xaaa, 0) // REGISTER through A
+	good(t, run(gw[0], a, cdb, p))
+	cdb, p = prOut(0, 0, 0, 0xbbb, 0) // REGISTER through B
+	good(t, run(gw[1], v, cdb, p))
+	cdb, p = prOut(1, prWERO, 0xaaa, 0, 0) // RESERVE Write Exclusive – Registrants Only
+	good(t, run(gw[0], a, cdb, p))
+
+	written := make(chan *Command, 1)
+	go func() {
+		written <- run(gw[1], v, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512))
+	}()
+	<-slow.started // checked, registered: in the storage
+	preempted := make(chan *Command, 1)
+	go func() {
+		cdb, p := prOut(5, prWERO, 0xaaa, 0xbbb, 0) // PREEMPT AND ABORT of the victim's key
+		preempted <- run(gw[0], a, cdb, p)
+	}()
+	select {
+	case c := <-preempted:
+		close(slow.release)
+		t.Fatalf("PREEMPT AND ABORT answered (status %#x) while the victim's write was still in flight on the other gateway", c.Status)
+	case <-time.After(300 * time.Millisecond):
+	}
+	close(slow.release)
+	good(t, <-preempted)
+	<-written
+	// The victim's next write is refused through B.
+	if c := run(gw[1], v, []byte{scsi.OpWrite10, 0, 0, 0, 0, 0, 0, 0, 1, 0}, make([]byte, 512)); c.Status != scsi.StatusReservationConflict {
+		t.Fatalf("the victim's write after the preemption: status %#x", c.Status)
 	}
 }
