@@ -507,6 +507,14 @@ var mutations = []struct {
 		"\t_, err := lu.be.WriteAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits)",
 		"\tgo lu.be.WriteAt(append([]byte(nil), c.Data[:n]...), int64(rw.LBA)<<lu.blockBits)\n\tvar err error",
 		[]string{"-faults", "reset", "-write-delay", "5ms", "-fault-every", "500ms", "-duration", "10s", "-seed", "1"}},
+	// A read in flight when the connection dropped is answered with
+	// whatever its buffer held — what had arrived, or nothing — instead of
+	// being sent again on the reinstated session: a stale read after a
+	// reconnect (in the initiator; the harness's clients use it).
+	{"a read in flight at a reconnect answered without being sent again", "iscsi/initiator/io.go",
+		"\t\t\tfor _, t := range pending {\n",
+		"\t\t\tfor _, t := range pending {\n\t\t\t\tif t.in != nil {\n\t\t\t\t\ts.finish(t.itt, &Result{}, nil)\n\t\t\t\t\tcontinue\n\t\t\t\t}\n",
+		[]string{"-faults", "reset,partition", "-fault-every", "300ms", "-duration", "10s", "-seed", "1"}},
 	// The old session's writes, still in the storage, land after the
 	// login that reinstated it completed and after the replayed copy was
 	// answered (with the nexus loss's unit attention): caught without
