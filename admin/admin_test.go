@@ -107,7 +107,7 @@ func do(t *testing.T, base string, r req) (int, string) {
 // can make a local browser send — a "simple" cross-site POST with a
 // text/plain body, a request after DNS rebinding (a foreign Host), one
 // with a foreign Origin, one without the per-run token — is refused, and
-// the control sees none of them (issue 20: POST /luns with a path to any
+// the control sees none of them (POST /luns with a path to any
 // file was obeyed).
 func TestHTTPRefusesWhatABrowserCanSend(t *testing.T) {
 	dir := t.TempDir()

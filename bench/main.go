@@ -67,7 +67,7 @@ var (
 	pin      = flag.Bool("pin", true, "with -spdk: pin each target to core 1 and the clients to core 0 (false: no pinning)")
 	outDir   = flag.String("out", "docs/bench", "where each table is written as JSON and an SVG chart, and each queue-depth sweep (the default run and -spdk) as JSON and an SVG of IOPS against depth and latency distributions (empty: nowhere)")
 	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths (O_DIRECT also pinned to core 1 with --poll 1ms, as SPDK runs) versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
-	roceOnly = flag.Bool("roce", false, "only the software RoCEv2 device: iSER over it versus iSCSI/TCP on the same target (issue 23: 0.8x TCP at 128 KiB QD 8)")
+	roceOnly = flag.Bool("roce", false, "only the software RoCEv2 device: iSER over it versus iSCSI/TCP on the same target (0.8x TCP at 128 KiB QD 8)")
 	poll     = flag.Duration("poll", 0, "with -roce: the target's receivers poll this long before they sleep (serve --poll), on both fabrics; written as roce-poll.json and .svg")
 	rbdOnly  = flag.Bool("rbd", false, "only RBD LUNs: tgt's rbd backing store (tgt-rbd) versus blockwire's backend/rbd on one Ceph cluster")
 )
@@ -196,7 +196,7 @@ func transports(bin string, bw target, dur time.Duration) {
 		"the RDMA transport over iSCSI/TCP (above 1 = faster than TCP)")
 }
 
-// gateway measures what the gateway hop costs (issue 13): blockwire bench
+// gateway measures what the gateway hop costs: blockwire bench
 // against tgt directly, and against blockwire serving tgt's LUN through
 // its initiator, over iSCSI/TCP and iSER, rotating as above.
 func gateway(bin, dir string) {

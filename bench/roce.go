@@ -10,7 +10,7 @@ import (
 )
 
 // roceBench compares iSER over blockwire's software RoCEv2 device with
-// iSCSI/TCP on the same target and LUN (issue 23, part 2: the goal is
+// iSCSI/TCP on the same target and LUN (the goal is
 // RoCE at 0.8x TCP or better at 128 KiB, QD 8, both ways), rotating as
 // every comparison does; the table also goes into -out as roce.json and
 // roce.svg (with -poll, the target polling: roce-poll.json and .svg).
@@ -54,7 +54,7 @@ func roceBench(bin string) {
 		}
 		fmt.Printf("| %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(a), stat(b), ratio)
 	}
-	fmt.Printf("\nratio above 1: RoCE faster than TCP (issue 23's goal: 0.80x or better at 128 KiB QD 8, both ways)\n")
+	fmt.Printf("\nratio above 1: RoCE faster than TCP (the goal: 0.80x or better at 128 KiB QD 8, both ways)\n")
 	writeComparison(name, title, ws, results, []string{"tcp", "roce"})
 }
 

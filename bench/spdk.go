@@ -14,7 +14,7 @@ import (
 	"time"
 )
 
-// spdkBench compares the targets per target core (issue 23): SPDK's
+// spdkBench compares the targets per target core: SPDK's
 // iscsi_tgt, blockwire and tgt, each serving a 1 GiB RAM LUN, each pinned
 // to core 1 with its clients on core 0 (-pin=false: both unpinned), the
 // same clients against each, rotating over the rounds. Clients are

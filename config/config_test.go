@@ -186,7 +186,7 @@ size = "1GiB"
 
 // TestSRPNeedsItsOwnACLForAProtectedTarget: a target with an ACL or CHAP
 // served over SRP, which can check neither, is refused unless its SRP
-// initiators are listed (issue 20: SRP served a target whose ACL refused
+// initiators are listed (SRP served a target whose ACL refused
 // the same initiator over iSCSI).
 func TestSRPNeedsItsOwnACLForAProtectedTarget(t *testing.T) {
 	base := func() *Config {

@@ -14,7 +14,7 @@ import (
 
 // TestExamplesValidateAsShipped: every configuration in examples/ passes
 // validation as it is — no environment prepared, from any working
-// directory (its example secrets are files beside it) (issue 25).
+// directory (its example secrets are files beside it).
 func TestExamplesValidateAsShipped(t *testing.T) {
 	files, err := filepath.Glob("../examples/*.toml")
 	if err != nil || len(files) == 0 {

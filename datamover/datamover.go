@@ -1,5 +1,5 @@
 // Package datamover is the Datamover Interface (DI) of the Datamover
-// Architecture for iSCSI (seed 002, draft-ietf-ips-iwarp-da, §9-§11): the
+// Architecture for iSCSI (draft-ietf-ips-iwarp-da, draft-ietf-ips-iwarp-da, §9-§11): the
 // contract between the iSCSI layer and a Datamover layer that moves its
 // PDUs and data. The traditional TCP datamover (datamover/tcp) and the iSER
 // datamover implement Conn; the iSCSI layer implements Upcalls.
@@ -34,7 +34,7 @@ type PDU struct {
 	AHS  []byte
 	Data []byte
 
-	// The I/O buffers of a SCSI Command an initiator sends (seed 002
+	// The I/O buffers of a SCSI Command an initiator sends (draft-ietf-ips-iwarp-da
 	// §11.3.1: DataDescriptorOut, DataDescriptorIn, UnsolicitedDataSize).
 	// An RDMA datamover registers them and advertises their STags; the TCP
 	// datamover ignores them.
@@ -51,7 +51,7 @@ type PDU struct {
 }
 
 // Params are the negotiated key values a datamover needs (Notice_Key_Values,
-// seed 002 §9.8).
+// draft-ietf-ips-iwarp-da §9.8).
 type Params struct {
 	HeaderDigest bool
 	DataDigest   bool
@@ -65,27 +65,27 @@ type Params struct {
 	MaxBurstLength int
 	// RDMAExtensions, TargetRecvDataSegmentLength,
 	// InitiatorRecvDataSegmentLength and MaxOutstandingUnexpectedPDUs are
-	// the iSER keys (seed 004 §6); the TCP datamover ignores them.
+	// the iSER keys (RFC 5046 §6); the TCP datamover ignores them.
 	RDMAExtensions                 bool
 	TargetRecvDataSegmentLength    int
 	InitiatorRecvDataSegmentLength int
 	// MaxOutstandingUnexpectedPDUs is what this side declared (the
 	// unexpected PDUs it accepts), PeerMaxOutstandingUnexpectedPDUs what
 	// the peer declared (the ones this side may send); 0 is no limit
-	// (seed 004 §6.7, §8.1).
+	// (RFC 5046 §6.7, §8.1).
 	MaxOutstandingUnexpectedPDUs     int
 	PeerMaxOutstandingUnexpectedPDUs int
 }
 
 // ErrUnexpectedLimit is SendControl's answer when sending the PDU would
-// exceed the peer's MaxOutstandingUnexpectedPDUs (seed 004 §8.1): the PDU
+// exceed the peer's MaxOutstandingUnexpectedPDUs (RFC 5046 §8.1): the PDU
 // is not sent and no sequence number is taken. An initiator may send it
 // again as a regulated (non-immediate) PDU; a target drops it, even a
 // Reject (§8.1.2 overrides every "MUST send a Reject").
 var ErrUnexpectedLimit = errors.New("datamover: the peer's MaxOutstandingUnexpectedPDUs is reached")
 
 // ReceiveBudget is implemented by datamovers whose incoming control PDUs
-// land in pre-posted buffers (iSER, seed 004 §8): the values the iSCSI
+// land in pre-posted buffers (iSER, RFC 5046 §8): the values the iSCSI
 // layer declares for them at login.
 type ReceiveBudget interface {
 	// RecvDataSize is the data segment one receive buffer holds (this
@@ -106,7 +106,7 @@ type ReceiveBudget interface {
 type Stamper func(h *pdu.BHS, advance bool)
 
 // DataIn describes one Put_Data: a contiguous range of a task's data-in
-// buffer (the Data_Descriptor of seed 002 §7.2) and, when Final and
+// buffer (the Data_Descriptor of draft-ietf-ips-iwarp-da §7.2) and, when Final and
 // WithStatus, the status that is collapsed into the last Data-In PDU (RFC
 // 7143 §11.7.2 phase collapse).
 type DataIn struct {
@@ -120,7 +120,7 @@ type DataIn struct {
 	// Ack is the A-bit (RFC 7143 §11.7.2, ErrorRecoveryLevel ≥ 1): the
 	// iSCSI layer wants to know when the initiator has this data. The
 	// datamover then calls DataACKNotify with the ITT and the DataSN that
-	// follows (seed 002 §10.4, seed 004 §7.3.5).
+	// follows (draft-ietf-ips-iwarp-da §10.4, RFC 5046 §7.3.5).
 	Ack       bool
 	Status    byte
 	Overflow  bool
@@ -130,11 +130,11 @@ type DataIn struct {
 }
 
 // Conn is the Datamover of one iSCSI connection (the Connection_Handle of
-// seed 002 §7.3).
+// draft-ietf-ips-iwarp-da §7.3).
 type Conn interface {
 	// AllocateConnectionResources prepares the datamover for a connection
 	// that is logging in (§9.4). The TCP datamover needs nothing; iSER
-	// allocates its queues here (seed 004 §5.1).
+	// allocates its queues here (RFC 5046 §5.1).
 	AllocateConnectionResources(p Params) error
 	// DeallocateConnectionResources undoes a failed login (§9.5).
 	DeallocateConnectionResources()
@@ -149,7 +149,7 @@ type Conn interface {
 	// EnableDatamover switches the connection into full feature phase
 	// (§9.6): negotiated digests and segment sizes apply from the next PDU.
 	// final is the target's final Login Response, which the datamover
-	// transmits before switching (seed 004 §5.1: the Login Response is sent
+	// transmits before switching (RFC 5046 §5.1: the Login Response is sent
 	// in byte-streaming mode); an initiator passes nil after receiving it.
 	EnableDatamover(final *PDU) error
 	// SendControl transmits a control-type PDU (§9.1).
@@ -174,7 +174,7 @@ type Conn interface {
 	LocalAddr() string
 }
 
-// Upcalls are the iSCSI layer's operational primitives (seed 002 §10).
+// Upcalls are the iSCSI layer's operational primitives (draft-ietf-ips-iwarp-da §10).
 type Upcalls interface {
 	// DataBuffer returns the buffer the data segment of an incoming PDU is
 	// placed in: the I/O buffer of its task for SCSI Command immediate data

@@ -8,7 +8,7 @@ import (
 )
 
 // The fabric side of the interface: how a Conn comes to be. The Datamover
-// Architecture leaves connection establishment to the transport (seed 002
+// Architecture leaves connection establishment to the transport (draft-ietf-ips-iwarp-da
 // §4: the iSCSI layer asks for a connection of a given kind and then runs
 // the login over the Datamover Interface); here a fabric is an Acceptor on
 // the target side and a Dialer on the initiator side, and both hand back
@@ -46,10 +46,10 @@ type Incoming interface {
 // AcceptParams are what an acceptor needs to know of the iSCSI layer.
 type AcceptParams struct {
 	// Window is the CmdSN window: an iSER connection sizes its receive
-	// buffers to it (seed 004 §8).
+	// buffers to it (RFC 5046 §8).
 	Window uint32
 	// EndNode and Gateway say what this node is, for the node preference
-	// an iSER initiator may put in its connection request (seed 001 part
+	// an iSER initiator may put in its connection request (the iSER-on-InfiniBand draft part
 	// III): EndNode when it has LUNs of its own, Gateway when it reaches
 	// LUNs through other targets; neither means an end node.
 	EndNode, Gateway bool
@@ -80,18 +80,18 @@ type Established struct {
 	// RDMA reports that the connection can carry iSER: it may turn into
 	// an RDMA stream after a login that negotiates RDMAExtensions (seed
 	// 004 §5.1). ISER reports that it is iSER from its first PDU (the
-	// connection-first form, seed 001, RFC 7145).
+	// connection-first form, the iSER-on-InfiniBand draft, RFC 7145).
 	RDMA, ISER bool
 	// Close releases the connection if Open is never called.
 	Close func()
 }
 
-// Preference is seed 001's node preference (the Flg of the iSER CM
+// Preference is the iSER-on-InfiniBand draft's node preference (the Flg of the iSER CM
 // private data): what an initiator wants at the other end of an iSER
 // connection.
 type Preference uint8
 
-// The preferences (seed 001 part III).
+// The preferences (the iSER-on-InfiniBand draft part III).
 const (
 	PreferEither  Preference = 0 // 00b: an end target node or a gateway
 	PreferEndNode Preference = 1 // 01b: only an end target node
@@ -104,7 +104,7 @@ func (p Preference) String() string {
 }
 
 // Refusal is why a node of the given kind refuses a connection with this
-// preference (seed 001 part III: reject with "consumer reject" and a
+// preference (the iSER-on-InfiniBand draft part III: reject with "consumer reject" and a
 // readable reason, at most the 72 bytes of an InfiniBand ARI), or "" when
 // it accepts. A node with neither role counts as an end node.
 func (p Preference) Refusal(endNode, gateway bool) string {
@@ -114,14 +114,14 @@ func (p Preference) Refusal(endNode, gateway bool) string {
 	switch p & 3 {
 	case PreferEndNode:
 		if !endNode {
-			return "iSER: this node is a gateway; an end node only was asked (seed 001)"
+			return "iSER: this node is a gateway; an end node only was asked (the iSER-on-InfiniBand draft)"
 		}
 	case PreferGateway:
 		if !gateway {
-			return "iSER: this node is an end node; a gateway only was asked (seed 001)"
+			return "iSER: this node is an end node; a gateway only was asked (the iSER-on-InfiniBand draft)"
 		}
 	case PreferInvalid:
-		return "iSER: connection flags 11b are invalid (seed 001)"
+		return "iSER: connection flags 11b are invalid (the iSER-on-InfiniBand draft)"
 	}
 	return ""
 }
@@ -136,7 +136,7 @@ type DialParams struct {
 	// ISER asks for an iSER connection rather than iSCSI/TCP.
 	ISER bool
 	// Preference, with HasPreference, is the node preference an iSER
-	// dialer sends (seed 001); other fabrics ignore it.
+	// dialer sends (the iSER-on-InfiniBand draft); other fabrics ignore it.
 	Preference    Preference
 	HasPreference bool
 	Logger        *slog.Logger

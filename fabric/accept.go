@@ -36,9 +36,9 @@ func TCP(l net.Listener) *TCPAcceptor { return &TCPAcceptor{l: l} }
 
 // Portal returns an acceptor that serves iSCSI/TCP and iSER on one port:
 // the first byte tells them apart. A connection that opens with an MPA
-// Request is iSER in the connection-first form (seed 001, RFC 7145, Linux
+// Request is iSER in the connection-first form (the iSER-on-InfiniBand draft, RFC 7145, Linux
 // ib_iser over siw); one that opens with a Login PDU is iSCSI/TCP, which may
-// turn into iSER after a login negotiating RDMAExtensions (seed 004 §5.1).
+// turn into iSER after a login negotiating RDMAExtensions (RFC 5046 §5.1).
 // LIO cannot serve both on one iWARP port.
 func Portal(l net.Listener, p ISERPortal) *TCPAcceptor {
 	return &TCPAcceptor{l: l, iser: &p}
@@ -180,7 +180,7 @@ func (in *rdmaIncoming) Establish(ctx context.Context, p datamover.AcceptParams)
 func acceptISER(ctx context.Context, req rdma.ConnRequest, pd *rdma.PD, opt iser.Options, p datamover.AcceptParams) (*datamover.Established, error) {
 	peer := iser.DecodeCMHeader(req.PrivateData())
 	if why := peer.Pref.Refusal(p.EndNode, p.Gateway); why != "" {
-		// Seed 001: the node cannot meet the initiator's preference;
+		// The iSER-on-InfiniBand draft: the node cannot meet the initiator's preference;
 		// reject (InfiniBand: consumer reject, reason 28) with the reason
 		// in the private data.
 		req.Reject([]byte(why))
@@ -222,7 +222,7 @@ func acceptISER(ctx context.Context, req rdma.ConnRequest, pd *rdma.PD, opt iser
 // posted again.
 const loginRecvs = 4
 
-// receiveBudget sizes an iSER connection's receive buffers (seed 004 §8):
+// receiveBudget sizes an iSER connection's receive buffers (RFC 5046 §8):
 // the CmdSN window, then 64 more, of which up to 32 may hold unexpected
 // PDUs (immediate NOP-Out, TMF, Text, Logout: what the target declares as
 // MaxOutstandingUnexpectedPDUs) and the rest unsolicited Data-Out.

@@ -18,7 +18,7 @@ import (
 )
 
 // Dialer connects an iSCSI initiator to portals: over TCP, and with iSER
-// when the initiator asks for it (an iser:// URL, seed 001's preferences)
+// when the initiator asks for it (an iser:// URL, the iSER-on-InfiniBand draft's preferences)
 // over an RDMA fabric. The zero Dialer uses the software iWARP device for
 // iSER. A Dialer may be shared by sessions.
 type Dialer struct {
@@ -52,7 +52,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	f, pd := d.rdma(log)
 	if d.Profile == iser.ProfileRFC5046 {
 		// TCP, a byte-stream login asking for RDMAExtensions, then MPA
-		// on the same connection and the Hello exchange (seed 004 §5.1).
+		// on the same connection and the Hello exchange (RFC 5046 §5.1).
 		iw, ok := f.(IWARP)
 		if !ok {
 			return nil, fmt.Errorf("iscsi: the RFC 5046 iSER profile needs an iWARP fabric that can start MPA on a connection (%T cannot)", f)
@@ -65,7 +65,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 		return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return NewUpgrade(tcp.New(nc, st), iw, pd, opt, st) },
 			RDMA: true, Close: func() { nc.Close() }}, nil
 	}
-	// The connection-first profile (seed 001 part II, wire-facts §2.2):
+	// The connection-first profile (the iSER-on-InfiniBand draft part II, wire-facts §2.2):
 	// the iSER CM header in the private data says tagged offsets are
 	// virtual addresses; the target's answer says whether it will
 	// invalidate our STags with Send with Invalidate.
@@ -78,7 +78,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	// ends our windows.
 	hdr := iser.CMHeader{ZBVANotSupported: true, SendInvNotSupported: pd.Memory() != nil}
 	if p.HasPreference {
-		// Seed 001: the longer header with the node preference and the
+		// The iSER-on-InfiniBand draft: the longer header with the node preference and the
 		// addresses (the destination is what a gateway forwards to).
 		hdr.Seed001, hdr.MajVer, hdr.Pref = true, 1, p.Preference
 		if ap, err := netip.ParseAddrPort(portal); err == nil {
@@ -90,7 +90,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	}
 	cp := res.ConnParams(hdr.Append(nil))
 	if hdr.Seed001 {
-		// On an InfiniBand CM fabric, seed 001's rules as a whole: its
+		// On an InfiniBand CM fabric, the iSER-on-InfiniBand draft's rules as a whole: its
 		// iSER service ID base, its private data alone in the REQ.
 		cp.ServiceIDBase = iser.ServiceIDBaseSeed001
 	}

@@ -32,7 +32,7 @@ type IWARP interface {
 // RDMAExtensions the connection stays traditional iSCSI/TCP.
 //
 // The iSER resources are allocated only at that switch, after the
-// security stage (the anti-denial-of-service rule of seed 004 §5.1).
+// security stage (the anti-denial-of-service rule of RFC 5046 §5.1).
 type Upgrade struct {
 	tcp   *tcp.Conn
 	iw    IWARP
@@ -131,8 +131,8 @@ func (u *Upgrade) MaxSendDataSegmentLength() int {
 // EnableDatamover implements datamover.Conn. With RDMAExtensions=Yes the
 // target's final Login Response goes out in byte-stream mode and the
 // receive loop stops reading the byte stream right after the PDU being
-// handled; Serve then starts MPA on the same connection (seed 004 §5.1,
-// seed 002 Figures 2 and 3).
+// handled; Serve then starts MPA on the same connection (RFC 5046 §5.1,
+// draft-ietf-ips-iwarp-da Figures 2 and 3).
 func (u *Upgrade) EnableDatamover(final *datamover.PDU) error {
 	u.mu.Lock()
 	want := u.want
@@ -220,7 +220,7 @@ func (u *Upgrade) rdmaStream() (*iser.Conn, error) {
 		nc.Close()
 		return nil, errors.Join(errors.New("iser: starting the RDMA stream after login (RFC 5046 §5.1)"), err)
 	}
-	// RFC 5046 peers accept Send with Invalidate (seed 000 §9.5).
+	// RFC 5046 peers accept Send with Invalidate (RFC 5046 §9.5).
 	ic := res.Attach(qp, iser.CMHeader{}, u.stamp)
 	ic.NoticeKeyValues(u.params)
 	ic.EnableDatamover(nil)

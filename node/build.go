@@ -46,7 +46,7 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, poll time.Dur
 	case be != nil:
 		// The embedding program's storage.
 	case lc.Remote != "":
-		// A gateway LUN (issue 13): another target's LUN through our
+		// A gateway LUN: another target's LUN through our
 		// initiator, which reconnects for up to 30 s before commands fail
 		// with a retryable sense.
 		var d remote.Device
@@ -60,7 +60,7 @@ func buildLU(targetName string, lc config.LUN, open BackendOpener, poll time.Dur
 			}
 		}
 	case lc.RBD != "":
-		// Ceph RBD (issue 14): needs a build with the rbd tag (rbd.go).
+		// Ceph RBD: needs a build with the rbd tag (rbd.go).
 		be, err = openRBD(lc, log)
 	case lc.File != "":
 		var f *file.File

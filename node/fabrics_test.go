@@ -186,7 +186,7 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 
 // TestPortalServesOnlyItsTargets: a [[portal]] naming its targets serves
 // those and no other — a target no iSCSI portal serves is neither listed
-// by SendTargets nor reachable by a login (issue 21).
+// by SendTargets nor reachable by a login.
 func TestPortalServesOnlyItsTargets(t *testing.T) {
 	cfg := &config.Config{
 		Portals: []config.Portal{{Transport: config.ISCSI, Address: "127.0.0.1:0", Targets: []string{diskA}}},

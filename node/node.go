@@ -224,7 +224,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	}
 	for _, t := range cfg.Targets {
 		for _, l := range t.LUNs {
-			// What this node is to seed 001's iSER connection preference.
+			// What this node is to the iSER-on-InfiniBand draft's iSER connection preference.
 			io.Gateway = io.Gateway || l.Remote != ""
 			io.EndNode = io.EndNode || l.Remote == ""
 		}
@@ -330,7 +330,7 @@ func (n *Node) addSRP(cfg *config.Config, i int, dev *scsitarget.Device) error {
 
 // servePort puts a target's SRP port on an SRP portal that serves it; on
 // a RoCE device also as an InfiniBand I/O controller: REQs to the target's
-// IOC GUID as service ID carry the whole SRP_LOGIN_REQ (seed 003 §A.2), as
+// IOC GUID as service ID carry the whole SRP_LOGIN_REQ (the SRP InfiniBand annex §A.2), as
 // Linux ib_srpt takes them — once per device and GUID.
 func (n *Node) servePort(sp srpPortal, s *srptarget.Server, name string, hi, lo uint64) error {
 	if !sp.portal.Serves(name) {

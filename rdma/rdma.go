@@ -3,19 +3,19 @@
 // software iWARP device in rdma/siw today, a software RoCEv2 device later).
 //
 // It follows the verbs model of the RDMA-Capable Protocols that RFC 5046
-// (seeds 004/000) and seed 002 (the Datamover Architecture) build on:
+// (RFC 5046) and draft-ietf-ips-iwarp-da (the Datamover Architecture) build on:
 //
 //   - a Device owns the STag namespace; a protection domain (PD) groups the
 //     memory regions and queue pairs that may touch each other;
 //   - a memory region (MR) names a buffer by an STag (iWARP) or R_Key
 //     (InfiniBand) with access rights and either zero-based or VA-based
-//     tagged offsets (seed 001 part IV: TO = base + offset);
+//     tagged offsets (the iSER-on-InfiniBand draft part IV: TO = base + offset);
 //   - a queue pair (QP) is a reliable connection with a send queue (Send,
 //     Send with Solicited Event, Send with Invalidate, Send with SE and
 //     Invalidate, RDMA Write, RDMA Read) and a receive queue of posted
 //     buffers; work completes into completion queues (CQ);
 //   - a Fabric listens, connects, accepts and rejects connections, each
-//     carrying private data, so the connection-first iSER login of seed 001
+//     carrying private data, so the connection-first iSER login of the iSER-on-InfiniBand draft
 //     and SRP logins can ride on it.
 //
 // Local buffers need no registration in this software model: a work
@@ -153,7 +153,7 @@ type Memory interface {
 // NewHardwarePD returns the protection domain of a hardware device whose
 // registered memory is m. Its regions are the hardware's: Map names
 // memory by m's R_Key and the buffer's virtual address (VA-based tagged
-// offsets, seed 001 part IV: what a device without zero-based addressing
+// offsets, the iSER-on-InfiniBand draft part IV: what a device without zero-based addressing
 // uses), copying through memory from m when the buffer is not in it.
 func NewHardwarePD(name string, m Memory) *PD {
 	return &PD{dev: NewDevice(name), id: 1, mem: m}
@@ -208,7 +208,7 @@ type Windows interface {
 // Window is one bound memory window.
 type Window interface {
 	RKey() uint32
-	// VA is the address the peer names b[0] by (VA-based, seed 001 IV).
+	// VA is the address the peer names b[0] by (VA-based, the iSER-on-InfiniBand draft IV).
 	VA() uint64
 	// Invalidate ends the key, unless the peer's Send with Invalidate
 	// already did. free, registered memory from the PD's Memory or nil,
@@ -244,7 +244,7 @@ type MR struct {
 
 // Register makes buf accessible under a new STag with the given rights.
 // va is the tagged offset of buf[0]: 0 for zero-based offsets (RFC 5046's
-// ZBTO), or any base the peer will add offsets to (VA-based, seed 001).
+// ZBTO), or any base the peer will add offsets to (VA-based, the iSER-on-InfiniBand draft).
 // Such a region can be invalidated locally but not by the peer.
 func (pd *PD) Register(buf []byte, va uint64, access Access) (*MR, error) {
 	mr, err := pd.AllocMR()
@@ -851,7 +851,7 @@ type ConnParams struct {
 	// the port is added to for the REQ's service ID: 0 for the RDMA/CM
 	// port space Linux uses (0x0000000001060000, its 36-byte header
 	// before PrivateData), or another base whose REQ carries PrivateData
-	// alone — seed 001's iSER base 0x0000000000020000, or an SRP I/O
+	// alone — the iSER-on-InfiniBand draft's iSER base 0x0000000000020000, or an SRP I/O
 	// controller's whole service ID less its low 16 bits (which the
 	// address's port then gives). iWARP ignores it.
 	ServiceIDBase uint64
@@ -909,13 +909,13 @@ type RejectError struct {
 	Reason      int
 	PrivateData []byte
 	// ARI is the InfiniBand REJ's additional rejection information
-	// (seed 001: a readable reason with consumer reject, 28).
+	// (the iSER-on-InfiniBand draft: a readable reason with consumer reject, 28).
 	ARI []byte
 }
 
 // InfiniBand CM reject reasons a consumer may give (IBA 12.6.7).
 const (
-	RejectNoQP           = 1  // no QP available: seed 003 §A.4, more hosts than channels
+	RejectNoQP           = 1  // no QP available: the SRP InfiniBand annex §A.4, more hosts than channels
 	RejectConsumerReject = 28 // the consumer refused the private data
 )
 

@@ -29,7 +29,7 @@ func (f *flakyFlush) Flush() error {
 // TestFailedFlushLatches: after one failed SYNCHRONIZE CACHE, later ones
 // and every write fail too (MEDIUM ERROR, WRITE ERROR) until the LU is
 // built anew — an initiator must never be told its earlier writes are
-// durable once a flush lost them (issue 20).
+// durable once a flush lost them.
 func TestFailedFlushLatches(t *testing.T) {
 	m, err := mem.New(8 << 20)
 	if err != nil {

@@ -222,7 +222,7 @@ func TestRegisterAndMove(t *testing.T) {
 
 // TestAPTPLFileIsPrivate: the reservation file holds the registrants'
 // keys; it is 0600 whatever the umask, and no temporary file stays beside
-// it (issue 20: it was created 0666 minus the umask).
+// it (it was created 0666 minus the umask).
 func TestAPTPLFileIsPrivate(t *testing.T) {
 	old := syscall.Umask(0)
 	defer syscall.Umask(old)

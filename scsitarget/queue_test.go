@@ -37,7 +37,7 @@ func enter(running, most *atomic.Int32) {
 // TestLUQueueBound: an LU runs at most Workers commands at once and
 // queues at most QueueDepth more; beyond that Submit refuses (the fabric
 // answers TASK SET FULL). Close lets the queued commands run, and a
-// command submitted after Close still runs (issue 21).
+// command submitted after Close still runs.
 func TestLUQueueBound(t *testing.T) {
 	be, _ := mem.New(1 << 20)
 	lu, err := NewLU("iqn.2026-11.org.example:q", LUConfig{Backend: be, Workers: 2, QueueDepth: 3})

@@ -6,7 +6,7 @@
 // never retain or copy them (CDBs, descriptor lists and immediate data
 // alias the IU), encoders append to a caller's slice.
 //
-// Transport rules (seed 003, SRP over InfiniBand, Annex A): the target
+// Transport rules (the SRP InfiniBand annex, SRP over InfiniBand, Annex A): the target
 // only receives Sends; the initiator's memory is reached by RDMA Read
 // (data-out) and RDMA Write (data-in) through the descriptors in SRP_CMD.
 package srp

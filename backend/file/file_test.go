@@ -18,7 +18,7 @@ func sizeOf(t *testing.T, p string) int64 {
 
 // TestExistingFileKeepsItsSize: an existing image is served at its own
 // size; a different size is refused and the file left untouched, unless
-// growing was asked for — and shrinking never is (issue 26: a 64 MiB
+// growing was asked for — and shrinking never is (a 64 MiB
 // image was grown to 1 GiB, a 2 GiB one served as 1 GiB).
 func TestExistingFileKeepsItsSize(t *testing.T) {
 	dir := t.TempDir()

@@ -1,7 +1,7 @@
 // Package remote is a backend whose storage is a LUN on another target,
 // reached through one of blockwire's initiators (iscsi://, iser://,
 // srp://) as a blockdev.Device. It is what makes `blockwire serve` a
-// gateway (seed 001 §III): any front transport in front of any remote
+// gateway (the iSER-on-InfiniBand draft §III): any front transport in front of any remote
 // target.
 //
 // What passes through and what is answered locally:

@@ -126,7 +126,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		}
 		return nil
 	})
-	fs.Func("prefer", "choose the path as seed 001 does: direct (iSER end nodes, then gateways, then iSCSI/TCP), gateway (gateways first) or any (iSER, then TCP); for iscsi:// and iser:// URLs", func(v string) error {
+	fs.Func("prefer", "choose the path as the iSER-on-InfiniBand draft does: direct (iSER end nodes, then gateways, then iSCSI/TCP), gateway (gateways first) or any (iSER, then TCP); for iscsi:// and iser:// URLs", func(v string) error {
 		switch v {
 		case "direct", "gateway", "any":
 			o.Prefer = v

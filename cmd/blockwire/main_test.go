@@ -14,7 +14,7 @@ import (
 // TestHelpAndExitCodes: every verb's -h/--help exits 0; usage errors exit
 // 2 and name the problem — bad flags, extra arguments, malformed URLs
 // (no LUN, a port out of range, IPv6 without brackets), unknown admin
-// verbs, inputs that would be silently adjusted (issue 26).
+// verbs, inputs that would be silently adjusted.
 func TestHelpAndExitCodes(t *testing.T) {
 	dir := t.TempDir()
 	empty := filepath.Join(dir, "empty.toml")
@@ -81,7 +81,7 @@ func TestHelpAndExitCodes(t *testing.T) {
 
 // TestServeFlagsDocumented keeps docs/configuration.md's flag table and
 // serve's flags in step: every flag is documented, and nothing documented
-// is missing (issue 26: --removable, --roce-listen, … were not listed).
+// is missing (--removable, --roce-listen, … were not listed).
 func TestServeFlagsDocumented(t *testing.T) {
 	var out, errOut bytes.Buffer
 	if code := run([]string{"serve", "-h"}, &out, &errOut); code != 0 {

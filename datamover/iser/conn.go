@@ -1,11 +1,11 @@
-// Package iser is the iSER datamover (RFC 5046, seeds 004/000, and the
-// connection-first form of RFC 7145 / seed 001 that Linux speaks): it
-// implements every primitive of the Datamover Interface (seed 002 §9–10,
+// Package iser is the iSER datamover (RFC 5046, and the
+// connection-first form of RFC 7145 / the iSER-on-InfiniBand draft that Linux speaks): it
+// implements every primitive of the Datamover Interface (draft-ietf-ips-iwarp-da §9–10,
 // package datamover) over the rdma verbs API, never over a concrete
 // device.
 //
 //	Send_Control  → an RDMA Send carrying the iSER header and the PDU
-//	                (SendSE for SCSI Command/Response per seed 000 §9.5,
+//	                (SendSE for SCSI Command/Response per RFC 5046 §9.5,
 //	                Send with Invalidate of the task's STag for a SCSI
 //	                Response when the initiator allows it)
 //	Put_Data      → RDMA Write into the initiator's Read STag
@@ -15,7 +15,7 @@
 //	                or invalidated and recycled (initiator)
 //
 // Control-type PDUs are copied once into a registered send slot; received
-// ones arrive in pre-posted receive buffers (seed 004 §8) and immediate or
+// ones arrive in pre-posted receive buffers (RFC 5046 §8) and immediate or
 // unsolicited data is copied once into the task's buffer. Solicited data
 // never crosses the iSCSI layer: the RDMA device places it.
 package iser
@@ -38,13 +38,13 @@ import (
 type Profile int
 
 const (
-	// ProfileLinux is the connection-first form (RFC 7145, seed 001,
+	// ProfileLinux is the connection-first form (RFC 7145, the iSER-on-InfiniBand draft,
 	// Linux ib_iser/isert, tgt, libiscsi): the RDMA connection is made
 	// first with the CM header in its private data, login PDUs travel in
 	// Sends, the header is 28 bytes with virtual-address tagged offsets,
 	// and no Hello is exchanged.
 	ProfileLinux Profile = iota
-	// ProfileRFC5046 is the form of RFC 5046 (seed 004 §5.1): byte-stream
+	// ProfileRFC5046 is the form of RFC 5046 (RFC 5046 §5.1): byte-stream
 	// login, then the connection turns into an RDMA stream, Hello and
 	// HelloReply, a 12-byte header and zero-based tagged offsets.
 	ProfileRFC5046
@@ -61,7 +61,7 @@ func (p Profile) String() string {
 type Options struct {
 	Profile   Profile
 	Initiator bool
-	// Recvs is the number of receive buffers kept posted (seed 004 §8:
+	// Recvs is the number of receive buffers kept posted (RFC 5046 §8:
 	// enough for the CmdSN window and the unexpected PDUs); default 192.
 	Recvs int
 	// RecvDataSize is the data segment each receive buffer holds — what
@@ -77,7 +77,7 @@ type Options struct {
 	// 128 (its receive buffers hold no more, facts §2.3).
 	CtrlDataLimit int
 	// Unexpected is the MaxOutstandingUnexpectedPDUs this side declares
-	// (seed 004 §6.7); default a sixth of Recvs, at least 2.
+	// (RFC 5046 §6.7); default a sixth of Recvs, at least 2.
 	Unexpected int
 	// LoginRecvs, when set, is how many receive buffers and send slots
 	// the connection has until its login completes (EnableDatamover);
@@ -103,7 +103,7 @@ func (o Options) WithDefaults() Options {
 
 // MaxUnexpected is the MaxOutstandingUnexpectedPDUs a connection with
 // these options declares: the unexpected PDUs its receive buffers take
-// (seed 004 §8).
+// (RFC 5046 §8).
 func (o Options) MaxUnexpected() int { return o.unexpected() }
 
 func (o Options) unexpected() int {
@@ -143,7 +143,7 @@ const maxAHS = 256
 
 // Resources are what a connection needs before it exists: the completion
 // queues and the receive buffers posted before the first message can
-// arrive (seed 004 §5.1: Allocate_Connection_Resources).
+// arrive (RFC 5046 §5.1: Allocate_Connection_Resources).
 type Resources struct {
 	opt      Options
 	pd       *rdma.PD
@@ -291,7 +291,7 @@ type Conn struct {
 	termOnce sync.Once
 	dispDone chan struct{}
 
-	// The unexpected control-type PDUs of each direction (seed 004 §8.1,
+	// The unexpected control-type PDUs of each direction (RFC 5046 §8.1,
 	// unexpected.go), counted once either side declared a limit.
 	umu     sync.Mutex
 	ucount  atomic.Bool
@@ -453,14 +453,14 @@ func (c *Conn) Profile() Profile { return c.r.opt.Profile }
 
 // AllocateConnectionResources implements datamover.Conn: the resources
 // were allocated by Prepare before the connection was accepted, after the
-// RDMA connection request was checked (seed 004 §5.1).
+// RDMA connection request was checked (RFC 5046 §5.1).
 func (c *Conn) AllocateConnectionResources(p datamover.Params) error { return nil }
 
 // DeallocateConnectionResources implements datamover.Conn.
 func (c *Conn) DeallocateConnectionResources() { c.ConnectionTerminate() }
 
 // NoticeKeyValues implements datamover.Conn: with RDMAExtensions=Yes the
-// control-PDU limit is the peer's *RecvDataSegmentLength (seed 004 §6.6),
+// control-PDU limit is the peer's *RecvDataSegmentLength (RFC 5046 §6.6),
 // otherwise its MaxRecvDataSegmentLength.
 func (c *Conn) NoticeKeyValues(p datamover.Params) {
 	c.pmu.Lock()
@@ -499,7 +499,7 @@ func (c *Conn) apply(p datamover.Params) {
 
 // MaxOutstandingUnexpectedPDUs implements datamover.ReceiveBudget: the
 // receive buffers beyond those the command window and its responses
-// need (seed 004 §8.1).
+// need (RFC 5046 §8.1).
 func (c *Conn) MaxOutstandingUnexpectedPDUs() int { return c.r.opt.unexpected() }
 
 // MaxSendDataSegmentLength implements datamover.Conn.
@@ -538,7 +538,7 @@ func (c *Conn) EnableDatamover(final *datamover.PDU) error {
 
 var errTerminated = errors.New("iser: connection terminated")
 
-// SendControl implements datamover.Conn (seed 002 §9.1, seed 000 §9.5).
+// SendControl implements datamover.Conn (draft-ietf-ips-iwarp-da §9.1, RFC 5046 §9.5).
 func (c *Conn) SendControl(p *datamover.PDU, advance bool) error {
 	return c.sendControl(p, advance, false)
 }
@@ -576,7 +576,7 @@ func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
 	case !c.init && op == pdu.OpSCSIResponse:
 		wr.Solicited = true
 		if c.sendInv {
-			// Seed 000 §9.5: the response may invalidate the initiator's
+			// RFC 5046 §9.5: the response may invalidate the initiator's
 			// STag (the Read STag, else the Write STag).
 			c.tmu.Lock()
 			if t := c.tasks[p.BHS.ITT()]; t != nil {
@@ -643,7 +643,7 @@ func (c *Conn) awaitSlot(slot int, op rdma.Op) error {
 }
 
 // registerTask maps the command's buffers and fills the header (the
-// initiator's side of seed 002 §11.3.1): the data-in buffer whole under a
+// initiator's side of draft-ietf-ips-iwarp-da §11.3.1): the data-in buffer whole under a
 // remote-write STag (RSV), the solicited part of the data-out buffer
 // under a remote-read STag (WSV). In the Linux profile the base offset is
 // a virtual address and the write base already points past the
@@ -667,7 +667,7 @@ func (c *Conn) registerTask(p *datamover.PDU, h *Header) error {
 		}
 		stag, err := mr.Map(buf, va, access)
 		// A hardware device names the buffer by its own address
-		// (VA-based, seed 001 part IV) whatever va was asked.
+		// (VA-based, the iSER-on-InfiniBand draft part IV) whatever va was asked.
 		return mr, stag, mr.VA(), err
 	}
 	if len(p.DataIn) > 0 {
@@ -722,7 +722,7 @@ func (c *Conn) mrLocked() (*rdma.MR, error) {
 	return c.r.pd.AllocMROn(c.qp)
 }
 
-// DeallocateTaskResources implements datamover.Conn (seed 002 §9.9): the
+// DeallocateTaskResources implements datamover.Conn (draft-ietf-ips-iwarp-da §9.9): the
 // initiator invalidates STags the target did not invalidate and recycles
 // them; the target forgets them.
 func (c *Conn) DeallocateTaskResources(itt uint32) {
@@ -762,7 +762,7 @@ func (c *Conn) wait(wr *rdma.SendWR) error {
 	return c.awaitSlot(slot, wr.Op)
 }
 
-// PutData implements datamover.Conn (seed 002 §9.2, seed 000 §9.6): RDMA
+// PutData implements datamover.Conn (draft-ietf-ips-iwarp-da §9.2, RFC 5046 §9.6): RDMA
 // Write into the Read STag the command advertised; with the status
 // collapsed, the SCSI Response follows as a Send.
 func (c *Conn) PutData(d *datamover.DataIn) error {
@@ -794,7 +794,7 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 		}
 	}
 	if d.Ack {
-		// Seed 004 §7.3.5, approach 1 (right at every ErrorRecoveryLevel):
+		// RFC 5046 §7.3.5, approach 1 (right at every ErrorRecoveryLevel):
 		// a zero-length RDMA Read after the Write. The initiator's RNIC
 		// answers it only after placing the Write (RDMAP ordering, RFC
 		// 5040 §5.5), so its completion is the acknowledgement.
@@ -818,7 +818,7 @@ func (c *Conn) PutData(d *datamover.DataIn) error {
 	return c.sendControl(&p, true, true)
 }
 
-// GetData implements datamover.Conn (seed 002 §9.3, seed 000 §9.6): the
+// GetData implements datamover.Conn (draft-ietf-ips-iwarp-da §9.3, RFC 5046 §9.6): the
 // R2T becomes an RDMA Read of the solicited range from the Write STag into
 // buf; Data_Completion_Notify follows its completion. The QP never has
 // more Reads outstanding than the negotiated ORD.
@@ -891,7 +891,7 @@ func (c *Conn) startRead(i int, r2t *pdu.R2T, buf []byte, stag uint32, to uint64
 // closing connection no longer.
 const terminateGrace = 4 * time.Second
 
-// ConnectionTerminate implements datamover.Conn (seed 002 §9.7). Control
+// ConnectionTerminate implements datamover.Conn (draft-ietf-ips-iwarp-da §9.7). Control
 // PDUs already handed to Send_Control (a Logout Response, a failed Login
 // Response) still go out first: the queue pair closes once its sends
 // have completed, once it has failed, or after terminateGrace.
@@ -985,7 +985,7 @@ func (c *Conn) Serve(up datamover.Upcalls) {
 	}()
 	var err error
 	if !c.helloDone && c.init {
-		// Seed 004 §5.1.3: Hello is the initiator's first iSER message.
+		// RFC 5046 §5.1.3: Hello is the initiator's first iSER message.
 		h := Hello{MaxVer: VersionRFC5046, MinVer: VersionRFC5046, IRD: uint16(c.r.opt.IRD)}
 		err = c.sendRaw(h.Append(nil))
 	}
@@ -1077,7 +1077,7 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 			// Its Put_Data would have nowhere to write, and the
 			// initiator would wait for data until its own timeout.
 			return &datamover.ProtocolError{Err: fmt.Errorf(
-				"iser: SCSI read command ITT %#x for %d bytes advertises no Read STag (RFC 5046 §7.3.1; an iSER protocol error, seed 000 §10.1.3.4)",
+				"iser: SCSI read command ITT %#x for %d bytes advertises no Read STag (RFC 5046 §7.3.1; an iSER protocol error, RFC 5046 §10.1.3.4)",
 				p.BHS.ITT(), edtl)}
 		}
 		// The command's STags, kept from its arrival until its task is
@@ -1122,7 +1122,7 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 			if err := c.SendControl(&r, true); !errors.Is(err, datamover.ErrUnexpectedLimit) {
 				return err
 			}
-			// Seed 004 §8.1.2: no Reject beyond the initiator's limit.
+			// RFC 5046 §8.1.2: no Reject beyond the initiator's limit.
 			c.log.Warn("iser: Reject not sent: the initiator's MaxOutstandingUnexpectedPDUs is reached", "err", perr)
 			return nil
 		}
@@ -1184,7 +1184,7 @@ func (c *Conn) startQueued() {
 func (c *Conn) RecvDataSize() int { return c.r.opt.RecvDataSize }
 
 // sendRaw sends an iSER message that is not an iSCSI PDU (Hello,
-// HelloReply) as a SendSE (seed 000 Appendix A), ahead of the ready gate.
+// HelloReply) as a SendSE (RFC 5046 Appendix A), ahead of the ready gate.
 func (c *Conn) sendRaw(msg []byte) error {
 	var slot int
 	select {
@@ -1207,7 +1207,7 @@ func (c *Conn) sendRaw(msg []byte) error {
 // answers the initiator's Hello (iSER-ORD = min(own ORD, iSER-IRD),
 // rejecting when the versions do not overlap or it cannot serve the
 // initiator's RDMA Reads); the initiator checks the HelloReply. Anything
-// else first is a protocol error (seed 000 §10.1.3.2): the stream ends.
+// else first is a protocol error (RFC 5046 §10.1.3.2): the stream ends.
 func (c *Conn) hello(msg []byte) error {
 	if c.init {
 		r, err := DecodeHelloReply(msg)
@@ -1240,7 +1240,7 @@ func (c *Conn) hello(msg []byte) error {
 }
 
 // mayGenerate reports whether p may be sent without exceeding the peer's
-// MaxOutstandingUnexpectedPDUs (seed 004 §8.1.1.3, §8.1.2). A target keeps
+// MaxOutstandingUnexpectedPDUs (RFC 5046 §8.1.1.3, §8.1.2). A target keeps
 // the last one for a NOP-In ping, through whose answer the initiator can
 // retire the others (§8.2's implementation note). Called under smu.
 func (c *Conn) mayGenerate(p *datamover.PDU) bool {

@@ -141,7 +141,7 @@ func control(hl int, h Header, op byte, data []byte) []byte {
 	return b
 }
 
-// TestFormatAndProtocolErrors: seed 000 §10.1.3.2 — a malformed iSER
+// TestFormatAndProtocolErrors: RFC 5046 §10.1.3.2 — a malformed iSER
 // header, an unknown opcode, a Hello where none belongs, a message shorter
 // than it says: the stream is terminated and the iSCSI layer told.
 func TestFormatAndProtocolErrors(t *testing.T) {
@@ -263,7 +263,7 @@ func TestReadBeyondAdvertised(t *testing.T) {
 }
 
 // TestDataACK: a Put_Data with the A-bit (ErrorRecoveryLevel ≥ 1) is
-// acknowledged by a zero-length RDMA Read after the RDMA Write (seed 004
+// acknowledged by a zero-length RDMA Read after the RDMA Write (RFC 5046
 // §7.3.5): Data_ACK_Notify comes once the initiator has placed the data,
 // with the DataSN that follows.
 func TestDataACK(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 )
 
 // iSER message opcodes: the high nibble of byte 0 of every iSER header
-// (seed 000 §9.1).
+// (RFC 5046 §9.1).
 const (
 	OpControl    = 0x10 // iSCSI control-type PDU follows the header
 	OpHello      = 0x20
@@ -17,7 +17,7 @@ const (
 	opMask       = 0xF0
 )
 
-// Header flag bits (seed 000 §9.2).
+// Header flag bits (RFC 5046 §9.2).
 const (
 	FlagWSV = 0x08 // Write STag valid
 	FlagRSV = 0x04 // Read STag valid
@@ -25,14 +25,14 @@ const (
 
 // Header lengths of the two profiles.
 const (
-	// HeaderLenRFC5046 is the 12-byte header of RFC 5046 §9.2 (seed 000):
+	// HeaderLenRFC5046 is the 12-byte header of RFC 5046 §9.2 (RFC 5046):
 	// flags, reserved, Write STag, Read STag; tagged offsets are zero-based.
 	HeaderLenRFC5046 = 12
 	// HeaderLenLinux is the 28-byte header of RFC 7145 §9.2 and Linux's
 	// struct iser_ctrl: each STag with a 64-bit base offset (the virtual
-	// address of seed 001 part IV).
+	// address of the iSER-on-InfiniBand draft part IV).
 	HeaderLenLinux = 28
-	// HelloLen is the size of Hello and HelloReply (seed 000 §9.3/§9.4).
+	// HelloLen is the size of Hello and HelloReply (RFC 5046 §9.3/§9.4).
 	HelloLen = 12
 )
 
@@ -52,7 +52,7 @@ type Header struct {
 	ReadVA    uint64 // 28-byte header only
 }
 
-// FormatError is a malformed iSER header: RFC 5046 §10.1.3.2 (seed 000)
+// FormatError is a malformed iSER header: RFC 5046 §10.1.3.2 (RFC 5046)
 // has no error message for it; the stream is terminated.
 type FormatError struct{ Msg string }
 
@@ -64,7 +64,7 @@ func formatError(format string, a ...any) error {
 
 // Put encodes a control-type header at the start of b, which holds hl
 // (HeaderLenRFC5046 or HeaderLenLinux) bytes. Fields whose valid bit is
-// clear are sent as zero (seed 000 §9.2).
+// clear are sent as zero (RFC 5046 §9.2).
 func (h *Header) Put(b []byte, hl int) {
 	clear(b[:hl])
 	f := byte(OpControl)
@@ -96,7 +96,7 @@ func (h *Header) Put(b []byte, hl int) {
 
 // Decode parses the header of a received Send of the profile with header
 // length hl. A control-type message must hold the header and a 48-byte
-// BHS; the STag fields whose valid bit is clear are ignored (seed 000
+// BHS; the STag fields whose valid bit is clear are ignored (RFC 5046
 // §9.2: "MUST be zero and ignored").
 func Decode(b []byte, hl int) (Header, error) {
 	if len(b) < 1 {
@@ -135,7 +135,7 @@ func Decode(b []byte, hl int) (Header, error) {
 }
 
 // Hello is the initiator's first iSER message in the RFC 5046 profile
-// (seed 000 §9.3): the versions it speaks and its iSER-IRD.
+// (RFC 5046 §9.3): the versions it speaks and its iSER-IRD.
 type Hello struct {
 	MaxVer, MinVer uint8
 	IRD            uint16
@@ -161,7 +161,7 @@ func DecodeHello(b []byte) (Hello, error) {
 	return h, nil
 }
 
-// HelloReply is the target's answer (seed 000 §9.4).
+// HelloReply is the target's answer (RFC 5046 §9.4).
 type HelloReply struct {
 	Reject         bool
 	MaxVer, CurVer uint8
@@ -187,7 +187,7 @@ func DecodeHelloReply(b []byte) (HelloReply, error) {
 	return HelloReply{Reject: b[0]&0x01 != 0, MaxVer: b[1] >> 4, CurVer: b[1] & 0xF, ORD: binary.BigEndian.Uint16(b[2:])}, nil
 }
 
-// AnswerHello is the target's rule (seed 000 §10.1.3.4 / RFC 5046 §5.1.3):
+// AnswerHello is the target's rule (RFC 5046 §10.1.3.4 / RFC 5046 §5.1.3):
 // iSER-ORD = min(own ORD, initiator's IRD); reject when the versions do
 // not overlap or the initiator has an IRD but the target no ORD.
 func AnswerHello(h Hello, ourMin, ourMax uint8, ourORD uint16) HelloReply {
@@ -224,7 +224,7 @@ const (
 	CMHeaderLen           = 4
 )
 
-// Preference is the connection flag (Flg) of seed 001's CM private data
+// Preference is the connection flag (Flg) of the iSER-on-InfiniBand draft's CM private data
 // (Appendix, "Format of the CM REQ/REP/REJ Messages"): which kind of node
 // the initiator will connect to (datamover.Preference, which the iSCSI
 // layer names without knowing iSER).
@@ -238,19 +238,19 @@ const (
 	PreferInvalid = datamover.PreferInvalid
 )
 
-// ServiceIDBaseSeed001 is seed 001 §II's iSER base service ID on
+// ServiceIDBaseSeed001 is the iSER-on-InfiniBand draft §II's iSER base service ID on
 // InfiniBand ("until IBTA allocates one"): the REQ's service ID is the base
 // plus the iSCSI TCP port. Linux uses RDMA/CM's TCP port space instead
 // (0x0000000001060000 + port); an InfiniBand fabric listens on both.
 const ServiceIDBaseSeed001 = 0x0000000000020000
 
-// CMSeed001Len is the length of the seed 001 form: the 4-byte iSER CM
+// CMSeed001Len is the length of the iSER-on-InfiniBand draft form: the 4-byte iSER CM
 // header, then versions, IP version, flags, the local port and the source
 // and destination addresses (16 bytes each).
 const CMSeed001Len = 44
 
 // CMHeader is the iSER CM header. With Seed001 set it is the longer form
-// of seed 001's appendix, which adds the node preference and addresses;
+// of the iSER-on-InfiniBand draft's appendix, which adds the node preference and addresses;
 // Linux sends and expects only the 4-byte form, and a 4-byte header is read
 // as PreferEither.
 type CMHeader struct {
@@ -258,7 +258,7 @@ type CMHeader struct {
 	SendInvNotSupported bool
 
 	Seed001        bool
-	MajVer, MinVer uint8      // 4 bits each; seed 001 leaves them TBD: we send 1.0
+	MajVer, MinVer uint8      // 4 bits each; the iSER-on-InfiniBand draft leaves them TBD: we send 1.0
 	IPVer          uint8      // 0 IPv4, 1 IPv6
 	Pref           Preference // Flg
 	LocalPort      uint16
@@ -308,7 +308,7 @@ func (c CMHeader) Append(b []byte) []byte {
 
 // DecodeCMHeader reads the flags from private data; short private data
 // counts as no flags (RFC 7145 peers that send none).
-// Private data of at least CMSeed001Len bytes is read as the seed 001 form.
+// Private data of at least CMSeed001Len bytes is read as the iSER-on-InfiniBand draft form.
 func DecodeCMHeader(pd []byte) CMHeader {
 	if len(pd) < 1 {
 		return CMHeader{}

@@ -136,7 +136,7 @@ func FuzzDecodeHello(f *testing.F) {
 	})
 }
 
-// TestCMHeaderSeed001: the seed 001 form carries the preference flags and
+// TestCMHeaderSeed001: the iSER-on-InfiniBand draft form carries the preference flags and
 // the addresses after the 4-byte header Linux uses; 4 bytes alone read as
 // "either".
 func TestCMHeaderSeed001(t *testing.T) {

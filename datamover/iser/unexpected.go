@@ -5,7 +5,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
-// Flow control for "unexpected" control-type PDUs (seed 004 §8.1, RFC
+// Flow control for "unexpected" control-type PDUs (RFC 5046 §8.1, RFC
 // 5046 §8.1). Sends carry no credit in RDMA, so each side declares with
 // MaxOutstandingUnexpectedPDUs how many PDUs outside iSCSI's own flow
 // control it can buffer (0: no limit), and the sender counts them until
@@ -96,7 +96,7 @@ func (l *ledger) expCmdSN(e uint32) {
 }
 
 // initiatorUnexpected reports whether an initiator's control PDU is
-// unexpected (seed 004 §8.1.1.3).
+// unexpected (RFC 5046 §8.1.1.3).
 func initiatorUnexpected(h *pdu.BHS) bool {
 	switch h.Opcode() {
 	case pdu.OpSCSICommand, pdu.OpTaskMgmtReq, pdu.OpTextReq, pdu.OpLogoutReq:
@@ -149,7 +149,7 @@ func targetPDU(h *pdu.BHS, data []byte, init, targ *ledger) (over bool) {
 	return false
 }
 
-// targetUnexpected reports whether a target's PDU is unexpected (seed 004
+// targetUnexpected reports whether a target's PDU is unexpected (RFC 5046
 // §8.1.2) and the TTT of a ping. data is the PDU's data segment.
 func targetUnexpected(h *pdu.BHS, data []byte) (bool, uint32) {
 	switch h.Opcode() {

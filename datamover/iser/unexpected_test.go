@@ -27,7 +27,7 @@ func bhs(op pdu.Opcode, imm bool, itt, ttt, sn, exp uint32) pdu.BHS {
 	return h
 }
 
-// TestLedgerFromInitiator follows seed 004 §8.1.1.3: immediate PDUs are
+// TestLedgerFromInitiator follows RFC 5046 §8.1.1.3: immediate PDUs are
 // unexpected (a ping's answer is not); one with CmdSN x retires once a
 // non-immediate PDU with CmdSN y ≥ x went on the connection and the target
 // answered with ExpCmdSN ≥ y+1.
@@ -81,7 +81,7 @@ func TestLedgerFromInitiator(t *testing.T) {
 	}
 }
 
-// TestLedgerFromTarget follows seed 004 §8.1.2: Async Messages, Rejects
+// TestLedgerFromTarget follows RFC 5046 §8.1.2: Async Messages, Rejects
 // that are not a request's answer and NOP-Ins with ITT 0xffffffff are
 // unexpected; StatSN x retires with ExpStatSN ≥ x+1, a ping also with its
 // answer.
@@ -156,7 +156,7 @@ func (u *upcalls) waitFor(t *testing.T, n int) {
 }
 
 // TestTargetEnforcesUnexpectedLimit: an initiator that sends more
-// unexpected PDUs than the target declared is a protocol error (seed 000
+// unexpected PDUs than the target declared is a protocol error (RFC 5046
 // §10.1.3.4): the stream ends. Retired ones do not count.
 func TestTargetEnforcesUnexpectedLimit(t *testing.T) {
 	c, peer := pair(t, Options{})
@@ -200,7 +200,7 @@ func TestTargetEnforcesUnexpectedLimit(t *testing.T) {
 }
 
 // TestUnexpectedSendLimits: neither side sends more unexpected PDUs than
-// the peer declared (seed 004 §8.1.1.3, §8.1.2); the target keeps its last
+// the peer declared (RFC 5046 §8.1.1.3, §8.1.2); the target keeps its last
 // one for a ping, and retirement makes room again.
 func TestUnexpectedSendLimits(t *testing.T) {
 	const R = pdu.ReservedTTT

@@ -479,7 +479,7 @@ var errHandoff = errors.New("iscsi: connection handed to another datamover")
 // RequestHandoff makes Serve return, without closing the connection or
 // notifying termination, once the PDU being delivered has been handled:
 // the RFC 5046 §5.1 switch from byte-stream mode to an RDMA stream after
-// the final Login Response (seed 004 §5.1). Call it from ControlNotify.
+// the final Login Response (RFC 5046 §5.1). Call it from ControlNotify.
 func (c *Conn) RequestHandoff() { c.handoff = true }
 
 // Handoff returns the socket and the bytes already read from it but not
@@ -606,7 +606,7 @@ func (c *Conn) sendReject(reason pdu.RejectReason, rejected *pdu.BHS) error {
 }
 
 // dataACK consumes a DataACK SNACK that answers a Data-In sent with the
-// A-bit and reports it as Data_ACK_Notify (seed 002 §10.4; RFC 7143
+// A-bit and reports it as Data_ACK_Notify (draft-ietf-ips-iwarp-da §10.4; RFC 7143
 // §11.16.3: TTT names the Data-In, BegRun is the next DataSN). Any other
 // SNACK goes to the iSCSI layer.
 func (c *Conn) dataACK(h *pdu.BHS, up datamover.Upcalls) bool {

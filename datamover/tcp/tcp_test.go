@@ -36,7 +36,7 @@ func (u *upcalls) DataACKNotify(itt, dataSN uint32) {
 
 // TestDataACK: a Put_Data with the A-bit marks its last Data-In with A and
 // a TTT; the initiator's DataACK SNACK naming that TTT becomes
-// Data_ACK_Notify (seed 002 §10.4, RFC 7143 §11.7.2, §11.16.3) instead of
+// Data_ACK_Notify (draft-ietf-ips-iwarp-da §10.4, RFC 7143 §11.7.2, §11.16.3) instead of
 // reaching the iSCSI layer. A DataACK nobody asked for, and other
 // SNACKs, still go to the iSCSI layer (which rejects them at ERL 0).
 func TestDataACK(t *testing.T) {

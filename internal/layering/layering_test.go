@@ -60,7 +60,7 @@ func TestImportsPointOneWay(t *testing.T) {
 		// The SCSI core knows no fabric.
 		{"scsitarget", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", "net"}},
 		// iSCSI runs over the Datamover Interface alone: no concrete
-		// datamover, no RDMA, no fabric (issue 21; package fabric holds
+		// datamover, no RDMA, no fabric (package fabric holds
 		// what is a socket, an MPA exchange or a CM request).
 		{"iscsi/target", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node"}},
 		{"iscsi/initiator", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node", mod + "scsitarget"}},

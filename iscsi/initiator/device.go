@@ -222,7 +222,7 @@ func Open(ctx context.Context, rawURL string, opts Options) (*Device, error) {
 // Session returns the underlying session.
 func (d *Device) Session() *Session { return d.s }
 
-// loginPreferred logs in as Options.Prefer says (seed 001 part III): iSER
+// loginPreferred logs in as Options.Prefer says (the iSER-on-InfiniBand draft part III): iSER
 // to the preferred kind of node, then the other kind, then iSCSI/TCP, on
 // every portal of the target. opts.ISER reports what it got.
 func loginPreferred(ctx context.Context, u *URL, opts *Options) (*Session, error) {

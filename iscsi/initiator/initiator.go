@@ -57,7 +57,7 @@ type Options struct {
 	// ISER connects with iSER instead of iSCSI/TCP (an iser:// URL): the
 	// Dialer's RDMA connection, login and data over it.
 	ISER bool
-	// Prefer makes Open choose the connection as seed 001 lays out,
+	// Prefer makes Open choose the connection as the iSER-on-InfiniBand draft lays out,
 	// instead of using the URL's transport alone: "direct" tries iSER to
 	// end nodes first (the connection-first CM header with flag 01b), then
 	// iSER to gateways (10b), then iSCSI/TCP; "gateway" tries gateways

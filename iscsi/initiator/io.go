@@ -172,7 +172,7 @@ func (l *link) noteLoginKeys(p *datamover.PDU) {
 		MaxXmitDataSegmentLength: pr.maxXmit,
 	}
 	if l.rdma && l.keys["RDMAExtensions"] == "Yes" {
-		// Seed 004 §6: digests off; the control-PDU sizes are the iSER
+		// RFC 5046 §6: digests off; the control-PDU sizes are the iSER
 		// lengths (the minimum of both declarations).
 		dp.RDMAExtensions, dp.HeaderDigest, dp.DataDigest = true, false, false
 		dp.TargetRecvDataSegmentLength = min(num("TargetRecvDataSegmentLength", 8192), 8192)
@@ -327,7 +327,7 @@ func (s *Session) finish(itt uint32, r *Result, err error) {
 	}
 	if t.link != nil {
 		// The task's STags are invalidated (unless the target did) and
-		// recycled (seed 002 §9.9).
+		// recycled (draft-ietf-ips-iwarp-da §9.9).
 		t.link.dm.DeallocateTaskResources(itt)
 	}
 	t.err = err
@@ -654,7 +654,7 @@ func (s *Session) lockWindow(ctx context.Context, closing bool) error {
 
 // sendUnexpected sends an immediate PDU (a TMF, a ping, a Logout, a Text
 // Request). When the target's MaxOutstandingUnexpectedPDUs is reached
-// (seed 004 §8.1.1.3: the initiator MUST NOT generate more) it goes as a
+// (RFC 5046 §8.1.1.3: the initiator MUST NOT generate more) it goes as a
 // regulated PDU instead: without the immediate flag, with the next CmdSN,
 // once the command window has room. The target's answer to it retires
 // the outstanding ones.
@@ -708,7 +708,7 @@ func (s *Session) sendCommand(l *link, t *task, cmdSN uint32) error {
 	cmd.Encode(&p.BHS)
 	p.AHS = ahs
 	p.Data = t.out[:imm]
-	// The I/O buffers, for an RDMA datamover to register (seed 002
+	// The I/O buffers, for an RDMA datamover to register (draft-ietf-ips-iwarp-da
 	// §11.3.1).
 	p.DataOut, p.DataIn, p.UnsolicitedDataSize = t.out, t.in, unsolEnd
 	if err := l.dm.SendControl(&p, !cmd.Immediate); err != nil {

@@ -33,7 +33,7 @@ func startISERTarget(t testing.TB) string {
 
 // TestISERRFC5046Profile logs in on TCP in byte-stream mode with
 // RDMAExtensions=Yes, then the same connection turns into an RDMA stream
-// with the Hello exchange and 12-byte headers (seed 004 §5.1).
+// with the Hello exchange and 12-byte headers (RFC 5046 §5.1).
 func TestISERRFC5046Profile(t *testing.T) {
 	addr := startISERTarget(t)
 	d, err := Open(context.Background(), fmt.Sprintf("iser://%s/%s/0", addr, tIQN), Options{Dialer: &fabric.Dialer{Profile: iser.ProfileRFC5046}})
@@ -200,7 +200,7 @@ func TestServeISER(t *testing.T) {
 }
 
 // TestISERUnexpectedPDULimit: the target declares MaxOutstandingUnexpectedPDUs
-// = 2 (seed 004 §6.7). An idle session's immediate NOP-Out pings are
+// = 2 (RFC 5046 §6.7). An idle session's immediate NOP-Out pings are
 // unexpected PDUs that only a regulated PDU can retire (§8.1.1.3), so once
 // two are outstanding the initiator must not send a third: it sends the
 // ping without the immediate flag instead, whose answer retires them all.
@@ -249,7 +249,7 @@ func TestISERUnexpectedPDULimit(t *testing.T) {
 	}
 }
 
-// TestPreferFallback: seed 001 part III from the initiator's side. With
+// TestPreferFallback: the iSER-on-InfiniBand draft part III from the initiator's side. With
 // Prefer set, Open asks for the preferred kind of iSER node first (the
 // flag in the connection request's private data), then the other kind,
 // then falls back to iSCSI/TCP; a node that cannot meet a preference

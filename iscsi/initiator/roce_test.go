@@ -68,8 +68,8 @@ func TestISEROverRoCE(t *testing.T) {
 	}
 }
 
-// Seed 001 part III on InfiniBand: with a preference set, the REQ goes to
-// seed 001's iSER service ID (base 0x20000 + port) with the seed's private
+// The iSER-on-InfiniBand draft part III on InfiniBand: with a preference set, the REQ goes to
+// the iSER-on-InfiniBand draft's iSER service ID (base 0x20000 + port) with the seed's private
 // data; a node of the wrong kind refuses with REJ 28 and its reason in the
 // ARI; a node with no iSER service answers REJ 8, and the initiator falls
 // back to iSCSI/TCP on the same address.

@@ -293,7 +293,7 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 		)
 	}
 	if l.rdma && !discovery {
-		// Seed 004 §6: RDMA extensions, and the data segment sizes of
+		// RFC 5046 §6: RDMA extensions, and the data segment sizes of
 		// control-type PDUs in each direction (our receive buffers hold
 		// iser.Options.RecvDataSize bytes).
 		if l.leading {
@@ -302,7 +302,7 @@ func (s *Session) login(ctx context.Context, l *link, discovery bool) error {
 		ops = append(ops, text.KV{Key: "InitiatorRecvDataSegmentLength", Value: "8192"},
 			text.KV{Key: "TargetRecvDataSegmentLength", Value: "8192"})
 		if rb, ok := l.dm.(datamover.ReceiveBudget); ok {
-			// Seed 004 §6.7, §8.1.2: how many unexpected PDUs (Async
+			// RFC 5046 §6.7, §8.1.2: how many unexpected PDUs (Async
 			// Messages, Rejects, pings) our receive buffers take.
 			ops = append(ops, text.KV{Key: "MaxOutstandingUnexpectedPDUs", Value: strconv.Itoa(rb.MaxOutstandingUnexpectedPDUs())})
 		}

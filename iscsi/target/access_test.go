@@ -22,7 +22,7 @@ import (
 // TestDiscoveryCHAP: with discovery CHAP set, a discovery session without
 // it fails with 0201 and learns nothing; with the right secret (one-way
 // and mutual) it lists the targets; an initiator outside the discovery ACL
-// gets 0202 (issue 20: discovery needed no authentication at all).
+// gets 0202 (discovery needed no authentication at all).
 func TestDiscoveryCHAP(t *testing.T) {
 	ts := startServer(t, Options{}, nil)
 	creds := authCreds{User: "disc", Secret: "discovery-secret"}

@@ -66,7 +66,7 @@ func (ts *testServer) tasks() int {
 // TestImmediateCommandsCountAgainstTheWindow: commands with the immediate
 // bit skip CmdSN ordering but not the window — beyond it they get a
 // Reject "immediate command reject" (RFC 7143 §11.17.1, reason 0x06), and
-// the target never holds more tasks than the window (issue 20: 2000
+// the target never holds more tasks than the window (2000
 // immediate WRITEs held 2000 tasks).
 func TestImmediateCommandsCountAgainstTheWindow(t *testing.T) {
 	const window = 8
@@ -103,7 +103,7 @@ func TestImmediateCommandsCountAgainstTheWindow(t *testing.T) {
 
 // TestMaxCmdSNFollowsCompletions: MaxCmdSN opens the window only as
 // commands finish, so tasks held by the target never exceed it; a command
-// past it is ignored (issue 20: MaxCmdSN moved with ExpCmdSN, so an
+// past it is ignored (MaxCmdSN moved with ExpCmdSN, so an
 // initiator that never sent data could pile up any number of tasks).
 func TestMaxCmdSNFollowsCompletions(t *testing.T) {
 	const window = 4

@@ -226,7 +226,7 @@ func (c *conn) answerFailed(itt uint32, err error) {
 	c.terminate()
 }
 
-// ConnectionTerminateNotify implements datamover.Upcalls (seed 002 §10.2):
+// ConnectionTerminateNotify implements datamover.Upcalls (draft-ietf-ips-iwarp-da §10.2):
 // tasks of the connection are aborted and, at ERL 0, a connection lost
 // without Logout takes its session down (RFC 7143 §7.1.4, §6.3.5).
 func (c *conn) ConnectionTerminateNotify(err error) {
@@ -270,7 +270,7 @@ func (c *conn) ConnectionTerminateNotify(err error) {
 	}
 }
 
-// DataCompletionNotify implements datamover.Upcalls (seed 002 §10.3): an
+// DataCompletionNotify implements datamover.Upcalls (draft-ietf-ips-iwarp-da §10.3): an
 // RDMA datamover has placed all the data one Get_Data solicited, so that
 // burst is complete. The TCP datamover never calls it (its Data-Out PDUs
 // are accounted in ControlNotify).
@@ -368,7 +368,7 @@ func (c *conn) dataBuffer(h *pdu.BHS) ([]byte, error) {
 	return nil, nil
 }
 
-// ControlNotify implements datamover.Upcalls (seed 002 §10.1).
+// ControlNotify implements datamover.Upcalls (draft-ietf-ips-iwarp-da §10.1).
 func (c *conn) ControlNotify(p *datamover.PDU) error {
 	err := c.controlNotify(p)
 	if err != nil {

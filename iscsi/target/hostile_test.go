@@ -41,7 +41,7 @@ type hostile struct {
 
 const chapIni = "iqn.2026-11.org.blockwire:chap-initiator"
 
-// TestHostileInitiators is the hostile-initiator list of issue #9: each
+// TestHostileInitiators is a list of hostile initiators: each
 // misbehaviour gets the answer RFC 7143 prescribes (a Reject with the
 // right reason, a failed login with the right status, silence, or a
 // dropped connection) and a log line saying why, while a well-behaved

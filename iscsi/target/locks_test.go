@@ -16,7 +16,7 @@ import (
 // datamover I/O under the session lock), and the stalled connection is
 // dropped once a send has moved under 64 KiB in the NOP timeout — which at
 // ErrorRecoveryLevel 0 ends its session (RFC 7143 §7.1.4) and nothing
-// else (issue 21).
+// else.
 func TestStalledConnectionOfAnMCSSession(t *testing.T) {
 	const nopTimeout = 2 * time.Second
 	var logs servetest.LogBuffer

@@ -155,7 +155,7 @@ func (c *conn) handleLogin(p *datamover.PDU) error {
 		resp = append(resp, text.KV{Key: "MaxRecvDataSegmentLength", Value: strconv.Itoa(c.srv.opts.MaxRecvDataSegmentLength)})
 	}
 	if c.rdma && ls.neg.Value("RDMAExtensions") == "Yes" && !ls.declaredISER {
-		// Seed 004 §6.3/§6.4: both sides declare; the minimum applies.
+		// RFC 5046 §6.3/§6.4: both sides declare; the minimum applies.
 		ls.declaredISER = true
 		trdsl, irdsl := c.iserRecvLengths()
 		resp = append(resp, text.KV{Key: "TargetRecvDataSegmentLength", Value: strconv.Itoa(trdsl)},
@@ -247,7 +247,7 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		local["HeaderDigest"], local["DataDigest"] = "CRC32C,None", "CRC32C,None"
 	}
 	if c.rdma {
-		// An iSER portal wants RDMA extensions (seed 004 §6.1), and
+		// An iSER portal wants RDMA extensions (RFC 5046 §6.1), and
 		// solicited data: an RDMA Read places it directly, while
 		// unsolicited Data-Out arrives in Sends of at most
 		// TargetRecvDataSegmentLength bytes that are copied (LIO answers
@@ -399,7 +399,7 @@ func (c *conn) failLogin(err error) error {
 }
 
 // finishLogin creates or joins the session and enters the full feature
-// phase (RFC 7143 §6.3 final response, seed 002 §11.3.11 / Figure 3).
+// phase (RFC 7143 §6.3 final response, draft-ietf-ips-iwarp-da §11.3.11 / Figure 3).
 func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	ls := &c.login
 	neg := ls.neg
@@ -566,7 +566,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 		dp.MaxRecvDataSegmentLength = c.srv.opts.MaxRecvDataSegmentLength
 	}
 	if iserMode {
-		// Seed 004 §6.1–6.6: digests are off and the iSER lengths
+		// RFC 5046 §6.1–6.6: digests are off and the iSER lengths
 		// replace MaxRecvDataSegmentLength for control-type PDUs.
 		dp.RDMAExtensions, dp.HeaderDigest, dp.DataDigest = true, false, false
 		dp.TargetRecvDataSegmentLength, dp.InitiatorRecvDataSegmentLength = c.iserRecvLengths()
@@ -623,7 +623,7 @@ func redact(kvs []text.KV) string {
 }
 
 // unexpectedBudget is the MaxOutstandingUnexpectedPDUs the target
-// declares (seed 004 §6.7, §8.1.1.3): what its receive buffers hold beyond
+// declares (RFC 5046 §6.7, §8.1.1.3): what its receive buffers hold beyond
 // the command window, and only to an initiator that declared the key
 // itself — one that does not know it (Linux, LIO) counts nothing, and the
 // key's default, 0, is no limit.
@@ -640,7 +640,7 @@ func (c *conn) unexpectedBudget() int {
 // iserRecvLengths are the TargetRecvDataSegmentLength and
 // InitiatorRecvDataSegmentLength in force: the minimum of the
 // initiator's declaration (default 8192) and what the iSER datamover's
-// buffers hold (seed 004 §6.3, §6.4).
+// buffers hold (RFC 5046 §6.3, §6.4).
 func (c *conn) iserRecvLengths() (trdsl, irdsl int) {
 	ls := &c.login
 	peer := func(key string) int {

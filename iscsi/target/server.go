@@ -234,7 +234,7 @@ type Options struct {
 	// Gateway says this node reaches LUNs through other targets (remote
 	// backends), EndNode that it has LUNs of its own. They answer the
 	// node preference an iSER initiator may put in its connection
-	// request (seed 001 part III); neither means an end node.
+	// request (the iSER-on-InfiniBand draft part III); neither means an end node.
 	Gateway, EndNode bool
 
 	// afterRespond, in tests, runs between a command's response and the

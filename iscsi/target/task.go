@@ -276,7 +276,7 @@ func (s *Server) putTask(t *task) {
 
 const maxTransfer = 64 << 20
 
-// handleCommand is the SCSI Command arrival (seed 002 §11.4.1).
+// handleCommand is the SCSI Command arrival (draft-ietf-ips-iwarp-da §11.4.1).
 func (c *conn) handleCommand(p *datamover.PDU) error {
 	t := c.pendingTask
 	c.pendingTask = nil
@@ -504,7 +504,7 @@ func (t *task) advanceLocked() action {
 }
 
 // run carries out an action outside conn.mu and session.mu: Get_Data for
-// every R2T (seed 002 §9.3) or execution.
+// every R2T (draft-ietf-ips-iwarp-da §9.3) or execution.
 func (t *task) run(a action) {
 	if a.full {
 		t.c.sess.noteFull(t.edtl)
@@ -608,7 +608,7 @@ func (c *conn) placeDataOut(h *pdu.BHS) (doPlacement, error) {
 	return doPlacement{t: t, burst: b, off: d.Offset, n: n, valid: true}, nil
 }
 
-// handleDataOut accounts a received Data-Out (seed 002 §11.4.5).
+// handleDataOut accounts a received Data-Out (draft-ietf-ips-iwarp-da §11.4.5).
 func (c *conn) handleDataOut(p *datamover.PDU) error {
 	pl := c.pendingDO
 	c.pendingDO = doPlacement{}
@@ -836,7 +836,7 @@ func (t *task) execute() {
 	}
 }
 
-// respond sends Data-In (Put_Data, seed 002 §9.2) with the status
+// respond sends Data-In (Put_Data, draft-ietf-ips-iwarp-da §9.2) with the status
 // collapsed into the last PDU when possible, or a SCSI Response
 // (Send_Control, §11.3.2).
 func (t *task) respond(more bool) error {

@@ -109,7 +109,7 @@ func (n *Negotiator) Redeclared() []string { return n.redeclared }
 func (n *Negotiator) Respond(offers []KV, ctx Context) ([]KV, error) {
 	var out []KV
 	// RDMAExtensions decides whether the iSER keys of the same PDU are
-	// relevant (seed 004 §6), and open-iscsi sends it after them: answer
+	// relevant (RFC 5046 §6), and open-iscsi sends it after them: answer
 	// it first.
 	for i, kv := range offers {
 		if kv.Key == "RDMAExtensions" && i > 0 {

@@ -7,7 +7,7 @@ import (
 // Management datagrams (MADs) and the Communication Manager's messages
 // (InfiniBand Architecture Specification vol. 1, §13.4 and §12.6): a CM
 // MAD travels as a UD SEND to QP 1 (the GSI) with Q_Key 0x80010000, and
-// its 232 data bytes are a REQ, REP, RTU, REJ, DREQ, DREP or MRA. Seed 001
+// its 232 data bytes are a REQ, REP, RTU, REJ, DREQ, DREP or MRA. The iSER-on-InfiniBand draft
 // §II puts iSER's connection parameters into the private data of REQ and
 // REP (after the 36-byte RDMA/CM IP header Linux puts in a REQ's); seed
 // 003 puts the SRP login into REQ's.
@@ -262,11 +262,11 @@ func (r *REP) Put(d *[CMDataLen]byte) {
 
 // REJ reasons the seeds name (vol. 1 table "REJ Reason").
 const (
-	RejNoQP              = 1 // seed 003: the channel limit is reached
+	RejNoQP              = 1 // the SRP InfiniBand annex: the channel limit is reached
 	RejTimeout           = 2
-	RejInvalidServiceID  = 8 // seed 001 §II: no iSER service here
+	RejInvalidServiceID  = 8 // the iSER-on-InfiniBand draft §II: no iSER service here
 	RejStaleConnection   = 10
-	RejConsumerReject    = 28 // seed 001 §II: the private data is not acceptable; ARI says why
+	RejConsumerReject    = 28 // the iSER-on-InfiniBand draft §II: the private data is not acceptable; ARI says why
 	RejPrivateDataLength = 148
 	RejARILength         = 72
 	REQPrivateDataLength = 92
@@ -386,7 +386,7 @@ func (r *MRA) Put(d *[CMDataLen]byte) {
 }
 
 // iSER's service ID on InfiniBand is a base plus the iSCSI TCP port in
-// the low 16 bits (seed 001 §II): the seed's interim base
+// the low 16 bits (the iSER-on-InfiniBand draft §II): the seed's interim base
 // 0x0000000000020000, or — as Linux's RDMA/CM puts every TCP-port-space
 // service — 0x0000000001060000 (the capture's REQ: 0x0000000001060cbc for
 // port 3260).

@@ -99,7 +99,7 @@ func TestGoldenCM(t *testing.T) {
 }
 
 // REJ and MRA are not in the capture: they round-trip, and a REJ for an
-// unknown service (seed 001's reason 8) carries its fields where the
+// unknown service (the iSER-on-InfiniBand draft's reason 8) carries its fields where the
 // specification puts them.
 func TestREJAndMRA(t *testing.T) {
 	rej := REJ{LocalCommID: 1, RemoteCommID: 2, MessageRejected: MsgREQ, ARILength: 5, Reason: RejConsumerReject}

@@ -9,7 +9,7 @@ import (
 )
 
 // The ICRC's payload runs through CRC-32 (IEEE 802.3), the largest cost of
-// a software RoCEv2 packet after the kernel's copies (issue 23: 11-12 % of
+// a software RoCEv2 packet after the kernel's copies (11-12 % of
 // each side's CPU for 128 KiB iSER reads). hash/crc32 folds 16 bytes per
 // carry-less multiply on 128-bit registers (11.7 GB/s on the 2026 AMD EPYC
 // hosts); processors with VPCLMULQDQ on 256-bit registers (AMD Zen 3 on,

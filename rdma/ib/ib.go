@@ -3,8 +3,9 @@
 // extended transport headers each opcode brings (RETH, AETH, DETH, IETH,
 // ImmDt, AtomicETH, AtomicAckETH), the pad, and the invariant CRC computed
 // exactly as Linux's rdma_rxe computes it. It is the codec layer of the
-// software RoCEv2 device (issue 12) and does no I/O; seeds 001 (iSER on
-// InfiniBand) and 003 (SRP on InfiniBand) run over this transport.
+// software RoCEv2 device and does no I/O; iSER on InfiniBand (the
+// iSER-on-InfiniBand draft) and SRP (its InfiniBand annex) run over this
+// transport.
 package ib
 
 import (

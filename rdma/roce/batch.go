@@ -1,6 +1,6 @@
 package roce
 
-// Datagram batching (issue 23): the transport builds its packets in
+// Datagram batching: the transport builds its packets in
 // batches — everything one hold of a queue pair's lock produced, such as
 // the 32 packets of a 128 KiB RDMA Read response (RC.unlock) — and the
 // device sends a batch with one sendmmsg(2). A run of equal-sized packets

@@ -1039,7 +1039,7 @@ func (d *Device) gotREQ(peer netip.Addr, m *ib.MAD) {
 	fromPeer := d.seenFrom.Of(src) >= d.maxFrom
 	d.mu.Unlock()
 	if l == nil {
-		// Seed 001 §II: no iSER service on this port — reason 8.
+		// The iSER-on-InfiniBand draft §II: no iSER service on this port — reason 8.
 		d.reject(peer, &req, m.TID, ib.RejInvalidServiceID, "", nil)
 		return
 	}
@@ -1102,7 +1102,7 @@ func (d *Device) Listen(addr string) (rdma.Listener, error) {
 
 // ListenService listens for REQs carrying exactly service ID sid, outside
 // the port spaces Listen serves — as an InfiniBand I/O controller does for
-// SRP (seed 003 §A.2: the host connects to the service ID the IOC
+// SRP (the SRP InfiniBand annex §A.2: the host connects to the service ID the IOC
 // registered). Their private data is the consumer's alone.
 func (d *Device) ListenService(sid uint64) (rdma.Listener, error) {
 	if _, _, ok := ib.ServicePort(sid); ok {
@@ -1194,7 +1194,7 @@ func (r *connRequest) forget(grace time.Duration) {
 
 // PrivateData implements rdma.ConnRequest: the consumer's part — after
 // the RDMA/CM header in the RDMA/CM port space, all of it under another
-// base (seed 001's iSER base).
+// base (the iSER-on-InfiniBand draft's iSER base).
 func (r *connRequest) PrivateData() []byte {
 	if !r.RDMACM() {
 		return append([]byte(nil), r.req.PrivateData[:]...)
@@ -1342,7 +1342,7 @@ func (r *connRequest) AcceptContext(ctx context.Context, p rdma.ConnParams) (rdm
 
 // Reject implements rdma.ConnRequest: REJ with reason 28 (consumer
 // reject) and the private data; printable private data (a reason in
-// words) goes into the ARI as well, as seed 001 asks of a reject 28.
+// words) goes into the ARI as well, as the iSER-on-InfiniBand draft asks of a reject 28.
 func (r *connRequest) Reject(privateData []byte) error {
 	ari := ""
 	if printable(privateData) {

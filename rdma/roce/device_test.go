@@ -145,7 +145,7 @@ func TestDeviceConnectAndTransfer(t *testing.T) {
 	}
 }
 
-// A REQ for a port nobody listens on is rejected with reason 8 (seed 001
+// A REQ for a port nobody listens on is rejected with reason 8 (the iSER-on-InfiniBand draft
 // §II: invalid service ID); a listener's Reject is reason 28 with its
 // private data.
 func TestDeviceRejects(t *testing.T) {
@@ -411,7 +411,7 @@ func TestDeviceStartingPSNsAsLinux(t *testing.T) {
 	}
 }
 
-// A Dial under seed 001's iSER base puts base + port in the REQ and the
+// A Dial under the iSER-on-InfiniBand draft's iSER base puts base + port in the REQ and the
 // consumer's private data alone (no RDMA/CM header); a listener takes REQs
 // in both port spaces and hands over the private data accordingly; a
 // REJ's reason, ARI and private data reach the dialer.
@@ -530,7 +530,7 @@ func TestDeviceMRA(t *testing.T) {
 }
 
 // TestConnRequestStateIsBounded: spoofed REQs that are never completed do
-// not grow the device's memory (issue 20: 100k of them: +52 MiB, kept
+// not grow the device's memory (100k of them: +52 MiB, kept
 // forever): at most MaxConnRequests are remembered, the rest rejected
 // with reason 1, and each is forgotten after ConnRequestTTL — a REQ that
 // later reuses the same IDs is handled afresh, not answered with the old

@@ -1,4 +1,4 @@
-// Package roce is the software RoCEv2 device (issue 12): the InfiniBand
+// Package roce is the software RoCEv2 device: the InfiniBand
 // Reliable Connected transport (rdma/ib's packets) behind the rdma verbs
 // API. This file is the transport itself — requester and responder of one
 // queue pair over a Link that may drop, duplicate or reorder packets:

@@ -8,7 +8,7 @@
 // A Fabric implements rdma.Fabric: Dial and Listen open new connections,
 // Connect and Respond start MPA on a connection that already exists — the
 // RFC 5046 §5.1 case where the iSCSI login ran in byte-stream mode and the
-// same connection then turns into an RDMA stream (seed 004 §5.1). Pair
+// same connection then turns into an RDMA stream (RFC 5046 §5.1). Pair
 // connects two queue pairs in memory for tests.
 //
 // Received payload goes from the socket straight into the registered

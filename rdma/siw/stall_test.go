@@ -51,7 +51,7 @@ func (l *stallListener) Accept() (net.Conn, error) {
 // TestSendTimeout: a queue pair whose peer stops reading fails once its
 // stream has taken no bytes for Options.SendTimeout, and its posted work
 // completes in error — what holds buffers for the sends is released
-// instead of waiting for ever (issue 21: every connection bounds how long
+// instead of waiting for ever (every connection bounds how long
 // a send may block).
 func TestSendTimeout(t *testing.T) {
 	const timeout = 300 * time.Millisecond

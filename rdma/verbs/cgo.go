@@ -1147,12 +1147,12 @@ func (r *request) Accept(p rdma.ConnParams) (rdma.QP, error) {
 
 // Dial implements rdma.Fabric: address and route resolution, then an
 // RDMA/CM connect in the TCP port space. p.ServiceIDBase other than 0
-// (seed 001's iSER base, an SRP I/O controller's service ID) needs the
+// (the iSER-on-InfiniBand draft's iSER base, an SRP I/O controller's service ID) needs the
 // InfiniBand CM without the RDMA/CM header, which librdmacm does not
 // offer: refused.
 func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma.QP, []byte, error) {
 	if p.ServiceIDBase != 0 {
-		return nil, nil, fmt.Errorf("verbs: service ID base %#x: librdmacm connects in the RDMA/CM port space only (0x0106<<16 | port); seed 001's iSER base and SRP I/O controller service IDs need the InfiniBand CM directly", p.ServiceIDBase)
+		return nil, nil, fmt.Errorf("verbs: service ID base %#x: librdmacm connects in the RDMA/CM port space only (0x0106<<16 | port); the iSER-on-InfiniBand draft's iSER base and SRP I/O controller service IDs need the InfiniBand CM directly", p.ServiceIDBase)
 	}
 	ap, err := parseAddr(addr)
 	if err != nil {

@@ -50,7 +50,7 @@ type Options struct {
 	// never more than the target's credits allow).
 	MaxOutstanding int
 	// ServiceID, on an InfiniBand CM fabric, connects to this I/O
-	// controller service ID (seed 003 §A.2) with the 64-byte
+	// controller service ID (the SRP InfiniBand annex §A.2) with the 64-byte
 	// SRP_LOGIN_REQ as the REQ's private data, instead of through RDMA/CM's
 	// port space with its 56-byte form. The address's port is ignored.
 	ServiceID uint64
@@ -403,7 +403,7 @@ func (c *Channel) Do(ctx context.Context, lun uint64, cdb []byte, out, in []byte
 	if err != nil {
 		return res, err
 	}
-	// VA-based tagged offsets (seed 001): each request has its own range.
+	// VA-based tagged offsets (the iSER-on-InfiniBand draft): each request has its own range.
 	va := uint64(0x7e0000000000) + uint64(q.idx)<<32
 	cmd := srp.Cmd{Tag: q.tag(), LUN: lunField(lun), CDB: cdb}
 	switch {

@@ -17,7 +17,7 @@ import (
 	srptarget "github.com/blockwire/blockwire/srp/target"
 )
 
-// SRP over the InfiniBand CM the way seed 003 describes it, on our
+// SRP over the InfiniBand CM the way the SRP InfiniBand annex describes it, on our
 // software RoCEv2 device: the initiator connects to the I/O controller's
 // service ID with the whole 64-byte SRP_LOGIN_REQ in the REQ (§A.2), one
 // channel per initiator port, and once the controller has no channel

@@ -4,7 +4,7 @@
 // and drives the transport-neutral SCSI target core exactly as the iSCSI
 // target does. Data-out is fetched with RDMA Reads from the initiator's
 // descriptors and data-in is placed with RDMA Writes before the SRP_RSP
-// Send, so iWARP's ordering makes the data visible first (seed 003, Annex
+// Send, so iWARP's ordering makes the data visible first (the SRP InfiniBand annex, Annex
 // A.3: initiators support inbound RDMA Read and Write; A.4: targets only
 // receive Sends).
 //
@@ -303,7 +303,7 @@ func (s *Server) reject(req rdma.ConnRequest, lr *srp.LoginReq, reason srp.Rejec
 		"detail", fmt.Sprintf(format, a...))
 	rej := srp.LoginRej{Reason: reason, Tag: lr.Tag, BufFormats: s.formats}
 	if rr, ok := req.(rdma.ReasonRejecter); ok && reason == srp.RejectChannelLimit {
-		// Seed 003 §A.4: more hosts than the controller has QPs — the
+		// The SRP InfiniBand annex §A.4: more hosts than the controller has QPs — the
 		// InfiniBand CM's REJ reason 1, no QP available (with the
 		// SRP_LOGIN_REJ still in the private data).
 		_ = rr.RejectReason(rdma.RejectNoQP, "SRP channel limit reached", rej.Append(nil))
@@ -317,7 +317,7 @@ func decodeLogin(req rdma.ConnRequest, lr *srp.LoginReq) error {
 	decode := lr.DecodeCM
 	if c, ok := req.(interface{ RDMACM() bool }); ok && !c.RDMACM() {
 		// An InfiniBand CM REQ to the I/O controller's own service ID
-		// carries the whole 64-byte SRP_LOGIN_REQ (seed 003 §A.2).
+		// carries the whole 64-byte SRP_LOGIN_REQ (the SRP InfiniBand annex §A.2).
 		decode = lr.Decode
 	}
 	return decode(req.PrivateData())

@@ -435,7 +435,7 @@ func putDesc(p []byte, d srp.Desc) {
 // once the nexus holds its share of the I/O budget, further commands get
 // TASK SET FULL at once instead of more memory, and the node's total stays
 // within the budget; when the backend moves on, everything completes
-// (issue 20: every SRP command took its whole buffer on arrival).
+// (every SRP command took its whole buffer on arrival).
 func TestIOBudgetPerNexus(t *testing.T) {
 	budget := scsitarget.NewIOBudget(64<<20, 8<<20)
 	addr, _, g := startBudget(t, 32, budget)

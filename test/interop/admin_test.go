@@ -14,7 +14,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
-// TestAdminAtRuntime: issue 11. A LUN added and a LUN resized through the
+// TestAdminAtRuntime: a LUN added and a LUN resized through the
 // administration socket are seen by an initiator that stays connected —
 // first as the unit attentions SPC-4 requires (REPORTED LUNS DATA HAS
 // CHANGED, CAPACITY DATA HAS CHANGED), then in REPORT LUNS and READ
@@ -163,7 +163,7 @@ COMP_WORDS=(blockwire admin add-); COMP_CWORD=2; _blockwire; echo "${COMPREPLY[@
 }
 
 // TestPortalsInConfig: the configuration file says which transports
-// serve (issue 11): iSCSI/TCP on listen, iSER there unless iser = false,
+// serve: iSCSI/TCP on listen, iSER there unless iser = false,
 // SRP on srp_listen with its port ID.
 func TestPortalsInConfig(t *testing.T) {
 	srpAddr := freePort(t)

@@ -15,7 +15,7 @@ import (
 	srpinit "github.com/blockwire/blockwire/srp/initiator"
 )
 
-// TestAdminSessionsEveryFabric (issue 21): one blockwire serves an
+// TestAdminSessionsEveryFabric: one blockwire serves an
 // iSCSI/TCP, an iSER and an SRP session at once; `blockwire admin sessions`
 // lists each with its fabric, SRP reaches the second target (each target
 // is its own SRP target port, its URL logged), and `admin drop srp-N` ends

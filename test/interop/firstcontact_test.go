@@ -15,7 +15,7 @@ import (
 
 // TestServeFileKeepsAnExistingImage: `serve --file` on an existing image
 // serves it at its own size and leaves the file as it was; a --size that
-// differs is refused (issue 26: a 64 MiB image was grown to 1 GiB, and a
+// differs is refused (a 64 MiB image was grown to 1 GiB, and a
 // 2 GiB one was served as 1 GiB, silently).
 func TestServeFileKeepsAnExistingImage(t *testing.T) {
 	dir := t.TempDir()
@@ -64,7 +64,7 @@ func TestServeFileKeepsAnExistingImage(t *testing.T) {
 // TestAdminSocketNeverTakenOver: a second serve with the same
 // --admin-socket fails and names the running one, which stays reachable;
 // the socket is never reachable by others (mode 0600 from the start); a
-// file that is not a socket is not replaced (issue 26).
+// file that is not a socket is not replaced.
 func TestAdminSocketNeverTakenOver(t *testing.T) {
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
@@ -118,7 +118,7 @@ func TestAdminHTTPNeedsTheToken(t *testing.T) {
 
 // TestCopyToAFileIsSparse: copying a LUN to a file makes a file exactly
 // the LUN's size whose zeroed ranges are holes, as qemu-img's are; an
-// existing larger file is replaced (with --force), not left with a stale tail (issue 26:
+// existing larger file is replaced (with --force), not left with a stale tail (once
 // the copy was fully allocated).
 func TestCopyToAFileIsSparse(t *testing.T) {
 	d := serve(t, "--size", "64MiB")
@@ -153,7 +153,7 @@ func TestCopyToAFileIsSparse(t *testing.T) {
 
 // TestCHAPSecretOffTheCommandLine: the initiator verbs take the CHAP
 // secret from a file or the environment, the URL naming only the user, so
-// it never shows in ps (issue 26).
+// it never shows in ps.
 func TestCHAPSecretOffTheCommandLine(t *testing.T) {
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "chap.toml")
@@ -187,7 +187,7 @@ size = "8MiB"
 // TestReadmeCommands runs the README's commands literally against a fresh
 // `blockwire serve` (only its port differs, and disk.img is made first):
 // a newcomer who follows them reaches the LUN from libiscsi, QEMU and
-// blockwire itself (issue 26).
+// blockwire itself.
 func TestReadmeCommands(t *testing.T) {
 	need(t, "iscsi-ls", "iscsi-inq", "qemu-img")
 	readme, err := os.ReadFile("../../README.md")

@@ -9,7 +9,7 @@ import (
 	"time"
 )
 
-// TestGatewayInFrontOfTgt: issue 13. tgt (Debian's, RAM LUN, loopback)
+// TestGatewayInFrontOfTgt: tgt (Debian's, RAM LUN, loopback)
 // behind blockwire: the gateway's LUN 0 is tgt's LUN 1 through our iSCSI
 // initiator. Over iSER to the gateway, bench --verify passes in both iSER
 // profiles; data copied in through the gateway reads back from tgt
@@ -43,7 +43,7 @@ func TestGatewayInFrontOfTgt(t *testing.T) {
 	mustRun(t, 2*time.Minute, "qemu-img", "dd", "-f", "raw", "-O", "raw", "bs=1M", "count=32", "if="+remote, "of="+back)
 	sameFirst(t, src, back, 32<<20)
 
-	// Seed 001 preferences: an end-node-only request is refused with a
+	// The iSER-on-InfiniBand draft preferences: an end-node-only request is refused with a
 	// reason; --prefer direct falls back to the gateway.
 	out, code = blockwire(t, "inquiry", "--prefer", "direct", gw.url(defaultIQN, 0))
 	if code != 0 || !strings.Contains(out, "capacity: 67108864 bytes") {

@@ -421,7 +421,7 @@ size = "8MiB"
 `), 0o600)
 	d := serve(t, "--config", cfg)
 	// Discovery shows each initiator exactly the targets its ACLs admit
-	// it to, with their LUNs (issue 11: two targets, three LUNs, memory
+	// it to, with their LUNs (two targets, three LUNs, memory
 	// and file, CHAP and ACLs).
 	for ini, want := range map[string][2]bool{
 		"iqn.2026-11.org.example:open":     {true, false},
@@ -706,7 +706,7 @@ func TestSIGTERMDuringIO(t *testing.T) {
 
 func TestConfigCheck(t *testing.T) {
 	// The shipped example passes as it is: no environment prepared, run
-	// from another directory (issue 25).
+	// from another directory.
 	example, _ := filepath.Abs("../../examples/blockwire.toml")
 	cmd := exec.Command(binary, "config", "check", example)
 	cmd.Dir = t.TempDir()

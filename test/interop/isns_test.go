@@ -13,7 +13,7 @@ import (
 	"github.com/blockwire/blockwire/internal/servetest"
 )
 
-// TestISNSRegistration: issue 11. blockwire registers its targets and
+// TestISNSRegistration: blockwire registers its targets and
 // portals with Debian's open-isns server (isnsd, on loopback), isnsadm
 // lists them, and they are gone after blockwire shuts down.
 func TestISNSRegistration(t *testing.T) {

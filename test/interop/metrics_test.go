@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// TestMetricsReflectQemuBench: issue 11. The Prometheus endpoint counts
+// TestMetricsReflectQemuBench: the Prometheus endpoint counts
 // what QEMU's iSCSI driver did — its reads, writes and bytes, and their
 // latency histogram — and a refused login.
 func TestMetricsReflectQemuBench(t *testing.T) {
@@ -96,8 +96,8 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 
 // TestMetricsGuarded: the metrics name every target and initiator, so a
 // web page that rebinds a name to the listener cannot read them (421), and
-// a token file makes every scrape show the token (401 without) (issue 20;
-// the warning for a non-loopback address without a token is
+// a token file makes every scrape show the token (401 without; the
+// warning for a non-loopback address without a token is
 // cmd/blockwire's TestMetricsExposedWarning).
 func TestMetricsGuarded(t *testing.T) {
 	maddr := freePort(t)

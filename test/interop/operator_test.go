@@ -18,7 +18,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
-// TestOperatorSession: issue 51's scripted session, as an operator coming
+// TestOperatorSession: a scripted session, as an operator coming
 // from targetcli would run it. A hand-written configuration (comments, a
 // relative --config, a relative secret file) is served; LUNs are resized
 // and added, a target added and an ACL set with admin verbs; a reload of

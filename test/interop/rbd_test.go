@@ -22,7 +22,7 @@ import (
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
-// The RBD tests (issue 14) need a Ceph cluster: BLOCKWIRE_CEPH_CONF names
+// The RBD tests need a Ceph cluster: BLOCKWIRE_CEPH_CONF names
 // its ceph.conf (.ci/run starts a throwaway one with test/ceph/up.sh).
 // Built with the rbd tag and no cluster is a failure, not a skip.
 func cephConf(t *testing.T) string {

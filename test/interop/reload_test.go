@@ -17,7 +17,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
-// TestReloadOnSIGHUP: issue 11. A changed configuration file is applied
+// TestReloadOnSIGHUP: a changed configuration file is applied
 // on SIGHUP without a restart, only the difference: a LUN added and a LUN
 // resized are seen by an initiator that stays connected (unit attentions,
 // then REPORT LUNS and READ CAPACITY), a new target is offered, an ACL

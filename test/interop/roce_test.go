@@ -8,7 +8,7 @@ import (
 )
 
 // TestISEROverRoCEDecodedByTshark: our initiator and target over the
-// software RoCEv2 device (issue 12) — bench --verify through iSER whose
+// software RoCEv2 device — bench --verify through iSER whose
 // connection is made with the InfiniBand CM over UDP — and Wireshark's
 // infiniband dissector decodes every packet: the CM handshake, RC packets
 // with iSER and iSCSI inside, no malformed frame.

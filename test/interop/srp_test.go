@@ -58,7 +58,7 @@ func TestSRPBenchVerifyAndCopy(t *testing.T) {
 }
 
 // TestSRPHonoursTheTargetACL: a target whose ACL refuses an initiator
-// over iSCSI does not hand its data to an SRP initiator either (issue 20:
+// over iSCSI does not hand its data to an SRP initiator either (once
 // `blockwire read srp://…` read a target that refused iscsi-inq). Serving
 // a protected target over SRP needs srp_initiators; only the ports listed
 // get in; changing them by reload takes effect for the next login.

@@ -1,0 +1,48 @@
+package layering
+
+import (
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// TestCitationsNameTheirDocuments: code comments and messages cite a
+// specification by its name and section (RFC 5046 §7.3.5,
+// draft-ietf-ips-iwarp-da §10.2), not by the number of a file under
+// shared/seeds or of an issue in a tracker — neither of which a reader of
+// the repository has.
+func TestCitationsNameTheirDocuments(t *testing.T) {
+	bad := regexp.MustCompile(`(?i)\b(issue #?\d+|seeds? 00\d)\b`)
+	files := 0
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "../.." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		files++
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		for n, line := range strings.Split(string(b), "\n") {
+			if m := bad.FindString(line); m != "" {
+				t.Errorf("%s:%d cites %q: name the document and its section instead", path, n+1, m)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("only %d Go files found under the module root", files)
+	}
+}
