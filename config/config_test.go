@@ -310,3 +310,20 @@ func TestACLEntriesAndPortals(t *testing.T) {
 		t.Fatalf("SRP-only ACL: %v", got)
 	}
 }
+
+// RedactURL hides the password wherever the URL came from (the node's
+// logs, the client verbs' messages): one rule, the last @ ends the
+// user information (RFC 3986 §3.2.1; a password may hold an @).
+func TestRedactURLForms(t *testing.T) {
+	for in, want := range map[string]string{
+		"iscsi://u%p@h/t/0":         "iscsi://u%(secret)@h/t/0",
+		"iser://u%p@ss@h:3260/t/1":  "iser://u%(secret)@h:3260/t/1",
+		"srp://h/t/0":               "srp://h/t/0",
+		"iscsi://u@h/t/0":           "iscsi://u@h/t/0",
+		"/var/lib/images/a%b@c.img": "/var/lib/images/a%b@c.img",
+	} {
+		if got := RedactURL(in); got != want {
+			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -1,9 +1,10 @@
 // Package rdma is blockwire's verbs API: the transport-neutral interface
-// that iSER and SRP use to move data by RDMA, whatever carries it (the
-// software iWARP device in rdma/siw today, a software RoCEv2 device later).
+// that iSER and SRP use to move data by RDMA, whatever carries it: the
+// software iWARP device (rdma/siw), the software RoCEv2 device (rdma/roce),
+// or a kernel RDMA device through rdma-core (rdma/verbs).
 //
 // It follows the verbs model of the RDMA-Capable Protocols that RFC 5046
-// (RFC 5046) and draft-ietf-ips-iwarp-da (the Datamover Architecture) build on:
+// and draft-ietf-ips-iwarp-da (the Datamover Architecture) build on:
 //
 //   - a Device owns the STag namespace; a protection domain (PD) groups the
 //     memory regions and queue pairs that may touch each other;

@@ -12,6 +12,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"golang.org/x/term"
 
+	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
@@ -213,27 +214,13 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 	if bar != nil {
 		bar.Finish()
 	}
-	fmt.Fprintf(stdout, "copied %d bytes from %s to %s\n", n, redactURL(src.name), redactURL(dst.name))
+	fmt.Fprintf(stdout, "copied %d bytes from %s to %s\n", n, config.RedactURL(src.name), config.RedactURL(dst.name))
 	return exitOK
 }
 
 // isURL tells an iSCSI, iSER or SRP URL from a file name.
 func isURL(s string) bool {
 	return strings.HasPrefix(s, "iscsi://") || strings.HasPrefix(s, "iser://") || strings.HasPrefix(s, "srp://")
-}
-
-// redactURL hides the password of an iSCSI or iSER URL.
-func redactURL(u string) string {
-	scheme, rest, ok := strings.Cut(u, "://")
-	if !ok || !isURL(u) {
-		return u
-	}
-	if at := strings.IndexByte(rest, '@'); at >= 0 {
-		if pc := strings.IndexByte(rest[:at], '%'); pc >= 0 {
-			return scheme + "://" + rest[:pc] + "%***" + rest[at:]
-		}
-	}
-	return u
 }
 
 // refuseClobber refuses an output file that exists as a regular file

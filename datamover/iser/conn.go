@@ -44,7 +44,7 @@ const (
 	// Sends, the header is 28 bytes with virtual-address tagged offsets,
 	// and no Hello is exchanged.
 	ProfileLinux Profile = iota
-	// ProfileRFC5046 is the form of RFC 5046 (RFC 5046 §5.1): byte-stream
+	// ProfileRFC5046 is the form of RFC 5046 §5.1: byte-stream
 	// login, then the connection turns into an RDMA stream, Hello and
 	// HelloReply, a 12-byte header and zero-based tagged offsets.
 	ProfileRFC5046

@@ -25,7 +25,7 @@ const (
 
 // Header lengths of the two profiles.
 const (
-	// HeaderLenRFC5046 is the 12-byte header of RFC 5046 §9.2 (RFC 5046):
+	// HeaderLenRFC5046 is the 12-byte header of RFC 5046 §9.2:
 	// flags, reserved, Write STag, Read STag; tagged offsets are zero-based.
 	HeaderLenRFC5046 = 12
 	// HeaderLenLinux is the 28-byte header of RFC 7145 §9.2 and Linux's
@@ -52,7 +52,7 @@ type Header struct {
 	ReadVA    uint64 // 28-byte header only
 }
 
-// FormatError is a malformed iSER header: RFC 5046 §10.1.3.2 (RFC 5046)
+// FormatError is a malformed iSER header: RFC 5046 §10.1.3.2
 // has no error message for it; the stream is terminated.
 type FormatError struct{ Msg string }
 

@@ -595,7 +595,9 @@ func (d *nopDelivery) act() {
 	in := pdu.NopIn{LUN: d.nop.LUN, ITT: d.nop.ITT, TTT: pdu.ReservedTTT}
 	var h pdu.BHS
 	in.Encode(&h)
-	d.c.send(&h, d.data, true)
+	if err := d.c.send(&h, d.data, true); err != nil {
+		d.c.answerFailed(d.nop.ITT, err)
+	}
 }
 func (d *nopDelivery) drop() {}
 

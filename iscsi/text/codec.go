@@ -1,8 +1,8 @@
 // Package text is the iSCSI text-key codec and negotiation engine of RFC
 // 7143 §6 and §13: key=value pairs in data segments, a declarative table of
-// every RFC 7143 login/text key plus the iSER keys of RFC 5046 §6 (RFC 5046
-// §6), and the result functions (AND, OR, Min, Max, list selection,
-// declaration) with NotUnderstood / Irrelevant / Reject answers.
+// every RFC 7143 login/text key plus the iSER keys of RFC 5046 §6, and
+// the result functions (AND, OR, Min, Max, list selection, declaration)
+// with NotUnderstood / Irrelevant / Reject answers.
 package text
 
 import (

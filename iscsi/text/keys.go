@@ -62,7 +62,7 @@ type Key struct {
 	Values []string
 	// MaxLen bounds the value length (0: 255, the RFC 7143 §6.1 default).
 	MaxLen int
-	// ISER marks the keys of RFC 5046 §6 (RFC 5046 §6) that only matter
+	// ISER marks the keys of RFC 5046 §6 that only matter
 	// when RDMAExtensions=Yes.
 	ISER bool
 }
@@ -109,7 +109,7 @@ func Keys() []Key {
 		{Name: "CHAP_C", Kind: Auth, Scope: ConnectionOnly, Phase: SecurityOnly, MaxLen: MaxValueLen},
 		{Name: "CHAP_N", Kind: Auth, Scope: ConnectionOnly, Phase: SecurityOnly},
 		{Name: "CHAP_R", Kind: Auth, Scope: ConnectionOnly, Phase: SecurityOnly, MaxLen: MaxValueLen},
-		// iSER keys: RFC 5046 §6 (RFC 5046 §6.1-§6.4).
+		// iSER keys: RFC 5046 §6.1-§6.4.
 		{Name: "RDMAExtensions", Kind: BoolAnd, Scope: LeadingOnly, Phase: InitializeOnly, Default: "No"},
 		{Name: "TargetRecvDataSegmentLength", Kind: NumDecl, Scope: ConnectionOnly, Phase: InitializeOnly, Default: "8192", Min: 512, Max: max24, ISER: true},
 		{Name: "InitiatorRecvDataSegmentLength", Kind: NumDecl, Scope: ConnectionOnly, Phase: InitializeOnly, Default: "8192", Min: 512, Max: max24, ISER: true},
