@@ -28,7 +28,7 @@ type Source interface {
 	// BoundsHit counts, by fabric (iscsi, srp, iwarp, roce; control for
 	// the administration and metrics listeners) and bound, the times a
 	// peer met a bound on what it may make the node hold
-	// (iscsi/target.Server.BoundsHit and its kin).
+	// (iscsi/iscsitarget.Server.BoundsHit and its kin).
 	BoundsHit() map[string]map[string]uint64
 }
 

@@ -17,10 +17,10 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsitarget"
-	srpinit "github.com/blockwire/blockwire/srp/initiator"
+	"github.com/blockwire/blockwire/srp/srpinitiator"
 )
 
 // buildLU makes the logical unit a configuration's LUN describes, on the
@@ -234,7 +234,7 @@ func portalAddrs(ls []net.Listener, log *slog.Logger) []netip.AddrPort {
 // gateway LUN).
 func openRemote(ctx context.Context, u string, log *slog.Logger) (remote.Device, error) {
 	if strings.HasPrefix(u, "srp://") {
-		return srpinit.Open(ctx, u, srpinit.Options{Fabric: siw.New(siw.Options{Logger: log}), Logger: log})
+		return srpinitiator.Open(ctx, u, srpinitiator.Options{Fabric: siw.New(siw.Options{Logger: log}), Logger: log})
 	}
 	return initiator.Open(ctx, u, initiator.Options{Dialer: &fabric.Dialer{}, Logger: log})
 }

@@ -239,7 +239,7 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 
 // revokeSRP ends the SRP sessions of the named targets that their new
 // access rules would not admit now, or whose view of the LUNs changed —
-// as the iSCSI server does for its own (iscsi/target UpdateTarget). mu
+// as the iSCSI server does for its own (iscsi/iscsitarget UpdateTarget). mu
 // held.
 func (n *Node) revokeSRP(prev *config.Config, names []string) {
 	for _, name := range names {

@@ -23,7 +23,7 @@ import (
 	"github.com/blockwire/blockwire/node/nodetest"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/srp"
-	srpinit "github.com/blockwire/blockwire/srp/initiator"
+	"github.com/blockwire/blockwire/srp/srpinitiator"
 )
 
 const (
@@ -77,7 +77,7 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer iserDev.Close()
-	srpDev, err := srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 1, 1), srpinit.Options{Fabric: siw.New(siw.Options{})})
+	srpDev, err := srpinitiator.Open(ctx, srpURL(t, cfg, srpAddr, 1, 1), srpinitiator.Options{Fabric: siw.New(siw.Options{})})
 	if err != nil {
 		t.Fatal("SRP to the second target:", err)
 	}
@@ -160,7 +160,7 @@ func TestSessionsOnEveryFabric(t *testing.T) {
 		t.Errorf("Apply: %+v, want a target added and one removed, nothing waiting for a restart", ch)
 	}
 	cIdx := slices.IndexFunc(ncfg.Targets, func(t config.Target) bool { return t.Name == diskC })
-	srpC, err := srpinit.Open(ctx, srpURL(t, ncfg, srpAddr, cIdx, 0), srpinit.Options{Fabric: siw.New(siw.Options{})})
+	srpC, err := srpinitiator.Open(ctx, srpURL(t, ncfg, srpAddr, cIdx, 0), srpinitiator.Options{Fabric: siw.New(siw.Options{})})
 	if err != nil {
 		t.Fatal("SRP to a target added by Apply:", err)
 	}
@@ -287,7 +287,7 @@ func TestRevocationReachesLiveSessions(t *testing.T) {
 		return d
 	}
 	k, r := open(kept), open(revoked)
-	srpDev, err := srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinit.Options{Fabric: siw.New(siw.Options{})})
+	srpDev, err := srpinitiator.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinitiator.Options{Fabric: siw.New(siw.Options{})})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestLUNMapChangeReachesLiveSessions(t *testing.T) {
 		t.Fatal(err)
 	}
 	o, m := open(other, 0), open(iqn, 0)
-	srpDev, err := srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinit.Options{Fabric: siw.New(siw.Options{}), Initiator: port})
+	srpDev, err := srpinitiator.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinitiator.Options{Fabric: siw.New(siw.Options{}), Initiator: port})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,7 +31,7 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/httpguard"
 	"github.com/blockwire/blockwire/internal/persource"
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
 	"github.com/blockwire/blockwire/rdma"
@@ -40,7 +40,7 @@ import (
 	"github.com/blockwire/blockwire/rdma/verbs"
 	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp"
-	srptarget "github.com/blockwire/blockwire/srp/target"
+	"github.com/blockwire/blockwire/srp/srptarget"
 )
 
 // Options are what a configuration file does not say: where the node logs
@@ -382,7 +382,7 @@ func (n *Node) removeTarget(name string) error {
 }
 
 // iscsiPortals are the iSCSI portal addresses a target is reachable on
-// (iscsi/target.Target.Portals): nil for all, else those of its own
+// (iscsi/iscsitarget.Target.Portals): nil for all, else those of its own
 // portals list that a portal serving it has — an empty list when none
 // does. A portal's address is the one it was bound to once it has been
 // (a configured port 0 becomes the port it got).
@@ -984,7 +984,7 @@ func (n *Node) Config() *config.Config {
 }
 
 // DefaultLimits returns the limits a configuration leaving them at zero
-// gets (the iSCSI target's defaults, iscsi/target.DefaultOptions).
+// gets (the iSCSI target's defaults, iscsi/iscsitarget.DefaultOptions).
 func DefaultLimits() config.Limits {
 	o := iscsitarget.DefaultOptions()
 	return config.Limits{LoginTimeout: o.LoginTimeout, NopInterval: o.NopInterval, NopTimeout: o.NopTimeout,

@@ -18,7 +18,7 @@ import (
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
-	srpinit "github.com/blockwire/blockwire/srp/initiator"
+	"github.com/blockwire/blockwire/srp/srpinitiator"
 )
 
 // TestLoginCyclesLeakNothing: sessions opened and ended over and over on
@@ -77,10 +77,10 @@ func TestLoginCyclesLeakNothing(t *testing.T) {
 			return initiator.Open(ctx, "iser://127.0.0.6:3260/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{RDMA: ini}})
 		}},
 		{"SRP/iWARP", func() (blockDev, error) {
-			return srpinit.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinit.Options{Fabric: siw.New(siw.Options{})})
+			return srpinitiator.Open(ctx, srpURL(t, cfg, srpAddr, 0, 0), srpinitiator.Options{Fabric: siw.New(siw.Options{})})
 		}},
 		{"SRP/RoCE", func() (blockDev, error) {
-			return srpinit.Open(ctx, srpURL(t, cfg, "127.0.0.6:5555", 0, 0), srpinit.Options{Fabric: ini, PD: ini.RDMA().AllocPD()})
+			return srpinitiator.Open(ctx, srpURL(t, cfg, "127.0.0.6:5555", 0, 0), srpinitiator.Options{Fabric: ini, PD: ini.RDMA().AllocPD()})
 		}},
 	}
 	block := bytes.Repeat([]byte("soak"), 1024)

@@ -36,7 +36,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/scsi"
-	srpinit "github.com/blockwire/blockwire/srp/initiator"
+	"github.com/blockwire/blockwire/srp/srpinitiator"
 )
 
 // Exit codes of the initiator verbs, for scripts.
@@ -337,7 +337,7 @@ func discover(args []string, stdout, stderr io.Writer) int {
 }
 
 // device is a LUN reached through one of the initiators: iSCSI or iSER
-// (package iscsi/initiator) or SRP (package srp/initiator).
+// (package iscsi/initiator) or SRP (package srp/srpinitiator).
 type device interface {
 	ReadAtContext(ctx context.Context, p []byte, off int64) (int, error)
 	WriteAtContext(ctx context.Context, p []byte, off int64) (int, error)
@@ -353,7 +353,7 @@ type device interface {
 // checkURL reports a malformed iscsi://, iser:// or srp:// URL.
 func checkURL(u string) error {
 	if strings.HasPrefix(u, "srp://") {
-		_, err := srpinit.ParseURL(u)
+		_, err := srpinitiator.ParseURL(u)
 		return err
 	}
 	pu, err := initiator.ParseURL(u)
@@ -402,7 +402,7 @@ func openOnce(ctx context.Context, u string, o initiator.Options) (device, error
 		if d, ok := o.Dialer.(*fabric.Dialer); ok && d.RDMA != nil {
 			f = d.RDMA // --rdma-device or --roce
 		}
-		return srpinit.Open(ctx, u, srpinit.Options{Fabric: f, Logger: o.Logger})
+		return srpinitiator.Open(ctx, u, srpinitiator.Options{Fabric: f, Logger: o.Logger})
 	}
 	return initiator.Open(ctx, u, o)
 }

@@ -62,10 +62,10 @@ func TestImportsPointOneWay(t *testing.T) {
 		// iSCSI runs over the Datamover Interface alone: no concrete
 		// datamover, no RDMA, no fabric (package fabric holds
 		// what is a socket, an MPA exchange or a CM request).
-		{"iscsi/target", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node"}},
+		{"iscsi/iscsitarget", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node"}},
 		{"iscsi/initiator", []string{mod + "datamover/", mod + "rdma", mod + "fabric", mod + "srp", mod + "node", mod + "scsitarget"}},
 		// The fabrics know the datamovers and RDMA, never a session.
-		{"fabric", []string{mod + "iscsi/target", mod + "iscsi/initiator", mod + "scsitarget", mod + "srp", mod + "node"}},
+		{"fabric", []string{mod + "iscsi/iscsitarget", mod + "iscsi/initiator", mod + "scsitarget", mod + "srp", mod + "node"}},
 		// The administration API and the metrics see the SCSI core's
 		// fabric-neutral view only.
 		{"admin", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node"}},
@@ -83,9 +83,9 @@ func TestImportsPointOneWay(t *testing.T) {
 		// A remote backend sees a block device, never the fabric behind it.
 		{"backend/remote", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 		// The datamover interface knows no concrete datamover and no session.
-		{"datamover", []string{mod + "datamover/", mod + "iscsi/target", mod + "scsitarget"}},
-		{"datamover/tcp", []string{mod + "iscsi/target", mod + "scsitarget", mod + "datamover/iser", mod + "rdma"}},
-		{"datamover/iser", []string{mod + "iscsi/target", mod + "scsitarget", mod + "datamover/tcp", mod + "rdma/"}},
+		{"datamover", []string{mod + "datamover/", mod + "iscsi/iscsitarget", mod + "scsitarget"}},
+		{"datamover/tcp", []string{mod + "iscsi/iscsitarget", mod + "scsitarget", mod + "datamover/iser", mod + "rdma"}},
+		{"datamover/iser", []string{mod + "iscsi/iscsitarget", mod + "scsitarget", mod + "datamover/tcp", mod + "rdma/"}},
 		// RDMA is the bottom layer: it knows nothing of iSCSI, SCSI or
 		// the datamover; its wire codecs do no I/O.
 		{"rdma", []string{mod + "iscsi", mod + "scsitarget", mod + "datamover", mod + "scsi", mod + "rdma/"}},
@@ -99,8 +99,8 @@ func TestImportsPointOneWay(t *testing.T) {
 		// SRP sits beside iSCSI: SCSI ← SRP ← RDMA verbs, never a
 		// concrete RDMA device; its codec does no I/O.
 		{"srp", []string{mod, "net", "log"}},
-		{"srp/target", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "srp/initiator"}},
-		{"srp/initiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "scsitarget"}},
+		{"srp/srptarget", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "srp/srpinitiator"}},
+		{"srp/srpinitiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "scsitarget"}},
 		{"blockdev", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
 	}
 	for _, r := range rules {
@@ -118,5 +118,28 @@ func TestImportsPointOneWay(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestPackageNamesAreUnique: no two packages share a name (commands
+// aside), so no import needs an alias and a name says which package it is.
+func TestPackageNamesAreUnique(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", "{{.Name}} {{.ImportPath}}", "../../...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		name, path, _ := strings.Cut(l, " ")
+		if name == "main" {
+			continue
+		}
+		if other, ok := seen[name]; ok {
+			t.Errorf("packages %s and %s are both named %s", other, path, name)
+		}
+		seen[name] = path
+	}
+	if len(seen) < 20 {
+		t.Fatalf("only %d packages listed", len(seen))
 	}
 }

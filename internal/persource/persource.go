@@ -3,7 +3,7 @@
 // network: Sources) and a count of what each source holds.
 //
 // The bounds it serves: logins in progress and sessions per address
-// (iscsi/target), SRP channels (srp/target), MPA handshakes (rdma/siw),
+// (iscsi/iscsitarget), SRP channels (srp/srptarget), MPA handshakes (rdma/siw),
 // connection requests (rdma/roce), and the connections of a control
 // surface (internal/httpguard).
 package persource

@@ -18,7 +18,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/auth"
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 

@@ -14,7 +14,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsitarget"

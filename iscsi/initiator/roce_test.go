@@ -15,7 +15,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
-	iscsitarget "github.com/blockwire/blockwire/iscsi/target"
+	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -122,7 +122,7 @@ func TestPreferFallbackOverRoCE(t *testing.T) {
 // peer's commands would hold one of the LU's 64 workers until the
 // target's NOP-In timed out (25 s): the other initiators of the LU would
 // wait as long. Once such a connection holds maxWorking workers, its
-// further commands wait for one of them (iscsi/target conn.toWorker), on
+// further commands wait for one of them (iscsi/iscsitarget conn.toWorker), on
 // iSER as on TCP;
 // and a worker whose command waits only for its answer to be taken is
 // counted out of the LU's workers (scsitarget.LU.Detach), so even an LU
@@ -159,7 +159,7 @@ func testStalledISERPeer(t *testing.T, port int, lc scsitarget.LUConfig) {
 		})
 	}
 	time.Sleep(500 * time.Millisecond) // the target's sends stall
-	// The connection holds at most 33 answers (iscsi/target maxWorking
+	// The connection holds at most 33 answers (iscsi/iscsitarget maxWorking
 	// + 1): its receiver stops reading the other commands.
 	if n := lu.Detached(); n < 8 || n > 33 {
 		t.Fatalf("%d answers wait for the stalled peer, want 8 to 33", n)

@@ -12,7 +12,7 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/rdma/siw"
-	srpinit "github.com/blockwire/blockwire/srp/initiator"
+	"github.com/blockwire/blockwire/srp/srpinitiator"
 )
 
 // TestAdminSessionsEveryFabric: one blockwire serves an
@@ -65,7 +65,7 @@ size = "2MiB"
 		t.Fatal(err)
 	}
 	defer iser.Close()
-	srp, err := srpinit.Open(ctx, second, srpinit.Options{Fabric: siw.New(siw.Options{})})
+	srp, err := srpinitiator.Open(ctx, second, srpinitiator.Options{Fabric: siw.New(siw.Options{})})
 	if err != nil {
 		t.Fatal(err)
 	}

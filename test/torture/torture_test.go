@@ -519,7 +519,7 @@ var mutations = []struct {
 	// login that reinstated it completed and after the replayed copy was
 	// answered (with the nexus loss's unit attention): caught without
 	// crashes, by the bound the crash-free checking rests on.
-	{"a session reinstatement that does not wait for the old session", "iscsi/target/login.go",
+	{"a session reinstatement that does not wait for the old session", "iscsi/iscsitarget/login.go",
 		"		case <-time.After(reinstateWait):",
 		"		default:",
 		[]string{"-faults", "reset,partition", "-write-delay", "20ms", "-fault-every", "300ms", "-duration", "10s", "-seed", "1"}},

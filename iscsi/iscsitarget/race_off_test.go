@@ -1,0 +1,5 @@
+//go:build !race
+
+package iscsitarget
+
+const raceEnabled = false

@@ -1,5 +1,0 @@
-//go:build race
-
-package target
-
-const raceEnabled = true
