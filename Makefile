@@ -37,7 +37,7 @@ guestlab:
 	go test -tags guestlab -count=1 -v ./test/guestlab
 
 # The guest lab's benchmarks: blockwire's verbs build on kernel rxe against
-# LIO isert on kernel rxe, the same Linux initiator (docs/performance.md).
+# LIO isert on kernel rxe, the same Linux initiator (docs/bench/journal.md).
 guestlab-bench:
 	BLOCKWIRE_GUESTLAB_BENCH=1 go test -tags guestlab -count=1 -v -timeout 30m ./test/guestlab
 

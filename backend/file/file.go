@@ -6,7 +6,7 @@
 // Reads and writes go through an io_uring (internal/uring) or through
 // pread/pwrite, as Options.Engine says; FUA writes are RWF_DSYNC writes
 // either way. EngineAuto takes the ring where it saves work and only
-// there (measured in docs/performance.md):
+// there (measured in docs/bench/journal.md):
 //   - O_DIRECT reads and writes: the ring (the device works while no
 //     thread waits);
 //   - buffered reads on a filesystem with RWF_NOWAIT reads (ext4, xfs,

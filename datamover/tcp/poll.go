@@ -26,7 +26,7 @@ import (
 // rawWriter): read(2) on the non-blocking socket never waits, so Go's
 // scheduler need not be told of it, and it does not then retake the
 // reader's P or park a thread after the call. Measured with the target
-// polling 50 µs (docs/performance.md): 4 KiB random reads at QD 32 +8-12 %
+// polling 50 µs (docs/bench/journal.md): 4 KiB random reads at QD 32 +8-12 %
 // at 0.4-0.8 µs less target CPU per read, QD 1 +7-13 %. Without polling
 // the same raw calls cost QD 1 a tenth of its IOPS or more (the ordinary
 // calls' extra thread wake-ups had been catching the next PDU sooner), so

@@ -202,7 +202,7 @@ func New(entries uint32, poll time.Duration) (*Ring, error) {
 		// the thread that is polling for them. At depth, a completion
 		// whose submitting thread is busy in user space is then posted
 		// when that thread next enters the kernel (at worst on a timer
-		// tick); measured, the tails did not move (docs/performance.md).
+		// tick); measured, the tails did not move (docs/bench/journal.md).
 		p.flags |= setupCoopTaskrun | setupTaskrunFlag
 	}
 	fd, _, errno := unix.Syscall(unix.SYS_IO_URING_SETUP, uintptr(entries), uintptr(unsafe.Pointer(&p)), 0)

@@ -87,7 +87,7 @@ func (d *Device) newTxBatch() *txBatch {
 // another thread when the call passes 20 µs (sysmon's retake, which a
 // sendmmsg on loopback passes: it runs the receiver's side too) nor parks
 // a thread for it afterwards. Receiving is done the same way (rxBatch).
-// Measured (docs/performance.md): iSER over RoCE, 128 KiB writes at QD 8
+// Measured (docs/bench/journal.md): iSER over RoCE, 128 KiB writes at QD 8
 // +10–24 %, 4 KiB reads at QD 32 +24 %; either call alone changed nothing.
 // Only when the socket cannot take the first message now (EAGAIN) does it
 // wait, in a system call the scheduler knows of, so a full socket never

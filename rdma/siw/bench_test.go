@@ -13,7 +13,7 @@ import (
 // The benchmarks compare RDMA Write and RDMA Read through the software
 // iWARP device with raw TCP on the same loopback, at 4 KiB and 128 KiB,
 // with 16 operations in flight. Ratios between them (in one run) are
-// what docs/performance.md reports; -benchmem shows the steady state
+// what docs/bench/journal.md reports; -benchmem shows the steady state
 // allocates nothing per operation.
 
 const benchDepth = 16
