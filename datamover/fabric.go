@@ -78,8 +78,8 @@ type Established struct {
 	// once.
 	Open func(Stamper) Conn
 	// RDMA reports that the connection can carry iSER: it may turn into
-	// an RDMA stream after a login that negotiates RDMAExtensions (seed
-	// 004 §5.1). ISER reports that it is iSER from its first PDU (the
+	// an RDMA stream after a login that negotiates RDMAExtensions (RFC
+	// 5046 §5.1). ISER reports that it is iSER from its first PDU (the
 	// connection-first form, the iSER-on-InfiniBand draft, RFC 7145).
 	RDMA, ISER bool
 	// Close releases the connection if Open is never called.

@@ -131,8 +131,8 @@ func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) 
 	return acceptISER(ctx, req, ip.PD, opt, p)
 }
 
-// ISER returns an acceptor for iSER in the connection-first form (seed
-// 001, RFC 7145: what Linux ib_iser speaks) on an RDMA/CM listener, with
+// ISER returns an acceptor for iSER in the connection-first form (the
+// iSER-on-InfiniBand draft, RFC 7145: what Linux ib_iser speaks) on an RDMA/CM listener, with
 // memory registered in pd.
 func ISER(l rdma.Listener, pd *rdma.PD, opt iser.Options) datamover.Acceptor {
 	return &rdmaAcceptor{l: l, pd: pd, opt: opt}

@@ -24,8 +24,8 @@ type IWARP interface {
 	Respond(ctx context.Context, c net.Conn) (rdma.ConnRequest, error)
 }
 
-// Upgrade is the datamover of a connection in the RFC 5046 profile (seed
-// 004 §5.1): the login runs in byte-stream mode on TCP; when it ends with
+// Upgrade is the datamover of a connection in the RFC 5046 profile (RFC
+// 5046 §5.1): the login runs in byte-stream mode on TCP; when it ends with
 // RDMAExtensions=Yes, the target sends its final Login Response on the
 // byte stream and the same connection turns into an RDMA stream (MPA),
 // the iSER datamover takes over and the Hello exchange opens it. Without

@@ -148,8 +148,8 @@ func (h *Hello) Append(b []byte) []byte {
 	return append(b, make([]byte, 8)...)
 }
 
-// DecodeHello parses a Hello. Its length must be exactly HelloLen (seed
-// 000 §10.1.3.2: a wrong length is a format error).
+// DecodeHello parses a Hello. Its length must be exactly HelloLen (RFC
+// 5046 §10.1.3.2: a wrong length is a format error).
 func DecodeHello(b []byte) (Hello, error) {
 	if len(b) != HelloLen || b[0]&opMask != OpHello {
 		return Hello{}, formatError("Hello of %d bytes with opcode %#x, want %d bytes and 0x2 (RFC 5046 §9.3)", len(b), b0(b), HelloLen)

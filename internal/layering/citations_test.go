@@ -16,6 +16,8 @@ import (
 // the repository has.
 func TestCitationsNameTheirDocuments(t *testing.T) {
 	bad := regexp.MustCompile(`(?i)\b(issue #?\d+|seeds? 00\d)\b`)
+	split := regexp.MustCompile(`(?i)\b(issue|seeds?)\s*$`)
+	number := regexp.MustCompile(`^\s*//\s*#?\d`)
 	files := 0
 	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -32,9 +34,14 @@ func TestCitationsNameTheirDocuments(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		for n, line := range strings.Split(string(b), "\n") {
+		lines := strings.Split(string(b), "\n")
+		for n, line := range lines {
 			if m := bad.FindString(line); m != "" {
 				t.Errorf("%s:%d cites %q: name the document and its section instead", path, n+1, m)
+			}
+			// The same, broken across two comment lines.
+			if n+1 < len(lines) && split.MatchString(line) && number.MatchString(lines[n+1]) {
+				t.Errorf("%s:%d cites a seed file or an issue by number across the line break: name the document instead", path, n+1)
 			}
 		}
 		return nil

@@ -79,8 +79,8 @@ type Options struct {
 	// finished — before it answers, so nothing the old session sent takes
 	// effect after the new login completed.
 	ISID [6]byte
-	// pref is the node preference an iSER connection asks for (seed
-	// 001; set by Open's Prefer plan).
+	// pref is the node preference an iSER connection asks for (the
+	// iSER-on-InfiniBand draft; set by Open's Prefer plan).
 	pref    datamover.Preference
 	prefSet bool
 	Logger  *slog.Logger

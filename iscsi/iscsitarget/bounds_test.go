@@ -166,8 +166,8 @@ func heapInUse() uint64 {
 // never read the answers, or start large writes and never send the data,
 // hold at most their session's share of the I/O buffer budget — further
 // commands get TASK SET FULL — and the whole target stays under the
-// budget, while a well-behaved session keeps reading and writing (issue
-// 20: 60 immediate 16 MiB READs left unread took RSS from 0.54 to 1.30 GB).
+// budget, while a well-behaved session keeps reading and writing (once,
+// 60 immediate 16 MiB READs left unread took RSS from 0.54 to 1.30 GB).
 // The readers' answers wait for writes that never end: each connection
 // holds at most maxWorking of the LU's workers meanwhile (more than 64 of
 // them otherwise), or the writer's answers would find none — on a memory
@@ -283,8 +283,8 @@ func discoveryKeys(initiator string) []text.KV {
 
 // TestDiscoverySessionsHaveTheirOwnLimit: discovery sessions (which need
 // no target and, without discovery CHAP, no secret) have a small limit of
-// their own and do not count against the sessions that carry data (issue
-// 20: 16 discovery sessions locked a correct login out at max_sessions 16).
+// their own and do not count against the sessions that carry data (once,
+// 16 discovery sessions locked a correct login out at max_sessions 16).
 func TestDiscoverySessionsHaveTheirOwnLimit(t *testing.T) {
 	ts := startServer(t, Options{MaxSessions: 2, MaxDiscoverySessions: 3}, nil)
 	ts.sessions(t, 3, discoveryKeys(ini))

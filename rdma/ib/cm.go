@@ -9,8 +9,8 @@ import (
 // MAD travels as a UD SEND to QP 1 (the GSI) with Q_Key 0x80010000, and
 // its 232 data bytes are a REQ, REP, RTU, REJ, DREQ, DREP or MRA. The iSER-on-InfiniBand draft
 // §II puts iSER's connection parameters into the private data of REQ and
-// REP (after the 36-byte RDMA/CM IP header Linux puts in a REQ's); seed
-// 003 puts the SRP login into REQ's.
+// REP (after the 36-byte RDMA/CM IP header Linux puts in a REQ's); the SRP
+// InfiniBand annex puts the SRP login into REQ's.
 
 // MAD sizes and the CM's constants.
 const (
