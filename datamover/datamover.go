@@ -211,6 +211,35 @@ type ProtocolError struct {
 func (e *ProtocolError) Error() string { return e.Err.Error() }
 func (e *ProtocolError) Unwrap() error { return e.Err }
 
+// Optional capabilities of a Conn. A datamover has those it implements;
+// the iSCSI layer asks for them through PlacesByRDMA and HasPending, never
+// by interfaces of its own making, as backend/backend.go's optional
+// interfaces are asked.
+
+// Placer is a datamover that can place data by RDMA: ISER reports whether
+// it does now. One that began as TCP and turned into iSER after an RFC
+// 5046 login says so from its switch on.
+type Placer interface{ ISER() bool }
+
+// Lookahead is a datamover that reads ahead of what it has delivered:
+// Pending reports whether bytes of a PDU not yet delivered have arrived.
+// A target then leaves a command to the logical unit's workers rather
+// than run it on the receiver, which has more to read.
+type Lookahead interface{ Pending() bool }
+
+// PlacesByRDMA reports whether c moves data by RDMA now (Placer).
+func PlacesByRDMA(c Conn) bool {
+	p, ok := c.(Placer)
+	return ok && p.ISER()
+}
+
+// HasPending reports whether c has read bytes of an undelivered PDU
+// (Lookahead); false for a datamover that does not read ahead.
+func HasPending(c Conn) bool {
+	l, ok := c.(Lookahead)
+	return ok && l.Pending()
+}
+
 // Memory is memory a datamover moves without a copy: a hardware RDMA
 // device's registered memory (rdma.Memory), outside the Go heap. A target
 // given one takes its task buffers from it while its budget lasts, so

@@ -77,14 +77,30 @@ type Established struct {
 	// Open builds the Conn, with the iSCSI layer's Stamper. It is called
 	// once.
 	Open func(Stamper) Conn
-	// RDMA reports that the connection can carry iSER: it may turn into
-	// an RDMA stream after a login that negotiates RDMAExtensions (RFC
-	// 5046 §5.1). ISER reports that it is iSER from its first PDU (the
-	// connection-first form, the iSER-on-InfiniBand draft, RFC 7145).
-	RDMA, ISER bool
+	// Kind is the form the connection takes and may take.
+	Kind Kind
 	// Close releases the connection if Open is never called.
 	Close func()
 }
+
+// Kind is what a fabric established: the form a connection's datamover
+// takes, and may take.
+type Kind uint8
+
+const (
+	// KindTCP is iSCSI over TCP, and nothing else.
+	KindTCP Kind = iota
+	// KindUpgradable is TCP now and an RDMA stream after a login that
+	// negotiates RDMAExtensions (the RFC 5046 profile, RFC 5046 §5.1).
+	KindUpgradable
+	// KindISER is iSER from the first PDU (the connection-first form:
+	// the iSER-on-InfiniBand draft, RFC 7145).
+	KindISER
+)
+
+// RDMA reports whether a connection of kind k can carry iSER, now or
+// after its login (RDMAExtensions is then offered or answered).
+func (k Kind) RDMA() bool { return k != KindTCP }
 
 // Preference is the iSER-on-InfiniBand draft's node preference (the Flg of the iSER CM
 // private data): what an initiator wants at the other end of an iSER

@@ -117,7 +117,7 @@ func (in *tcpIncoming) Establish(ctx context.Context, p datamover.AcceptParams) 
 			Open: func(st datamover.Stamper) datamover.Conn {
 				return NewUpgrade(in.a.conn(pc, st, p), ip.IWARP, ip.PD, opt, st)
 			},
-			RDMA:  true,
+			Kind:  datamover.KindUpgradable,
 			Close: func() { in.nc.Close() },
 		}, nil
 	}
@@ -210,8 +210,7 @@ func acceptISER(ctx context.Context, req rdma.ConnRequest, pd *rdma.PD, opt iser
 	}
 	return &datamover.Established{
 		Open:  func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) },
-		RDMA:  true,
-		ISER:  true,
+		Kind:  datamover.KindISER,
 		Close: func() { qp.Close(); res.Release() },
 	}, nil
 }

@@ -63,7 +63,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 		}
 		opt := iser.Options{Initiator: true, Logger: log}
 		return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return NewUpgrade(tcp.New(nc, st), iw, pd, opt, st) },
-			RDMA: true, Close: func() { nc.Close() }}, nil
+			Kind: datamover.KindUpgradable, Close: func() { nc.Close() }}, nil
 	}
 	// The connection-first profile (the iSER-on-InfiniBand draft part II, wire-facts §2.2):
 	// the iSER CM header in the private data says tagged offsets are
@@ -109,7 +109,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	}
 	peer := iser.DecodeCMHeader(reply)
 	return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn { return res.Attach(qp, peer, st) },
-		RDMA: true, ISER: true, Close: func() { qp.Close() }}, nil
+		Kind: datamover.KindISER, Close: func() { qp.Close() }}, nil
 }
 
 func dialTCP(ctx context.Context, portal string) (net.Conn, error) {

@@ -164,11 +164,20 @@ func NewHardwarePD(name string, m Memory) *PD {
 // fabric's own (rdma/verbs, whose memory is registered in it), else a new
 // one on a software device named name.
 func FabricPD(f Fabric, name string) *PD {
-	if h, ok := f.(interface{ PD() *PD }); ok {
+	if h, ok := f.(PDOwner); ok {
 		return h.PD()
 	}
 	return NewDevice(name).AllocPD()
 }
+
+// PDOwner is a fabric (or a queue pair) whose connections use a
+// protection domain of its own: a hardware device's, in which its memory
+// is registered.
+type PDOwner interface{ PD() *PD }
+
+// WindowBinder is a queue pair that may offer memory windows: Windows
+// returns them, or nil when its device has none.
+type WindowBinder interface{ Windows() Windows }
 
 // Memory is the PD's registered memory (nil on a software device).
 func (pd *PD) Memory() Memory { return pd.mem }
@@ -301,7 +310,7 @@ func (pd *PD) AllocMROn(qp QP) (*MR, error) {
 	if err != nil || pd.mem == nil {
 		return mr, err
 	}
-	if h, ok := qp.(interface{ Windows() Windows }); ok {
+	if h, ok := qp.(WindowBinder); ok {
 		mr.win = h.Windows()
 	}
 	return mr, nil
@@ -886,6 +895,14 @@ type ConnRequest interface {
 	Accept(p ConnParams) (QP, error)
 	Reject(privateData []byte) error
 }
+
+// CMPortSpace is a ConnRequest that says which connection manager's
+// port space it came through: RDMACM is true for RDMA/CM's (its private
+// data began with the RDMA/CM header; Linux's ib_srp then sends the
+// shorter SRP login), false for a raw InfiniBand CM request to a service
+// ID of the listener's own. Requests that do not implement it came
+// through RDMA/CM.
+type CMPortSpace interface{ RDMACM() bool }
 
 // ContextAccepter is a ConnRequest whose Accept can be given up: a
 // fabric that waits for the peer after answering (the InfiniBand CM's

@@ -9,6 +9,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/blockwire/blockwire/internal/prefixconn"
 	"github.com/blockwire/blockwire/internal/spin"
 	"golang.org/x/sys/unix"
 )
@@ -61,7 +62,7 @@ func newPoller(nc net.Conn, d time.Duration) *poller {
 	switch c := nc.(type) {
 	case *net.TCPConn:
 		tc = c
-	case interface{ Socket() (*net.TCPConn, bool) }:
+	case prefixconn.Socketed:
 		tc, _ = c.Socket()
 		direct = func() bool {
 			_, ok := c.Socket()

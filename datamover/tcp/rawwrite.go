@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/blockwire/blockwire/internal/prefixconn"
 )
 
 // rawWriter writes a batch's buffers with writev(2) on the non-blocking
@@ -34,7 +36,7 @@ func newRawWriter(nc net.Conn) *rawWriter {
 	switch c := nc.(type) {
 	case *net.TCPConn:
 		tc = c
-	case interface{ Socket() (*net.TCPConn, bool) }:
+	case prefixconn.Socketed:
 		tc, _ = c.Socket()
 	}
 	if tc == nil {

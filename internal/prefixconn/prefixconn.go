@@ -18,14 +18,18 @@ func New(nc net.Conn, pre []byte) net.Conn {
 	return &anyConn{nc, pre}
 }
 
+// Socketed is a connection New made over a TCP socket: Socket returns
+// the socket and whether every prefix byte has been read — from then on a
+// reader may use the socket directly (the software iWARP receiver reads
+// with readv(2)).
+type Socketed interface{ Socket() (*net.TCPConn, bool) }
+
 type tcpConn struct {
 	*net.TCPConn
 	pre []byte
 }
 
-// Socket returns the TCP connection underneath and whether every
-// prefix byte has been read: from then on a reader may use the socket
-// directly (the software iWARP receiver reads with readv(2)).
+// Socket implements Socketed.
 func (c *tcpConn) Socket() (*net.TCPConn, bool) { return c.TCPConn, len(c.pre) == 0 }
 
 func (c *tcpConn) Read(b []byte) (int, error) {

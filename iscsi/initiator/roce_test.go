@@ -228,7 +228,7 @@ func (d *stallDialer) Dial(ctx context.Context, portal string, p datamover.DialP
 	peer := iser.DecodeCMHeader(reply)
 	return &datamover.Established{Open: func(st datamover.Stamper) datamover.Conn {
 		return &stallConn{Conn: res.Attach(qp, peer, st), d: d}
-	}, RDMA: true, ISER: true, Close: func() { qp.Close() }}, nil
+	}, Kind: datamover.KindISER, Close: func() { qp.Close() }}, nil
 }
 
 type stallConn struct {

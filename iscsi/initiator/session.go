@@ -219,7 +219,7 @@ func (s *Session) connect(ctx context.Context, discovery bool, cid uint16) (*lin
 	if err != nil {
 		return nil, err
 	}
-	l.dm, l.rdma = est.Open(s.stamp), est.RDMA
+	l.dm, l.rdma = est.Open(s.stamp), est.Kind.RDMA()
 	go l.dm.Serve(l)
 	go l.sendSolicited()
 	stop := context.AfterFunc(ctx, l.dm.ConnectionTerminate)

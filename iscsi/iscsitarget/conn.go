@@ -27,10 +27,11 @@ import (
 type conn struct {
 	srv *Server
 	dm  datamover.Conn
-	// rdma: the datamover is or may become iSER, so RDMAExtensions=Yes
-	// is answered; iserOnly: it is iSER from the start (connection
-	// first), so solicited data moves by RDMA Read (InitialR2T=Yes).
-	rdma, iserOnly bool
+	// kind is what the fabric established: a datamover that is or may
+	// become iSER answers RDMAExtensions=Yes, and one that is iSER from
+	// the start (connection first) InitialR2T=Yes, so solicited data moves
+	// by RDMA Read.
+	kind datamover.Kind
 	rejects        atomic.Int64 // Rejects sent (noteRejected)
 	// inline is the command the receiver is sequencing, which its
 	// delivery may claim for the receiver to run (handleCommand); a
@@ -151,7 +152,7 @@ type doPlacement struct {
 
 // newConn builds a connection whose datamover may be RDMA-assisted
 // (iSER): it then offers RDMAExtensions=Yes.
-func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn, rdma, iserOnly bool) *conn {
+func newConn(s *Server, remote string, est *datamover.Established) *conn {
 	c := &conn{
 		srv:   s,
 		log:   s.log.With("remote", remote),
@@ -164,8 +165,8 @@ func newConn(s *Server, remote string, mk func(datamover.Stamper) datamover.Conn
 	}
 	c.statSN = 1
 	c.logoutAsked = -1
-	c.rdma, c.iserOnly = rdma, iserOnly
-	c.dm = mk(c.stamp)
+	c.kind = est.Kind
+	c.dm = est.Open(c.stamp)
 	return c
 }
 
@@ -298,20 +299,13 @@ func (c *conn) DataCompletionNotify(itt, ttt uint32) {
 // onRDMA reports whether the connection runs iSER now (connection first,
 // or switched after an RFC 5046 login).
 func (c *conn) onRDMA() bool {
-	if c.iserOnly {
-		return true
-	}
-	u, ok := c.dm.(interface{ ISER() bool })
-	return ok && u.ISER()
+	return c.kind == datamover.KindISER || datamover.PlacesByRDMA(c.dm)
 }
 
 // pending reports whether the datamover has received bytes of a PDU not
 // yet delivered (the TCP datamover's read-ahead; fabric.Upgrade forwards
 // it).
-func (c *conn) pending() bool {
-	u, ok := c.dm.(interface{ Pending() bool })
-	return ok && u.Pending()
-}
+func (c *conn) pending() bool { return datamover.HasPending(c.dm) }
 
 // DataACKNotify implements datamover.Upcalls; unused at ERL 0.
 func (c *conn) DataACKNotify(itt, dataSN uint32) {}

@@ -58,7 +58,7 @@ func TestISERDiscoveryIsNotPinged(t *testing.T) {
 		if iser {
 			// Every connection iSER from its first PDU (connection
 			// first), whatever carries it.
-			a = &establishedWith{a, func(e *datamover.Established) { e.ISER = true }}
+			a = &establishedWith{a, func(e *datamover.Established) { e.Kind = datamover.KindISER }}
 		}
 		go srv.Serve(a)
 		c := dial(t, l.Addr().String())

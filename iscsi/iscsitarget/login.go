@@ -154,7 +154,7 @@ func (c *conn) handleLogin(p *datamover.PDU) error {
 		ls.declaredOps = true
 		resp = append(resp, text.KV{Key: "MaxRecvDataSegmentLength", Value: strconv.Itoa(c.srv.opts.MaxRecvDataSegmentLength)})
 	}
-	if c.rdma && ls.neg.Value("RDMAExtensions") == "Yes" && !ls.declaredISER {
+	if c.kind.RDMA() && ls.neg.Value("RDMAExtensions") == "Yes" && !ls.declaredISER {
 		// RFC 5046 §6.3/§6.4: both sides declare; the minimum applies.
 		ls.declaredISER = true
 		trdsl, irdsl := c.iserRecvLengths()
@@ -246,14 +246,14 @@ func (c *conn) firstLogin(kvs []text.KV) error {
 		// only None, and must not get Reject for it.
 		local["HeaderDigest"], local["DataDigest"] = "CRC32C,None", "CRC32C,None"
 	}
-	if c.rdma {
+	if c.kind.RDMA() {
 		// An iSER portal wants RDMA extensions (RFC 5046 §6.1), and
 		// solicited data: an RDMA Read places it directly, while
 		// unsolicited Data-Out arrives in Sends of at most
 		// TargetRecvDataSegmentLength bytes that are copied (LIO answers
 		// InitialR2T=Yes for the same reason).
 		local["RDMAExtensions"] = "Yes"
-		if c.iserOnly {
+		if c.kind == datamover.KindISER {
 			local["InitialR2T"] = "Yes"
 		}
 	}
@@ -410,7 +410,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	// The digest requirement protects SCSI data: it applies to Normal
 	// sessions; discovery carries none (and libiscsi's discovery login
 	// offers no digest).
-	iserMode := c.rdma && neg.Value("RDMAExtensions") == "Yes"
+	iserMode := c.kind.RDMA() && neg.Value("RDMAExtensions") == "Yes"
 	if !ls.discovery && !iserMode && s.opts.RequireHeaderDigest && neg.Value("HeaderDigest") != "CRC32C" {
 		return c.failLogin(lerr(pdu.LoginStatusInitiatorError, "this target requires HeaderDigest=CRC32C (RFC 7143 §13.1)"))
 	}

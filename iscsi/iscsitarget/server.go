@@ -759,10 +759,10 @@ func (s *Server) establish(ctx context.Context, cancel context.CancelFunc, in da
 		return
 	}
 	remote := in.RemoteAddr().String()
-	if est.ISER {
+	if est.Kind == datamover.KindISER {
 		remote = "iser:" + remote
 	}
-	c := newConn(s, remote, est.Open, est.RDMA, est.ISER)
+	c := newConn(s, remote, est)
 	c.slot = slot
 	c.mem = mem
 	s.start(c, func() { slot.release(); est.Close() })

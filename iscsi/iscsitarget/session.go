@@ -122,7 +122,7 @@ func (ss *session) info() scsitarget.SessionInfo {
 		n := len(c.tasks)
 		c.mu.Unlock()
 		tr := "tcp"
-		if u, ok := c.dm.(interface{ ISER() bool }); c.iserOnly || ok && u.ISER() {
+		if c.onRDMA() {
 			tr = "iser"
 		}
 		if tr == "iser" {

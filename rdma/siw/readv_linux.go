@@ -7,6 +7,8 @@ import (
 	"net"
 	"syscall"
 	"unsafe"
+
+	"github.com/blockwire/blockwire/internal/prefixconn"
 )
 
 // vectored reads a payload and what follows it with one readv(2): the
@@ -24,11 +26,11 @@ type vectored struct {
 	err  error
 	// wrapped is a connection that puts bytes it already read in front
 	// of a TCP socket (a portal's classifier): usable once they are gone.
-	wrapped interface{ Socket() (*net.TCPConn, bool) }
+	wrapped prefixconn.Socketed
 }
 
 func (v *vectored) init(c net.Conn) {
-	if w, ok := c.(interface{ Socket() (*net.TCPConn, bool) }); ok {
+	if w, ok := c.(prefixconn.Socketed); ok {
 		v.wrapped = w
 		return
 	}

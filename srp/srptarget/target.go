@@ -315,7 +315,7 @@ func (s *Server) reject(req rdma.ConnRequest, lr *srp.LoginReq, reason srp.Rejec
 // decodeLogin decodes the SRP_LOGIN_REQ a connection request carries.
 func decodeLogin(req rdma.ConnRequest, lr *srp.LoginReq) error {
 	decode := lr.DecodeCM
-	if c, ok := req.(interface{ RDMACM() bool }); ok && !c.RDMACM() {
+	if c, ok := req.(rdma.CMPortSpace); ok && !c.RDMACM() {
 		// An InfiniBand CM REQ to the I/O controller's own service ID
 		// carries the whole 64-byte SRP_LOGIN_REQ (the SRP InfiniBand annex §A.2).
 		decode = lr.Decode

@@ -1,0 +1,76 @@
+package layering
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"io/fs"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestNoAnonymousCapabilityProbes: a package asks another for an
+// optional capability by that capability's name — datamover.Placer,
+// rdma.CMPortSpace, backend's optional interfaces — not with an interface
+// type written on the spot (x.(interface{ ISER() bool })), which hides the
+// seam from a reader and from the compiler's help. The exceptions are the
+// standard library's own conventions: CloseWrite on a net.Conn, AddrPort
+// on a net.Addr.
+func TestNoAnonymousCapabilityProbes(t *testing.T) {
+	allowed := map[string]bool{"CloseWrite": true, "AddrPort": true}
+	fset := token.NewFileSet()
+	files := 0
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "../.." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			return err
+		}
+		files++
+		check := func(typ ast.Expr) {
+			it, ok := typ.(*ast.InterfaceType)
+			if !ok || it.Methods == nil || len(it.Methods.List) == 0 {
+				return
+			}
+			for _, m := range it.Methods.List {
+				for _, n := range m.Names {
+					if allowed[n.Name] {
+						return
+					}
+				}
+			}
+			t.Errorf("%s: a capability probed with an interface written on the spot: name it where the capability is defined", fset.Position(typ.Pos()))
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch x := n.(type) {
+			case *ast.TypeAssertExpr:
+				if x.Type != nil {
+					check(x.Type)
+				}
+			case *ast.TypeSwitchStmt:
+				for _, c := range x.Body.List {
+					for _, e := range c.(*ast.CaseClause).List {
+						check(e)
+					}
+				}
+			}
+			return true
+		})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files < 100 {
+		t.Fatalf("only %d Go files parsed", files)
+	}
+}
