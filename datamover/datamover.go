@@ -151,6 +151,10 @@ type Conn interface {
 	// final is the target's final Login Response, which the datamover
 	// transmits before switching (RFC 5046 §5.1: the Login Response is sent
 	// in byte-streaming mode); an initiator passes nil after receiving it.
+	// Both call it from ControlNotify of the PDU that ends the login (the
+	// final Login Request, the final Login Response): a datamover that
+	// changes transport there (fabric.Upgrade) hands over between two PDUs
+	// its receive loop delivers.
 	EnableDatamover(final *PDU) error
 	// SendControl transmits a control-type PDU (§9.1).
 	SendControl(p *PDU, advance bool) error

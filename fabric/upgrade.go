@@ -152,16 +152,47 @@ func (u *Upgrade) EnableDatamover(final *datamover.PDU) error {
 	return nil
 }
 
+// errSwitchFailed: the switch to iSER failed, and with it the connection
+// (the byte stream was handed over; nothing may be written to it).
+var errSwitchFailed = errors.New("iser: the connection ended in its switch to an RDMA stream (RFC 5046 §5.1)")
+
+// live is the datamover in charge, or errSwitchFailed.
+func (u *Upgrade) live() (datamover.Conn, error) {
+	c := u.cur()
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.failed {
+		return nil, errSwitchFailed
+	}
+	return c, nil
+}
+
 // SendControl implements datamover.Conn.
 func (u *Upgrade) SendControl(p *datamover.PDU, advance bool) error {
-	return u.cur().SendControl(p, advance)
+	c, err := u.live()
+	if err != nil {
+		return err
+	}
+	return c.SendControl(p, advance)
 }
 
 // PutData implements datamover.Conn.
-func (u *Upgrade) PutData(d *datamover.DataIn) error { return u.cur().PutData(d) }
+func (u *Upgrade) PutData(d *datamover.DataIn) error {
+	c, err := u.live()
+	if err != nil {
+		return err
+	}
+	return c.PutData(d)
+}
 
 // GetData implements datamover.Conn.
-func (u *Upgrade) GetData(r2t *pdu.R2T, buf []byte) error { return u.cur().GetData(r2t, buf) }
+func (u *Upgrade) GetData(r2t *pdu.R2T, buf []byte) error {
+	c, err := u.live()
+	if err != nil {
+		return err
+	}
+	return c.GetData(r2t, buf)
+}
 
 // DeallocateTaskResources implements datamover.Conn.
 func (u *Upgrade) DeallocateTaskResources(itt uint32) { u.cur().DeallocateTaskResources(itt) }

@@ -557,6 +557,12 @@ func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
 	case <-c.ctx.Done():
 		return errTerminated
 	}
+	if c.ctx.Err() != nil {
+		// A select with both ready picks either: a connection that has
+		// ended must refuse every send, not some.
+		c.freeSlot <- slot
+		return errTerminated
+	}
 	buf := c.slots[slot]
 	n := c.hl + pdu.BHSLen + len(p.AHS) + len(p.Data)
 	if len(p.AHS) > maxAHS || n > len(buf) {

@@ -470,7 +470,12 @@ func (c *Conn) Serve(up datamover.Upcalls) {
 	if err == errHandoff {
 		return
 	}
+	// The connection has ended: sends fail from now on (closing the
+	// socket first unblocks a send holding wmu).
 	c.nc.Close()
+	c.wmu.Lock()
+	c.closed = true
+	c.wmu.Unlock()
 	up.ConnectionTerminateNotify(err)
 }
 
