@@ -363,6 +363,17 @@ loop:
 			octx, ocancel := context.WithTimeout(ctx, cfg.OpTimeout)
 			_, err := admin.Do(octx, 0, prOut(5), prParams(adminKey, clientKey(victim)), nil)
 			op.Return = now()
+			var se *initiator.SCSIError
+			if errors.As(err, &se) && se.Status == statusReservationConflict {
+				// The victim's key is not registered (preempted before,
+				// not registered again yet): refused, nothing happened
+				// (SPC-4, PREEMPT with an unregistered service action
+				// reservation key).
+				rec.count("preempt refused: key not registered")
+				ocancel()
+				faults = append(faults, fault{kind, now()})
+				continue
+			}
 			if err != nil {
 				cfg.Log.Warn("preempt failed", "victim", victim, "after", time.Duration(op.Return-op.Call), "err", err)
 				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}

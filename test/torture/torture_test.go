@@ -318,6 +318,30 @@ func TestTortureCephGateways(t *testing.T) {
 	}
 }
 
+// TestTortureCephGatewaysPreempt: preemptions on two gateways of one
+// Ceph RBD image, the correct code: a PREEMPT AND ABORT through one
+// gateway ends the victim's writes on the other too before it completes
+// (scsitarget/prgate.go), so none lands after it. (The Ceph stage.)
+func TestTortureCephGatewaysPreempt(t *testing.T) {
+	conf := os.Getenv("BLOCKWIRE_CEPH_CONF")
+	if conf == "" {
+		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
+	}
+	dir := t.TempDir()
+	logsOnFailure(t, dir)
+	bin := filepath.Join(dir, "blockwire-rbd")
+	if out, err := exec.Command("go", "build", "-tags", "rbd", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
+		t.Fatalf("go build -tags rbd: %v\n%s", err, out)
+	}
+	img := "rbd/torture-preempt-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	if out, err := exec.Command("rbd", "-c", conf, "create", "--size", "64M", img).CombinedOutput(); err != nil {
+		t.Fatalf("rbd create (the rbd pool is made by TestTortureCephGateways): %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command("rbd", "-c", conf, "rm", "--no-progress", img).Run() })
+	short(t, Config{Duration: 20 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
+		Faults: []string{"preempt", "reset"}, FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+}
+
 // logsOnFailure prints the end of every target log in dir when the test
 // failed (dir goes with the test).
 func logsOnFailure(t *testing.T, dir string) {
