@@ -83,6 +83,7 @@ func (o Opcode) name() string {
 	return ""
 }
 
+// String is the opcode's name in RFC 7143 (§11.2.1.2), or its number.
 func (o Opcode) String() string {
 	if n := o.name(); n != "" {
 		return n
@@ -101,36 +102,38 @@ func (o Opcode) FromInitiator() bool { return o < 0x20 }
 type BHS [BHSLen]byte
 
 // Opcode returns the opcode.
-func (h *BHS) Opcode() Opcode { return Opcode(h[0] & 0x3f) }
+func (h *BHS) Opcode() Opcode { return Opcode(h[OffOpcode] & 0x3f) }
 
 // Immediate reports the I bit (initiator PDUs).
-func (h *BHS) Immediate() bool { return h[0]&0x40 != 0 }
+func (h *BHS) Immediate() bool { return h[OffOpcode]&0x40 != 0 }
 
 // Final reports the F bit (byte 1 bit 7).
-func (h *BHS) Final() bool { return h[1]&0x80 != 0 }
+func (h *BHS) Final() bool { return h[OffFlags]&0x80 != 0 }
 
 // TotalAHSLength returns the AHS length in bytes.
-func (h *BHS) TotalAHSLength() int { return int(h[4]) * 4 }
+func (h *BHS) TotalAHSLength() int { return int(h[OffAHSLength]) * 4 }
 
 // DataSegmentLength returns the data segment length in bytes, without
 // padding.
 func (h *BHS) DataSegmentLength() int {
-	return int(h[5])<<16 | int(h[6])<<8 | int(h[7])
+	d := h[OffDataLength : OffDataLength+3]
+	return int(d[0])<<16 | int(d[1])<<8 | int(d[2])
 }
 
 // SetDataSegmentLength sets the 24-bit data segment length.
 func (h *BHS) SetDataSegmentLength(n int) {
-	h[5], h[6], h[7] = byte(n>>16), byte(n>>8), byte(n)
+	d := h[OffDataLength : OffDataLength+3]
+	d[0], d[1], d[2] = byte(n>>16), byte(n>>8), byte(n)
 }
 
 // SetTotalAHSLength sets the AHS length, which must be a multiple of 4.
-func (h *BHS) SetTotalAHSLength(n int) { h[4] = byte(n / 4) }
+func (h *BHS) SetTotalAHSLength(n int) { h[OffAHSLength] = byte(n / 4) }
 
 // ITT returns the Initiator Task Tag (bytes 16-19).
-func (h *BHS) ITT() uint32 { return binary.BigEndian.Uint32(h[16:20]) }
+func (h *BHS) ITT() uint32 { return h.u32(OffITT) }
 
 // LUN returns bytes 8-15.
-func (h *BHS) LUN() [8]byte { return [8]byte(h[8:16]) }
+func (h *BHS) LUN() [8]byte { return [8]byte(h[OffLUN : OffLUN+8]) }
 
 // The places of the fields many opcodes share (RFC 7143 §11.2 and each
 // PDU's layout in §11.3–§11.18). The typed PDUs (Decode, Encode) use them;
@@ -153,12 +156,58 @@ const (
 	OffBufferOffset = 40 // Buffer Offset of Data-In, Data-Out, R2T; BegRun of SNACK
 )
 
+// The places of the fields of one or a few opcodes (RFC 7143 §11.3–§11.18).
+const (
+	OffOpcode        = 0  // the I bit and the opcode
+	OffStatus        = 3  // SCSI status (SCSI Response, Data-In with S)
+	OffVersionMax    = 2  // Login Request and Response (§11.12.4, §11.13.3)
+	OffVersionMin    = 3  // Login Request: Version-min; Login Response: Version-active
+	OffISID          = 8  // Login: ISID, 6 bytes
+	OffTSIH          = 14 // Login: TSIH, 2 bytes
+	OffEDTL          = 20 // SCSI Command: Expected Data Transfer Length
+	OffSNACKTag      = 20 // SCSI Response: SNACK Tag
+	OffRTT           = 20 // Task Management Request: Referenced Task Tag
+	OffCID           = 20 // Login and Logout Request: CID, 2 bytes
+	OffCDB           = 32 // SCSI Command: the CDB, 16 bytes
+	OffRefCmdSN      = 32 // Task Management Request: RefCmdSN
+	OffDataSN        = 36 // Data-In, Data-Out: DataSN
+	OffR2TSN         = 36 // R2T: R2TSN
+	OffExpDataSN     = 36 // SCSI Response, Task Management Request: ExpDataSN
+	OffAsyncEvent    = 36 // Asynchronous Message: AsyncEvent
+	OffAsyncVCode    = 37 // Asynchronous Message: AsyncVCode
+	OffStatusClass   = 36 // Login Response: Status-Class
+	OffStatusDetail  = 37 // Login Response: Status-Detail
+	OffParameter1    = 38 // Asynchronous Message: Parameter1, 2 bytes
+	OffParameter2    = 40 // Asynchronous Message: Parameter2, 2 bytes
+	OffParameter3    = 42 // Asynchronous Message: Parameter3, 2 bytes
+	OffTime2Wait     = 40 // Logout Response: Time2Wait, 2 bytes
+	OffTime2Retain   = 42 // Logout Response: Time2Retain, 2 bytes
+	OffBidiResidual  = 40 // SCSI Response: Bidirectional Read Residual Count
+	OffBegRun        = 40 // SNACK Request: BegRun
+	OffResidual      = 44 // SCSI Response, Data-In: Residual Count
+	OffDesiredLength = 44 // R2T: Desired Data Transfer Length
+	OffRunLength     = 44 // SNACK Request: RunLength
+)
+
+// putSNs writes a target PDU's StatSN, ExpCmdSN and MaxCmdSN (RFC 7143
+// §11.2: every target PDU that carries them, at the same places).
+func (h *BHS) putSNs(statSN, expCmdSN, maxCmdSN uint32) {
+	h.put32(OffStatSN, statSN)
+	h.put32(OffExpCmdSN, expCmdSN)
+	h.put32(OffMaxCmdSN, maxCmdSN)
+}
+
+// sns reads what putSNs writes.
+func (h *BHS) sns() (statSN, expCmdSN, maxCmdSN uint32) {
+	return h.u32(OffStatSN), h.u32(OffExpCmdSN), h.u32(OffMaxCmdSN)
+}
+
 // SetImmediate sets or clears the I bit (initiator PDUs).
 func (h *BHS) SetImmediate(on bool) {
 	if on {
-		h[0] |= 0x40
+		h[OffOpcode] |= 0x40
 	} else {
-		h[0] &^= 0x40
+		h[OffOpcode] &^= 0x40
 	}
 }
 
@@ -170,17 +219,29 @@ func (h *BHS) Response() byte { return h[OffResponse] }
 // one).
 func (h *BHS) TTT() uint32 { return h.u32(OffTTT) }
 
-// CmdSN returns the CmdSN of an initiator PDU; SetCmdSN sets it.
-func (h *BHS) CmdSN() uint32         { return h.u32(OffCmdSN) }
-func (h *BHS) SetCmdSN(v uint32)     { h.put32(OffCmdSN, v) }
-func (h *BHS) ExpStatSN() uint32     { return h.u32(OffExpStatSN) }
+// CmdSN returns the CmdSN of an initiator PDU.
+func (h *BHS) CmdSN() uint32 { return h.u32(OffCmdSN) }
+
+// SetCmdSN sets the CmdSN of an initiator PDU.
+func (h *BHS) SetCmdSN(v uint32) { h.put32(OffCmdSN, v) }
+
+// ExpStatSN returns the ExpStatSN of an initiator PDU.
+func (h *BHS) ExpStatSN() uint32 { return h.u32(OffExpStatSN) }
+
+// SetExpStatSN sets the ExpStatSN of an initiator PDU.
 func (h *BHS) SetExpStatSN(v uint32) { h.put32(OffExpStatSN, v) }
 
-// StatSN, ExpCmdSN and MaxCmdSN are the sequence numbers of a target PDU.
-func (h *BHS) StatSN() uint32     { return h.u32(OffStatSN) }
+// StatSN returns the StatSN of a target PDU.
+func (h *BHS) StatSN() uint32 { return h.u32(OffStatSN) }
+
+// SetStatSN sets the StatSN of a target PDU.
 func (h *BHS) SetStatSN(v uint32) { h.put32(OffStatSN, v) }
-func (h *BHS) ExpCmdSN() uint32   { return h.u32(OffExpCmdSN) }
-func (h *BHS) MaxCmdSN() uint32   { return h.u32(OffMaxCmdSN) }
+
+// ExpCmdSN returns the ExpCmdSN of a target PDU.
+func (h *BHS) ExpCmdSN() uint32 { return h.u32(OffExpCmdSN) }
+
+// MaxCmdSN returns the MaxCmdSN of a target PDU.
+func (h *BHS) MaxCmdSN() uint32 { return h.u32(OffMaxCmdSN) }
 
 // BufferOffset returns bytes 40-43: the Buffer Offset of Data-In,
 // Data-Out and R2T, the BegRun of a SNACK.

@@ -30,34 +30,38 @@ type SCSICommand struct {
 	CDB       [16]byte
 }
 
+// Encode writes p into h: the whole BHS of a SCSICommand (RFC 7143 §11.3.),
+// every field not in p zero.
 func (p *SCSICommand) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpSCSICommand)
-	h.setBit(0, 0x40, p.Immediate)
-	h.setBit(1, 0x80, p.Final)
-	h.setBit(1, 0x40, p.Read)
-	h.setBit(1, 0x20, p.Write)
-	h[1] |= p.Attr & 0x07
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.EDTL)
-	h.put32(24, p.CmdSN)
-	h.put32(28, p.ExpStatSN)
-	copy(h[32:48], p.CDB[:])
+	h[OffOpcode] = byte(OpSCSICommand)
+	h.setBit(OffOpcode, 0x40, p.Immediate)
+	h.setBit(OffFlags, 0x80, p.Final)
+	h.setBit(OffFlags, 0x40, p.Read)
+	h.setBit(OffFlags, 0x20, p.Write)
+	h[OffFlags] |= p.Attr & 0x07
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffEDTL, p.EDTL)
+	h.put32(OffCmdSN, p.CmdSN)
+	h.put32(OffExpStatSN, p.ExpStatSN)
+	copy(h[OffCDB:OffCDB+16], p.CDB[:])
 }
 
+// Decode reads p from h, a SCSICommand's BHS, and returns an *Error for
+// what RFC 7143 §11.3. forbids in it.
 func (p *SCSICommand) Decode(h *BHS) error {
 	p.Immediate = h.Immediate()
 	p.Final = h.Final()
-	p.Read = h.bit(1, 0x40)
-	p.Write = h.bit(1, 0x20)
-	p.Attr = h[1] & 0x07
+	p.Read = h.bit(OffFlags, 0x40)
+	p.Write = h.bit(OffFlags, 0x20)
+	p.Attr = h[OffFlags] & 0x07
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.EDTL = h.u32(20)
-	p.CmdSN = h.u32(24)
-	p.ExpStatSN = h.u32(28)
-	copy(p.CDB[:], h[32:48])
+	p.EDTL = h.u32(OffEDTL)
+	p.CmdSN = h.u32(OffCmdSN)
+	p.ExpStatSN = h.u32(OffExpStatSN)
+	copy(p.CDB[:], h[OffCDB:OffCDB+16])
 	if p.ITT == ReservedITT {
 		return errorf(OpSCSICommand, "§11.2.1.8", RejectInvalidPDUField, "ITT 0xffffffff is reserved")
 	}
@@ -98,41 +102,41 @@ type SCSIResponse struct {
 	Residual      uint32
 }
 
+// Encode writes p into h: the whole BHS of a SCSIResponse (RFC 7143 §11.4.),
+// every field not in p zero.
 func (p *SCSIResponse) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpSCSIResponse)
-	h[1] = 0x80
-	h.setBit(1, 0x10, p.BidiOverflow)
-	h.setBit(1, 0x08, p.BidiUnderflow)
-	h.setBit(1, 0x04, p.Overflow)
-	h.setBit(1, 0x02, p.Underflow)
-	h[2] = p.Response
-	h[3] = p.Status
-	h.put32(16, p.ITT)
-	h.put32(20, p.SNACKTag)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h.put32(36, p.ExpDataSN)
-	h.put32(40, p.BidiResidual)
-	h.put32(44, p.Residual)
+	h[OffOpcode] = byte(OpSCSIResponse)
+	h[OffFlags] = 0x80
+	h.setBit(OffFlags, 0x10, p.BidiOverflow)
+	h.setBit(OffFlags, 0x08, p.BidiUnderflow)
+	h.setBit(OffFlags, 0x04, p.Overflow)
+	h.setBit(OffFlags, 0x02, p.Underflow)
+	h[OffResponse] = p.Response
+	h[OffStatus] = p.Status
+	h.put32(OffITT, p.ITT)
+	h.put32(OffSNACKTag, p.SNACKTag)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
+	h.put32(OffExpDataSN, p.ExpDataSN)
+	h.put32(OffBidiResidual, p.BidiResidual)
+	h.put32(OffResidual, p.Residual)
 }
 
+// Decode reads p from h, a SCSIResponse's BHS, and returns an *Error for
+// what RFC 7143 §11.4. forbids in it.
 func (p *SCSIResponse) Decode(h *BHS) error {
-	p.BidiOverflow = h.bit(1, 0x10)
-	p.BidiUnderflow = h.bit(1, 0x08)
-	p.Overflow = h.bit(1, 0x04)
-	p.Underflow = h.bit(1, 0x02)
-	p.Response = h[2]
-	p.Status = h[3]
+	p.BidiOverflow = h.bit(OffFlags, 0x10)
+	p.BidiUnderflow = h.bit(OffFlags, 0x08)
+	p.Overflow = h.bit(OffFlags, 0x04)
+	p.Underflow = h.bit(OffFlags, 0x02)
+	p.Response = h[OffResponse]
+	p.Status = h[OffStatus]
 	p.ITT = h.ITT()
-	p.SNACKTag = h.u32(20)
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.ExpDataSN = h.u32(36)
-	p.BidiResidual = h.u32(40)
-	p.Residual = h.u32(44)
+	p.SNACKTag = h.u32(OffSNACKTag)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
+	p.ExpDataSN = h.u32(OffExpDataSN)
+	p.BidiResidual = h.u32(OffBidiResidual)
+	p.Residual = h.u32(OffResidual)
 	if p.Overflow && p.Underflow {
 		return errorf(OpSCSIResponse, "§11.4.5", RejectInvalidPDUField, "O and U both set")
 	}
@@ -179,30 +183,34 @@ type TaskMgmtReq struct {
 	ExpDataSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a TaskMgmtReq (RFC 7143 §11.5.),
+// every field not in p zero.
 func (p *TaskMgmtReq) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpTaskMgmtReq)
-	h.setBit(0, 0x40, p.Immediate)
-	h[1] = 0x80 | p.Function&0x7f
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.RTT)
-	h.put32(24, p.CmdSN)
-	h.put32(28, p.ExpStatSN)
-	h.put32(32, p.RefCmdSN)
-	h.put32(36, p.ExpDataSN)
+	h[OffOpcode] = byte(OpTaskMgmtReq)
+	h.setBit(OffOpcode, 0x40, p.Immediate)
+	h[OffFlags] = 0x80 | p.Function&0x7f
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffRTT, p.RTT)
+	h.put32(OffCmdSN, p.CmdSN)
+	h.put32(OffExpStatSN, p.ExpStatSN)
+	h.put32(OffRefCmdSN, p.RefCmdSN)
+	h.put32(OffExpDataSN, p.ExpDataSN)
 }
 
+// Decode reads p from h, a TaskMgmtReq's BHS, and returns an *Error for
+// what RFC 7143 §11.5. forbids in it.
 func (p *TaskMgmtReq) Decode(h *BHS) error {
 	p.Immediate = h.Immediate()
-	p.Function = h[1] & 0x7f
+	p.Function = h[OffFlags] & 0x7f
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.RTT = h.u32(20)
-	p.CmdSN = h.u32(24)
-	p.ExpStatSN = h.u32(28)
-	p.RefCmdSN = h.u32(32)
-	p.ExpDataSN = h.u32(36)
+	p.RTT = h.u32(OffRTT)
+	p.CmdSN = h.u32(OffCmdSN)
+	p.ExpStatSN = h.u32(OffExpStatSN)
+	p.RefCmdSN = h.u32(OffRefCmdSN)
+	p.ExpDataSN = h.u32(OffExpDataSN)
 	if !h.Final() {
 		return errorf(OpTaskMgmtReq, "§11.5", RejectInvalidPDUField, "F bit must be 1")
 	}
@@ -221,23 +229,23 @@ type TaskMgmtResp struct {
 	MaxCmdSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a TaskMgmtResp (RFC 7143 §11.6.),
+// every field not in p zero.
 func (p *TaskMgmtResp) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpTaskMgmtResp)
-	h[1] = 0x80
-	h[2] = p.Response
-	h.put32(16, p.ITT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
+	h[OffOpcode] = byte(OpTaskMgmtResp)
+	h[OffFlags] = 0x80
+	h[OffResponse] = p.Response
+	h.put32(OffITT, p.ITT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
 }
 
+// Decode reads p from h, a TaskMgmtResp's BHS, and returns an *Error for
+// what RFC 7143 §11.6. forbids in it.
 func (p *TaskMgmtResp) Decode(h *BHS) error {
-	p.Response = h[2]
+	p.Response = h[OffResponse]
 	p.ITT = h.ITT()
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
 	return nil
 }
 
@@ -252,26 +260,30 @@ type DataOut struct {
 	Offset    uint32
 }
 
+// Encode writes p into h: the whole BHS of a DataOut (RFC 7143 §11.7),
+// every field not in p zero.
 func (p *DataOut) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpDataOut)
-	h.setBit(1, 0x80, p.Final)
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(28, p.ExpStatSN)
-	h.put32(36, p.DataSN)
-	h.put32(40, p.Offset)
+	h[OffOpcode] = byte(OpDataOut)
+	h.setBit(OffFlags, 0x80, p.Final)
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.put32(OffExpStatSN, p.ExpStatSN)
+	h.put32(OffDataSN, p.DataSN)
+	h.put32(OffBufferOffset, p.Offset)
 }
 
+// Decode reads p from h, a DataOut's BHS, and returns an *Error for
+// what RFC 7143 §11.7 forbids in it.
 func (p *DataOut) Decode(h *BHS) error {
 	p.Final = h.Final()
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.ExpStatSN = h.u32(28)
-	p.DataSN = h.u32(36)
-	p.Offset = h.u32(40)
+	p.TTT = h.u32(OffTTT)
+	p.ExpStatSN = h.u32(OffExpStatSN)
+	p.DataSN = h.u32(OffDataSN)
+	p.Offset = h.u32(OffBufferOffset)
 	if h.Immediate() {
 		return errorf(OpDataOut, "§11.7", RejectInvalidPDUField, "I bit set on Data-Out")
 	}
@@ -297,49 +309,53 @@ type DataIn struct {
 	Residual  uint32
 }
 
+// Encode writes p into h: the whole BHS of a DataIn (RFC 7143 §11.7),
+// every field not in p zero.
 func (p *DataIn) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpDataIn)
-	h.setBit(1, 0x80, p.Final)
-	h.setBit(1, 0x40, p.Ack)
-	h.setBit(1, 0x04, p.Overflow)
-	h.setBit(1, 0x02, p.Underflow)
-	h.setBit(1, 0x01, p.HasStatus)
+	h[OffOpcode] = byte(OpDataIn)
+	h.setBit(OffFlags, 0x80, p.Final)
+	h.setBit(OffFlags, 0x40, p.Ack)
+	h.setBit(OffFlags, 0x04, p.Overflow)
+	h.setBit(OffFlags, 0x02, p.Underflow)
+	h.setBit(OffFlags, 0x01, p.HasStatus)
 	if p.HasStatus {
-		h[3] = p.Status
-		h.put32(24, p.StatSN)
-		h.put32(44, p.Residual)
+		h[OffStatus] = p.Status
+		h.put32(OffStatSN, p.StatSN)
+		h.put32(OffResidual, p.Residual)
 	}
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h.put32(36, p.DataSN)
-	h.put32(40, p.Offset)
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.put32(OffExpCmdSN, p.ExpCmdSN)
+	h.put32(OffMaxCmdSN, p.MaxCmdSN)
+	h.put32(OffDataSN, p.DataSN)
+	h.put32(OffBufferOffset, p.Offset)
 }
 
+// Decode reads p from h, a DataIn's BHS, and returns an *Error for
+// what RFC 7143 §11.7 forbids in it.
 func (p *DataIn) Decode(h *BHS) error {
 	p.Final = h.Final()
-	p.Ack = h.bit(1, 0x40)
-	p.Overflow = h.bit(1, 0x04)
-	p.Underflow = h.bit(1, 0x02)
-	p.HasStatus = h.bit(1, 0x01)
+	p.Ack = h.bit(OffFlags, 0x40)
+	p.Overflow = h.bit(OffFlags, 0x04)
+	p.Underflow = h.bit(OffFlags, 0x02)
+	p.HasStatus = h.bit(OffFlags, 0x01)
 	// Status, StatSN and Residual Count are defined only with S=1 (RFC
 	// 7143 §11.7.4, §11.7.5).
 	p.Status, p.StatSN, p.Residual = 0, 0, 0
 	if p.HasStatus {
-		p.Status = h[3]
-		p.StatSN = h.u32(24)
-		p.Residual = h.u32(44)
+		p.Status = h[OffStatus]
+		p.StatSN = h.u32(OffStatSN)
+		p.Residual = h.u32(OffResidual)
 	}
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.DataSN = h.u32(36)
-	p.Offset = h.u32(40)
+	p.TTT = h.u32(OffTTT)
+	p.ExpCmdSN = h.u32(OffExpCmdSN)
+	p.MaxCmdSN = h.u32(OffMaxCmdSN)
+	p.DataSN = h.u32(OffDataSN)
+	p.Offset = h.u32(OffBufferOffset)
 	if p.HasStatus && !p.Final {
 		return errorf(OpDataIn, "§11.7.2", RejectProtocolError, "S bit set without F bit")
 	}
@@ -362,31 +378,31 @@ type R2T struct {
 	Desired  uint32 // Desired Data Transfer Length
 }
 
+// Encode writes p into h: the whole BHS of a R2T (RFC 7143 §11.8.),
+// every field not in p zero.
 func (p *R2T) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpR2T)
-	h[1] = 0x80
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h.put32(36, p.R2TSN)
-	h.put32(40, p.Offset)
-	h.put32(44, p.Desired)
+	h[OffOpcode] = byte(OpR2T)
+	h[OffFlags] = 0x80
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
+	h.put32(OffR2TSN, p.R2TSN)
+	h.put32(OffBufferOffset, p.Offset)
+	h.put32(OffDesiredLength, p.Desired)
 }
 
+// Decode reads p from h, a R2T's BHS, and returns an *Error for
+// what RFC 7143 §11.8. forbids in it.
 func (p *R2T) Decode(h *BHS) error {
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.R2TSN = h.u32(36)
-	p.Offset = h.u32(40)
-	p.Desired = h.u32(44)
+	p.TTT = h.u32(OffTTT)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
+	p.R2TSN = h.u32(OffR2TSN)
+	p.Offset = h.u32(OffBufferOffset)
+	p.Desired = h.u32(OffDesiredLength)
 	if p.TTT == ReservedTTT {
 		return errorf(OpR2T, "§11.8.4", RejectInvalidPDUField, "TTT 0xffffffff is reserved")
 	}
@@ -419,32 +435,32 @@ type AsyncMsg struct {
 	Parameter3 uint16
 }
 
+// Encode writes p into h: the whole BHS of a AsyncMsg (RFC 7143 §11.9.),
+// every field not in p zero.
 func (p *AsyncMsg) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpAsyncMsg)
-	h[1] = 0x80
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, ReservedITT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h[36] = p.Event
-	h[37] = p.VCode
-	h.put16(38, p.Parameter1)
-	h.put16(40, p.Parameter2)
-	h.put16(42, p.Parameter3)
+	h[OffOpcode] = byte(OpAsyncMsg)
+	h[OffFlags] = 0x80
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, ReservedITT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
+	h[OffAsyncEvent] = p.Event
+	h[OffAsyncVCode] = p.VCode
+	h.put16(OffParameter1, p.Parameter1)
+	h.put16(OffParameter2, p.Parameter2)
+	h.put16(OffParameter3, p.Parameter3)
 }
 
+// Decode reads p from h, a AsyncMsg's BHS, and returns an *Error for
+// what RFC 7143 §11.9. forbids in it.
 func (p *AsyncMsg) Decode(h *BHS) error {
 	p.LUN = h.LUN()
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.Event = h[36]
-	p.VCode = h[37]
-	p.Parameter1 = h.u16(38)
-	p.Parameter2 = h.u16(40)
-	p.Parameter3 = h.u16(42)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
+	p.Event = h[OffAsyncEvent]
+	p.VCode = h[OffAsyncVCode]
+	p.Parameter1 = h.u16(OffParameter1)
+	p.Parameter2 = h.u16(OffParameter2)
+	p.Parameter3 = h.u16(OffParameter3)
 	if h.ITT() != ReservedITT {
 		return errorf(OpAsyncMsg, "§11.9", RejectInvalidPDUField, "ITT must be 0xffffffff")
 	}
@@ -463,28 +479,32 @@ type TextReq struct {
 	ExpStatSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a TextReq (RFC 7143 §11.10.),
+// every field not in p zero.
 func (p *TextReq) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpTextReq)
-	h.setBit(0, 0x40, p.Immediate)
-	h.setBit(1, 0x80, p.Final)
-	h.setBit(1, 0x40, p.Continue)
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(24, p.CmdSN)
-	h.put32(28, p.ExpStatSN)
+	h[OffOpcode] = byte(OpTextReq)
+	h.setBit(OffOpcode, 0x40, p.Immediate)
+	h.setBit(OffFlags, 0x80, p.Final)
+	h.setBit(OffFlags, 0x40, p.Continue)
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.put32(OffCmdSN, p.CmdSN)
+	h.put32(OffExpStatSN, p.ExpStatSN)
 }
 
+// Decode reads p from h, a TextReq's BHS, and returns an *Error for
+// what RFC 7143 §11.10. forbids in it.
 func (p *TextReq) Decode(h *BHS) error {
 	p.Immediate = h.Immediate()
 	p.Final = h.Final()
-	p.Continue = h.bit(1, 0x40)
+	p.Continue = h.bit(OffFlags, 0x40)
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.CmdSN = h.u32(24)
-	p.ExpStatSN = h.u32(28)
+	p.TTT = h.u32(OffTTT)
+	p.CmdSN = h.u32(OffCmdSN)
+	p.ExpStatSN = h.u32(OffExpStatSN)
 	if p.Final && p.Continue {
 		return errorf(OpTextReq, "§11.10.2", RejectProtocolError, "F and C both set")
 	}
@@ -506,28 +526,28 @@ type TextResp struct {
 	MaxCmdSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a TextResp (RFC 7143 §11.11.),
+// every field not in p zero.
 func (p *TextResp) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpTextResp)
-	h.setBit(1, 0x80, p.Final)
-	h.setBit(1, 0x40, p.Continue)
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
+	h[OffOpcode] = byte(OpTextResp)
+	h.setBit(OffFlags, 0x80, p.Final)
+	h.setBit(OffFlags, 0x40, p.Continue)
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
 }
 
+// Decode reads p from h, a TextResp's BHS, and returns an *Error for
+// what RFC 7143 §11.11. forbids in it.
 func (p *TextResp) Decode(h *BHS) error {
 	p.Final = h.Final()
-	p.Continue = h.bit(1, 0x40)
+	p.Continue = h.bit(OffFlags, 0x40)
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
+	p.TTT = h.u32(OffTTT)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
 	if p.Final && p.Continue {
 		return errorf(OpTextResp, "§11.11.2", RejectProtocolError, "F and C both set")
 	}
@@ -559,35 +579,39 @@ type LoginReq struct {
 	ExpStatSN  uint32
 }
 
+// Encode writes p into h: the whole BHS of a LoginReq (RFC 7143 §11.12.),
+// every field not in p zero.
 func (p *LoginReq) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpLoginReq) | 0x40 // I is always 1 (§11.12)
-	h.setBit(1, 0x80, p.Transit)
-	h.setBit(1, 0x40, p.Continue)
-	h[1] |= (p.CSG&3)<<2 | p.NSG&3
-	h[2] = p.VersionMax
-	h[3] = p.VersionMin
-	copy(h[8:14], p.ISID[:])
-	h.put16(14, p.TSIH)
-	h.put32(16, p.ITT)
-	h.put16(20, p.CID)
-	h.put32(24, p.CmdSN)
-	h.put32(28, p.ExpStatSN)
+	h[OffOpcode] = byte(OpLoginReq) | 0x40 // I is always 1 (§11.12)
+	h.setBit(OffFlags, 0x80, p.Transit)
+	h.setBit(OffFlags, 0x40, p.Continue)
+	h[OffFlags] |= (p.CSG&3)<<2 | p.NSG&3
+	h[OffVersionMax] = p.VersionMax
+	h[OffVersionMin] = p.VersionMin
+	copy(h[OffISID:OffISID+6], p.ISID[:])
+	h.put16(OffTSIH, p.TSIH)
+	h.put32(OffITT, p.ITT)
+	h.put16(OffCID, p.CID)
+	h.put32(OffCmdSN, p.CmdSN)
+	h.put32(OffExpStatSN, p.ExpStatSN)
 }
 
+// Decode reads p from h, a LoginReq's BHS, and returns an *Error for
+// what RFC 7143 §11.12. forbids in it.
 func (p *LoginReq) Decode(h *BHS) error {
 	p.Transit = h.Final()
-	p.Continue = h.bit(1, 0x40)
-	p.CSG = (h[1] >> 2) & 3
-	p.NSG = h[1] & 3
-	p.VersionMax = h[2]
-	p.VersionMin = h[3]
-	copy(p.ISID[:], h[8:14])
-	p.TSIH = h.u16(14)
+	p.Continue = h.bit(OffFlags, 0x40)
+	p.CSG = (h[OffFlags] >> 2) & 3
+	p.NSG = h[OffFlags] & 3
+	p.VersionMax = h[OffVersionMax]
+	p.VersionMin = h[OffVersionMin]
+	copy(p.ISID[:], h[OffISID:OffISID+6])
+	p.TSIH = h.u16(OffTSIH)
 	p.ITT = h.ITT()
-	p.CID = h.u16(20)
-	p.CmdSN = h.u32(24)
-	p.ExpStatSN = h.u32(28)
+	p.CID = h.u16(OffCID)
+	p.CmdSN = h.u32(OffCmdSN)
+	p.ExpStatSN = h.u32(OffExpStatSN)
 	if p.Transit && p.Continue {
 		return errorf(OpLoginReq, "§11.12.2", RejectProtocolError, "T and C both set")
 	}
@@ -647,39 +671,39 @@ type LoginResp struct {
 	StatusDetail  byte
 }
 
+// Encode writes p into h: the whole BHS of a LoginResp (RFC 7143 §11.13.),
+// every field not in p zero.
 func (p *LoginResp) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpLoginResp)
-	h.setBit(1, 0x80, p.Transit)
-	h.setBit(1, 0x40, p.Continue)
-	h[1] |= (p.CSG&3)<<2 | p.NSG&3
-	h[2] = p.VersionMax
-	h[3] = p.VersionActive
-	copy(h[8:14], p.ISID[:])
-	h.put16(14, p.TSIH)
-	h.put32(16, p.ITT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h[36] = p.StatusClass
-	h[37] = p.StatusDetail
+	h[OffOpcode] = byte(OpLoginResp)
+	h.setBit(OffFlags, 0x80, p.Transit)
+	h.setBit(OffFlags, 0x40, p.Continue)
+	h[OffFlags] |= (p.CSG&3)<<2 | p.NSG&3
+	h[OffVersionMax] = p.VersionMax
+	h[OffVersionMin] = p.VersionActive
+	copy(h[OffISID:OffISID+6], p.ISID[:])
+	h.put16(OffTSIH, p.TSIH)
+	h.put32(OffITT, p.ITT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
+	h[OffStatusClass] = p.StatusClass
+	h[OffStatusDetail] = p.StatusDetail
 }
 
+// Decode reads p from h, a LoginResp's BHS, and returns an *Error for
+// what RFC 7143 §11.13. forbids in it.
 func (p *LoginResp) Decode(h *BHS) error {
 	p.Transit = h.Final()
-	p.Continue = h.bit(1, 0x40)
-	p.CSG = (h[1] >> 2) & 3
-	p.NSG = h[1] & 3
-	p.VersionMax = h[2]
-	p.VersionActive = h[3]
-	copy(p.ISID[:], h[8:14])
-	p.TSIH = h.u16(14)
+	p.Continue = h.bit(OffFlags, 0x40)
+	p.CSG = (h[OffFlags] >> 2) & 3
+	p.NSG = h[OffFlags] & 3
+	p.VersionMax = h[OffVersionMax]
+	p.VersionActive = h[OffVersionMin]
+	copy(p.ISID[:], h[OffISID:OffISID+6])
+	p.TSIH = h.u16(OffTSIH)
 	p.ITT = h.ITT()
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.StatusClass = h[36]
-	p.StatusDetail = h[37]
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
+	p.StatusClass = h[OffStatusClass]
+	p.StatusDetail = h[OffStatusDetail]
 	if p.Transit && p.Continue {
 		return errorf(OpLoginResp, "§11.13.2", RejectProtocolError, "T and C both set")
 	}
@@ -703,24 +727,28 @@ type LogoutReq struct {
 	ExpStatSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a LogoutReq (RFC 7143 §11.14.),
+// every field not in p zero.
 func (p *LogoutReq) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpLogoutReq)
-	h.setBit(0, 0x40, p.Immediate)
-	h[1] = 0x80 | p.Reason&0x7f
-	h.put32(16, p.ITT)
-	h.put16(20, p.CID)
-	h.put32(24, p.CmdSN)
-	h.put32(28, p.ExpStatSN)
+	h[OffOpcode] = byte(OpLogoutReq)
+	h.setBit(OffOpcode, 0x40, p.Immediate)
+	h[OffFlags] = 0x80 | p.Reason&0x7f
+	h.put32(OffITT, p.ITT)
+	h.put16(OffCID, p.CID)
+	h.put32(OffCmdSN, p.CmdSN)
+	h.put32(OffExpStatSN, p.ExpStatSN)
 }
 
+// Decode reads p from h, a LogoutReq's BHS, and returns an *Error for
+// what RFC 7143 §11.14. forbids in it.
 func (p *LogoutReq) Decode(h *BHS) error {
 	p.Immediate = h.Immediate()
-	p.Reason = h[1] & 0x7f
+	p.Reason = h[OffFlags] & 0x7f
 	p.ITT = h.ITT()
-	p.CID = h.u16(20)
-	p.CmdSN = h.u32(24)
-	p.ExpStatSN = h.u32(28)
+	p.CID = h.u16(OffCID)
+	p.CmdSN = h.u32(OffCmdSN)
+	p.ExpStatSN = h.u32(OffExpStatSN)
 	if !h.Final() {
 		return errorf(OpLogoutReq, "§11.14", RejectInvalidPDUField, "F bit must be 1")
 	}
@@ -749,27 +777,27 @@ type LogoutResp struct {
 	Time2Retain uint16
 }
 
+// Encode writes p into h: the whole BHS of a LogoutResp (RFC 7143 §11.15.),
+// every field not in p zero.
 func (p *LogoutResp) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpLogoutResp)
-	h[1] = 0x80
-	h[2] = p.Response
-	h.put32(16, p.ITT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h.put16(40, p.Time2Wait)
-	h.put16(42, p.Time2Retain)
+	h[OffOpcode] = byte(OpLogoutResp)
+	h[OffFlags] = 0x80
+	h[OffResponse] = p.Response
+	h.put32(OffITT, p.ITT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
+	h.put16(OffTime2Wait, p.Time2Wait)
+	h.put16(OffTime2Retain, p.Time2Retain)
 }
 
+// Decode reads p from h, a LogoutResp's BHS, and returns an *Error for
+// what RFC 7143 §11.15. forbids in it.
 func (p *LogoutResp) Decode(h *BHS) error {
-	p.Response = h[2]
+	p.Response = h[OffResponse]
 	p.ITT = h.ITT()
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.Time2Wait = h.u16(40)
-	p.Time2Retain = h.u16(42)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
+	p.Time2Wait = h.u16(OffTime2Wait)
+	p.Time2Retain = h.u16(OffTime2Retain)
 	return nil
 }
 
@@ -792,26 +820,30 @@ type SNACKReq struct {
 	RunLength uint32
 }
 
+// Encode writes p into h: the whole BHS of a SNACKReq (RFC 7143 §11.16.),
+// every field not in p zero.
 func (p *SNACKReq) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpSNACKReq)
-	h[1] = 0x80 | p.Type&0x0f
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(28, p.ExpStatSN)
-	h.put32(40, p.BegRun)
-	h.put32(44, p.RunLength)
+	h[OffOpcode] = byte(OpSNACKReq)
+	h[OffFlags] = 0x80 | p.Type&0x0f
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.put32(OffExpStatSN, p.ExpStatSN)
+	h.put32(OffBegRun, p.BegRun)
+	h.put32(OffRunLength, p.RunLength)
 }
 
+// Decode reads p from h, a SNACKReq's BHS, and returns an *Error for
+// what RFC 7143 §11.16. forbids in it.
 func (p *SNACKReq) Decode(h *BHS) error {
-	p.Type = h[1] & 0x0f
+	p.Type = h[OffFlags] & 0x0f
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.ExpStatSN = h.u32(28)
-	p.BegRun = h.u32(40)
-	p.RunLength = h.u32(44)
+	p.TTT = h.u32(OffTTT)
+	p.ExpStatSN = h.u32(OffExpStatSN)
+	p.BegRun = h.u32(OffBegRun)
+	p.RunLength = h.u32(OffRunLength)
 	if p.Type > SNACKRData {
 		return errorf(OpSNACKReq, "§11.16.1", RejectInvalidPDUField, "SNACK type %d is reserved", p.Type)
 	}
@@ -828,24 +860,24 @@ type Reject struct {
 	DataSN   uint32 // DataSN/R2TSN
 }
 
+// Encode writes p into h: the whole BHS of a Reject (RFC 7143 §11.17.),
+// every field not in p zero.
 func (p *Reject) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpReject)
-	h[1] = 0x80
-	h[2] = byte(p.Reason)
-	h.put32(16, ReservedITT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
-	h.put32(36, p.DataSN)
+	h[OffOpcode] = byte(OpReject)
+	h[OffFlags] = 0x80
+	h[OffResponse] = byte(p.Reason)
+	h.put32(OffITT, ReservedITT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
+	h.put32(OffDataSN, p.DataSN)
 }
 
+// Decode reads p from h, a Reject's BHS, and returns an *Error for
+// what RFC 7143 §11.17. forbids in it.
 func (p *Reject) Decode(h *BHS) error {
-	p.Reason = RejectReason(h[2])
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
-	p.DataSN = h.u32(36)
+	p.Reason = RejectReason(h[OffResponse])
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
+	p.DataSN = h.u32(OffDataSN)
 	if h.DataSegmentLength() < BHSLen {
 		return errorf(OpReject, "§11.17", RejectProtocolError, "data segment of %d bytes cannot hold the rejected header", h.DataSegmentLength())
 	}
@@ -862,25 +894,29 @@ type NopOut struct {
 	ExpStatSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a NopOut (RFC 7143 §11.18.),
+// every field not in p zero.
 func (p *NopOut) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpNopOut)
-	h.setBit(0, 0x40, p.Immediate)
-	h[1] = 0x80
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(24, p.CmdSN)
-	h.put32(28, p.ExpStatSN)
+	h[OffOpcode] = byte(OpNopOut)
+	h.setBit(OffOpcode, 0x40, p.Immediate)
+	h[OffFlags] = 0x80
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.put32(OffCmdSN, p.CmdSN)
+	h.put32(OffExpStatSN, p.ExpStatSN)
 }
 
+// Decode reads p from h, a NopOut's BHS, and returns an *Error for
+// what RFC 7143 §11.18. forbids in it.
 func (p *NopOut) Decode(h *BHS) error {
 	p.Immediate = h.Immediate()
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.CmdSN = h.u32(24)
-	p.ExpStatSN = h.u32(28)
+	p.TTT = h.u32(OffTTT)
+	p.CmdSN = h.u32(OffCmdSN)
+	p.ExpStatSN = h.u32(OffExpStatSN)
 	if !h.Final() {
 		return errorf(OpNopOut, "§11.18", RejectInvalidPDUField, "F bit must be 1")
 	}
@@ -902,25 +938,25 @@ type NopIn struct {
 	MaxCmdSN uint32
 }
 
+// Encode writes p into h: the whole BHS of a NopIn (RFC 7143 §11.19.),
+// every field not in p zero.
 func (p *NopIn) Encode(h *BHS) {
 	*h = BHS{}
-	h[0] = byte(OpNopIn)
-	h[1] = 0x80
-	copy(h[8:16], p.LUN[:])
-	h.put32(16, p.ITT)
-	h.put32(20, p.TTT)
-	h.put32(24, p.StatSN)
-	h.put32(28, p.ExpCmdSN)
-	h.put32(32, p.MaxCmdSN)
+	h[OffOpcode] = byte(OpNopIn)
+	h[OffFlags] = 0x80
+	copy(h[OffLUN:OffLUN+8], p.LUN[:])
+	h.put32(OffITT, p.ITT)
+	h.put32(OffTTT, p.TTT)
+	h.putSNs(p.StatSN, p.ExpCmdSN, p.MaxCmdSN)
 }
 
+// Decode reads p from h, a NopIn's BHS, and returns an *Error for
+// what RFC 7143 §11.19. forbids in it.
 func (p *NopIn) Decode(h *BHS) error {
 	p.LUN = h.LUN()
 	p.ITT = h.ITT()
-	p.TTT = h.u32(20)
-	p.StatSN = h.u32(24)
-	p.ExpCmdSN = h.u32(28)
-	p.MaxCmdSN = h.u32(32)
+	p.TTT = h.u32(OffTTT)
+	p.StatSN, p.ExpCmdSN, p.MaxCmdSN = h.sns()
 	// ITT and TTT both 0xffffffff is a one-way NOP-In: the target wants
 	// no NOP-Out back (RFC 7143 §11.19.1, §11.19.2); tgt sends them.
 	return nil

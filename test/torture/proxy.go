@@ -180,17 +180,6 @@ func (ps proxies) addrs() []string {
 	return out
 }
 
-// others are the addresses of every proxy but i.
-func (ps proxies) others(i int) []string {
-	var out []string
-	for j, p := range ps {
-		if j != i {
-			out = append(out, p.Addr())
-		}
-	}
-	return out
-}
-
 func (ps proxies) Reset() {
 	for _, p := range ps {
 		p.Reset()
