@@ -287,25 +287,7 @@ func TestTorturePreempt(t *testing.T) {
 // partitions and delays. Needs a cluster: BLOCKWIRE_CEPH_CONF names its
 // ceph.conf (.ci/run's Ceph stage sets it; test/ceph/up.sh starts one).
 func TestTortureCephGateways(t *testing.T) {
-	conf := os.Getenv("BLOCKWIRE_CEPH_CONF")
-	if conf == "" {
-		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
-	}
-	dir := t.TempDir()
-	logsOnFailure(t, dir)
-	bin := filepath.Join(dir, "blockwire-rbd")
-	if out, err := exec.Command("go", "build", "-tags", "rbd", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
-		t.Fatalf("go build -tags rbd: %v\n%s", err, out)
-	}
-	if out, err := exec.Command("ceph", "-c", conf, "osd", "pool", "ls").CombinedOutput(); err != nil || !strings.Contains(string(out), "rbd\n") {
-		exec.Command("ceph", "-c", conf, "osd", "pool", "create", "rbd", "8").Run()
-		exec.Command("rbd", "-c", conf, "pool", "init", "rbd").Run()
-	}
-	img := "rbd/torture-" + strconv.FormatInt(time.Now().UnixNano(), 36)
-	if out, err := exec.Command("rbd", "-c", conf, "create", "--size", "64M", img).CombinedOutput(); err != nil {
-		t.Fatalf("rbd create: %v\n%s", err, out)
-	}
-	t.Cleanup(func() { exec.Command("rbd", "-c", conf, "rm", "--no-progress", img).Run() })
+	conf, bin, dir, img := cephGateways(t, "torture")
 	rep := short(t, Config{Duration: 45 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
 		Faults: []string{"crash", "reset", "partition", "delay"}}, porcupine.Ok)
 	if rep.Faults["crash"] == 0 {
@@ -323,23 +305,43 @@ func TestTortureCephGateways(t *testing.T) {
 // gateway ends the victim's writes on the other too before it completes
 // (scsitarget/prgate.go), so none lands after it. (The Ceph stage.)
 func TestTortureCephGatewaysPreempt(t *testing.T) {
-	conf := os.Getenv("BLOCKWIRE_CEPH_CONF")
+	conf, bin, dir, img := cephGateways(t, "torture-preempt")
+	short(t, Config{Duration: 20 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
+		Faults: []string{"preempt", "reset"}, FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+}
+
+// cephGateways is what a run on gateways of one Ceph RBD image needs: the
+// cluster's ceph.conf (BLOCKWIRE_CEPH_CONF; the test is skipped without
+// one: .ci/run's Ceph stage sets it, test/ceph/up.sh starts a cluster),
+// the rbd build of blockwire, a directory for its logs (printed when the
+// test fails) and a new image named after prefix, removed at the end.
+func cephGateways(t *testing.T, prefix string) (conf, bin, dir, img string) {
+	t.Helper()
+	conf = os.Getenv("BLOCKWIRE_CEPH_CONF")
 	if conf == "" {
 		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
 	}
-	dir := t.TempDir()
+	dir = t.TempDir()
 	logsOnFailure(t, dir)
-	bin := filepath.Join(dir, "blockwire-rbd")
+	bin = filepath.Join(dir, "blockwire-rbd")
 	if out, err := exec.Command("go", "build", "-tags", "rbd", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
 		t.Fatalf("go build -tags rbd: %v\n%s", err, out)
 	}
-	img := "rbd/torture-preempt-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	rbdPool(conf)
+	img = "rbd/" + prefix + "-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 	if out, err := exec.Command("rbd", "-c", conf, "create", "--size", "64M", img).CombinedOutput(); err != nil {
-		t.Fatalf("rbd create (the rbd pool is made by TestTortureCephGateways): %v\n%s", err, out)
+		t.Fatalf("rbd create: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { exec.Command("rbd", "-c", conf, "rm", "--no-progress", img).Run() })
-	short(t, Config{Duration: 20 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
-		Faults: []string{"preempt", "reset"}, FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
+	return conf, bin, dir, img
+}
+
+// rbdPool makes the cluster's "rbd" pool unless it is there.
+func rbdPool(conf string) {
+	if out, err := exec.Command("ceph", "-c", conf, "osd", "pool", "ls").CombinedOutput(); err != nil || !strings.Contains(string(out), "rbd\n") {
+		exec.Command("ceph", "-c", conf, "osd", "pool", "create", "rbd", "8").Run()
+		exec.Command("rbd", "-c", conf, "pool", "init", "rbd").Run()
+	}
 }
 
 // logsOnFailure prints the end of every target log in dir when the test
@@ -629,16 +631,17 @@ func TestTortureCephGatewaysCatchStaleReservations(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "blockwire-rbd-stale")
 	build := exec.Command("go", "build", "-tags", "rbd", "-overlay", overlay(t, root, dir, "scsitarget/pr.go",
-		"\t\tif v == 0 || v != p.known.Load() {\n\t\t\tp.stale.Store(true)\n\t\t}\n\t}); err != nil {",
-		"\t\t_ = v\n\t}); err != nil {"), "-o", bin, "./cmd/blockwire")
+		"\t\tif v == 0 || v != p.known.Load() {\n\t\t\tp.stale.Store(true)\n",
+		"\t\tif v == 0 || v != p.known.Load() {\n"), "-o", bin, "./cmd/blockwire")
 	build.Dir = root
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building the mutant: %v\n%s", err, out)
 	}
+	rbdPool(conf)
 	for try, seed := range []uint64{7, 8} {
 		img := "rbd/torture-stale-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		if out, err := exec.Command("rbd", "-c", conf, "create", "--size", "64M", img).CombinedOutput(); err != nil {
-			t.Fatalf("rbd create (the rbd pool is made by TestTortureCephGateways): %v\n%s", err, out)
+			t.Fatalf("rbd create: %v\n%s", err, out)
 		}
 		t.Cleanup(func() { exec.Command("rbd", "-c", conf, "rm", "--no-progress", img).Run() })
 		rep, err := Run(context.Background(), Config{Duration: 15 * time.Second, Seed: seed, Binary: bin, Dir: t.TempDir(), RBD: img,
