@@ -69,7 +69,7 @@ type end struct {
 
 	mu      sync.Mutex
 	buffers map[uint32][]byte // by ITT: where Data-In (initiator) or Data-Out (target) lands
-	placed  map[uint32]int    // by ITT: bytes placed by Data-In / Data-Out PDUs
+	placed  map[uint32]int    // by ITT: bytes of Data-In / Data-Out PDUs delivered (their data in place)
 
 	statSN, expCmdSN atomic.Uint32 // the target's, for its stamper
 	pdus             chan *datamover.PDU
@@ -149,7 +149,6 @@ func (e *end) DataBuffer(h *pdu.BHS) ([]byte, error) {
 	if buf == nil || off+n > len(buf) {
 		return nil, fmt.Errorf("dmtest: %s for ITT %#x at %d+%d outside its %d-byte buffer", op, h.ITT(), off, n, len(buf))
 	}
-	e.placed[h.ITT()] += n
 	return buf[off : off+n], nil
 }
 
@@ -158,6 +157,13 @@ func (e *end) DataBuffer(h *pdu.BHS) ([]byte, error) {
 // Data-Out, off the receiving goroutine as an iSCSI layer must.
 func (e *end) ControlNotify(p *datamover.PDU) error {
 	c := &datamover.PDU{BHS: p.BHS, AHS: bytes.Clone(p.AHS), Data: bytes.Clone(p.Data)}
+	if op := p.BHS.Opcode(); op == pdu.OpDataIn || op == pdu.OpDataOut {
+		// Its data is in the buffer DataBuffer gave (not before: the
+		// datamover reads it in between).
+		e.mu.Lock()
+		e.placed[p.BHS.ITT()] += p.BHS.DataSegmentLength()
+		e.mu.Unlock()
+	}
 	if op := p.BHS.Opcode(); op == pdu.OpLoginReq || op == pdu.OpLoginResp {
 		if err := e.enable(c); err != nil {
 			return err
