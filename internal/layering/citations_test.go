@@ -18,21 +18,10 @@ func TestCitationsNameTheirDocuments(t *testing.T) {
 	bad := regexp.MustCompile(`(?i)\b(issue #?\d+|seeds? 00\d)\b`)
 	split := regexp.MustCompile(`(?i)\b(issue|seeds?)\s*$`)
 	number := regexp.MustCompile(`^\s*//\s*#?\d`)
-	files := 0
-	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if d.IsDir() && path != "../.." && strings.HasPrefix(d.Name(), ".") {
-			return filepath.SkipDir
-		}
-		if d.IsDir() || !strings.HasSuffix(path, ".go") {
-			return nil
-		}
-		files++
+	for _, path := range goFiles(t, true) {
 		b, err := os.ReadFile(path)
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		lines := strings.Split(string(b), "\n")
 		for n, line := range lines {
@@ -44,12 +33,31 @@ func TestCitationsNameTheirDocuments(t *testing.T) {
 				t.Errorf("%s:%d cites a seed file or an issue by number across the line break: name the document instead", path, n+1)
 			}
 		}
+	}
+}
+
+// goFiles are the module's Go files (its tests too, with tests), outside
+// hidden directories; the test fails when there are implausibly few.
+func goFiles(t *testing.T, tests bool) []string {
+	t.Helper()
+	var out []string
+	err := filepath.WalkDir("../..", func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != "../.." && strings.HasPrefix(d.Name(), ".") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".go") && (tests || !strings.HasSuffix(path, "_test.go")) {
+			out = append(out, path)
+		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if files < 100 {
-		t.Fatalf("only %d Go files found under the module root", files)
+	if len(out) < 100 {
+		t.Fatalf("only %d Go files found under the module root", len(out))
 	}
+	return out
 }

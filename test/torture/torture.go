@@ -364,24 +364,22 @@ loop:
 			_, err := admin.Do(octx, 0, prOut(5), prParams(adminKey, clientKey(victim)), nil)
 			op.Return = now()
 			var se *initiator.SCSIError
-			if errors.As(err, &se) && se.Status == statusReservationConflict {
+			switch {
+			case errors.As(err, &se) && se.Status == statusReservationConflict:
 				// The victim's key is not registered (preempted before,
 				// not registered again yet): refused, nothing happened
 				// (SPC-4, PREEMPT with an unregistered service action
 				// reservation key).
 				rec.count("preempt refused: key not registered")
-				ocancel()
-				faults = append(faults, fault{kind, now()})
-				continue
-			}
-			if err != nil {
+			case err != nil:
 				cfg.Log.Warn("preempt failed", "victim", victim, "after", time.Duration(op.Return-op.Call), "err", err)
 				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return}
 				rec.count("preempt failed")
-			} else {
+				rec.add(op)
+			default:
 				rec.count("preempt ok")
+				rec.add(op)
 			}
-			rec.add(op)
 			if err == nil && inFlight >= 0 && cfg.WriteDelay > 0 {
 				// The block the victim was writing, read at once and
 				// again once its write would have landed: a write the
