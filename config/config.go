@@ -19,8 +19,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
-	"github.com/blockwire/blockwire/backend/mem"
-	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/srp"
 )
 
@@ -56,7 +55,7 @@ type Config struct {
 	SRPIDExt  string   `toml:"srp_id_ext,omitempty"`
 	// ROCEListen serves iSER, SRPROCEListen SRP, on the software RoCEv2
 	// device (InfiniBand RC over UDP) at these address:port portals;
-	// ROCEUDPPort is its UDP port (default 4791).
+	// ROCEUDPPort is its UDP port.
 	ROCEListen    []string `toml:"roce_listen,omitempty"`
 	SRPROCEListen []string `toml:"srp_roce_listen,omitempty"`
 	ROCEUDPPort   int      `toml:"roce_udp_port,omitzero"`
@@ -82,8 +81,8 @@ type Config struct {
 	// device), "soft" (the software device always) or a kernel device's
 	// name as rdma link lists it (mlx5_0, rxe0).
 	RDMADevice string `toml:"rdma_device,omitempty"`
-	// RDMAMemory bounds the memory registered with a kernel RDMA device
-	// (default 256MiB); the locked-memory limit must allow it.
+	// RDMAMemory bounds the memory registered with a kernel RDMA device;
+	// the locked-memory limit must allow it.
 	RDMAMemory string `toml:"rdma_memory,omitempty"`
 	Limits     Limits `toml:"limits,omitempty"`
 	// Discovery sets who may open discovery sessions and how they
@@ -91,6 +90,11 @@ type Config struct {
 	Discovery *Discovery `toml:"discovery,omitempty"`
 	Targets   []Target   `toml:"target"`
 }
+
+// MaxMemoryLUN is the largest in-memory LUN a configuration may declare:
+// 1 PiB, the memory backend's bound (backend/mem.MaxSize; a test in
+// package node keeps the two equal, since config imports no backend).
+const MaxMemoryLUN = 1 << 50
 
 // The fabrics a portal can serve.
 const (
@@ -139,47 +143,47 @@ func (c *Config) AllPortals() []Portal {
 	return out
 }
 
-// Limits bound what initiators may use; zero keeps the default (in
-// parentheses). Durations are strings such as "15s".
+// Limits bound what initiators may use; zero keeps the default, which
+// Settings declares with each key's flag and range. Durations are strings
+// such as "15s".
 type Limits struct {
-	// LoginTimeout drops a connection whose login has not finished (15s).
+	// LoginTimeout drops a connection whose login has not finished.
 	LoginTimeout time.Duration `toml:"login_timeout,omitzero"`
-	// NopInterval pings a connection idle this long (10s; negative:
-	// never); NopTimeout drops it when the ping goes unanswered (15s).
+	// NopInterval pings a connection idle this long (negative:
+	// never); NopTimeout drops it when the ping goes unanswered.
 	NopInterval time.Duration `toml:"nop_interval,omitzero"`
 	NopTimeout  time.Duration `toml:"nop_timeout,omitzero"`
-	// MaxSessions counts all targets' normal sessions (1024).
+	// MaxSessions counts all targets' normal sessions.
 	MaxSessions int `toml:"max_sessions,omitzero"`
-	// MaxSessionsPerSource counts the normal sessions of one address
-	// (128): one initiator host cannot take them all.
+	// MaxSessionsPerSource counts the normal sessions of one address:
+	// one initiator host cannot take them all.
 	MaxSessionsPerSource int `toml:"max_sessions_per_source,omitzero"`
 	// MaxWorkingPerSource counts one address's commands on LU workers,
 	// executing or waiting for the peer to take their answers, across
-	// its connections (256); past it they stop being read.
+	// its connections; past it they stop being read.
 	MaxWorkingPerSource int `toml:"max_working_per_source,omitzero"`
 	// MaxDiscoverySessions bounds discovery sessions, counted apart from
-	// MaxSessions (16); MaxLoginsPerSource the connections of one address
-	// still logging in (8).
+	// MaxSessions; MaxLoginsPerSource the connections of one address
+	// still logging in.
 	MaxDiscoverySessions int `toml:"max_discovery_sessions,omitzero"`
 	MaxLoginsPerSource   int `toml:"max_logins_per_source,omitzero"`
 	// SourcePrefixV6 is what one source is to every per-source bound
 	// (logins, sessions, working commands, SRP channels, RoCE connection
 	// requests, MPA handshakes, control connections) when the peer is
-	// IPv6: the network of its address's first this many bits (128: each
-	// address alone; 1 to 128). A peer given a routed /64 takes any of its
+	// IPv6: the network of its address's first this many bits (by
+	// default each address alone). A peer given a routed /64 takes any of its
 	// addresses at will: where such peers reach a portal, 64 bounds them.
 	// IPv4 addresses always count alone.
 	SourcePrefixV6 int `toml:"source_prefix_v6,omitzero"`
-	// MaxConnections per session (8).
+	// MaxConnections per session.
 	MaxConnections int `toml:"max_connections,omitzero"`
-	// CmdWindow is how many commands a session may have outstanding
-	// (128).
+	// CmdWindow is how many commands a session may have outstanding.
 	CmdWindow int `toml:"cmd_window,omitzero"`
 	// MaxRecvDataSegmentLength is the largest data segment the target
-	// accepts (262144; 512 to 16777215).
+	// accepts.
 	MaxRecvDataSegmentLength int `toml:"max_recv_data_segment_length,omitzero"`
-	// IOBudget bounds the I/O buffers of all sessions together ("1GiB";
-	// at least 64MiB), SessionIOBudget one session's share ("128MiB"):
+	// IOBudget bounds the I/O buffers of all sessions together,
+	// SessionIOBudget one session's share (sizes such as "128MiB"):
 	// commands beyond them get TASK SET FULL.
 	IOBudget        string `toml:"io_budget,omitempty"`
 	SessionIOBudget string `toml:"session_io_budget,omitempty"`
@@ -198,58 +202,6 @@ func (l *Limits) Budgets() (io, session int64, err error) {
 		}
 	}
 	return io, session, nil
-}
-
-// Validate checks the ranges; where prefixes the error locations.
-func (l *Limits) Validate(where string) error {
-	var errs []error
-	add := func(format string, args ...any) { errs = append(errs, fmt.Errorf(where+format, args...)) }
-	if l.LoginTimeout < 0 {
-		add("login_timeout: %v is negative", l.LoginTimeout)
-	}
-	if l.NopTimeout < 0 {
-		add("nop_timeout: %v is negative", l.NopTimeout)
-	}
-	if l.MaxSessions < 0 {
-		add("max_sessions: %d is negative", l.MaxSessions)
-	}
-	if l.MaxSessionsPerSource < 0 {
-		add("max_sessions_per_source: %d is negative", l.MaxSessionsPerSource)
-	}
-	if l.MaxWorkingPerSource < 0 {
-		add("max_working_per_source: %d is negative", l.MaxWorkingPerSource)
-	}
-	if l.MaxDiscoverySessions < 0 {
-		add("max_discovery_sessions: %d is negative", l.MaxDiscoverySessions)
-	}
-	if l.MaxLoginsPerSource < 0 {
-		add("max_logins_per_source: %d is negative", l.MaxLoginsPerSource)
-	}
-	if l.SourcePrefixV6 < 0 || l.SourcePrefixV6 > 128 {
-		add("source_prefix_v6: %d (1 to 128 bits of an IPv6 address)", l.SourcePrefixV6)
-	}
-	if l.MaxConnections < 0 || l.MaxConnections > 65535 {
-		add("max_connections: %d (1 to 65535, RFC 7143 §13.2)", l.MaxConnections)
-	}
-	if l.CmdWindow < 0 || l.CmdWindow > 1<<20 {
-		add("cmd_window: %d (1 to 1048576)", l.CmdWindow)
-	}
-	if m := l.MaxRecvDataSegmentLength; m != 0 && (m < 512 || m > 1<<24-1) {
-		add("max_recv_data_segment_length: %d (512 to 16777215, RFC 7143 §13.12)", m)
-	}
-	for _, b := range []struct{ name, v string }{{"io_budget", l.IOBudget}, {"session_io_budget", l.SessionIOBudget}} {
-		if b.v == "" {
-			continue
-		}
-		if n, err := ParseSize(b.v); err != nil {
-			add("%s: %v", b.name, err)
-		} else if n < 64<<20 && b.name == "io_budget" {
-			add("io_budget: %s is below 64MiB, the largest transfer of one command", b.v)
-		} else if n < 1<<20 {
-			add("%s: %s is below 1MiB", b.name, b.v)
-		}
-	}
-	return errors.Join(errs...)
 }
 
 // Target is one iSCSI target.
@@ -816,9 +768,7 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if c.Poll < 0 || c.Poll > time.Millisecond {
-		add("poll: %v (0 to 1ms)", c.Poll)
-	}
+	errs = append(errs, c.checkSettings()...)
 	if (len(c.SRPListen) > 0 || len(c.SRPROCEListen) > 0) && len(c.Targets) == 0 {
 		add("srp_listen: no target to serve")
 	}
@@ -846,14 +796,6 @@ func (c *Config) Validate() error {
 			}
 		}
 	}
-	if c.RDMAMemory != "" {
-		if n, err := ParseSize(c.RDMAMemory); err != nil || n < 4<<20 {
-			add("rdma_memory: %q: a size of 4MiB or more", c.RDMAMemory)
-		}
-	}
-	if c.ROCEUDPPort < 0 || c.ROCEUDPPort > 65535 {
-		add("roce_udp_port: %d is not a UDP port", c.ROCEUDPPort)
-	}
 	for i, d := range c.AdminDirs {
 		if !strings.HasPrefix(d, "/") {
 			add("admin_dirs[%d]: %q is not an absolute path", i, d)
@@ -861,9 +803,6 @@ func (c *Config) Validate() error {
 	}
 	if c.Metrics != "" && !strings.Contains(c.Metrics, ":") {
 		add("metrics: %q is not host:port", c.Metrics)
-	}
-	if err := c.Limits.Validate("limits."); err != nil {
-		errs = append(errs, err)
 	}
 	names := map[string]bool{}
 	for i, t := range c.Targets {
@@ -899,7 +838,7 @@ func (c *Config) Validate() error {
 			}
 			found := false
 			for _, g := range t.PortGroups {
-				pg, err := scsitarget.ParsePortGroup(g)
+				pg, err := scsi.ParsePortGroup(g)
 				if err != nil {
 					add("%s.port_groups: %v", where, err)
 				} else if pg.ID == own {
@@ -939,7 +878,7 @@ func (c *Config) Validate() error {
 					add("%s.size: %v", lw, err)
 				} else if bs := max(l.BlockSize, 512); n%int64(bs) != 0 {
 					add("%s.size: %d bytes is not a multiple of the %d-byte block", lw, n, bs)
-				} else if l.File == "" && n > mem.MaxSize {
+				} else if l.File == "" && n > MaxMemoryLUN {
 					add("%s.size: %q: an in-memory LUN holds at most 1 PiB", lw, l.Size)
 				}
 			} else if l.File == "" {

@@ -19,6 +19,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
 	"github.com/blockwire/blockwire/srp/srpinitiator"
 )
@@ -117,9 +118,9 @@ func buildTarget(tc config.Target, portals []string, open BackendOpener, poll ti
 		}
 	}
 	if len(tc.PortGroups) > 0 {
-		var groups []scsitarget.PortGroup
+		var groups []scsi.PortGroup
 		for _, g := range tc.PortGroups {
-			pg, err := scsitarget.ParsePortGroup(g)
+			pg, err := scsi.ParsePortGroup(g)
 			if err != nil {
 				dev.Close()
 				return nil, nil, err

@@ -187,11 +187,14 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 			opts.Logger.Warn("a CHAP secret others can read", "what", w)
 		}
 	}
-	if opts.RoCEUDPPort == 0 {
-		opts.RoCEUDPPort = 4791
-	}
 	cfg = cfg.Clone()
-	lim := cfg.Limits
+	// The node-wide settings as they apply: each the file leaves unset at
+	// its declared default (config.Settings).
+	set := cfg.WithDefaults()
+	if opts.RoCEUDPPort == 0 {
+		opts.RoCEUDPPort = set.ROCEUDPPort
+	}
+	lim := set.Limits
 	// What one peer is to every per-source bound, on every fabric and
 	// control surface alike.
 	sources := persource.Sources{V6Bits: lim.SourcePrefixV6}
@@ -199,19 +202,13 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ioB == 0 {
-		ioB = iscsitarget.DefaultIOBudget
-	}
-	if sessB == 0 {
-		sessB = iscsitarget.DefaultSessionIOBudget
-	}
 	log := opts.Logger
 	n := &Node{opts: opts, log: log, cfg: cfg, base: base.Clone(), srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: scsitarget.NewIOBudget(ioB, sessB),
 		// A stream that takes under 64 KiB in the NOP timeout fails its
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
-		iwarp:   siw.New(siw.Options{Logger: log, SendTimeout: nopTimeout(lim), Sources: sources}),
+		iwarp:   siw.New(siw.Options{Logger: log, SendTimeout: lim.NopTimeout, Sources: sources}),
 		sources: sources,
 		srpPD:   rdma.NewDevice("blockwire-srp").AllocPD(),
 		errc:    make(chan error, 1), stopc: make(chan struct{})}
@@ -682,7 +679,7 @@ func (n *Node) openVerbs(name string) (*verbs.Device, error) {
 	if d := n.verbs[name]; d != nil {
 		return d, nil
 	}
-	mem, _ := config.ParseSize(n.cfg.RDMAMemory)
+	mem, _ := config.ParseSize(n.cfg.WithDefaults().RDMAMemory)
 	d, err := verbs.Open(name, verbs.Options{MaxMemory: int(mem), Logger: n.log})
 	if err != nil {
 		return nil, err
@@ -981,26 +978,6 @@ func (n *Node) Config() *config.Config {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.cfg.Clone()
-}
-
-// DefaultLimits returns the limits a configuration leaving them at zero
-// gets (the iSCSI target's defaults, iscsi/iscsitarget.DefaultOptions).
-func DefaultLimits() config.Limits {
-	o := iscsitarget.DefaultOptions()
-	return config.Limits{LoginTimeout: o.LoginTimeout, NopInterval: o.NopInterval, NopTimeout: o.NopTimeout,
-		MaxSessions: o.MaxSessions, MaxSessionsPerSource: o.MaxSessionsPerSource, MaxWorkingPerSource: o.MaxWorkingPerSource, MaxDiscoverySessions: o.MaxDiscoverySessions, MaxLoginsPerSource: o.MaxLoginsPerSource,
-		SourcePrefixV6: persource.DefaultV6Bits, MaxConnections: o.MaxConnections, CmdWindow: int(o.CmdWindow), MaxRecvDataSegmentLength: o.MaxRecvDataSegmentLength,
-		IOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultIOBudget>>20), SessionIOBudget: fmt.Sprintf("%dMiB", iscsitarget.DefaultSessionIOBudget>>20)}
-}
-
-// nopTimeout is the NOP timeout the limits give (their default when
-// unset): also how long any connection's send may go without moving
-// 64 KiB (sendguard.MinProgress).
-func nopTimeout(lim config.Limits) time.Duration {
-	if lim.NopTimeout > 0 {
-		return lim.NopTimeout
-	}
-	return DefaultLimits().NopTimeout
 }
 
 // metricsExposed reports whether metrics at addr without a token can be

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"strconv"
-	"strings"
 
 	"github.com/blockwire/blockwire/scsi"
 )
@@ -23,64 +21,9 @@ import (
 // they are kept in the shared record (pr.go), so every gateway in front
 // of the image reports them.
 
-// ALUAState is a target port group's asymmetric access state (SPC-4
-// table 154).
-type ALUAState uint8
-
-// Access states.
-const (
-	ActiveOptimized    ALUAState = 0x0
-	ActiveNonOptimized ALUAState = 0x1
-	Standby            ALUAState = 0x2
-	Unavailable        ALUAState = 0x3
-)
-
-var aluaNames = map[ALUAState][]string{
-	ActiveOptimized:    {"active-optimized", "ao"},
-	ActiveNonOptimized: {"active-non-optimized", "ano"},
-	Standby:            {"standby"},
-	Unavailable:        {"unavailable"},
-}
-
-func (s ALUAState) String() string {
-	if n, ok := aluaNames[s]; ok {
-		return n[0]
-	}
-	return fmt.Sprintf("state %#x", uint8(s))
-}
-
-// PortGroup is a target port group: its identifier (also the relative
-// target port identifier of its one port) and access state.
-type PortGroup struct {
-	ID    uint16
-	State ALUAState
-}
-
-// ParsePortGroup reads "ID=state", state one of active-optimized (ao),
-// active-non-optimized (ano), standby, unavailable.
-func ParsePortGroup(s string) (PortGroup, error) {
-	id, st, ok := strings.Cut(s, "=")
-	if !ok {
-		return PortGroup{}, fmt.Errorf("port group %q: want ID=state", s)
-	}
-	n, err := strconv.ParseUint(strings.TrimSpace(id), 10, 16)
-	if err != nil || n == 0 {
-		return PortGroup{}, fmt.Errorf("port group %q: the ID is a number from 1 to 65535", s)
-	}
-	st = strings.ToLower(strings.TrimSpace(st))
-	for state, names := range aluaNames {
-		for _, name := range names {
-			if st == name {
-				return PortGroup{ID: uint16(n), State: state}, nil
-			}
-		}
-	}
-	return PortGroup{}, fmt.Errorf("port group %q: state is active-optimized, active-non-optimized, standby or unavailable", s)
-}
-
 // SetPortGroups turns on ALUA with these target port groups (nil turns it
 // off). A nexus belongs to the group whose ID is its relative target port.
-func (d *Device) SetPortGroups(groups []PortGroup) error {
+func (d *Device) SetPortGroups(groups []scsi.PortGroup) error {
 	seen := map[uint16]bool{}
 	for _, g := range groups {
 		if seen[g.ID] {
@@ -89,14 +32,14 @@ func (d *Device) SetPortGroups(groups []PortGroup) error {
 		seen[g.ID] = true
 	}
 	d.mu.Lock()
-	d.groups = append([]PortGroup(nil), groups...)
+	d.groups = append([]scsi.PortGroup(nil), groups...)
 	d.mu.Unlock()
 	return nil
 }
 
 // portGroup returns the ALUA groups (their configured states) and the one
 // a nexus's port is in (its state now).
-func (d *Device) portGroup(n *Nexus) (all []PortGroup, mine PortGroup, ok bool) {
+func (d *Device) portGroup(n *Nexus) (all []scsi.PortGroup, mine scsi.PortGroup, ok bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
 	for _, g := range d.groups {
@@ -112,10 +55,10 @@ func (d *Device) portGroup(n *Nexus) (all []PortGroup, mine PortGroup, ok bool) 
 
 // groupStates returns the groups with their states now, and which of them
 // SET TARGET PORT GROUPS set.
-func (d *Device) groupStates() ([]PortGroup, map[uint16]bool) {
+func (d *Device) groupStates() ([]scsi.PortGroup, map[uint16]bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	out := append([]PortGroup(nil), d.groups...)
+	out := append([]scsi.PortGroup(nil), d.groups...)
 	set := map[uint16]bool{}
 	for i, g := range out {
 		if s, ok := d.explicit[g.ID]; ok {
@@ -127,13 +70,13 @@ func (d *Device) groupStates() ([]PortGroup, map[uint16]bool) {
 
 // explicitLocked takes states as the explicitly set ones. Called with
 // d.mu held.
-func (d *Device) explicitLocked(states map[uint16]ALUAState) {
+func (d *Device) explicitLocked(states map[uint16]scsi.ALUAState) {
 	d.explicit = maps.Clone(states)
 }
 
 // setExplicit takes states as the explicitly set ones and tells every
 // nexus but sender's (SPC-4 §5.15.2.6: ASYMMETRIC ACCESS STATE CHANGED).
-func (d *Device) setExplicit(states map[uint16]ALUAState, sender *Nexus) {
+func (d *Device) setExplicit(states map[uint16]scsi.ALUAState, sender *Nexus) {
 	d.mu.Lock()
 	changed := !maps.Equal(d.explicit, states)
 	d.explicitLocked(states)
@@ -173,7 +116,7 @@ func cmdSetTargetPortGroups(lu *LU, c *Command) error {
 	if plen < 4 || plen%4 != 0 || len(c.Data) < plen {
 		return scsi.ParameterListLengthError()
 	}
-	states := map[uint16]ALUAState{}
+	states := map[uint16]scsi.ALUAState{}
 	for id := range set {
 		for _, g := range groups {
 			if g.ID == id {
@@ -182,13 +125,13 @@ func cmdSetTargetPortGroups(lu *LU, c *Command) error {
 		}
 	}
 	for off := 4; off < plen; off += 4 {
-		st, id := ALUAState(c.Data[off]&0x0f), binary.BigEndian.Uint16(c.Data[off+2:])
+		st, id := scsi.ALUAState(c.Data[off]&0x0f), binary.BigEndian.Uint16(c.Data[off+2:])
 		switch st {
-		case ActiveOptimized, ActiveNonOptimized, Standby, Unavailable:
+		case scsi.ActiveOptimized, scsi.ActiveNonOptimized, scsi.Standby, scsi.Unavailable:
 		default:
 			return scsi.InvalidFieldInParameterList(off, 3)
 		}
-		if !slices.ContainsFunc(groups, func(g PortGroup) bool { return g.ID == id }) {
+		if !slices.ContainsFunc(groups, func(g scsi.PortGroup) bool { return g.ID == id }) {
 			return scsi.InvalidFieldInParameterList(off+2, -1)
 		}
 		states[id] = st
@@ -229,9 +172,9 @@ func (d *Device) aluaRefuses(n *Nexus, o *opInfo) *scsi.Sense {
 		return nil
 	}
 	switch g.State {
-	case Standby:
+	case scsi.Standby:
 		return &scsi.Sense{Key: scsi.SenseNotReady, ASC: 0x04, ASCQ: 0x0b, Bit: -1} // TARGET PORT IN STANDBY STATE
-	case Unavailable:
+	case scsi.Unavailable:
 		return &scsi.Sense{Key: scsi.SenseNotReady, ASC: 0x04, ASCQ: 0x0c, Bit: -1} // TARGET PORT IN UNAVAILABLE STATE
 	}
 	return nil
@@ -242,7 +185,7 @@ func (d *Device) aluaRefuses(n *Nexus, o *opInfo) *scsi.Sense {
 func cmdReportTargetPortGroups(lu *LU, c *Command) error {
 	alloc := int(binary.BigEndian.Uint32(c.CDB[6:10]))
 	ext := c.CDB[1]>>5 == 1 // PARAMETER DATA FORMAT 001b: extended header
-	var groups []PortGroup
+	var groups []scsi.PortGroup
 	var set map[uint16]bool
 	if d := lu.device(); d != nil {
 		groups, set = d.groupStates()

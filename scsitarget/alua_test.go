@@ -30,7 +30,7 @@ func TestALUA(t *testing.T) {
 		t.Fatal("REPORT TARGET PORT GROUPS without ALUA succeeded")
 	}
 
-	if err := d.SetPortGroups([]PortGroup{{1, ActiveOptimized}, {2, Standby}}); err != nil {
+	if err := d.SetPortGroups([]scsi.PortGroup{{ID: 1, State: scsi.ActiveOptimized}, {ID: 2, State: scsi.Standby}}); err != nil {
 		t.Fatal(err)
 	}
 	n2 := nexus(d, "iqn.i,i,0x1", "iqn.t,t,0x2")
@@ -57,7 +57,7 @@ func TestALUA(t *testing.T) {
 	if buf[4] != 0x10 || binary.BigEndian.Uint32(buf) != 28 {
 		t.Fatalf("extended header: % x", buf[:8])
 	}
-	// Standby: media access is NOT READY 04/0B through port 2, fine
+	// scsi.Standby: media access is NOT READY 04/0B through port 2, fine
 	// through port 1; INQUIRY works on both.
 	read := []byte{scsi.OpRead10, 0, 0, 0, 0, 0, 0, 0, 1, 0}
 	if s := sense(t, run(d, n2, read, make([]byte, 512))); s.Key != scsi.SenseNotReady || s.ASC != 0x04 || s.ASCQ != 0x0b {
@@ -78,20 +78,20 @@ func TestALUA(t *testing.T) {
 		t.Fatal("VPD 83h has no target port group designator 2")
 	}
 	for _, bad := range []string{"x", "0=ao", "1=fast", "70000=ao"} {
-		if _, err := ParsePortGroup(bad); err == nil {
-			t.Errorf("ParsePortGroup(%q) accepted", bad)
+		if _, err := scsi.ParsePortGroup(bad); err == nil {
+			t.Errorf("scsi.ParsePortGroup(%q) accepted", bad)
 		}
 	}
-	if g, err := ParsePortGroup("2=active-non-optimized"); err != nil || g != (PortGroup{2, ActiveNonOptimized}) {
-		t.Errorf("ParsePortGroup: %+v %v", g, err)
+	if g, err := scsi.ParsePortGroup("2=active-non-optimized"); err != nil || g != (scsi.PortGroup{ID: 2, State: scsi.ActiveNonOptimized}) {
+		t.Errorf("scsi.ParsePortGroup: %+v %v", g, err)
 	}
-	if d.SetPortGroups([]PortGroup{{1, Standby}, {1, Standby}}) == nil {
+	if d.SetPortGroups([]scsi.PortGroup{{ID: 1, State: scsi.Standby}, {ID: 1, State: scsi.Standby}}) == nil {
 		t.Error("duplicate group accepted")
 	}
 }
 
 // stpg is SET TARGET PORT GROUPS setting each group to its state.
-func stpg(groups ...PortGroup) ([]byte, []byte) {
+func stpg(groups ...scsi.PortGroup) ([]byte, []byte) {
 	prm := make([]byte, 4, 4+4*len(groups))
 	for _, g := range groups {
 		prm = append(prm, byte(g.State), 0, byte(g.ID>>8), byte(g.ID))
@@ -123,7 +123,7 @@ func TestExplicitALUA(t *testing.T) {
 	be, _ := mem.New(1 << 20)
 	lu, _ := NewLU(d.Name(), LUConfig{Backend: be})
 	d.AddLU(lu)
-	if err := d.SetPortGroups([]PortGroup{{1, ActiveOptimized}, {2, Standby}}); err != nil {
+	if err := d.SetPortGroups([]scsi.PortGroup{{ID: 1, State: scsi.ActiveOptimized}, {ID: 2, State: scsi.Standby}}); err != nil {
 		t.Fatal(err)
 	}
 	n1 := nexus(d, "iqn.i,i,0x1", "iqn.t,t,0x1")
@@ -131,19 +131,19 @@ func TestExplicitALUA(t *testing.T) {
 	n2 := nexus(d, "iqn.i,i,0x1", "iqn.t,t,0x2")
 	n2.RelativePort = 2
 	// Refused whole: an unknown group, a state one cannot set.
-	for _, bad := range [][]PortGroup{{{2, ActiveOptimized}, {9, Standby}}, {{2, ALUAState(0x0f)}}} {
+	for _, bad := range [][]scsi.PortGroup{{{ID: 2, State: scsi.ActiveOptimized}, {ID: 9, State: scsi.Standby}}, {{ID: 2, State: scsi.ALUAState(0x0f)}}} {
 		cdb, prm := stpg(bad...)
 		if s := sense(t, run(d, n1, cdb, prm)); s.Key != scsi.SenseIllegalRequest || s.ASC != 0x26 {
 			t.Fatalf("SET TARGET PORT GROUPS %v: sense %x/%02x", bad, s.Key, s.ASC)
 		}
 	}
-	if st := rtpgStates(t, d, n1); st[2] != [2]byte{byte(Standby), 0x02} {
+	if st := rtpgStates(t, d, n1); st[2] != [2]byte{byte(scsi.Standby), 0x02} {
 		t.Fatalf("after refused SETs: group 2 %v", st[2])
 	}
-	cdb, prm := stpg(PortGroup{1, Standby}, PortGroup{2, ActiveOptimized})
+	cdb, prm := stpg(scsi.PortGroup{ID: 1, State: scsi.Standby}, scsi.PortGroup{ID: 2, State: scsi.ActiveOptimized})
 	good(t, run(d, n1, cdb, prm))
 	st := rtpgStates(t, d, n1)
-	if st[1] != [2]byte{byte(Standby), 0x01} || st[2] != [2]byte{byte(ActiveOptimized), 0x01} {
+	if st[1] != [2]byte{byte(scsi.Standby), 0x01} || st[2] != [2]byte{byte(scsi.ActiveOptimized), 0x01} {
 		t.Fatalf("after SET TARGET PORT GROUPS: %v", st)
 	}
 	// The other nexus is told; the sender is not.
@@ -165,7 +165,7 @@ func TestExplicitALUA(t *testing.T) {
 func TestExplicitALUASharedAcrossGateways(t *testing.T) {
 	ds, rec := gateways(t, 2)
 	for _, d := range ds {
-		if err := d.SetPortGroups([]PortGroup{{1, ActiveOptimized}, {2, ActiveNonOptimized}}); err != nil {
+		if err := d.SetPortGroups([]scsi.PortGroup{{ID: 1, State: scsi.ActiveOptimized}, {ID: 2, State: scsi.ActiveNonOptimized}}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -173,13 +173,13 @@ func TestExplicitALUASharedAcrossGateways(t *testing.T) {
 	a.RelativePort = 1
 	b := nexus(ds[1], "iqn.i,i,0x1", "iqn.t,t,0x2")
 	b.RelativePort = 2
-	cdb, prm := stpg(PortGroup{1, Unavailable}, PortGroup{2, ActiveOptimized})
+	cdb, prm := stpg(scsi.PortGroup{ID: 1, State: scsi.Unavailable}, scsi.PortGroup{ID: 2, State: scsi.ActiveOptimized})
 	good(t, run(ds[0], a, cdb, prm))
 	tur := []byte{scsi.OpTestUnitReady, 0, 0, 0, 0, 0}
 	if s := sense(t, run(ds[1], b, tur, nil)); s.Key != scsi.SenseUnitAttention || s.ASC != 0x2a || s.ASCQ != 0x06 {
 		t.Fatalf("gateway B: sense %x/%02x/%02x, want ASYMMETRIC ACCESS STATE CHANGED", s.Key, s.ASC, s.ASCQ)
 	}
-	if st := rtpgStates(t, ds[1], b); st[1] != [2]byte{byte(Unavailable), 0x01} || st[2] != [2]byte{byte(ActiveOptimized), 0x01} {
+	if st := rtpgStates(t, ds[1], b); st[1] != [2]byte{byte(scsi.Unavailable), 0x01} || st[2] != [2]byte{byte(scsi.ActiveOptimized), 0x01} {
 		t.Fatalf("gateway B reports %v", st)
 	}
 	// A third gateway, started now, reads them from the record.
@@ -189,10 +189,10 @@ func TestExplicitALUASharedAcrossGateways(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	d3.SetPortGroups([]PortGroup{{1, ActiveOptimized}, {2, ActiveNonOptimized}})
+	d3.SetPortGroups([]scsi.PortGroup{{ID: 1, State: scsi.ActiveOptimized}, {ID: 2, State: scsi.ActiveNonOptimized}})
 	d3.AddLU(lu3)
 	c := nexus(d3, "iqn.i,i,0x1", "iqn.t,t,0x3")
-	if st := rtpgStates(t, d3, c); st[1][0] != byte(Unavailable) || st[2][0] != byte(ActiveOptimized) {
+	if st := rtpgStates(t, d3, c); st[1][0] != byte(scsi.Unavailable) || st[2][0] != byte(scsi.ActiveOptimized) {
 		t.Fatalf("a gateway started later reports %v", st)
 	}
 }

@@ -25,11 +25,11 @@ type Device struct {
 	lus     map[uint64]*LU
 	nexuses map[*Nexus]struct{}
 
-	groups []PortGroup // ALUA target port groups (alua.go); nil: no ALUA
+	groups []scsi.PortGroup // ALUA target port groups (alua.go); nil: no ALUA
 	// explicit are the states SET TARGET PORT GROUPS gave (here or, kept
 	// with shared storage, through another gateway): they take the place
 	// of the configured ones.
-	explicit map[uint16]ALUAState
+	explicit map[uint16]scsi.ALUAState
 
 	copyMu sync.Mutex
 	copies []copyStatus // finished EXTENDED COPY operations, for COPY STATUS

@@ -196,7 +196,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 				d.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UALUReset()) })
 			}
 		}
-		lu.pr.onALUA = func(states map[uint16]ALUAState) {
+		lu.pr.onALUA = func(states map[uint16]scsi.ALUAState) {
 			// SET TARGET PORT GROUPS through another gateway.
 			if d := lu.device(); d != nil {
 				d.setExplicit(states, nil)

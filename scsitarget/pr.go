@@ -69,9 +69,9 @@ type prState struct {
 	// the shared record for every gateway; aluaRec is the same, readable
 	// without p.mu; onALUA is called (p.mu held) when another gateway
 	// changed them. Lock order: p.mu, then the device's mu.
-	alua    map[uint16]ALUAState
-	aluaRec atomic.Pointer[map[uint16]ALUAState]
-	onALUA  func(map[uint16]ALUAState)
+	alua    map[uint16]scsi.ALUAState
+	aluaRec atomic.Pointer[map[uint16]scsi.ALUAState]
+	onALUA  func(map[uint16]scsi.ALUAState)
 	stale   atomic.Bool   // the shared record changed: reload before use
 	known   atomic.Uint64 // version, for the watch callback
 	gate    writeGate     // writes checked against this copy, until they end
@@ -165,7 +165,7 @@ func (f *prFile) check() error {
 		}
 	}
 	for _, e := range f.ALUA {
-		if ALUAState(e.State) > Unavailable {
+		if scsi.ALUAState(e.State) > scsi.Unavailable {
 			return fmt.Errorf("target port group %d in ALUA state %d (0 to 3 are defined)", e.Group, e.State)
 		}
 	}
@@ -204,9 +204,9 @@ func (p *prState) decode(f *prFile) {
 	p.alua = nil
 	for _, e := range f.ALUA {
 		if p.alua == nil {
-			p.alua = map[uint16]ALUAState{}
+			p.alua = map[uint16]scsi.ALUAState{}
 		}
-		p.alua[e.Group] = ALUAState(e.State)
+		p.alua[e.Group] = scsi.ALUAState(e.State)
 	}
 	if p.alua != nil {
 		rec := maps.Clone(p.alua)

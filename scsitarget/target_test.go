@@ -415,10 +415,10 @@ func FuzzParameterLists(f *testing.F) {
 	cdb, prm := specIPT(0, 0x77, 0, iscsiTID("iqn.b,i,0x2"), iscsiTID("iqn.c"))
 	f.Add(cdb, prm)
 	// SET TARGET PORT GROUPS.
-	cdb, prm = stpg(PortGroup{1, Standby}, PortGroup{2, ActiveOptimized})
+	cdb, prm = stpg(scsi.PortGroup{ID: 1, State: scsi.Standby}, scsi.PortGroup{ID: 2, State: scsi.ActiveOptimized})
 	f.Add(cdb, prm)
 	d, _ := newDev(f, false)
-	if err := d.SetPortGroups([]PortGroup{{1, ActiveOptimized}, {2, ActiveNonOptimized}}); err != nil {
+	if err := d.SetPortGroups([]scsi.PortGroup{{ID: 1, State: scsi.ActiveOptimized}, {ID: 2, State: scsi.ActiveNonOptimized}}); err != nil {
 		f.Fatal(err)
 	}
 	n := &Nexus{InitiatorPort: "i", TargetPort: "t"}

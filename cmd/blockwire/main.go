@@ -14,7 +14,6 @@ import (
 	"maps"
 	"os"
 	"os/signal"
-	"reflect"
 	"runtime/debug"
 	"runtime/pprof"
 	"slices"
@@ -35,7 +34,7 @@ Usage:
   blockwire serve [flags]             run the target (iSCSI and iSER; SRP with --srp-listen)
   blockwire config check FILE         validate a configuration file
   blockwire config diff FILE          what a reload or restart with it would change
-  blockwire config keys               every configuration key, its type and default
+  blockwire config keys               every configuration key: type, default, flag, when it applies
   blockwire discover PORTAL           list the targets a portal offers (SendTargets)
   blockwire inquiry URL               identify a LUN
   blockwire read URL [--offset N] [--length N] [--out FILE [--force]]
@@ -108,32 +107,74 @@ type listFlag []string
 func (l *listFlag) String() string     { return strings.Join(*l, ",") }
 func (l *listFlag) Set(s string) error { *l = append(*l, s); return nil }
 
-// serveFlags are serve's flags: the default target's, the portals', the
-// limits' and the surfaces'.
+// serveFlags are serve's flags: the node-wide settings' (declared in
+// config.Settings, applied over the file's), the default target's, and
+// the process's own.
 type serveFlags struct {
-	fs                                                                          *flag.FlagSet
-	listen, portGroups, iserRoce, srp, srpRoce, adminDirs                       listFlag
-	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser               *string
-	rdmaDevice, rdmaMemory, ioEngine                                            *string
-	grow, readOnly, removable, iser, writeCache, direct, roceGSO, strictSecrets *bool
-	targetReset                                                                 *bool
-	tpgt                                                                        *uint
-	blockSize, roceUDP                                                          *int
-	cfgPath, statePath, logLevel, logFormat, cpuprofile, metrics                *string
-	metricsToken, adminSocket, adminHTTP, adminToken, isns                      *string
-	hdigest, ddigest, srpID                                                     *string
-	nop, nopTimeout, loginTimeout, poll                                         *time.Duration
-	maxSessions, maxPerSource, maxConns, maxDiscovery, maxLogins, window, mrdsl *int
-	ioBudget, sessionIOBudget                                                   *string
-	maxWorking, sourcePrefix                                                    *int
+	fs                                                            *flag.FlagSet
+	settings                                                      []*settingFlag
+	portGroups                                                    listFlag
+	iqn, size, file, remote, rbd, cephConf, cephKeyring, cephUser *string
+	ioEngine                                                      *string
+	grow, readOnly, removable, writeCache, direct, strictSecrets  *bool
+	targetReset                                                   *bool
+	tpgt                                                          *uint
+	blockSize                                                     *int
+	cfgPath, statePath, logLevel, logFormat, cpuprofile           *string
+	metricsToken, adminHTTP, adminToken                           *string
+	hdigest, ddigest                                              *string
 }
+
+// settingFlag is the flag of a node-wide setting: the values given, set
+// over the file's once it is read (config.Config.Set); each is checked
+// as it is given, as the file's would be.
+type settingFlag struct {
+	s      config.Setting
+	values []string
+	list   bool
+	bool   bool
+}
+
+func (f *settingFlag) String() string {
+	if f == nil || len(f.values) == 0 {
+		if f == nil {
+			return ""
+		}
+		return f.s.Default
+	}
+	return strings.Join(f.values, ",")
+}
+
+func (f *settingFlag) Set(v string) error {
+	var c config.Config
+	if err := c.Set(f.s.Key, v); err != nil {
+		_, why, _ := strings.Cut(err.Error(), ": ") // the flag names itself
+		return errors.New(why)
+	}
+	if f.list {
+		f.values = append(f.values, v)
+	} else {
+		f.values = []string{v}
+	}
+	return nil
+}
+
+func (f *settingFlag) IsBoolFlag() bool { return f.bool }
 
 func newServeFlags(stderr io.Writer) *serveFlags {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	f := &serveFlags{fs: fs}
-	d := node.DefaultLimits()
-	fs.Var(&f.listen, "listen", "portal address host:port (repeatable; default 127.0.0.1:3260)")
+	var zero config.Config
+	for _, st := range config.Settings() {
+		sf := &settingFlag{s: st}
+		if fv, err := zero.Get(st.Key); err == nil {
+			_, sf.list = fv.([]string)
+			_, sf.bool = fv.(*bool)
+		}
+		f.settings = append(f.settings, sf)
+		fs.Var(sf, st.Flag, st.Usage)
+	}
 	f.iqn = fs.String("iqn", "iqn.2026-11.org.blockwire:default", "target name")
 	f.size = fs.String("size", "1GiB", "LUN 0 size")
 	f.file = fs.String("file", "", "back LUN 0 with this file or block device, served at its own size (a missing file is created sparse, of --size)")
@@ -157,40 +198,12 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.statePath = fs.String("state", "", "where the node records every change it is asked to make, before it takes effect, so that it lasts across restarts (default with --config: beside it, NAME.state.toml; \"none\": changes last until the process ends)")
 	f.logLevel = fs.String("log-level", "info", "debug, info, warn or error")
 	f.logFormat = fs.String("log-format", "text", "text or json (log/slog, on stderr)")
-	f.nop = fs.Duration("nop-interval", d.NopInterval, "ping idle connections after this long (negative: never)")
-	f.nopTimeout = fs.Duration("nop-timeout", d.NopTimeout, "drop a connection whose ping goes unanswered, or whose peer stops reading, this long")
-	f.loginTimeout = fs.Duration("login-timeout", d.LoginTimeout, "drop a connection whose login has not finished after this long")
-	f.maxSessions = fs.Int("max-sessions", d.MaxSessions, "sessions allowed at once (logins beyond it fail with out of resources)")
-	f.maxPerSource = fs.Int("max-sessions-per-source", d.MaxSessionsPerSource, "sessions one address may hold (of --max-sessions; raise it for a host with a session to each of many targets)")
-	f.maxWorking = fs.Int("max-working-per-source", d.MaxWorkingPerSource, "commands of one address on LU workers, executing or waiting for it to take their answers, across its connections; past it they stop being read")
-	f.maxConns = fs.Int("max-connections", d.MaxConnections, "connections per session")
-	f.maxDiscovery = fs.Int("max-discovery-sessions", d.MaxDiscoverySessions, "discovery sessions allowed at once (not counted in --max-sessions)")
-	f.maxLogins = fs.Int("max-logins-per-source", d.MaxLoginsPerSource, "connections from one address still logging in; more are closed")
-	f.sourcePrefix = fs.Int("source-prefix-v6", d.SourcePrefixV6, "what one address is to the per-source bounds when it is IPv6: its network of this many bits (1 to 128; 64 where peers with a routed /64 reach a portal)")
-	f.window = fs.Int("cmd-window", d.CmdWindow, "commands a session may have outstanding (the CmdSN window)")
-	f.mrdsl = fs.Int("max-recv-data-segment-length", d.MaxRecvDataSegmentLength, "largest data segment accepted (512 to 16777215)")
-	f.ioBudget = fs.String("io-budget", d.IOBudget, "I/O buffers all sessions may hold together (at least 64MiB); commands beyond get TASK SET FULL")
-	f.sessionIOBudget = fs.String("session-io-budget", d.SessionIOBudget, "I/O buffers one session may hold; commands beyond get TASK SET FULL")
 	f.cpuprofile = fs.String("cpuprofile", "", "write a CPU profile (go tool pprof) to this file until shutdown")
-	f.metrics = fs.String("metrics", "", "serve Prometheus metrics on host:port (GET /metrics)")
 	f.metricsToken = fs.String("metrics-token-file", "", "with --metrics: require the bearer token in this file (Prometheus's authorization credentials_file)")
-	f.adminSocket = fs.String("admin-socket", "", "serve the administration API on this Unix socket (blockwire admin)")
 	f.adminHTTP = fs.String("admin-http", "", "also serve the administration API over HTTP on this loopback host:port (requests need the token of --admin-http-token)")
 	f.adminToken = fs.String("admin-http-token", node.DefaultTokenFile(), "with --admin-http: write the API's per-run bearer token to this file (mode 0600)")
-	fs.Var(&f.adminDirs, "admin-dir", "a directory in which the administration API may name LUN files and save destinations (repeatable; none: no paths)")
-	f.isns = fs.String("isns", "", "register the targets and portals with this iSNS server (host[:port], RFC 4171)")
 	f.hdigest = fs.String("header-digest", "optional", "CRC32C header digest: optional (initiator's choice) or required")
 	f.ddigest = fs.String("data-digest", "optional", "CRC32C data digest: optional (initiator's choice) or required")
-	f.iser = fs.Bool("iser", true, "also serve iSER (software iWARP, connection-first as Linux ib_iser) on every portal")
-	fs.Var(&f.iserRoce, "roce-listen", "also serve iSER through RDMA/CM on address:port (IPv4 or [IPv6]), the port being the one the service ID names, on the RDMA device --rdma-device picks for that address: a kernel device (an RDMA NIC, rxe, siw) in a build with verbs support, else the software RoCEv2 device (InfiniBand RC in UDP) (repeatable)")
-	f.roceUDP = fs.Int("roce-udp-port", 4791, "UDP port of the software RoCEv2 device (4791 is RoCEv2's; a kernel rxe on the same address owns it)")
-	f.poll = fs.Duration("poll", 0, "the target's receivers (each iSCSI/TCP connection's reader, each software RoCEv2 device's) poll their sockets, and an I/O alone on a file LUN's io_uring its completion, up to this long (such as 1ms, the most) before they sleep, each adapting within it to how long its peer or device takes to answer: lower latency at low queue depths for the CPU the polling takes while traffic flows; 0: off")
-	f.roceGSO = fs.Bool("roce-gso", true, "the software RoCEv2 device sends runs of packets as UDP GSO datagrams; false: one datagram per packet (packet captures on this host then show packets)")
-	fs.Var(&f.srp, "srp-listen", "also serve every target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)")
-	fs.Var(&f.srpRoce, "srp-roce-listen", "also serve every target over SRP through RDMA/CM on address:port (IPv4 or [IPv6]) — the login in the connection request, as Linux ib_srp sends it — on the RDMA device --rdma-device picks for that address: a kernel device (an RDMA NIC, rxe, siw) in a build with verbs support, else the software RoCEv2 device, which also takes logins to each target's IOC GUID as service ID (repeatable)")
-	f.rdmaDevice = fs.String("rdma-device", "auto", "the RDMA device under --roce-listen and --srp-roce-listen: auto (the kernel RDMA device of each address — an RDMA NIC, rxe, siw — in a build with verbs support, else the software RoCEv2 device), soft, or a device name as \"blockwire rdma\" lists it")
-	f.rdmaMemory = fs.String("rdma-memory", "256MiB", "memory registered with a kernel RDMA device at most (the locked-memory limit must allow it)")
-	f.srpID = fs.String("srp-id-ext", "", "the first target's SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)")
 	return f
 }
 
@@ -336,7 +349,7 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 	case "none":
 		state = ""
 	}
-	opts = node.Options{Logger: slog.New(handler), ConfigFile: *f.cfgPath, StateFile: state, StrictSecrets: *f.strictSecrets, RoCEUDPPort: *f.roceUDP,
+	opts = node.Options{Logger: slog.New(handler), ConfigFile: *f.cfgPath, StateFile: state, StrictSecrets: *f.strictSecrets,
 		RequireHeaderDigest: *f.hdigest == "required", RequireDataDigest: *f.ddigest == "required",
 		AdminHTTP: *f.adminHTTP, AdminTokenFile: *f.adminToken}
 	var cfg *config.Config
@@ -352,69 +365,17 @@ func (f *serveFlags) parse(args []string, stderr io.Writer) (*config.Config, nod
 			return nil, opts, code
 		}
 	}
-	// Portals, limits and surfaces: flags given win over the file.
-	for _, o := range []struct {
-		flag string
-		dst  *[]string
-		v    []string
-	}{{"listen", &cfg.Listen, f.listen}, {"srp-listen", &cfg.SRPListen, f.srp}, {"roce-listen", &cfg.ROCEListen, f.iserRoce},
-		{"srp-roce-listen", &cfg.SRPROCEListen, f.srpRoce}, {"admin-dir", &cfg.AdminDirs, f.adminDirs}} {
-		if len(o.v) > 0 {
-			*o.dst = o.v
+	// The node-wide settings: flags given win over the file.
+	for _, sf := range f.settings {
+		if len(sf.values) > 0 {
+			if err := cfg.Set(sf.s.Key, sf.values...); err != nil {
+				fmt.Fprintf(stderr, "blockwire serve: --%s: %v\n", sf.s.Flag, err)
+				return nil, opts, 2
+			}
 		}
 	}
 	if len(cfg.Listen) == 0 && len(cfg.Portals) == 0 {
-		cfg.Listen = []string{"127.0.0.1:3260"}
-	}
-	for _, o := range []struct {
-		flag string
-		dst  *string
-		v    string
-	}{{"srp-id-ext", &cfg.SRPIDExt, *f.srpID}, {"admin-socket", &cfg.AdminSocket, *f.adminSocket}, {"metrics", &cfg.Metrics, *f.metrics},
-		{"isns", &cfg.ISNS, *f.isns}, {"rdma-device", &cfg.RDMADevice, *f.rdmaDevice}, {"rdma-memory", &cfg.RDMAMemory, *f.rdmaMemory}, {"io-budget", &cfg.Limits.IOBudget, *f.ioBudget}, {"session-io-budget", &cfg.Limits.SessionIOBudget, *f.sessionIOBudget}} {
-		if isSet(fs, o.flag) {
-			*o.dst = o.v
-		}
-	}
-	if isSet(fs, "roce-udp-port") {
-		cfg.ROCEUDPPort = *f.roceUDP
-	}
-	if isSet(fs, "iser") {
-		cfg.ISER = f.iser
-	}
-	if isSet(fs, "roce-gso") {
-		cfg.ROCEGSO = f.roceGSO
-	}
-	if isSet(fs, "poll") {
-		cfg.Poll = *f.poll
-	}
-	lim := &cfg.Limits
-	for _, o := range []struct {
-		flag string
-		dst  *time.Duration
-		v    time.Duration
-	}{{"nop-interval", &lim.NopInterval, *f.nop}, {"nop-timeout", &lim.NopTimeout, *f.nopTimeout}, {"login-timeout", &lim.LoginTimeout, *f.loginTimeout}} {
-		if isSet(fs, o.flag) {
-			*o.dst = o.v
-		}
-	}
-	for _, o := range []struct {
-		flag string
-		dst  *int
-		v    int
-	}{{"max-sessions", &lim.MaxSessions, *f.maxSessions}, {"max-sessions-per-source", &lim.MaxSessionsPerSource, *f.maxPerSource},
-		{"max-working-per-source", &lim.MaxWorkingPerSource, *f.maxWorking},
-		{"max-connections", &lim.MaxConnections, *f.maxConns},
-		{"max-discovery-sessions", &lim.MaxDiscoverySessions, *f.maxDiscovery}, {"max-logins-per-source", &lim.MaxLoginsPerSource, *f.maxLogins},
-		{"source-prefix-v6", &lim.SourcePrefixV6, *f.sourcePrefix},
-		{"cmd-window", &lim.CmdWindow, *f.window}, {"max-recv-data-segment-length", &lim.MaxRecvDataSegmentLength, *f.mrdsl}} {
-		if isSet(fs, o.flag) {
-			*o.dst = o.v
-		}
-	}
-	if err := lim.Validate("--"); err != nil {
-		fmt.Fprintln(stderr, err)
-		return nil, opts, 2
+		cfg.Listen = cfg.WithDefaults().Listen
 	}
 	if err := cfg.Validate(); err != nil { // again, with the portals the flags gave
 		fmt.Fprintln(stderr, err)
@@ -603,7 +564,7 @@ const configUsage = `usage: blockwire config check [--strict] FILE
                                     what a start or reload with FILE would change from what the
                                     node last recorded serving (its state: default beside FILE),
                                     and what of it would be refused
-       blockwire config keys        every configuration key with its type and default
+       blockwire config keys        every configuration key: type, default, flag, when it applies
 `
 
 // configVerb is blockwire config: check, diff and keys.
@@ -655,25 +616,29 @@ func configVerb(args []string, stdout, stderr io.Writer) int {
 }
 
 // printKeys prints every configuration key with its type and, where the
-// node has one, its default (the man page's CONFIGURATION section).
+// node has one, its default, serve's flag and when a change takes effect
+// (the man page's CONFIGURATION section): the node-wide settings' from
+// their declarations (config.Settings), the per-target and per-LUN keys'
+// defaults from the default target's flags of the same name.
 func printKeys(w io.Writer) {
-	defaults := map[string]string{"listen": `["127.0.0.1:3260"] (serve --listen)`}
-	// Keys whose default is their serve flag's (the flag of the same
-	// name, the default target's for a LUN's): read from the flag.
-	fs := newServeFlags(io.Discard).fs
-	for _, k := range []string{"iser", "roce_gso", "roce_udp_port", "rdma_device", "rdma_memory", "poll",
-		"target.tpgt", "target.lun.block_size", "target.lun.io_engine", "target.lun.write_cache"} {
-		defaults[k] = fs.Lookup(strings.ReplaceAll(k[strings.LastIndexByte(k, '.')+1:], "_", "-")).DefValue
+	type row struct{ def, flag, reload string }
+	rows := map[string]row{}
+	for _, s := range config.Settings() {
+		rows[s.Key] = row{s.Default, "--" + s.Flag, s.Reload.String()}
 	}
-	lim := reflect.ValueOf(node.DefaultLimits())
-	for i := range lim.NumField() {
-		name, _, _ := strings.Cut(lim.Type().Field(i).Tag.Get("toml"), ",")
-		defaults["limits."+name] = fmt.Sprint(lim.Field(i).Interface())
+	fs := newServeFlags(io.Discard).fs
+	for _, k := range []string{"target.tpgt", "target.lun.block_size", "target.lun.io_engine", "target.lun.write_cache"} {
+		fl := fs.Lookup(strings.ReplaceAll(k[strings.LastIndexByte(k, '.')+1:], "_", "-"))
+		rows[k] = row{def: fl.DefValue}
 	}
 	tw := tabwriter.NewWriter(w, 2, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "KEY\tTYPE\tDEFAULT")
+	fmt.Fprintln(tw, "KEY\tTYPE\tDEFAULT\tFLAG\tCHANGES")
 	for _, k := range config.Keys() {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Path, k.Type, cmp.Or(defaults[k.Path], "-"))
+		r := rows[k.Path]
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Path, k.Type, cmp.Or(r.def, "-"), cmp.Or(r.flag, "-"), cmp.Or(r.reload, "-"))
 	}
 	tw.Flush()
+	fmt.Fprintln(w, "\nCHANGES says when a node-wide setting changed in the file takes effect: at the next start (restart; a reload names\n"+
+		"it and leaves it) or at the reload (live). A reload applies [[target]], [[target.lun]] and [discovery] changes at\n"+
+		"once, except a target's tpgt, port_groups and srp_id_ext, and [[portal]] changes, which wait for the next start.")
 }

@@ -46,7 +46,7 @@ func main() {
 	b.WriteString(".SH CONFIGURATION\n")
 	b.WriteString("serve --config reads a TOML file (/etc/blockwire/blockwire.toml for the systemd unit; " +
 		"/usr/share/doc/blockwire/examples/blockwire.toml shows every key). Its keys, from the schema itself " +
-		"(blockwire config keys), with their types and defaults; a path such as target.lun.size is the key size " +
+		"(blockwire config keys), with their types, defaults, serve flags and when a change applies; a path such as target.lun.size is the key size " +
 		"of a [[target.lun]] table:\n")
 	pre(&b, help("config", "keys"))
 	b.WriteString("Changes made with blockwire admin are recorded in the node's state (serve --state) before they take " +

@@ -19,7 +19,6 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/scsi"
-	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // The RBD tests need a Ceph cluster: BLOCKWIRE_CEPH_CONF names
@@ -177,7 +176,7 @@ func TestRBDTwoGateways(t *testing.T) {
 	// Explicit ALUA: SET TARGET PORT GROUPS through A puts A's group in
 	// standby and B's optimized; B reports it (the states live in the
 	// image's shared record), set explicitly (status code 01h).
-	stpg := []byte{0, 0, 0, 0, byte(scsitarget.Standby), 0, 0, 1, byte(scsitarget.ActiveOptimized), 0, 0, 2}
+	stpg := []byte{0, 0, 0, 0, byte(scsi.Standby), 0, 0, 1, byte(scsi.ActiveOptimized), 0, 0, 2}
 	if _, err := x.Do(ctx, []byte{scsi.OpMaintenanceOut, scsi.SASetTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, byte(len(stpg)), 0, 0}, stpg, nil); err != nil {
 		t.Fatalf("SET TARGET PORT GROUPS through A: %v", err)
 	}
@@ -185,11 +184,11 @@ func TestRBDTwoGateways(t *testing.T) {
 	if _, err := y.Do(ctx, []byte{scsi.OpMaintenanceIn, scsi.SAReportTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0}, nil, rtpg); err != nil {
 		t.Fatalf("REPORT TARGET PORT GROUPS: %v", err)
 	}
-	if rtpg[4]&0x0f != byte(scsitarget.Standby) || rtpg[9] != 0x01 || rtpg[16]&0x0f != byte(scsitarget.ActiveOptimized) || rtpg[21] != 0x01 {
+	if rtpg[4]&0x0f != byte(scsi.Standby) || rtpg[9] != 0x01 || rtpg[16]&0x0f != byte(scsi.ActiveOptimized) || rtpg[21] != 0x01 {
 		t.Fatalf("REPORT TARGET PORT GROUPS through B after SET TARGET PORT GROUPS through A: % x", rtpg[:28])
 	}
 	// And back, for what follows (A's group in standby refuses I/O).
-	stpg[4], stpg[8] = byte(scsitarget.ActiveOptimized), byte(scsitarget.ActiveNonOptimized)
+	stpg[4], stpg[8] = byte(scsi.ActiveOptimized), byte(scsi.ActiveNonOptimized)
 	if _, err := y.Do(ctx, []byte{scsi.OpMaintenanceOut, scsi.SASetTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, byte(len(stpg)), 0, 0}, stpg, nil); err != nil {
 		t.Fatalf("SET TARGET PORT GROUPS through B: %v", err)
 	}
