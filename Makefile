@@ -1,7 +1,11 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test bench bench-file bench-spdk bench-roce fuzz guestlab guestlab-bench deb
+.PHONY: test test-long bench bench-file bench-spdk bench-roce fuzz guestlab guestlab-bench deb
 
 test:
+	go run ./internal/testsum -race -short ./...
+
+# Everything the README's command leaves out too: torture runs, real peers.
+test-long:
 	go test -race ./...
 
 # Side-by-side with tgt (needs root and: apt-get install tgt qemu-utils

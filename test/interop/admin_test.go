@@ -21,6 +21,7 @@ import (
 // CAPACITY; the session is listed with its connection and dropped on
 // request, after which the initiator reconnects by itself.
 func TestAdminAtRuntime(t *testing.T) {
+	long(t)
 	sock := filepath.Join(t.TempDir(), "admin.sock")
 	apiDir := t.TempDir()
 	d := serve(t, "--size", "64MiB", "--admin-socket", sock, "--admin-dir", apiDir)
@@ -147,6 +148,7 @@ func TestAdminAtRuntime(t *testing.T) {
 // TestBashCompletion: the completion script completes verbs, admin verbs
 // and each verb's flags (read from its -h).
 func TestBashCompletion(t *testing.T) {
+	long(t)
 	need(t, "bash")
 	dir := t.TempDir()
 	os.Symlink(binary, filepath.Join(dir, "blockwire"))
@@ -166,6 +168,7 @@ COMP_WORDS=(blockwire admin add-); COMP_CWORD=2; _blockwire; echo "${COMPREPLY[@
 // serve: iSCSI/TCP on listen, iSER there unless iser = false,
 // SRP on srp_listen with its port ID.
 func TestPortalsInConfig(t *testing.T) {
+	long(t)
 	srpAddr := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "portals.toml")
 	os.WriteFile(cfg, []byte(`iser = false

@@ -23,6 +23,7 @@ import (
 // still zero. (A process crash keeps the page cache; a machine crash is
 // the guest lab's to test.)
 func TestAcknowledgedWritesSurviveSIGKILL(t *testing.T) {
+	long(t)
 	img := filepath.Join(t.TempDir(), "durable.img")
 	d := serve(t, "--file", img, "--size", "64MiB")
 	ctx := context.Background()

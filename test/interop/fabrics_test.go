@@ -21,6 +21,7 @@ import (
 // is its own SRP target port, its URL logged), and `admin drop srp-N` ends
 // the SRP session.
 func TestAdminSessionsEveryFabric(t *testing.T) {
+	long(t)
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
 	srpAddr := freePort(t)

@@ -18,6 +18,7 @@ import (
 // differs is refused (a 64 MiB image was grown to 1 GiB, and a
 // 2 GiB one was served as 1 GiB, silently).
 func TestServeFileKeepsAnExistingImage(t *testing.T) {
+	long(t)
 	dir := t.TempDir()
 	small := filepath.Join(dir, "small.img")
 	big := filepath.Join(dir, "big.img")
@@ -66,6 +67,7 @@ func TestServeFileKeepsAnExistingImage(t *testing.T) {
 // the socket is never reachable by others (mode 0600 from the start); a
 // file that is not a socket is not replaced.
 func TestAdminSocketNeverTakenOver(t *testing.T) {
+	long(t)
 	dir := t.TempDir()
 	sock := filepath.Join(dir, "admin.sock")
 	serve(t, "--admin-socket", sock)
@@ -94,6 +96,7 @@ func TestAdminSocketNeverTakenOver(t *testing.T) {
 // admin client with --url and that file works, a request without it (as a
 // web page would send) is refused and changes nothing.
 func TestAdminHTTPNeedsTheToken(t *testing.T) {
+	long(t)
 	dir := t.TempDir()
 	tok := filepath.Join(dir, "token")
 	api := freePort(t)
@@ -121,6 +124,7 @@ func TestAdminHTTPNeedsTheToken(t *testing.T) {
 // existing larger file is replaced (with --force), not left with a stale tail (once
 // the copy was fully allocated).
 func TestCopyToAFileIsSparse(t *testing.T) {
+	long(t)
 	d := serve(t, "--size", "64MiB")
 	dir := t.TempDir()
 	src := filepath.Join(dir, "src.img")
@@ -155,6 +159,7 @@ func TestCopyToAFileIsSparse(t *testing.T) {
 // secret from a file or the environment, the URL naming only the user, so
 // it never shows in ps.
 func TestCHAPSecretOffTheCommandLine(t *testing.T) {
+	long(t)
 	dir := t.TempDir()
 	cfg := filepath.Join(dir, "chap.toml")
 	os.WriteFile(cfg, []byte(`
@@ -189,6 +194,7 @@ size = "8MiB"
 // a newcomer who follows them reaches the LUN from libiscsi, QEMU and
 // blockwire itself.
 func TestReadmeCommands(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls", "iscsi-inq", "qemu-img")
 	readme, err := os.ReadFile("../../README.md")
 	if err != nil {

@@ -18,6 +18,7 @@ import (
 // gateway. When tgt goes away, commands fail with a retryable sense, not
 // with wrong data.
 func TestGatewayInFrontOfTgt(t *testing.T) {
+	long(t)
 	need(t, "qemu-img")
 	const iqn = "iqn.2026-11.org.blockwire:behind-gateway"
 	tgt, stopTgt := startTgtStop(t, iqn, 64<<20)

@@ -98,6 +98,7 @@ func blockwire(t *testing.T, args ...string) (string, int) {
 // TestInitiatorAgainstTgt: our initiator writes to tgt and QEMU's libiscsi
 // driver reads it back, and the reverse.
 func TestInitiatorAgainstTgt(t *testing.T) {
+	long(t)
 	need(t, "qemu-img")
 	const iqn = "iqn.2026-11.org.blockwire:tgt-peer"
 	addr := startTgt(t, iqn, 64<<20)
@@ -160,6 +161,7 @@ func TestInitiatorAgainstTgt(t *testing.T) {
 // QD 1 and 32, reads and writes, and mutual CHAP with a wrong target
 // secret.
 func TestInitiatorBenchVerifyAgainstOurTarget(t *testing.T) {
+	long(t)
 	d := serve(t, "--size", "64MiB")
 	url := d.url(defaultIQN, 0)
 	for _, rw := range []string{"randwrite", "randread", "write", "read"} {

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"flag"
 	"fmt"
 	"net"
 	"os"
@@ -32,6 +33,10 @@ const defaultIQN = "iqn.2026-11.org.blockwire:default"
 var binary string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() { // every test skips (long): nothing to build
+		os.Exit(m.Run())
+	}
 	dir, err := os.MkdirTemp("", "blockwire-interop")
 	if err != nil {
 		panic(err)
@@ -46,6 +51,15 @@ func TestMain(m *testing.M) {
 	os.RemoveAll(dir)
 	reportSkipped()
 	os.Exit(code)
+}
+
+// long skips a test under -short: the README's test command leaves the
+// runs against real peers to .ci/run, which runs this package whole.
+func long(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("long: against real peers (libiscsi, QEMU, tgt, tshark, open-isns); go test without -short runs it, as .ci/run does")
+	}
 }
 
 // skipped collects, by missing tool, the tests need skipped.
@@ -216,6 +230,7 @@ func mustRun(t *testing.T, timeout time.Duration, name string, args ...string) s
 }
 
 func TestLibiscsiDiscoveryAndInquiry(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls", "iscsi-inq", "iscsi-readcapacity16")
 	d := serve(t)
 	out := mustRun(t, 30*time.Second, "iscsi-ls", "-s", "iscsi://"+d.addr)
@@ -285,6 +300,7 @@ func sameFirst(t *testing.T, a, b string, n int64) {
 }
 
 func TestQemuConvertRoundTrip(t *testing.T) {
+	long(t)
 	need(t, "qemu-img")
 	d := serve(t)
 	src := randomImage(t, 64<<20)
@@ -319,6 +335,7 @@ func TestQemuConvertRoundTrip(t *testing.T) {
 }
 
 func TestQemuBench(t *testing.T) {
+	long(t)
 	need(t, "qemu-img")
 	d := serve(t)
 	url := d.url(defaultIQN, 0)
@@ -343,6 +360,7 @@ func TestQemuBench(t *testing.T) {
 }
 
 func TestCHAPWithLibiscsi(t *testing.T) {
+	long(t)
 	need(t, "iscsi-inq")
 	cfg := filepath.Join(t.TempDir(), "chap.toml")
 	os.WriteFile(cfg, []byte(`
@@ -393,6 +411,7 @@ size = "64MiB"
 
 // TestACLWithLibiscsi checks initiator-name ACLs and per-initiator CHAP.
 func TestACLWithLibiscsi(t *testing.T) {
+	long(t)
 	need(t, "iscsi-inq")
 	cfg := filepath.Join(t.TempDir(), "acl.toml")
 	os.WriteFile(cfg, []byte(`
@@ -467,6 +486,7 @@ size = "8MiB"
 // on a file-backed LUN must have no failures. The target must survive all
 // of it.
 func TestIscsiTestCu(t *testing.T) {
+	long(t)
 	need(t, "iscsi-test-cu", "iscsi-inq")
 	second := freePort(t)
 	plain := serve(t, "--target-reset", "--size", "256MiB", "--listen", second)
@@ -659,6 +679,7 @@ func failures(out string) string {
 // stops blockwire with SIGTERM (exit 0, backends flushed), and checks the
 // file and a second daemon on the same file.
 func TestFileBackendSurvivesRestart(t *testing.T) {
+	long(t)
 	need(t, "qemu-img")
 	img := filepath.Join(t.TempDir(), "lun0.img")
 	d := serve(t, "--file", img, "--size", "64MiB")
@@ -684,6 +705,7 @@ func TestFileBackendSurvivesRestart(t *testing.T) {
 // TestSIGTERMDuringIO stops blockwire while QEMU is writing: it must ask
 // for logout, drain and exit 0 within the logout wait.
 func TestSIGTERMDuringIO(t *testing.T) {
+	long(t)
 	need(t, "qemu-img")
 	d := serve(t)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -705,6 +727,7 @@ func TestSIGTERMDuringIO(t *testing.T) {
 }
 
 func TestConfigCheck(t *testing.T) {
+	long(t)
 	// The shipped example passes as it is: no environment prepared, run
 	// from another directory.
 	example, _ := filepath.Abs("../../examples/blockwire.toml")
@@ -730,6 +753,7 @@ func TestConfigCheck(t *testing.T) {
 // TestDiscoveryCHAPWithLibiscsi: with [discovery] CHAP, iscsi-ls without
 // the secret is refused and learns no target; with it, it lists them.
 func TestDiscoveryCHAPWithLibiscsi(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls")
 	cfg := filepath.Join(t.TempDir(), "disc.toml")
 	os.WriteFile(cfg, []byte(`
@@ -764,6 +788,7 @@ size = "8MiB"
 // (0101) sends iscsi-ls and QEMU to the portal that serves it; the data
 // they read is that portal's.
 func TestLoginRedirectWithLibiscsiAndQEMU(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls", "qemu-img")
 	const iqn = "iqn.2026-11.org.blockwire:moved"
 	home := serve(t, "--iqn", iqn, "--size", "24MiB")
@@ -792,6 +817,7 @@ redirect = "`+home.addr+`"
 // CAPACITY through libiscsi see exactly them; an initiator the ACL does
 // not name is refused.
 func TestLUNMaskingWithLibiscsi(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls", "iscsi-readcapacity16")
 	const iqn = "iqn.2026-11.org.blockwire:masked"
 	cfg := filepath.Join(t.TempDir(), "masked.toml")
@@ -861,6 +887,7 @@ size = "32MiB"
 // cannot choose its source address, so the refusal is checked with a
 // network that excludes it).
 func TestTargetPortalsAndSourcesWithLibiscsi(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls", "iscsi-inq")
 	second := freePort(t)
 	cfg := filepath.Join(t.TempDir(), "portals.toml")

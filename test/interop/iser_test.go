@@ -16,6 +16,7 @@ import (
 // profile, then a 64 MiB copy in and out that must come back
 // byte-identical, then the same bytes read over iSCSI/TCP.
 func TestISERBenchVerifyAndCopy(t *testing.T) {
+	long(t)
 	d := serve(t, "--size", "96MiB")
 	url := "iser://" + strings.TrimPrefix(d.url(defaultIQN, 0), "iscsi://")
 	for _, profile := range []string{"linux", "rfc5046"} {

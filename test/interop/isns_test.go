@@ -17,6 +17,7 @@ import (
 // portals with Debian's open-isns server (isnsd, on loopback), isnsadm
 // lists them, and they are gone after blockwire shuts down.
 func TestISNSRegistration(t *testing.T) {
+	long(t)
 	need(t, "isnsd", "isnsadm")
 	dir := t.TempDir()
 	// A port of our own: an isnsd the package installation started may

@@ -20,6 +20,7 @@ import (
 // read it: MPA revision 1 and 2, CRC on and off, every RDMAP opcode we
 // send, no malformed frame, and with CRC negotiated every CRC "Good".
 func TestTsharkDecodesOurIWARP(t *testing.T) {
+	long(t)
 	need(t, "tshark")
 	if os.Geteuid() != 0 {
 		t.Skip("capturing on lo needs root")
@@ -183,6 +184,7 @@ func exchange(t *testing.T, f *siw.Fabric, ln net.Listener) {
 // dissectors the rest, with no malformed frame (tshark 4.0 cannot decode
 // iSER over iWARP itself, facts §5.2).
 func TestTsharkDecodesISERRFC5046(t *testing.T) {
+	long(t)
 	need(t, "tshark")
 	if os.Geteuid() != 0 {
 		t.Skip("capturing on lo needs root")

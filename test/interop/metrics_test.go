@@ -17,6 +17,7 @@ import (
 // what QEMU's iSCSI driver did — its reads, writes and bytes, and their
 // latency histogram — and a refused login.
 func TestMetricsReflectQemuBench(t *testing.T) {
+	long(t)
 	need(t, "qemu-img", "iscsi-inq")
 	maddr := freePort(t)
 	d := serve(t, "--metrics", maddr)
@@ -100,6 +101,7 @@ func TestMetricsReflectQemuBench(t *testing.T) {
 // warning for a non-loopback address without a token is
 // cmd/blockwire's TestMetricsExposedWarning).
 func TestMetricsGuarded(t *testing.T) {
+	long(t)
 	maddr := freePort(t)
 	tok := filepath.Join(t.TempDir(), "metrics.token")
 	os.WriteFile(tok, []byte("scrape-secret\n"), 0o600)

@@ -28,6 +28,7 @@ import (
 // data or cut initiators off are refused with the LUN, the reason and the
 // flag, and change nothing; admin save writes files that load.
 func TestOperatorSession(t *testing.T) {
+	long(t)
 	const (
 		tgt  = "iqn.2026-11.org.example:db"
 		tgt2 = "iqn.2026-11.org.example:scratch"
@@ -281,6 +282,7 @@ name = "` + tgt + `"
 // operational-stage PDU, which blockwire tolerates (identical identity
 // keys only) and logs once; a discovery listing and a LUN listing work.
 func TestLibiscsiWithUnaskedCHAP(t *testing.T) {
+	long(t)
 	need(t, "iscsi-ls")
 	const ini = "iqn.2026-11.org.example:libiscsi-chap"
 	d := serve(t, "--size", "8MiB")

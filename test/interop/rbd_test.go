@@ -52,6 +52,7 @@ func rbdImage(t *testing.T, conf, size string) string {
 // iscsi-test-cu's read, write, unmap, write-same and compare-and-write
 // families with the outcomes testdata/iscsi-test-cu.expected lists.
 func TestRBDLikeAFile(t *testing.T) {
+	long(t)
 	conf := cephConf(t)
 	need(t, "iscsi-inq", "iscsi-readcapacity16", "iscsi-test-cu", "qemu-img")
 	img := rbdImage(t, conf, "256M")
@@ -129,6 +130,7 @@ func gateway(t *testing.T, conf, img string, tpgt int) *daemon {
 // per gateway, passes; REPORT TARGET PORT GROUPS shows both groups; a
 // reservation taken through A is enforced through B.
 func TestRBDTwoGateways(t *testing.T) {
+	long(t)
 	conf := cephConf(t)
 	need(t, "iscsi-test-cu")
 	img := rbdImage(t, conf, "256M")
@@ -248,6 +250,7 @@ func TestRBDTwoGateways(t *testing.T) {
 // middle. The initiator fails over to B, replays what was in flight, and
 // every acknowledged write reads back.
 func TestRBDGatewayDiesUnderLoad(t *testing.T) {
+	long(t)
 	conf := cephConf(t)
 	img := rbdImage(t, conf, "256M")
 	a, b := gateway(t, conf, img, 1), gateway(t, conf, img, 2)

@@ -24,6 +24,7 @@ import (
 // change admits another initiator, a removed target is gone; a file with
 // errors changes nothing.
 func TestReloadOnSIGHUP(t *testing.T) {
+	long(t)
 	const (
 		one = "iqn.2026-11.org.example:one"
 		two = "iqn.2026-11.org.example:two"
@@ -144,6 +145,7 @@ size = "16MiB"
 // --config is logged and ignored — the process and its memory LUN's data
 // stay; SIGINT does what SIGTERM does (logged, drained, exit 0).
 func TestSignalsAsOperatorsExpect(t *testing.T) {
+	long(t)
 	d := serve(t, "--size", "8MiB")
 	src := randomImage(t, 1<<20)
 	if out, code := blockwire(t, "write", "--overwrite", d.url(defaultIQN, 0), "--in", src); code != 0 {
@@ -185,6 +187,7 @@ func TestSignalsAsOperatorsExpect(t *testing.T) {
 // TestOneServerPerImage: a second serve of an image already served is
 // refused with the holder's pid, and the first keeps serving.
 func TestOneServerPerImage(t *testing.T) {
+	long(t)
 	img := filepath.Join(t.TempDir(), "disk.img")
 	first := serve(t, "--file", img, "--size", "16MiB")
 	cmd := exec.Command(binary, "serve", "--listen", freePort(t), "--file", img)

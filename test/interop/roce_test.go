@@ -13,6 +13,7 @@ import (
 // infiniband dissector decodes every packet: the CM handshake, RC packets
 // with iSER and iSCSI inside, no malformed frame.
 func TestISEROverRoCEDecodedByTshark(t *testing.T) {
+	long(t)
 	need(t, "tshark")
 	udp := freePort(t)
 	_, udpPort, _ := strings.Cut(udp, ":")

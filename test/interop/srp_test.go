@@ -19,6 +19,7 @@ import (
 // byte-identical, then the same bytes read over iSCSI/TCP: both fabrics
 // serve one SCSI target.
 func TestSRPBenchVerifyAndCopy(t *testing.T) {
+	long(t)
 	srpAddr := freePort(t)
 	d := serve(t, "--size", "96MiB", "--srp-listen", srpAddr)
 	var url string
@@ -63,6 +64,7 @@ func TestSRPBenchVerifyAndCopy(t *testing.T) {
 // a protected target over SRP needs srp_initiators; only the ports listed
 // get in; changing them by reload takes effect for the next login.
 func TestSRPHonoursTheTargetACL(t *testing.T) {
+	long(t)
 	need(t, "iscsi-inq")
 	dir := t.TempDir()
 	srpAddr := freePort(t)

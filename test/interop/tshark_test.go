@@ -17,6 +17,7 @@ import (
 // or error-level expert item, and the exchange must contain the PDU kinds
 // of login, discovery, immediate and solicited writes, reads and logout.
 func TestTsharkDecodesOurTraffic(t *testing.T) {
+	long(t)
 	need(t, "tshark", "iscsi-ls", "qemu-img")
 	if os.Geteuid() != 0 {
 		t.Skip("capturing on lo needs root")

@@ -106,13 +106,19 @@ func TestModel(t *testing.T) {
 	}
 }
 
-// short runs the harness for d (less with -short) and fails the test on
-// an error or a verdict other than want.
-func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
+// long skips a harness run under -short: the README's test command
+// leaves the torture runs to .ci/run, which runs this package whole.
+func long(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
-		cfg.Duration /= 3
+		t.Skip("long: a torture run (faults injected, the history checked); go test without -short runs it, as .ci/run does")
 	}
+}
+
+// short runs the harness for d and fails the test on an error or a
+// verdict other than want.
+func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
+	t.Helper()
 	if cfg.Artifact == "" {
 		// Kept after the test for a failing history (CI prints where).
 		cfg.Artifact = filepath.Join(os.TempDir(), "blockwire-torture-"+t.Name()+".html")
@@ -140,6 +146,7 @@ func short(t *testing.T, cfg Config, want porcupine.CheckResult) *Report {
 // session (MC/S), every fault, against the target in this process whose
 // storage loses its unflushed cache on a crash.
 func TestTortureTCP(t *testing.T) {
+	long(t)
 	rep := short(t, Config{Duration: 45 * time.Second, Seed: 1, Connections: 2, FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
 	if rep.Faults["crash"] == 0 {
 		t.Errorf("no crash injected: %v", rep.Faults)
@@ -157,6 +164,7 @@ func TestTortureTCP(t *testing.T) {
 // memory, however long the run — and that bound is checked on the way:
 // no write of a session lands after a login that reinstated it.
 func TestTortureNetworkOnly(t *testing.T) {
+	long(t)
 	rep := short(t, Config{Duration: 20 * time.Second, Seed: 3, FaultEvery: 500 * time.Millisecond,
 		Faults: []string{"reset", "reset-one", "partition", "delay"}}, porcupine.Ok)
 	if !strings.HasPrefix(rep.Checked, "checked in") || strings.Contains(rep.Checked, "the checker failed") || !strings.HasSuffix(rep.Checked, " 0 not)") {
@@ -166,12 +174,14 @@ func TestTortureNetworkOnly(t *testing.T) {
 
 // TestTortureISER: the same over iSER on the software iWARP device.
 func TestTortureISER(t *testing.T) {
+	long(t)
 	short(t, Config{Duration: 45 * time.Second, Seed: 2, Fabric: "iser", FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
 }
 
 // TestTortureWriteThrough: with the write cache off, every acknowledged
 // write must survive a crash, FUA or not.
 func TestTortureWriteThrough(t *testing.T) {
+	long(t)
 	short(t, Config{Duration: 20 * time.Second, Seed: 3, WriteThrough: true, Faults: []string{"crash", "reset"},
 		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
 }
@@ -181,6 +191,7 @@ func TestTortureWriteThrough(t *testing.T) {
 // I/O paths, and with every read, write and FUA write (RWF_DSYNC) through
 // io_uring with O_DIRECT, whose completions arrive asynchronously.
 func TestTortureKill(t *testing.T) {
+	long(t)
 	bin := filepath.Join(t.TempDir(), "blockwire")
 	if out, err := exec.Command("go", "build", "-o", bin, "github.com/blockwire/blockwire/cmd/blockwire").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -235,6 +246,7 @@ func TestPowerCutCommand(t *testing.T) {
 // SYNCHRONIZE CACHE without making anything durable must fail the check,
 // with the breaking operations listed and the visualization written.
 func TestCheckerCatchesLostFUA(t *testing.T) {
+	long(t)
 	html := filepath.Join(t.TempDir(), "history.html")
 	rep := short(t, Config{Duration: 9 * time.Second, Seed: 5, LieAboutFlush: true, Faults: []string{"crash"},
 		FaultEvery: 300 * time.Millisecond, Artifact: html}, porcupine.Illegal)
@@ -257,6 +269,7 @@ func TestCheckerCatchesLostFUA(t *testing.T) {
 // The same bug in the SCSI core is among TestHarnessCatchesMutations';
 // here the storage lies, and the run is shorter.
 func TestCheckerCatchesLyingSyncCache(t *testing.T) {
+	long(t)
 	short(t, Config{Duration: 10 * time.Second, Seed: 1, Connections: 2, LieAboutSync: true, FaultEvery: 500 * time.Millisecond}, porcupine.Illegal)
 	if _, err := Run(context.Background(), Config{Duration: time.Second, LieAboutSync: true, FUAFlushesAll: true}); err == nil {
 		t.Error("a lying SYNCHRONIZE CACHE on storage whose FUA flushes everything was run (FUA would lie too)")
@@ -266,6 +279,7 @@ func TestCheckerCatchesLyingSyncCache(t *testing.T) {
 // TestTortureFUAFlushesAll: the earlier storage double, FUA flushing
 // every cached block, still runs clean.
 func TestTortureFUAFlushesAll(t *testing.T) {
+	long(t)
 	short(t, Config{Duration: 10 * time.Second, Seed: 8, FUAFlushesAll: true, Faults: []string{"crash", "reset"},
 		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
 }
@@ -274,6 +288,7 @@ func TestTortureFUAFlushesAll(t *testing.T) {
 // times while it writes, with resets, partitions and delays: none of its
 // writes sent before a preemption may land after it.
 func TestTorturePreempt(t *testing.T) {
+	long(t)
 	rep := short(t, Config{Duration: 30 * time.Second, Seed: 6, Faults: []string{"preempt", "reset", "partition", "delay"},
 		FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
 	if rep.Ops["preempt ok"] == 0 || rep.Ops["write refused: reservation conflict"] == 0 {
@@ -287,6 +302,7 @@ func TestTorturePreempt(t *testing.T) {
 // partitions and delays. Needs a cluster: BLOCKWIRE_CEPH_CONF names its
 // ceph.conf (.ci/run's Ceph stage sets it; test/ceph/up.sh starts one).
 func TestTortureCephGateways(t *testing.T) {
+	long(t)
 	conf, bin, dir, img := cephGateways(t, "torture")
 	rep := short(t, Config{Duration: 45 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
 		Faults: []string{"crash", "reset", "partition", "delay"}}, porcupine.Ok)
@@ -305,6 +321,7 @@ func TestTortureCephGateways(t *testing.T) {
 // gateway ends the victim's writes on the other too before it completes
 // (scsitarget/prgate.go), so none lands after it. (The Ceph stage.)
 func TestTortureCephGatewaysPreempt(t *testing.T) {
+	long(t)
 	conf, bin, dir, img := cephGateways(t, "torture-preempt")
 	short(t, Config{Duration: 20 * time.Second, Seed: 7, Binary: bin, Dir: dir, RBD: img, CephConf: conf,
 		Faults: []string{"preempt", "reset"}, FaultEvery: 500 * time.Millisecond}, porcupine.Ok)
@@ -473,6 +490,7 @@ func TestValuesTornInAnEdgeWord(t *testing.T) {
 // proves nothing about preemptions, linearizable or not: the command
 // fails it and says why (the go tests did; the command exited 0).
 func TestCLIFailsAnImplausibleRun(t *testing.T) {
+	long(t)
 	var out, errOut strings.Builder
 	code := run([]string{"-faults", "preempt", "-fault-every", "1h", "-duration", "2s", "-seed", "6"}, &out, &errOut)
 	if code != 1 || !strings.Contains(out.String(), "implausible: no preemption took effect") {
@@ -498,6 +516,7 @@ func TestCLIFailsAnImplausibleRun(t *testing.T) {
 // block being written: PREEMPT AND ABORT must abort those writes or wait
 // for them, so that none lands after it completed.
 func TestTorturePreemptInFlight(t *testing.T) {
+	long(t)
 	rep := short(t, Config{Duration: 10 * time.Second, Seed: 6, WriteDelay: 10 * time.Millisecond, Faults: []string{"preempt", "reset"},
 		FaultEvery: 300 * time.Millisecond}, porcupine.Ok)
 	t.Logf("%d preemptions", rep.Ops["preempt ok"])
@@ -558,6 +577,7 @@ var mutations = []struct {
 // anything. A mutation whose code is gone from its file fails the test
 // until it is brought up to date.
 func TestHarnessCatchesMutations(t *testing.T) {
+	long(t)
 	root, err := filepath.Abs("../..")
 	if err != nil {
 		t.Fatal(err)
@@ -620,6 +640,7 @@ func overlay(t *testing.T, root, dir, file, old, new string) string {
 // preempted client's writes — must fail preemptions on two gateways of
 // one Ceph RBD image. (Runs in .ci/run's Ceph stage.)
 func TestTortureCephGatewaysCatchStaleReservations(t *testing.T) {
+	long(t)
 	conf := os.Getenv("BLOCKWIRE_CEPH_CONF")
 	if conf == "" {
 		t.Skip("no Ceph cluster: BLOCKWIRE_CEPH_CONF is not set (.ci/run's Ceph stage runs this)")
