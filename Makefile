@@ -2,11 +2,11 @@
 .PHONY: test test-long bench bench-file bench-spdk bench-roce fuzz guestlab guestlab-bench deb
 
 test:
-	go run ./internal/testsum -race -short ./...
+	go run ./internal/testsum -race ./...
 
-# Everything the README's command leaves out too: torture runs, real peers.
+# With the long runs the README's command skips: torture, real peers.
 test-long:
-	go test -race ./...
+	BLOCKWIRE_LONG=1 go run ./internal/testsum -race -timeout 20m ./...
 
 # Side-by-side with tgt (needs root and: apt-get install tgt qemu-utils
 # qemu-block-extra libiscsi-bin iperf3).

@@ -436,7 +436,7 @@ func (ts *testServer) sessions(t *testing.T, n int, keys []text.KV) []*tclient {
 	t.Helper()
 	var cs []*tclient
 	for i := range n {
-		c := dial(t, ts.addr)
+		c := ts.dial(t)
 		c.isid[5] = byte(i + 1)
 		c.mustLogin(keys...)
 		cs = append(cs, c)

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -28,10 +29,11 @@ import (
 const testIQN = "iqn.2026-11.org.blockwire:unit"
 
 type testServer struct {
-	srv  *Server
-	addr string
-	dev  *scsitarget.Device
-	l    net.Listener
+	srv   *Server
+	addr  string
+	dev   *scsitarget.Device
+	l     net.Listener
+	pipes *pipeListener // startBubbleServer's: what ts.dial connects through
 }
 
 func startServer(t testing.TB, opts Options, mod func(*Target)) *testServer {
@@ -65,6 +67,27 @@ func startServerOn[A datamover.Acceptor](t testing.TB, opts Options, mod func(*T
 // startServerAt is startServerOn logging from level lvl up.
 func startServerAt[A datamover.Acceptor](t testing.TB, opts Options, mod func(*Target), w io.Writer, accept func(net.Listener) A, lvl slog.Level) *testServer {
 	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return serveOn(t, opts, mod, w, lvl, accept(l), l, nil)
+}
+
+// startBubbleServer starts a server in the caller's synctest bubble: its
+// connections are in-memory pipes (ts.dial), so that every wait of the
+// target's — login timeout, NOP interval and timeout, idle discovery — is
+// on the bubble's clock and a test of them takes no time.
+func startBubbleServer(t *testing.T, opts Options) *testServer {
+	t.Helper()
+	l := newPipeListener()
+	return serveOn(t, opts, nil, os.Stderr, slog.LevelWarn, fabric.TCP(l), l, l)
+}
+
+// serveOn serves a target with one 16 MiB LU through the acceptor a,
+// which takes connections from l.
+func serveOn(t testing.TB, opts Options, mod func(*Target), w io.Writer, lvl slog.Level, a datamover.Acceptor, l net.Listener, pipes *pipeListener) *testServer {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: lvl}))
 	dev := scsitarget.NewDevice(testIQN, log)
 	be, _ := mem.New(16 << 20)
@@ -81,19 +104,110 @@ func startServerAt[A datamover.Acceptor](t testing.TB, opts Options, mod func(*T
 	if err := srv.AddTarget(tg); err != nil {
 		t.Fatal(err)
 	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(accept(l))
-	ts := &testServer{srv: srv, addr: l.Addr().String(), dev: dev, l: l}
+	go srv.Serve(a)
+	ts := &testServer{srv: srv, addr: l.Addr().String(), dev: dev, l: l, pipes: pipes}
 	t.Cleanup(func() {
 		ctx, cancel := contextWithTimeout(5 * time.Second)
 		defer cancel()
 		srv.Shutdown(ctx)
+		if pipes != nil {
+			dev.Close() // the LU's workers end: a bubble ends with all its goroutines
+		}
 	})
 	return ts
 }
+
+// dial connects to the server: through its pipes in a bubble, else TCP.
+func (ts *testServer) dial(t testing.TB) *tclient {
+	t.Helper()
+	if ts.pipes == nil {
+		return dial(t, ts.addr)
+	}
+	nc := ts.pipes.dial()
+	t.Cleanup(func() { nc.Close() })
+	return &tclient{t: t, nc: nc, r: bufio.NewReader(nc), isid: [6]byte{0x80, 0, 0, 0, 0, 1}, keys: map[string]string{}}
+}
+
+// pipeListener hands out the server's ends of in-memory connections
+// (net.Pipe, which a synctest bubble's clock and deadlocks govern).
+type pipeListener struct {
+	conns     chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
+}
+
+func newPipeListener() *pipeListener {
+	return &pipeListener{conns: make(chan net.Conn), done: make(chan struct{})}
+}
+
+// dial returns the client's end of a new connection, once the server
+// took the other.
+func (l *pipeListener) dial() net.Conn {
+	c, s := bufferedPipe()
+	select {
+	case l.conns <- s:
+	case <-l.done:
+		s.Close()
+	}
+	return c
+}
+
+// bufferedPipe is net.Pipe with a buffer each way, as a socket has: a
+// write returns once its bytes are buffered, not when the other end reads
+// them (a target pinging a peer that reads nothing is not held by it).
+func bufferedPipe() (client, server net.Conn) {
+	client, c2 := net.Pipe()
+	s2, server := net.Pipe()
+	go pump(c2, s2)
+	go pump(s2, c2)
+	return client, server
+}
+
+// pump copies from one pipe end to another through a buffer of up to
+// 256 reads; when either side closes, so does the other.
+func pump(from, to net.Conn) {
+	q := make(chan []byte, 256)
+	go func() {
+		for b := range q {
+			if _, err := to.Write(b); err != nil {
+				from.Close()
+			}
+		}
+		to.Close()
+	}()
+	for {
+		b := make([]byte, 64<<10)
+		n, err := from.Read(b)
+		if n > 0 {
+			q <- b[:n]
+		}
+		if err != nil {
+			close(q)
+			return
+		}
+	}
+}
+
+func (l *pipeListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.conns:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *pipeListener) Close() error {
+	l.closeOnce.Do(func() { close(l.done) })
+	return nil
+}
+
+func (l *pipeListener) Addr() net.Addr { return pipeAddr{} }
+
+type pipeAddr struct{}
+
+func (pipeAddr) Network() string { return "pipe" }
+func (pipeAddr) String() string  { return "pipe" }
 
 type tclient struct {
 	t         testing.TB

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/blockwire/blockwire/datamover"
@@ -33,21 +34,29 @@ func TestDiscoverySessionsPerSource(t *testing.T) {
 // within DiscoveryIdle ends, even while it answers every NOP-In ping — it
 // holds a place others need; one that asks goes on.
 func TestIdleDiscoverySessionsEnd(t *testing.T) {
-	ts := startServer(t, Options{NopInterval: 100 * time.Millisecond, NopTimeout: time.Second, DiscoveryIdle: 600 * time.Millisecond}, nil)
-	idle := ts.sessions(t, 1, discoveryKeys(ini))[0]
-	// Answer every ping until the target ends the session.
-	end := time.Now().Add(5 * time.Second)
-	for {
-		h, _, ok := idle.recv(time.Until(end))
-		if !ok {
-			break
+	synctest.Test(t, func(t *testing.T) {
+		const idleFor = 600 * time.Millisecond
+		ts := startBubbleServer(t, Options{NopInterval: 100 * time.Millisecond, NopTimeout: time.Second, DiscoveryIdle: idleFor})
+		idle := ts.sessions(t, 1, discoveryKeys(ini))[0]
+		start := time.Now()
+		// Answer every ping until the target ends the session.
+		pings := 0
+		for {
+			h, _, ok := idle.recv(5 * time.Second)
+			if !ok {
+				break
+			}
+			pings++
+			idle.pong(h)
 		}
-		idle.pong(h)
-	}
-	if time.Now().After(end) {
-		t.Fatal("an idle discovery session answering its pings was not ended within 5 s")
-	}
-	ts.hit(t, "discovery_idle", 1)
+		if d := time.Since(start); d < idleFor || d > idleFor+200*time.Millisecond {
+			t.Fatalf("an idle discovery session answering its %d pings ended after %v, want %v (and a tick)", pings, d, idleFor)
+		}
+		if pings < 4 {
+			t.Fatalf("%d pings answered in %v with a 100 ms interval", pings, idleFor)
+		}
+		ts.hit(t, "discovery_idle", 1)
+	})
 }
 
 // TestLoginsInProgressNodeWide: the connections still logging in are

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
@@ -298,79 +299,105 @@ func TestAbortTaskWaitingForData(t *testing.T) {
 	}
 }
 
+// TestNopPingDropsSilentConnection: an idle connection is pinged every
+// NopInterval; one that answers stays, one that does not is dropped
+// NopTimeout after the ping (RFC 7143 §11.19). On the bubble's clock.
 func TestNopPingDropsSilentConnection(t *testing.T) {
-	ts := startServer(t, Options{NopInterval: 100 * time.Millisecond, NopTimeout: 300 * time.Millisecond}, nil)
-	silent := dial(t, ts.addr)
-	silent.mustLogin(normalKeys(ini)...)
-	answering := dial(t, ts.addr)
-	answering.isid[5] = 9
-	answering.mustLogin(normalKeys(ini)...)
-	pings := 0
-	deadline := time.Now().Add(1500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		rh, _, ok := answering.recv(time.Until(deadline))
-		if !ok {
-			break
+	synctest.Test(t, func(t *testing.T) {
+		const interval, timeout = 100 * time.Millisecond, 300 * time.Millisecond
+		ts := startBubbleServer(t, Options{NopInterval: interval, NopTimeout: timeout})
+		silent := ts.dial(t)
+		silent.mustLogin(normalKeys(ini)...)
+		silentSince := time.Now()
+		answering := ts.dial(t)
+		answering.isid[5] = 9
+		answering.mustLogin(normalKeys(ini)...)
+		// The silent connection reads nothing: the target's pings wait in
+		// its buffer, and the target drops it.
+		gone := make(chan time.Duration, 1)
+		go func() {
+			for len(ts.srv.Sessions()) == 2 && time.Since(silentSince) < 5*time.Second {
+				time.Sleep(time.Millisecond)
+			}
+			gone <- time.Since(silentSince)
+		}()
+		pings := 0
+		deadline := time.Now().Add(1500 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			rh, _, ok := answering.recv(time.Until(deadline))
+			if !ok {
+				break
+			}
+			if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
+				pings++
+				answering.pong(rh)
+			}
 		}
-		if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
-			pings++
-			out := pdu.NopOut{Immediate: true, ITT: pdu.ReservedITT, TTT: binary.BigEndian.Uint32(rh[20:]), CmdSN: answering.cmdSN}
-			var h pdu.BHS
-			out.Encode(&h)
-			answering.sendRaw(&h, nil, nil)
+		if pings < 5 {
+			t.Fatalf("%d pings in 1.5s with a %v interval", pings, interval)
 		}
-	}
-	if pings < 2 {
-		t.Fatalf("%d pings in 1.5s with a 100ms interval", pings)
-	}
-	for {
-		rh, _, ok := silent.recv(2 * time.Second)
-		if !ok {
-			break
+		// Pinged at the first tick after an interval of silence (the
+		// interval and at most a tick), dropped at the first tick after
+		// the timeout: 500 ms here, on the bubble's clock to the
+		// millisecond the watcher above polls at.
+		if d := <-gone; d < interval+timeout || d > 2*interval+timeout+2*time.Millisecond {
+			t.Errorf("silent connection dropped %v after its login: want the interval, at most a tick and the NOP timeout (%v to %v)", d, interval+timeout, 2*interval+timeout)
 		}
-		if rh.Opcode() != pdu.OpNopIn {
-			t.Fatalf("silent connection got %s", rh.Opcode())
+		for {
+			rh, _, ok := silent.recv(time.Second)
+			if !ok {
+				break
+			}
+			if rh.Opcode() != pdu.OpNopIn {
+				t.Fatalf("silent connection got %s", rh.Opcode())
+			}
 		}
-	}
-	answering.nc.SetReadDeadline(time.Time{})
-	answering.command(tur(), false, 0, nil, 0)
-	if r := answering.command(tur(), false, 0, nil, 0); r.status != 0 {
-		t.Fatalf("answering connection: %d", r.status)
-	}
+		answering.nc.SetReadDeadline(time.Time{})
+		answering.command(tur(), false, 0, nil, 0)
+		if r := answering.command(tur(), false, 0, nil, 0); r.status != 0 {
+			t.Fatalf("answering connection: %d", r.status)
+		}
+	})
 }
 
 // A connection that keeps talking is not pinged: every PDU it sends
 // counts as heard, whichever of the pinger's ticks it falls between.
 func TestBusyConnectionIsNotPinged(t *testing.T) {
-	ts := startServer(t, Options{NopInterval: 100 * time.Millisecond, NopTimeout: 300 * time.Millisecond}, nil)
-	c := dial(t, ts.addr)
-	c.mustLogin(normalKeys(ini)...)
-	pings := 0
-	for end := time.Now().Add(time.Second); time.Now().Before(end); {
-		itt := c.itt
-		c.itt++
-		sendCommand(c, itt, tur(), false, false, 0)
-		for {
-			rh, _ := c.must(5 * time.Second)
-			if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
-				pings++
-				continue
+	synctest.Test(t, func(t *testing.T) {
+		ts := startBubbleServer(t, Options{NopInterval: 100 * time.Millisecond, NopTimeout: 300 * time.Millisecond})
+		c := ts.dial(t)
+		c.mustLogin(normalKeys(ini)...)
+		pings := 0
+		for end := time.Now().Add(time.Second); time.Now().Before(end); {
+			itt := c.itt
+			c.itt++
+			sendCommand(c, itt, tur(), false, false, 0)
+			for {
+				rh, _ := c.must(5 * time.Second)
+				if rh.Opcode() == pdu.OpNopIn && rh.ITT() == pdu.ReservedITT {
+					pings++
+					continue
+				}
+				if rh.Opcode() != pdu.OpSCSIResponse || rh.ITT() != itt {
+					t.Fatalf("got %s (ITT %#x) waiting for the response to %#x", rh.Opcode(), rh.ITT(), itt)
+				}
+				break
 			}
-			if rh.Opcode() != pdu.OpSCSIResponse || rh.ITT() != itt {
-				t.Fatalf("got %s (ITT %#x) waiting for the response to %#x", rh.Opcode(), rh.ITT(), itt)
-			}
-			break
+			time.Sleep(90 * time.Millisecond)
 		}
-		time.Sleep(30 * time.Millisecond)
-	}
-	if pings != 0 {
-		t.Fatalf("%d pings in 1 s on a connection that sent a command every 30 ms (interval 100 ms)", pings)
-	}
-	// Silent from now on: pinged within the interval and a tick or two.
-	rh, _, ok := c.recv(time.Second)
-	if !ok || rh.Opcode() != pdu.OpNopIn || rh.ITT() != pdu.ReservedITT {
-		t.Fatalf("no ping within 1 s of silence: %v %s", ok, rh.Opcode())
-	}
+		if pings != 0 {
+			t.Fatalf("%d pings in 1 s on a connection that sent a command every 90 ms (interval 100 ms)", pings)
+		}
+		// Silent from now on: pinged within the interval and a tick.
+		silence := time.Now()
+		rh, _, ok := c.recv(time.Second)
+		if !ok || rh.Opcode() != pdu.OpNopIn || rh.ITT() != pdu.ReservedITT {
+			t.Fatalf("no ping within 1 s of silence: %v %s", ok, rh.Opcode())
+		}
+		if d := time.Since(silence); d > 200*time.Millisecond {
+			t.Fatalf("pinged %v into the silence, interval 100 ms", d)
+		}
+	})
 }
 
 func TestSessionReinstatement(t *testing.T) {
@@ -618,44 +645,54 @@ func TestTargetColdResetDropsSessions(t *testing.T) {
 	}
 }
 
+// TestLoginTimeout: a connection whose login has not finished within
+// LoginTimeout is dropped then, not before; one logged in is not.
 func TestLoginTimeout(t *testing.T) {
-	ts := startServer(t, Options{LoginTimeout: 200 * time.Millisecond}, nil)
-	c := dial(t, ts.addr)
-	start := time.Now()
-	if _, _, ok := c.recv(3 * time.Second); ok {
-		t.Fatal("got a PDU without logging in")
-	}
-	if el := time.Since(start); el > 2*time.Second {
-		t.Fatalf("silent connection dropped after %v, timeout 200ms", el)
-	}
-	// A login that completes in time is not affected.
-	c = dial(t, ts.addr)
-	c.mustLogin(normalKeys(ini)...)
-	time.Sleep(400 * time.Millisecond)
-	c.command(tur(), false, 0, nil, 0)
-	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
-		t.Fatalf("TUR after the login timeout elapsed: %d", r.status)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		const timeout = 200 * time.Millisecond
+		ts := startBubbleServer(t, Options{LoginTimeout: timeout})
+		c := ts.dial(t)
+		start := time.Now()
+		if _, _, ok := c.recv(3 * time.Second); ok {
+			t.Fatal("got a PDU without logging in")
+		}
+		if el := time.Since(start); el < timeout || el > timeout+50*time.Millisecond {
+			t.Fatalf("silent connection dropped after %v, timeout %v", el, timeout)
+		}
+		// A login that completes in time is not affected.
+		c = ts.dial(t)
+		c.mustLogin(normalKeys(ini)...)
+		time.Sleep(2 * timeout)
+		c.command(tur(), false, 0, nil, 0)
+		if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+			t.Fatalf("TUR after the login timeout elapsed: %d", r.status)
+		}
+	})
 }
 
 // TestOneWayNopOut: a NOP-Out with ITT and TTT both 0xffffffff only
 // confirms ExpStatSN (RFC 7143 §11.18.1); it gets no answer and no Reject.
 func TestOneWayNopOut(t *testing.T) {
-	ts := startServer(t, Options{}, nil)
-	c := dial(t, ts.addr)
-	c.mustLogin(normalKeys(ini)...)
-	c.command(tur(), false, 0, nil, 0) // unit attention
-	nop := pdu.NopOut{Immediate: true, ITT: pdu.ReservedITT, TTT: pdu.ReservedTTT, CmdSN: c.cmdSN}
-	var h pdu.BHS
-	nop.Encode(&h)
-	c.sendRaw(&h, nil, nil)
-	if rh, _, ok := c.recv(300 * time.Millisecond); ok {
-		t.Fatalf("one-way NOP-Out answered with %v", rh.Opcode())
-	}
-	c.nc.SetReadDeadline(time.Time{})
-	if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
-		t.Fatalf("TUR after a one-way NOP-Out: %d", r.status)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		ts := startBubbleServer(t, Options{})
+		c := ts.dial(t)
+		c.mustLogin(normalKeys(ini)...)
+		c.command(tur(), false, 0, nil, 0) // unit attention
+		nop := pdu.NopOut{Immediate: true, ITT: pdu.ReservedITT, TTT: pdu.ReservedTTT, CmdSN: c.cmdSN}
+		var h pdu.BHS
+		nop.Encode(&h)
+		c.sendRaw(&h, nil, nil)
+		// Everything the target would do with it is done once the
+		// bubble is idle: an answer would be buffered by then.
+		synctest.Wait()
+		if rh, _, ok := c.recv(time.Millisecond); ok {
+			t.Fatalf("one-way NOP-Out answered with %v", rh.Opcode())
+		}
+		c.nc.SetReadDeadline(time.Time{})
+		if r := c.command(tur(), false, 0, nil, 0); r.status != 0 {
+			t.Fatalf("TUR after a one-way NOP-Out: %d", r.status)
+		}
+	})
 }
 
 // TestMaxSessions: a login beyond the session limit fails with "out of
