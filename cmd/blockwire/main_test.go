@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 
@@ -75,44 +74,6 @@ func TestHelpAndExitCodes(t *testing.T) {
 		all := out.String() + errOut.String()
 		if code != c.code || !strings.Contains(all, c.says) {
 			t.Errorf("blockwire %s: exit %d, want %d with %q:\n%s", strings.Join(c.args, " "), code, c.code, c.says, all)
-		}
-	}
-}
-
-// TestServeFlagsDocumented keeps docs/configuration.md's flag table and
-// serve's flags in step: every flag is documented, and nothing documented
-// is missing (--removable, --roce-listen, … were not listed).
-func TestServeFlagsDocumented(t *testing.T) {
-	var out, errOut bytes.Buffer
-	if code := run([]string{"serve", "-h"}, &out, &errOut); code != 0 {
-		t.Fatalf("serve -h: exit %d", code)
-	}
-	have := map[string]bool{}
-	for _, m := range regexp.MustCompile(`(?m)^  -([a-z0-9-]+)`).FindAllStringSubmatch(errOut.String()+out.String(), -1) {
-		have[m[1]] = true
-	}
-	doc, err := os.ReadFile("../../docs/configuration.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	documented := map[string]bool{}
-	for _, m := range regexp.MustCompile("(?m)^\\| `--([a-z0-9-]+)").FindAllStringSubmatch(string(doc), -1) {
-		documented[m[1]] = true
-	}
-	for _, m := range regexp.MustCompile("(?m)^\\| `--[a-z0-9-]+[^|]*`, `--([a-z0-9-]+)").FindAllStringSubmatch(string(doc), -1) {
-		documented[m[1]] = true // two flags in one row
-	}
-	if len(have) < 30 {
-		t.Fatalf("only %d flags read from serve -h:\n%s", len(have), errOut.String())
-	}
-	for f := range have {
-		if !documented[f] {
-			t.Errorf("--%s is not in docs/configuration.md's flag table", f)
-		}
-	}
-	for f := range documented {
-		if !have[f] {
-			t.Errorf("docs/configuration.md documents --%s, which serve does not have", f)
 		}
 	}
 }
