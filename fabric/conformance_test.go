@@ -3,6 +3,9 @@ package fabric_test
 import (
 	"context"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
+	"github.com/blockwire/blockwire/rdma/verbs"
 )
 
 // connect dials addr with d while a accepts, and returns both sides as
@@ -66,9 +70,11 @@ func tcpPortal(t *testing.T, iwarp bool) (datamover.Acceptor, string) {
 // (datamover/dmtest) on every datamover the fabrics build: iSCSI/TCP,
 // iSER over software iWARP in both forms (connection first; the RFC 5046
 // profile, which turns a TCP connection into iSER after its login), and
-// iSER over the software RoCEv2 device. The verbs build's devices run the
-// same datamover (datamover/iser) over rdma-core: the guest lab covers
-// them against Linux.
+// iSER over the software RoCEv2 device, and — in the verbs build, where
+// BLOCKWIRE_DMTEST_VERBS names kernel RDMA devices and an address of each
+// (the guest lab's verbs-conformance scenario: rxe and siw) — iSER over
+// the kernel's devices through rdma-core, target and initiator on one
+// device.
 func TestDatamoversConform(t *testing.T) {
 	t.Run("TCP", func(t *testing.T) {
 		dmtest.TestConn(t, func(t *testing.T) (*datamover.Established, func() *datamover.Established) {
@@ -109,5 +115,50 @@ func TestDatamoversConform(t *testing.T) {
 			t.Cleanup(func() { a.Close() })
 			return connect(t, a, &fabric.Dialer{RDMA: idev}, "127.0.0.21:3260", datamover.DialParams{ISER: true})
 		})
+	})
+	t.Run("ISERoverVerbs", func(t *testing.T) {
+		spec := os.Getenv("BLOCKWIRE_DMTEST_VERBS")
+		if spec == "" {
+			t.Skip("kernel RDMA devices (rxe, siw) through rdma-core: the guest lab runs this (BLOCKWIRE_DMTEST_VERBS=\"device=address:port ...\", a verbs build)")
+		}
+		for _, f := range strings.Fields(spec) {
+			name, addr, ok := strings.Cut(f, "=")
+			if !ok {
+				t.Fatalf("BLOCKWIRE_DMTEST_VERBS: %q is not device=address:port", f)
+			}
+			host, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				t.Fatalf("BLOCKWIRE_DMTEST_VERBS: %v", err)
+			}
+			next, _ := strconv.Atoi(port)
+			t.Run(name, func(t *testing.T) {
+				// Two handles on the device: the target's memory is
+				// registered for local access only, the initiator's for
+				// the peer's RDMA Reads and Writes (verbs.Options.Remote).
+				tdev, err := verbs.Open(name, verbs.Options{MaxMemory: 64 << 20})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { tdev.Close() })
+				idev, err := verbs.Open(name, verbs.Options{Remote: true, MaxMemory: 64 << 20})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { idev.Close() })
+				dmtest.TestConn(t, func(t *testing.T) (*datamover.Established, func() *datamover.Established) {
+					// A port of its own for each pair: a failed case's
+					// connections may hold theirs until the device closes.
+					at := net.JoinHostPort(host, strconv.Itoa(next))
+					next++
+					ln, err := tdev.Listen(at)
+					if err != nil {
+						t.Fatal(err)
+					}
+					a := fabric.ISER(ln, tdev.PD(), iser.Options{})
+					t.Cleanup(func() { a.Close() })
+					return connect(t, a, &fabric.Dialer{RDMA: idev}, at, datamover.DialParams{ISER: true})
+				})
+			})
+		}
 	})
 }

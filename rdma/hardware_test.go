@@ -198,3 +198,40 @@ func TestHardwareRegionsWithWindows(t *testing.T) {
 		t.Fatal("a region without windows mapped memory that grants no remote rights")
 	}
 }
+
+// TestSettleCopiesOutOnce: Settle puts what the peer wrote into a bounce
+// in the caller's buffer at once and gives the bounce back; the
+// Invalidate that follows copies nothing more (a bounce reused by another
+// region meanwhile does not reach this buffer). Registered memory, never
+// bounced, is left as it is.
+func TestSettleCopiesOutOnce(t *testing.T) {
+	a := &arena{mem: make([]byte, 64<<10), used: map[uintptr]int{}, rkey: 0x77, right: LocalWrite | RemoteRead | RemoteWrite}
+	pd := NewHardwarePD("hw3", a)
+	mr, _ := pd.AllocMR()
+	user := make([]byte, 3000)
+	if _, err := mr.Map(user, 0, RemoteWrite|LocalWrite); err != nil {
+		t.Fatal(err)
+	}
+	bounce := mr.Buf()
+	copy(bounce, bytes.Repeat([]byte{0xcd}, 3000))
+	mr.Settle()
+	if !bytes.Equal(user, bytes.Repeat([]byte{0xcd}, 3000)) {
+		t.Fatal("Settle did not copy the peer's data out of the bounce")
+	}
+	if len(a.used) != 0 {
+		t.Fatal("Settle kept the bounce buffer")
+	}
+	copy(bounce, bytes.Repeat([]byte{0xee}, 3000)) // the bounce, reused
+	mr.Invalidate()
+	if !bytes.Equal(user, bytes.Repeat([]byte{0xcd}, 3000)) {
+		t.Fatal("Invalidate after Settle copied a reused bounce into the buffer")
+	}
+	reg := pd.Alloc(1000)
+	if _, err := mr.Map(reg, 0, RemoteWrite); err != nil {
+		t.Fatal(err)
+	}
+	mr.Settle()
+	if len(a.used) != 1 || !mr.Valid() {
+		t.Fatalf("Settle on registered memory: %d pieces in use, valid %v", len(a.used), mr.Valid())
+	}
+}

@@ -531,6 +531,26 @@ func (mr *MR) Invalidate() {
 	d.mu.Unlock()
 }
 
+// Settle copies what the peer wrote into the region's bounce buffer out
+// to the caller's buffer now and gives the bounce back (on a device with
+// windows, ending the window too): an initiator settles its read region
+// when the SCSI Response arrives, so the data is in its buffer when the
+// response is delivered, not only once the task is deallocated. A region
+// without a bounce buffer is left as it is; what Invalidate does later
+// then has nothing more to copy.
+func (mr *MR) Settle() {
+	d := mr.pd.dev
+	d.mu.Lock()
+	bounce := mr.bounce != nil
+	if bounce && mr.win == nil {
+		mr.releaseBounce()
+	}
+	d.mu.Unlock()
+	if bounce && mr.win != nil {
+		mr.releaseWindow()
+	}
+}
+
 // Deregister invalidates the region and frees its index.
 func (mr *MR) Deregister() {
 	d := mr.pd.dev

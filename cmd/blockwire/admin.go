@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -71,41 +72,64 @@ JSON (docs/json.md); the other verbs always answer in JSON.
 // administration socket; admin uses it when told no other.
 const defaultAdminSocket = "/run/blockwire/admin.sock"
 
-// adminVerbs are the verbs admin knows.
-var adminVerbs = map[string]bool{"ls": true, "sessions": true, "drop": true, "luns": true, "add-lun": true, "remove-lun": true, "resize": true,
-	"add-target": true, "remove-target": true, "set-initiators": true, "acl-add": true, "acl-remove": true, "acl-from": true,
-	"map-lun": true, "unmap-lun": true, "chap": true, "portals": true, "reload": true, "save": true}
+// adminVerbs are the verbs admin knows, each with the function that runs
+// it: its arguments checked, its request made, its answer printed.
+var adminVerbs = map[string]func(*adminCall) int{
+	"ls": adminLs, "sessions": adminSessions, "luns": adminLuns, "drop": adminDrop,
+	"add-lun": adminAddLUN, "remove-lun": adminRemoveLUN, "resize": adminResize,
+	"add-target": adminAddTarget, "remove-target": adminRemoveTarget,
+	"set-initiators": adminList, "portals": adminList,
+	"acl-add": adminACL, "acl-remove": adminACL, "acl-from": adminACL, "map-lun": adminACL, "unmap-lun": adminACL,
+	"chap": adminCHAP, "reload": adminReload, "save": adminSave,
+}
+
+// adminFlags are admin's flags; each verb reads those it takes.
+type adminFlags struct {
+	sock, apiURL, tokenFile                            *string
+	size, file, remoteURL                              *string
+	blockSize                                          *int
+	readOnly, shrink, force, dryRun                    *bool
+	from, lunList, user, secretFile, initiators        *string
+	srpPort, secretStdin, clearCHAP, mutual, discovery *bool
+	asJSON                                             *bool
+}
+
+func newAdminFlags(fs *flag.FlagSet) *adminFlags {
+	defSock := os.Getenv("BLOCKWIRE_ADMIN_SOCKET")
+	if defSock == "" {
+		defSock = defaultAdminSocket
+	}
+	return &adminFlags{
+		sock:        fs.String("socket", defSock, "the administration socket (or BLOCKWIRE_ADMIN_SOCKET)"),
+		apiURL:      fs.String("url", "", "the administration API over HTTP (serve --admin-http), instead of the socket"),
+		tokenFile:   fs.String("token-file", node.DefaultTokenFile(), "with --url: the file holding serve's token"),
+		size:        fs.String("size", "", "add-lun: an in-memory LUN of this size"),
+		file:        fs.String("file", "", "add-lun: a file-backed LUN"),
+		remoteURL:   fs.String("remote", "", "add-lun: another target's LUN (gateway)"),
+		blockSize:   fs.Int("block-size", 0, "add-lun: logical block size"),
+		readOnly:    fs.Bool("read-only", false, "add-lun: write-protected"),
+		shrink:      fs.Bool("shrink", false, "resize, reload: allow a smaller size (the data past it is lost; a reload never truncates a file)"),
+		force:       fs.Bool("force", false, "remove-lun, remove-target, reload: allow removing or replacing what is in use, replacing in-memory LUNs, and the file's side of a conflict with live changes"),
+		dryRun:      fs.Bool("dry-run", false, "reload: print what would change, change nothing"),
+		from:        fs.String("from", "", "acl-add: the networks it may log in from, comma-separated"),
+		lunList:     fs.String("luns", "", "acl-add: the LUNs it sees, comma-separated (N, or M=N)"),
+		srpPort:     fs.Bool("srp", false, "acl-*: the initiator is an SRP port (ID_EXT:GUID)"),
+		user:        fs.String("user", "", "chap: the user name"),
+		secretFile:  fs.String("secret-file", "", "chap: the file holding the secret (in an --admin-dir; the node reads it)"),
+		secretStdin: fs.Bool("secret-stdin", false, "chap: read the secret from standard input (kept in the node's state, mode 0600)"),
+		clearCHAP:   fs.Bool("clear", false, "chap: remove the credentials"),
+		mutual:      fs.Bool("mutual", false, "chap: the target's own credentials (mutual CHAP)"),
+		discovery:   fs.Bool("discovery", false, "chap: discovery sessions' CHAP"),
+		initiators:  fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)"),
+		asJSON:      fs.Bool("json", false, "ls, sessions, luns, reload --dry-run: print the API's JSON instead of a table"),
+	}
+}
 
 // adminVerb is the client of the administration API (package admin).
 func adminVerb(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("admin", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	defSock := os.Getenv("BLOCKWIRE_ADMIN_SOCKET")
-	if defSock == "" {
-		defSock = defaultAdminSocket
-	}
-	sock := fs.String("socket", defSock, "the administration socket (or BLOCKWIRE_ADMIN_SOCKET)")
-	apiURL := fs.String("url", "", "the administration API over HTTP (serve --admin-http), instead of the socket")
-	tokenFile := fs.String("token-file", node.DefaultTokenFile(), "with --url: the file holding serve's token")
-	size := fs.String("size", "", "add-lun: an in-memory LUN of this size")
-	file := fs.String("file", "", "add-lun: a file-backed LUN")
-	remoteURL := fs.String("remote", "", "add-lun: another target's LUN (gateway)")
-	blockSize := fs.Int("block-size", 0, "add-lun: logical block size")
-	readOnly := fs.Bool("read-only", false, "add-lun: write-protected")
-	shrink := fs.Bool("shrink", false, "resize, reload: allow a smaller size (the data past it is lost; a reload never truncates a file)")
-	force := fs.Bool("force", false, "remove-lun, remove-target, reload: allow removing or replacing what is in use, replacing in-memory LUNs, and the file's side of a conflict with live changes")
-	dryRun := fs.Bool("dry-run", false, "reload: print what would change, change nothing")
-	from := fs.String("from", "", "acl-add: the networks it may log in from, comma-separated")
-	lunList := fs.String("luns", "", "acl-add: the LUNs it sees, comma-separated (N, or M=N)")
-	srpPort := fs.Bool("srp", false, "acl-*: the initiator is an SRP port (ID_EXT:GUID)")
-	user := fs.String("user", "", "chap: the user name")
-	secretFile := fs.String("secret-file", "", "chap: the file holding the secret (in an --admin-dir; the node reads it)")
-	secretStdin := fs.Bool("secret-stdin", false, "chap: read the secret from standard input (kept in the node's state, mode 0600)")
-	clearCHAP := fs.Bool("clear", false, "chap: remove the credentials")
-	mutual := fs.Bool("mutual", false, "chap: the target's own credentials (mutual CHAP)")
-	discovery := fs.Bool("discovery", false, "chap: discovery sessions' CHAP")
-	initiators := fs.String("initiators", "", "add-target: the initiators admitted, comma-separated (default: everyone)")
-	asJSON := fs.Bool("json", false, "ls, sessions, luns, reload --dry-run: print the API's JSON instead of a table")
+	f := newAdminFlags(fs)
 	fs.Usage = func() {} // --help prints adminUsage and the flags once, below
 	pos, err := parse(fs, args)
 	if errors.Is(err, flag.ErrHelp) {
@@ -118,243 +142,106 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		io.WriteString(stderr, adminUsage)
 		return exitUsage
 	}
-	if !adminVerbs[pos[0]] {
+	run, ok := adminVerbs[pos[0]]
+	if !ok {
 		fmt.Fprintf(stderr, "blockwire admin: unknown admin verb %q\n\n", pos[0])
 		io.WriteString(stderr, adminUsage)
 		return exitUsage
 	}
-	base, token := "http://blockwire", ""
-	client := &http.Client{Timeout: 30 * time.Second}
-	if *apiURL != "" {
-		b, err := os.ReadFile(*tokenFile)
-		if err != nil {
-			fmt.Fprintf(stderr, "blockwire admin: the API's token: %v (serve --admin-http writes it to its --admin-http-token file)\n", err)
-			return exitUsage
-		}
-		base, token = strings.TrimRight(*apiURL, "/"), strings.TrimSpace(string(b))
-	} else {
-		client.Transport = &http.Transport{
-			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-				var d net.Dialer
-				return d.DialContext(ctx, "unix", *sock)
-			}}
+	api, err := newAPIClient(f)
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire admin:", err)
+		return exitUsage
 	}
-	call := func(method, path string, body, out any) error {
-		var rd io.Reader
-		if body != nil {
-			b, _ := json.Marshal(body)
-			rd = bytes.NewReader(b)
-		}
-		req, _ := http.NewRequest(method, base+path, rd)
-		req.Header.Set("Content-Type", "application/json")
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		resp, err := client.Do(req)
-		if err != nil {
-			if *apiURL == "" {
-				return &unreachable{fmt.Errorf("cannot reach the administration socket %s (%v): is blockwire serve running with --admin-socket %s?", *sock, errors.Unwrap(err), *sock)}
-			}
-			return &unreachable{fmt.Errorf("cannot reach the administration API at %s (%v): is blockwire serve running with --admin-http?", *apiURL, errors.Unwrap(err))}
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			var e admin.Error
-			json.NewDecoder(resp.Body).Decode(&e)
-			return fmt.Errorf("%s", e.Error)
-		}
-		return json.NewDecoder(resp.Body).Decode(out)
-	}
-	for _, p := range []*string{file, secretFile} {
+	for _, p := range []*string{f.file, f.secretFile} {
 		if *p != "" {
 			if abs, err := filepath.Abs(*p); err == nil {
 				*p = abs // the daemon may have another working directory
 			}
 		}
 	}
-	need := func(n int) bool {
-		if len(pos) != n {
-			io.WriteString(stderr, adminUsage)
-			return false
+	return run(&adminCall{pos: pos, f: f, api: api, stdout: stdout, stderr: stderr})
+}
+
+// apiClient makes requests of the administration API, over its Unix
+// socket or over HTTP with the token.
+type apiClient struct {
+	base, token string
+	where, hint string // what to name when it does not answer, and what to check
+	client      *http.Client
+}
+
+func newAPIClient(f *adminFlags) (*apiClient, error) {
+	c := &apiClient{base: "http://blockwire", client: &http.Client{Timeout: 30 * time.Second}}
+	if *f.apiURL != "" {
+		b, err := os.ReadFile(*f.tokenFile)
+		if err != nil {
+			return nil, fmt.Errorf("the API's token: %v (serve --admin-http writes it to its --admin-http-token file)", err)
 		}
-		return true
+		c.base, c.token = strings.TrimRight(*f.apiURL, "/"), strings.TrimSpace(string(b))
+		c.where, c.hint = "the administration API at "+*f.apiURL, "is blockwire serve running with --admin-http?"
+		return c, nil
 	}
-	var res any
-	switch pos[0] {
-	case "ls":
-		var tr admin.Tree
-		if err = call("GET", "/tree", nil, &tr); err == nil {
-			if *asJSON {
-				writeJSON(stdout, tr)
-			} else {
-				printTree(stdout, tr)
-			}
-			return exitOK
-		}
-	case "acl-add", "acl-remove", "acl-from", "map-lun", "unmap-lun":
-		ch, code := aclChange(pos, *srpPort, *from, *lunList, stderr)
-		if code != exitOK {
-			return code
-		}
-		err = call("POST", "/acl", ch, &res)
-	case "chap":
-		ch := admin.CHAPChange{Discovery: *discovery, Mutual: *mutual, Clear: *clearCHAP, User: *user, SecretFile: *secretFile}
-		want := 2
-		if *discovery {
-			want = 1
-		}
-		if len(pos) != want && !(!*discovery && len(pos) == 3) {
-			io.WriteString(stderr, adminUsage)
-			return exitUsage
-		}
-		if !*discovery {
-			ch.Target = pos[1]
-			if len(pos) == 3 {
-				ch.Initiator = pos[2]
-			}
-		}
-		if *secretStdin {
-			b, rerr := io.ReadAll(io.LimitReader(os.Stdin, 4096))
-			if rerr != nil {
-				fmt.Fprintln(stderr, "blockwire admin: reading the secret:", rerr)
-				return exitError
-			}
-			ch.Secret = strings.TrimRight(string(b), "\r\n")
-		}
-		if !ch.Clear && (ch.User == "" || (ch.Secret == "") == (ch.SecretFile == "")) {
-			fmt.Fprintln(stderr, "blockwire admin: chap needs --user and one of --secret-file or --secret-stdin (or --clear)")
-			return exitUsage
-		}
-		err = call("POST", "/chap", ch, &res)
-	case "sessions":
-		var ss []admin.Session
-		if err = call("GET", "/sessions", nil, &ss); err == nil && *asJSON {
-			writeJSON(stdout, append([]admin.Session{}, ss...))
-			return exitOK
-		}
-		if err == nil {
-			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "ID\tFABRIC\tTARGET\tINITIATOR\tPORT\tCONNECTIONS\tIN FLIGHT\tREADS\tWRITES")
-			for _, s := range ss {
-				inflight := 0
-				conns := ""
-				for i, c := range s.Connections {
-					inflight += c.InFlight
-					if i > 0 {
-						conns += ","
-					}
-					conns += fmt.Sprintf("%s:%s:%s", c.ID, c.Transport, c.Remote)
-				}
-				port := s.Port
-				if port == "" {
-					port = "-"
-				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", s.ID, s.Fabric, s.Target, s.Initiator, port, conns, inflight, s.Commands["read"], s.Commands["write"])
-			}
-			tw.Flush()
-			return exitOK
-		}
-	case "drop":
-		if !need(2) {
-			return exitUsage
-		}
-		err = call("DELETE", "/sessions/"+url.PathEscape(pos[1]), nil, &res)
-	case "luns":
-		var ls []admin.LUN
-		if err = call("GET", "/luns", nil, &ls); err == nil && *asJSON {
-			writeJSON(stdout, append([]admin.LUN{}, ls...))
-			return exitOK
-		}
-		if err == nil {
-			tw := tabwriter.NewWriter(stdout, 2, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "TARGET\tLUN\tSIZE\tBLOCK SIZE")
-			for _, l := range ls {
-				fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", l.Target, l.LUN, config.HumanSize(l.Size), l.BlockSize)
-			}
-			tw.Flush()
-			return exitOK
-		}
-	case "add-lun":
-		if !need(3) {
-			return exitUsage
-		}
-		n, perr := strconv.ParseUint(pos[2], 10, 64)
-		if perr != nil {
-			fmt.Fprintln(stderr, "blockwire: LUN:", perr)
-			return exitUsage
-		}
-		err = call("POST", "/luns", admin.NewLU{Target: pos[1], LUN: n, Size: *size, File: *file, Remote: *remoteURL,
-			BlockSize: *blockSize, ReadOnly: *readOnly}, &res)
-	case "remove-lun":
-		if !need(3) {
-			return exitUsage
-		}
-		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+forceQuery(*force), nil, &res)
-	case "resize":
-		if !need(4) {
-			return exitUsage
-		}
-		sz, perr := config.ParseSize(pos[3])
-		if perr != nil {
-			fmt.Fprintln(stderr, "blockwire: SIZE:", perr)
-			return exitUsage
-		}
-		q := "?size=" + strconv.FormatInt(sz, 10)
-		if *shrink {
-			q += "&shrink=true"
-		}
-		err = call("POST", "/targets/"+url.PathEscape(pos[1])+"/luns/"+url.PathEscape(pos[2])+"/resize"+q, nil, &res)
-	case "add-target":
-		if !need(2) {
-			return exitUsage
-		}
-		nt := admin.NewTarget{Name: pos[1], Initiators: splitList(*initiators),
-			LUNs: []admin.NewLU{{LUN: 0, Size: *size, File: *file, Remote: *remoteURL, BlockSize: *blockSize, ReadOnly: *readOnly}}}
-		err = call("POST", "/targets", nt, &res)
-	case "remove-target":
-		if !need(2) {
-			return exitUsage
-		}
-		err = call("DELETE", "/targets/"+url.PathEscape(pos[1])+forceQuery(*force), nil, &res)
-	case "set-initiators", "portals":
-		// A target's list: its ACL's plain names, or its portals.
-		if len(pos) != 2 && len(pos) != 3 {
-			io.WriteString(stderr, adminUsage)
-			return exitUsage
-		}
-		list := []string{}
-		if len(pos) == 3 {
-			list = splitList(pos[2])
-		}
-		what := map[string]string{"set-initiators": "initiators", "portals": "portals"}[pos[0]]
-		err = call("PUT", "/targets/"+url.PathEscape(pos[1])+"/"+what, list, &res)
-	case "reload":
-		q := url.Values{}
-		for k, v := range map[string]bool{"dry_run": *dryRun, "shrink": *shrink, "force": *force} {
-			if v {
-				q.Set(k, "true")
-			}
-		}
-		var rr admin.ReloadResult
-		if err = call("POST", "/reload?"+q.Encode(), nil, &rr); err == nil && *dryRun && !*asJSON {
-			printPlan(stdout, rr)
-			return exitOK
-		}
-		res = rr
-	case "save":
-		path := ""
-		if len(pos) > 1 {
-			if path, err = filepath.Abs(pos[1]); err != nil {
-				break
-			}
-		}
-		err = call("POST", "/save?path="+url.QueryEscape(path), nil, &res)
-	default:
-		io.WriteString(stderr, adminUsage)
-		return exitUsage
+	sock := *f.sock
+	c.client.Transport = &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}}
+	c.where, c.hint = "the administration socket "+sock, "is blockwire serve running with --admin-socket "+sock+"?"
+	return c, nil
+}
+
+// call makes one request; out receives the answer's JSON.
+func (c *apiClient) call(method, path string, body, out any) error {
+	var rd io.Reader
+	if body != nil {
+		b, _ := json.Marshal(body)
+		rd = bytes.NewReader(b)
 	}
+	req, _ := http.NewRequest(method, c.base+path, rd)
+	req.Header.Set("Content-Type", "application/json")
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
+	resp, err := c.client.Do(req)
 	if err != nil {
-		fmt.Fprintln(stderr, "blockwire admin:", err)
+		return &unreachable{fmt.Errorf("cannot reach %s (%v): %s", c.where, errors.Unwrap(err), c.hint)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		var e admin.Error
+		json.NewDecoder(resp.Body).Decode(&e)
+		return fmt.Errorf("%s", e.Error)
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// adminCall is one run of an admin verb: its arguments (the verb first),
+// the flags, the API and where to write.
+type adminCall struct {
+	pos            []string
+	f              *adminFlags
+	api            *apiClient
+	stdout, stderr io.Writer
+}
+
+// usage prints admin's usage: the arguments did not fit the verb.
+func (c *adminCall) usage() int {
+	io.WriteString(c.stderr, adminUsage)
+	return exitUsage
+}
+
+// post makes a request whose answer is printed as JSON.
+func (c *adminCall) post(method, path string, body any) int {
+	var res any
+	return c.done(res, c.api.call(method, path, body, &res))
+}
+
+// done prints the answer as JSON, or the error with its exit code.
+func (c *adminCall) done(res any, err error) int {
+	if err != nil {
+		fmt.Fprintln(c.stderr, "blockwire admin:", err)
 		var u *unreachable
 		if errors.As(err, &u) {
 			return exitUnreachable
@@ -362,8 +249,201 @@ func adminVerb(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	b, _ := json.Marshal(res)
-	fmt.Fprintln(stdout, string(b))
+	fmt.Fprintln(c.stdout, string(b))
 	return exitOK
+}
+
+func adminLs(c *adminCall) int {
+	var tr admin.Tree
+	if err := c.api.call("GET", "/tree", nil, &tr); err != nil {
+		return c.done(nil, err)
+	}
+	if *c.f.asJSON {
+		writeJSON(c.stdout, tr)
+	} else {
+		printTree(c.stdout, tr)
+	}
+	return exitOK
+}
+
+func adminSessions(c *adminCall) int {
+	var ss []admin.Session
+	if err := c.api.call("GET", "/sessions", nil, &ss); err != nil {
+		return c.done(nil, err)
+	}
+	if *c.f.asJSON {
+		writeJSON(c.stdout, append([]admin.Session{}, ss...))
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tFABRIC\tTARGET\tINITIATOR\tPORT\tCONNECTIONS\tIN FLIGHT\tREADS\tWRITES")
+	for _, s := range ss {
+		inflight := 0
+		var conns []string
+		for _, cn := range s.Connections {
+			inflight += cn.InFlight
+			conns = append(conns, fmt.Sprintf("%s:%s:%s", cn.ID, cn.Transport, cn.Remote))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\n", s.ID, s.Fabric, s.Target, s.Initiator, cmp.Or(s.Port, "-"),
+			strings.Join(conns, ","), inflight, s.Commands["read"], s.Commands["write"])
+	}
+	tw.Flush()
+	return exitOK
+}
+
+func adminLuns(c *adminCall) int {
+	var ls []admin.LUN
+	if err := c.api.call("GET", "/luns", nil, &ls); err != nil {
+		return c.done(nil, err)
+	}
+	if *c.f.asJSON {
+		writeJSON(c.stdout, append([]admin.LUN{}, ls...))
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(c.stdout, 2, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TARGET\tLUN\tSIZE\tBLOCK SIZE")
+	for _, l := range ls {
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d\n", l.Target, l.LUN, config.HumanSize(l.Size), l.BlockSize)
+	}
+	tw.Flush()
+	return exitOK
+}
+
+func adminDrop(c *adminCall) int {
+	if len(c.pos) != 2 {
+		return c.usage()
+	}
+	return c.post("DELETE", "/sessions/"+url.PathEscape(c.pos[1]), nil)
+}
+
+func adminAddLUN(c *adminCall) int {
+	if len(c.pos) != 3 {
+		return c.usage()
+	}
+	n, err := strconv.ParseUint(c.pos[2], 10, 64)
+	if err != nil {
+		fmt.Fprintln(c.stderr, "blockwire: LUN:", err)
+		return exitUsage
+	}
+	f := c.f
+	return c.post("POST", "/luns", admin.NewLU{Target: c.pos[1], LUN: n, Size: *f.size, File: *f.file, Remote: *f.remoteURL,
+		BlockSize: *f.blockSize, ReadOnly: *f.readOnly})
+}
+
+func adminRemoveLUN(c *adminCall) int {
+	if len(c.pos) != 3 {
+		return c.usage()
+	}
+	return c.post("DELETE", "/targets/"+url.PathEscape(c.pos[1])+"/luns/"+url.PathEscape(c.pos[2])+forceQuery(*c.f.force), nil)
+}
+
+func adminResize(c *adminCall) int {
+	if len(c.pos) != 4 {
+		return c.usage()
+	}
+	sz, err := config.ParseSize(c.pos[3])
+	if err != nil {
+		fmt.Fprintln(c.stderr, "blockwire: SIZE:", err)
+		return exitUsage
+	}
+	q := "?size=" + strconv.FormatInt(sz, 10)
+	if *c.f.shrink {
+		q += "&shrink=true"
+	}
+	return c.post("POST", "/targets/"+url.PathEscape(c.pos[1])+"/luns/"+url.PathEscape(c.pos[2])+"/resize"+q, nil)
+}
+
+func adminAddTarget(c *adminCall) int {
+	if len(c.pos) != 2 {
+		return c.usage()
+	}
+	f := c.f
+	return c.post("POST", "/targets", admin.NewTarget{Name: c.pos[1], Initiators: splitList(*f.initiators),
+		LUNs: []admin.NewLU{{LUN: 0, Size: *f.size, File: *f.file, Remote: *f.remoteURL, BlockSize: *f.blockSize, ReadOnly: *f.readOnly}}})
+}
+
+func adminRemoveTarget(c *adminCall) int {
+	if len(c.pos) != 2 {
+		return c.usage()
+	}
+	return c.post("DELETE", "/targets/"+url.PathEscape(c.pos[1])+forceQuery(*c.f.force), nil)
+}
+
+// adminList sets a target's list: its ACL's plain names
+// (set-initiators), or its portals.
+func adminList(c *adminCall) int {
+	if len(c.pos) != 2 && len(c.pos) != 3 {
+		return c.usage()
+	}
+	list := []string{}
+	if len(c.pos) == 3 {
+		list = splitList(c.pos[2])
+	}
+	what := map[string]string{"set-initiators": "initiators", "portals": "portals"}[c.pos[0]]
+	return c.post("PUT", "/targets/"+url.PathEscape(c.pos[1])+"/"+what, list)
+}
+
+func adminACL(c *adminCall) int {
+	ch, code := aclChange(c.pos, *c.f.srpPort, *c.f.from, *c.f.lunList, c.stderr)
+	if code != exitOK {
+		return code
+	}
+	return c.post("POST", "/acl", ch)
+}
+
+func adminCHAP(c *adminCall) int {
+	f, pos := c.f, c.pos
+	ch := admin.CHAPChange{Discovery: *f.discovery, Mutual: *f.mutual, Clear: *f.clearCHAP, User: *f.user, SecretFile: *f.secretFile}
+	switch {
+	case *f.discovery && len(pos) != 1, !*f.discovery && len(pos) != 2 && len(pos) != 3:
+		return c.usage()
+	case !*f.discovery:
+		ch.Target = pos[1]
+		if len(pos) == 3 {
+			ch.Initiator = pos[2]
+		}
+	}
+	if *f.secretStdin {
+		b, err := io.ReadAll(io.LimitReader(os.Stdin, 4096))
+		if err != nil {
+			fmt.Fprintln(c.stderr, "blockwire admin: reading the secret:", err)
+			return exitError
+		}
+		ch.Secret = strings.TrimRight(string(b), "\r\n")
+	}
+	if !ch.Clear && (ch.User == "" || (ch.Secret == "") == (ch.SecretFile == "")) {
+		fmt.Fprintln(c.stderr, "blockwire admin: chap needs --user and one of --secret-file or --secret-stdin (or --clear)")
+		return exitUsage
+	}
+	return c.post("POST", "/chap", ch)
+}
+
+func adminReload(c *adminCall) int {
+	f := c.f
+	q := url.Values{}
+	for k, v := range map[string]bool{"dry_run": *f.dryRun, "shrink": *f.shrink, "force": *f.force} {
+		if v {
+			q.Set(k, "true")
+		}
+	}
+	var rr admin.ReloadResult
+	err := c.api.call("POST", "/reload?"+q.Encode(), nil, &rr)
+	if err == nil && *f.dryRun && !*f.asJSON {
+		printPlan(c.stdout, rr)
+		return exitOK
+	}
+	return c.done(rr, err)
+}
+
+func adminSave(c *adminCall) int {
+	path := ""
+	if len(c.pos) > 1 {
+		var err error
+		if path, err = filepath.Abs(c.pos[1]); err != nil {
+			return c.done(nil, err)
+		}
+	}
+	return c.post("POST", "/save?path="+url.QueryEscape(path), nil)
 }
 
 // unreachable is an administration endpoint that did not answer.

@@ -728,6 +728,21 @@ func (c *Conn) mrLocked() (*rdma.MR, error) {
 	return c.r.pd.AllocMROn(c.qp)
 }
 
+// settle puts a read's data in the initiator's buffer before its SCSI
+// Response is delivered: the target's RDMA Writes, all placed before the
+// response's Send, may have gone to a bounce buffer (rdma.MR.Settle).
+func (c *Conn) settle(itt uint32) {
+	c.tmu.Lock()
+	var mr *rdma.MR
+	if t := c.tasks[itt]; t != nil {
+		mr = t.rmr
+	}
+	c.tmu.Unlock()
+	if mr != nil {
+		mr.Settle()
+	}
+}
+
 // DeallocateTaskResources implements datamover.Conn (draft-ietf-ips-iwarp-da §9.9): the
 // initiator invalidates STags the target did not invalidate and recycles
 // them; the target forgets them.
@@ -1077,6 +1092,9 @@ func (c *Conn) receive(up datamover.Upcalls, cp *rdma.Completion, p *datamover.P
 		return unexpectedError(&p.BHS, lim)
 	}
 	op := p.BHS.Opcode()
+	if c.init && op == pdu.OpSCSIResponse {
+		c.settle(p.BHS.ITT())
+	}
 	command := !c.init && op == pdu.OpSCSICommand
 	if command {
 		if edtl, bad := readsWithoutSTag(&p.BHS, h); bad {

@@ -37,7 +37,7 @@ var boots = [][]string{
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
 	// build): rxe, then siw.
-	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-forged-cm", "verbs-rxe-remove", "verbs-rxe-loss"},
+	{"verbs-rxe-linux-iser", "verbs-rxe-linux-iser-stall", "verbs-rxe-linux-srp", "verbs-rxe-our-iser-lio", "verbs-rxe-our-srp-lio", "verbs-rxe-soft-roce", "verbs-rxe-hostile", "verbs-rxe-forged-cm", "verbs-rxe-remove", "verbs-rxe-loss", "verbs-conformance"},
 	{"verbs-siw-linux-iser", "verbs-siw-linux-srp", "verbs-siw-our-srp-lio", "verbs-siw-hostile", "verbs-siw-our-iser-lio", "verbs-siw-remove"},
 	// 100 logins and logouts each, counting what blockwire holds.
 	{"verbs-rxe-srp-cycles", "verbs-rxe-iser-cycles"},
@@ -281,6 +281,13 @@ func extraCPIO(t *testing.T, debs []string) string {
 		if out, err := build.CombinedOutput(); err != nil {
 			t.Fatalf("building %s (needs libibverbs-dev and librdmacm-dev): %v\n%s", bin, err, out)
 		}
+	}
+	// The datamover conformance suite (fabric's test binary, verbs build)
+	// for the kernel's devices: verbs-conformance.
+	build = exec.Command("go", "test", "-c", "-tags", "verbs", "-o", filepath.Join(root, "lab", "bin", "fabric-verbs.test"), "../../fabric")
+	build.Env = append(os.Environ(), "CGO_ENABLED=1")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building the fabric tests (verbs): %v\n%s", err, out)
 	}
 	scripts, _ := filepath.Glob("scenarios/*.sh")
 	for _, s := range scripts {
