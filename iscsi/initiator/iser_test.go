@@ -14,6 +14,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -225,11 +226,9 @@ func TestISERUnexpectedPDULimit(t *testing.T) {
 			defer d.Close()
 			first := d.s.links[0]
 			const note = "MaxOutstandingUnexpectedPDUs is reached"
-			for deadline := time.Now().Add(10 * time.Second); strings.Count(logs.String(), note) < 3; time.Sleep(10 * time.Millisecond) {
-				if time.Now().After(deadline) {
-					t.Fatalf("no regulated ping after 2 outstanding unexpected ones; log:\n%s", logs.String())
-				}
-			}
+			waitfor.True(t, 10*time.Second, func() bool { return strings.Count(logs.String(), note) >= 3 }, func() string {
+				return "no regulated ping after 2 outstanding unexpected ones; log:\n" + logs.String()
+			})
 			data := make([]byte, 64<<10)
 			rand.Read(data)
 			if _, err := d.WriteAt(data, 0); err != nil {

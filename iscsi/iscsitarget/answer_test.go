@@ -10,6 +10,7 @@ import (
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
+	"github.com/blockwire/blockwire/internal/waitfor"
 )
 
 // failingPutData is a datamover whose Put_Data cannot deliver (an iSER
@@ -45,11 +46,7 @@ func TestUndeliverableAnswerEndsTheConnection(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Fatalf("the connection was still open %v after the answer failed", d.Round(time.Millisecond))
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for !strings.Contains(log.String(), "cannot deliver data-in") && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if !strings.Contains(log.String(), "cannot deliver data-in") {
-		t.Fatalf("the log does not say why the connection ended:\n%s", log.String())
-	}
+	waitfor.True(t, 2*time.Second, func() bool { return strings.Contains(log.String(), "cannot deliver data-in") }, func() string {
+		return "the log does not say why the connection ended:\n" + log.String()
+	})
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
@@ -359,12 +360,7 @@ func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(ne
 		c.sendCmd(read10(0, 2048), true, 1<<20, false, nil) // 16 MiB asked for, never read
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for budget.Used() == 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if budget.Used() == 0 {
-		t.Fatal("the reads never held a buffer")
-	}
+	waitfor.True(t, 5*time.Second, func() bool { return budget.Used() != 0 }, func() string { return "the reads never held a buffer" })
 	good, err := initiator.Open(context.Background(), fmt.Sprintf("iscsi://%s/%s/0", ts.addr, testIQN), initiator.Options{Dialer: &fabric.Dialer{}, InitiatorName: ini + "-good"})
 	if err != nil {
 		t.Fatal(err)
@@ -541,11 +537,9 @@ func TestPeerThatStopsReadingOnManyConnections(t *testing.T) {
 		}
 	}
 	// The sockets fill and the answers wait, up to the bound.
-	for deadline := time.Now().Add(10 * time.Second); lu.Detached() < defaultMaxWorkingPerSource; time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d answers wait for the host that stopped reading: the test did not reach the bound", lu.Detached())
-		}
-	}
+	waitfor.True(t, 10*time.Second, func() bool { return lu.Detached() >= defaultMaxWorkingPerSource }, func() string {
+		return fmt.Sprintf("only %d answers wait for the host that stopped reading: the test did not reach the bound", lu.Detached())
+	})
 	time.Sleep(200 * time.Millisecond) // time to go past it, were it not held
 	if n, max := lu.Detached(), defaultMaxWorkingPerSource+sessions; n > max {
 		t.Fatalf("%d answers wait for one host that stopped reading, want at most %d", n, max)
@@ -628,20 +622,14 @@ func testStalledStorage(t *testing.T, conns, perConn int, opts Options, bound in
 		}
 		itts = append(itts, is)
 	}
-	for deadline := time.Now().Add(5 * time.Second); s.inside.Load() < bound; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("only %d reads reached the storage", s.inside.Load())
-		}
-	}
+	waitfor.True(t, 5*time.Second, func() bool { return s.inside.Load() >= bound }, func() string { return fmt.Sprintf("only %d reads reached the storage", s.inside.Load()) })
 	// Every read is in the LU's task set, those in the storage and those
 	// waiting for a worker alike: what an operator sees as
 	// blockwire_lun_commands_in_progress.
 	lu := ts.srv.targets[testIQN].Device.LU(0)
-	for deadline := time.Now().Add(5 * time.Second); lu.InProgress() != conns*perConn; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d commands in progress on the LU, want the %d sent", lu.InProgress(), conns*perConn)
-		}
-	}
+	waitfor.True(t, 5*time.Second, func() bool { return lu.InProgress() == conns*perConn }, func() string {
+		return fmt.Sprintf("%d commands in progress on the LU, want the %d sent", lu.InProgress(), conns*perConn)
+	})
 	released := false
 	defer func() {
 		if !released {
@@ -697,11 +685,9 @@ func testStalledStorage(t *testing.T, conns, perConn int, opts Options, bound in
 		c.stillServes(t)
 	}
 	// A task leaves the table just after its answer is written.
-	for deadline := time.Now().Add(2 * time.Second); ts.tasks() != 0 || lu.InProgress() != 0; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tasks left, %d commands in progress on the LU", ts.tasks(), lu.InProgress())
-		}
-	}
+	waitfor.True(t, 2*time.Second, func() bool { return ts.tasks() == 0 && lu.InProgress() == 0 }, func() string {
+		return fmt.Sprintf("%d tasks left, %d commands in progress on the LU", ts.tasks(), lu.InProgress())
+	})
 }
 
 // slowDisk takes delay over every read.
@@ -781,11 +767,9 @@ func TestParkedCommandsUnderChurn(t *testing.T) {
 			c.nc.Close()
 		}
 	}
-	for deadline := time.Now().Add(5 * time.Second); ts.tasks() != 0 || budget.Used() != 0; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d tasks and %d bytes of I/O budget left after the churn", ts.tasks(), budget.Used())
-		}
-	}
+	waitfor.True(t, 5*time.Second, func() bool { return ts.tasks() == 0 && budget.Used() == 0 }, func() string {
+		return fmt.Sprintf("%d tasks and %d bytes of I/O budget left after the churn", ts.tasks(), budget.Used())
+	})
 	c := session()
 	start := time.Now()
 	for i := range reads {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -120,10 +121,7 @@ func TestSetupsGiveWayToNewConnections(t *testing.T) {
 		defer nc.Close()
 		stalled = append(stalled, nc)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for ts.srv.BoundsHit()["logins_setup_evicted"] < flood-6 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitfor.Within(5*time.Second, func() bool { return ts.srv.BoundsHit()["logins_setup_evicted"] >= flood-6 })
 	ts.hit(t, "logins_setup_evicted", flood-6)
 	// The evicted set-ups ended: their connections are closed.
 	for i, nc := range stalled[:flood-6] {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/iscsi/text"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -417,13 +418,9 @@ func TestSessionReinstatement(t *testing.T) {
 	if r := fresh.command(tur(), false, 0, nil, 0); r.status != 0 {
 		t.Fatalf("new session TUR: %d", r.status)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for len(ts.srv.Sessions()) != 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
-	if n := len(ts.srv.Sessions()); n != 1 {
-		t.Fatalf("%d sessions after reinstatement", n)
-	}
+	waitfor.True(t, 2*time.Second, func() bool { return len(ts.srv.Sessions()) == 1 }, func() string {
+		return fmt.Sprintf("%d sessions after reinstatement", len(ts.srv.Sessions()))
+	})
 }
 
 func TestShutdownAsksForLogout(t *testing.T) {

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsitarget"
 )
@@ -19,12 +20,7 @@ func connCount(ts *testServer) int {
 // waitConns waits up to d for the server to run n connections, and
 // reports whether it came to that.
 func waitConns(ts *testServer, n int, d time.Duration) bool {
-	for end := time.Now().Add(d); connCount(ts) != n; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(end) {
-			return false
-		}
-	}
-	return true
+	return waitfor.Within(d, func() bool { return connCount(ts) == n })
 }
 
 // TestConnectionEndsAfterItsTaskManagement: a connection that dropped

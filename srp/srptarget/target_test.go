@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -15,6 +16,7 @@ import (
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/internal/servetest"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsi"
@@ -514,11 +516,7 @@ func TestChannelsPerSource(t *testing.T) {
 	// after the initiator's connect does.
 	waitChannels := func(n int) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); srv.Channels() != n; time.Sleep(10 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatalf("%d channels, want %d", srv.Channels(), n)
-			}
-		}
+		waitfor.True(t, 5*time.Second, func() bool { return srv.Channels() == n }, func() string { return fmt.Sprintf("%d channels, want %d", srv.Channels(), n) })
 	}
 	waitChannels(3)
 	first.qp.Close()
