@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/binary"
@@ -14,8 +15,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
-	"runtime/pprof"
-	"sort"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -651,18 +651,14 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	if *cpuprofile != "" {
-		f, err := os.Create(*cpuprofile)
-		if err == nil {
-			err = pprof.StartCPUProfile(f)
-		}
+		stop, err := startProfile(*cpuprofile)
 		if err != nil {
 			fmt.Fprintf(stderr, "blockwire: %v\n", err)
 			return 1
 		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
+		defer stop()
 	}
-	random := strings.HasPrefix(*rw, "rand")
-	write := strings.HasSuffix(*rw, "write")
+	j := benchJob{rw: *rw, random: strings.HasPrefix(*rw, "rand"), write: strings.HasSuffix(*rw, "write"), verify: *verify, qd: *qd, dur: *dur}
 	if *rw != "read" && *rw != "write" && *rw != "randread" && *rw != "randwrite" {
 		fmt.Fprintln(stderr, "blockwire: --rw must be read, write, randread or randwrite")
 		return exitUsage
@@ -676,11 +672,11 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "blockwire: --time %v: give a positive duration, such as 10s or 1m\n", *dur)
 		return exitUsage
 	}
-	if write && !*overwrite {
+	if j.write && !*overwrite {
 		fmt.Fprintf(stderr, "blockwire: a %s workload writes over the region it uses (--size, %s from offset 0), destroying the data there: add --overwrite if that is what you want\n", *rw, *region)
 		return exitUsage
 	}
-	if *verify && !write && !*overwrite {
+	if j.verify && !j.write && !*overwrite {
 		fmt.Fprintf(stderr, "blockwire: --verify on a %s workload first writes its pattern over the region it reads (--size, %s from offset 0), destroying the data there: add --overwrite if that is what you want\n", *rw, *region)
 		return exitUsage
 	}
@@ -696,65 +692,94 @@ func bench(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	defer d.Close()
-	bs := int(bs64)
-	if bs%d.BlockSize() != 0 {
-		fmt.Fprintf(stderr, "blockwire: --bs %d is not a multiple of the %d-byte block\n", bs, d.BlockSize())
+	j.bs = int(bs64)
+	if j.bs%d.BlockSize() != 0 {
+		fmt.Fprintf(stderr, "blockwire: --bs %d is not a multiple of the %d-byte block\n", j.bs, d.BlockSize())
 		return exitUsage
 	}
-	regionSize = min(regionSize, d.Size()) / int64(bs) * int64(bs)
-	slots := regionSize / int64(bs)
-	if slots < int64(*qd) {
+	j.slots = min(regionSize, d.Size()) / int64(j.bs)
+	if j.slots < int64(j.qd) {
 		fmt.Fprintln(stderr, "blockwire: region too small for the queue depth")
 		return exitUsage
 	}
-	// Each worker owns every qd-th slot, so verification never races.
-	pattern := func(buf []byte, slot int64, gen uint64) {
-		for i := 0; i+16 <= len(buf); i += 16 {
-			binary.LittleEndian.PutUint64(buf[i:], uint64(slot)<<20|uint64(i))
-			binary.LittleEndian.PutUint64(buf[i+8:], gen)
-		}
-	}
-	if *verify && !write {
-		fmt.Fprintf(stderr, "filling %d MiB with the verification pattern\n", regionSize>>20)
-		buf := make([]byte, bs)
-		for s := int64(0); s < slots; s++ {
-			pattern(buf, s, 0)
-			if _, err := d.WriteAtContext(ctx, buf, s*int64(bs)); err != nil {
+	if j.verify && !j.write {
+		fmt.Fprintf(stderr, "filling %d MiB with the verification pattern\n", j.slots*int64(j.bs)>>20)
+		buf := make([]byte, j.bs)
+		for s := range j.slots {
+			benchPattern(buf, s, 0)
+			if _, err := d.WriteAtContext(ctx, buf, s*int64(j.bs)); err != nil {
 				return fail(stderr, err)
 			}
 		}
 	}
+	r, err := j.run(ctx, d)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	if *asJSON && r.ios > 0 {
+		return j.printJSON(r, stdout)
+	}
+	return j.print(r, stdout, stderr)
+}
+
+// benchJob is one bench workload: its I/Os (block size, sequential or
+// random, reads or writes), queue depth, duration, and the region of
+// slots (blocks of the block size) it uses.
+type benchJob struct {
+	rw                    string
+	random, write, verify bool
+	bs, qd                int
+	dur                   time.Duration
+	slots                 int64
+}
+
+// benchRun is what a run measured.
+type benchRun struct {
+	elapsed         time.Duration
+	ios, mismatches int64
+	lat             []time.Duration // every I/O's, sorted
+	perSecond       []int64         // I/Os completed in each second (the last may be short)
+}
+
+// benchPattern fills buf with the verification pattern of a slot's
+// generation gen: what a verified read expects, or a verified write puts.
+func benchPattern(buf []byte, slot int64, gen uint64) {
+	for i := 0; i+16 <= len(buf); i += 16 {
+		binary.LittleEndian.PutUint64(buf[i:], uint64(slot)<<20|uint64(i))
+		binary.LittleEndian.PutUint64(buf[i+8:], gen)
+	}
+}
+
+// run keeps qd I/Os in flight on d for the job's duration, one worker
+// each; each worker owns every qd-th slot, so verification never races.
+func (j *benchJob) run(ctx context.Context, d device) (benchRun, error) {
 	var mismatches, ios atomic.Int64
 	var firstErr atomic.Value
-	lat := make([][]time.Duration, *qd)
-	// I/Os completed in each second of the run (the last may be short).
-	perSecond := make([]atomic.Int64, int(*dur/time.Second)+2)
-	deadline := time.Now().Add(*dur)
-	var wg sync.WaitGroup
+	lat := make([][]time.Duration, j.qd)
+	perSecond := make([]atomic.Int64, int(j.dur/time.Second)+2)
 	start := time.Now()
-	for w := 0; w < *qd; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+	deadline := start.Add(j.dur)
+	var wg sync.WaitGroup
+	for w := range j.qd {
+		wg.Go(func() {
 			rng := mrand.New(mrand.NewPCG(uint64(w), 7))
-			buf := make([]byte, bs)
-			check := make([]byte, bs)
+			buf, check := make([]byte, j.bs), make([]byte, j.bs)
 			rand.Read(buf)
-			mine := (slots - int64(w) + int64(*qd) - 1) / int64(*qd)
+			mine := (j.slots - int64(w) + int64(j.qd) - 1) / int64(j.qd)
 			gens := map[int64]uint64{}
 			for i := int64(0); time.Now().Before(deadline) && ctx.Err() == nil; i++ {
 				k := i % mine
-				if random {
+				if j.random {
 					k = rng.Int64N(mine)
 				}
-				slot := k*int64(*qd) + int64(w)
-				off := slot * int64(bs)
+				slot := k*int64(j.qd) + int64(w)
+				off := slot * int64(j.bs)
 				t0 := time.Now()
 				var err error
-				if write {
-					if *verify {
+				if j.write {
+					if j.verify {
 						gens[slot]++
-						pattern(buf, slot, gens[slot])
+						benchPattern(buf, slot, gens[slot])
 					}
 					_, err = d.WriteAtContext(ctx, buf, off)
 				} else {
@@ -769,80 +794,88 @@ func bench(args []string, stdout, stderr io.Writer) int {
 				}
 				ios.Add(1)
 				perSecond[min(int(time.Since(start)/time.Second), len(perSecond)-1)].Add(1)
-				if *verify {
-					if write {
-						if _, err := d.ReadAtContext(ctx, check, off); err != nil {
-							firstErr.CompareAndSwap(nil, err)
-							return
-						}
-						if string(buf) != string(check) {
-							mismatches.Add(1)
-						}
-						continue
+				if !j.verify {
+					continue
+				}
+				// check: what was written, read back; or what a read
+				// should have found.
+				if j.write {
+					if _, err := d.ReadAtContext(ctx, check, off); err != nil {
+						firstErr.CompareAndSwap(nil, err)
+						return
 					}
-					pattern(check, slot, 0)
-					if string(check) != string(buf) {
-						mismatches.Add(1)
-					}
+				} else {
+					benchPattern(check, slot, 0)
+				}
+				if !bytes.Equal(buf, check) {
+					mismatches.Add(1)
 				}
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
+	r := benchRun{elapsed: time.Since(start), ios: ios.Load(), mismatches: mismatches.Load()}
 	if v := firstErr.Load(); v != nil {
-		return fail(stderr, v.(error))
+		return r, v.(error)
 	}
-	var all []time.Duration
 	for _, l := range lat {
-		all = append(all, l...)
+		r.lat = append(r.lat, l...)
 	}
-	sort.Slice(all, func(i, j int) bool { return all[i] < all[j] })
-	pct := func(p float64) float64 {
-		if len(all) == 0 {
-			return 0
-		}
-		i := int(math.Ceil(p/100*float64(len(all)))) - 1
-		return float64(all[max(i, 0)].Microseconds())
-	}
-	n := ios.Load()
-	iops := float64(n) / elapsed.Seconds()
-	secs := make([]int64, 0, len(perSecond))
+	slices.Sort(r.lat)
 	for i := range perSecond {
-		if float64(i) >= elapsed.Seconds() {
+		if float64(i) >= r.elapsed.Seconds() {
 			break
 		}
-		secs = append(secs, perSecond[i].Load())
+		r.perSecond = append(r.perSecond, perSecond[i].Load())
 	}
-	if *asJSON && n > 0 {
-		r := benchResult{RW: *rw, BlockSize: bs, QueueDepth: *qd, Seconds: elapsed.Seconds(), IOs: n, IOPS: iops,
-			MiBPerSec: iops * float64(bs) / (1 << 20), IOsBySecond: secs}
-		r.LatencyUS.P50, r.LatencyUS.P99, r.LatencyUS.P999, r.LatencyUS.Max = pct(50), pct(99), pct(99.9), pct(100)
-		for _, p := range latencyPercentiles() {
-			r.LatencyDistribution = append(r.LatencyDistribution, latencyPoint{p, pct(p)})
-		}
-		if *verify {
-			m := mismatches.Load()
-			r.Mismatches = &m
-		}
-		writeJSON(stdout, r)
-		if m := r.Mismatches; m != nil && *m > 0 {
-			return exitMismatch
-		}
-		return exitOK
+	return r, nil
+}
+
+// pct is the p-th percentile latency in microseconds (0 with none).
+func (r *benchRun) pct(p float64) float64 {
+	if len(r.lat) == 0 {
+		return 0
 	}
-	fmt.Fprintf(stdout, "%s: bs=%d qd=%d time=%.1fs ios=%d\n", *rw, bs, *qd, elapsed.Seconds(), n)
-	fmt.Fprintf(stdout, "  IOPS=%.0f, BW=%.1fMiB/s (%.1fMB/s)\n", iops, iops*float64(bs)/(1<<20), iops*float64(bs)/1e6)
-	fmt.Fprintf(stdout, "  lat (usec): p50=%.0f, p99=%.0f, p99.9=%.0f, max=%.0f\n", pct(50), pct(99), pct(99.9), pct(100))
-	if n == 0 {
+	i := int(math.Ceil(p/100*float64(len(r.lat)))) - 1
+	return float64(r.lat[max(i, 0)].Microseconds())
+}
+
+func (r *benchRun) iops() float64 { return float64(r.ios) / r.elapsed.Seconds() }
+
+// printJSON prints the run as docs/json.md says.
+func (j *benchJob) printJSON(r benchRun, stdout io.Writer) int {
+	iops := r.iops()
+	out := benchResult{RW: j.rw, BlockSize: j.bs, QueueDepth: j.qd, Seconds: r.elapsed.Seconds(), IOs: r.ios, IOPS: iops,
+		MiBPerSec: iops * float64(j.bs) / (1 << 20), IOsBySecond: r.perSecond}
+	out.LatencyUS.P50, out.LatencyUS.P99, out.LatencyUS.P999, out.LatencyUS.Max = r.pct(50), r.pct(99), r.pct(99.9), r.pct(100)
+	for _, p := range latencyPercentiles() {
+		out.LatencyDistribution = append(out.LatencyDistribution, latencyPoint{p, r.pct(p)})
+	}
+	if j.verify {
+		out.Mismatches = &r.mismatches
+	}
+	writeJSON(stdout, out)
+	if j.verify && r.mismatches > 0 {
+		return exitMismatch
+	}
+	return exitOK
+}
+
+// print prints the run as fio would.
+func (j *benchJob) print(r benchRun, stdout, stderr io.Writer) int {
+	iops := r.iops()
+	fmt.Fprintf(stdout, "%s: bs=%d qd=%d time=%.1fs ios=%d\n", j.rw, j.bs, j.qd, r.elapsed.Seconds(), r.ios)
+	fmt.Fprintf(stdout, "  IOPS=%.0f, BW=%.1fMiB/s (%.1fMB/s)\n", iops, iops*float64(j.bs)/(1<<20), iops*float64(j.bs)/1e6)
+	fmt.Fprintf(stdout, "  lat (usec): p50=%.0f, p99=%.0f, p99.9=%.0f, max=%.0f\n", r.pct(50), r.pct(99), r.pct(99.9), r.pct(100))
+	if r.ios == 0 {
 		// Nothing completed (a stalled target, an interrupted run): no
 		// figure, and nothing verified.
-		fmt.Fprintf(stderr, "blockwire: no I/O completed in %.1fs\n", elapsed.Seconds())
+		fmt.Fprintf(stderr, "blockwire: no I/O completed in %.1fs\n", r.elapsed.Seconds())
 		return exitError
 	}
-	if *verify {
-		fmt.Fprintf(stdout, "  verify: %d mismatches\n", mismatches.Load())
-		if mismatches.Load() > 0 {
+	if j.verify {
+		fmt.Fprintf(stdout, "  verify: %d mismatches\n", r.mismatches)
+		if r.mismatches > 0 {
 			return exitMismatch
 		}
 	}
