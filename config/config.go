@@ -814,88 +814,7 @@ func (c *Config) Validate() error {
 			add("%s.name: duplicate target %q", where, t.Name)
 		}
 		names[t.Name] = true
-		validateAccess(where, t, add)
-		if len(t.LUNs) == 0 && t.Redirect == "" {
-			add("%s: no lun", where)
-		}
-		for j, p := range t.Portals {
-			if _, _, err := net.SplitHostPort(p); err != nil {
-				add("%s.portals[%d]: %q is not host:port", where, j, p)
-			}
-		}
-		if t.Redirect != "" {
-			addr, _, _ := strings.Cut(t.Redirect, ",")
-			if _, _, err := net.SplitHostPort(addr); err != nil {
-				add("%s.redirect: %q is not host:port[,tpgt] (an IPv6 address in brackets)", where, t.Redirect)
-			}
-		} else if t.RedirectPermanent {
-			add("%s.redirect_permanent: needs redirect", where)
-		}
-		if len(t.PortGroups) > 0 {
-			own := t.TPGT
-			if own == 0 {
-				own = 1
-			}
-			found := false
-			for _, g := range t.PortGroups {
-				pg, err := scsi.ParsePortGroup(g)
-				if err != nil {
-					add("%s.port_groups: %v", where, err)
-				} else if pg.ID == own {
-					found = true
-				}
-			}
-			if !found {
-				add("%s.port_groups: none is this target's own group %d (its tpgt)", where, own)
-			}
-		}
-		ids := map[uint64]bool{}
-		for j, l := range t.LUNs {
-			lw := fmt.Sprintf("%s.lun[%d]", where, j)
-			if ids[l.ID] {
-				add("%s.id: duplicate LUN %d", lw, l.ID)
-			}
-			ids[l.ID] = true
-			if l.ID > 16383 {
-				add("%s.id: %d above 16383", lw, l.ID)
-			}
-			if l.RBD != "" {
-				if l.Remote != "" || l.File != "" || l.Size != "" {
-					add("%s: rbd excludes remote, file and size (the image has its own)", lw)
-				}
-				if n := strings.Count(l.RBD, "/"); n < 1 || n > 2 || strings.HasPrefix(l.RBD, "/") || strings.HasSuffix(l.RBD, "/") || strings.Contains(l.RBD, "//") {
-					add("%s.rbd: %q is not pool/image or pool/namespace/image", lw, l.RBD)
-				}
-			} else if l.Remote != "" {
-				if !strings.HasPrefix(l.Remote, "iscsi://") && !strings.HasPrefix(l.Remote, "iser://") && !strings.HasPrefix(l.Remote, "srp://") {
-					add("%s.remote: %q is not an iscsi://, iser:// or srp:// URL", lw, RedactURL(l.Remote))
-				}
-				if l.File != "" || l.Size != "" {
-					add("%s: remote excludes file and size (the remote LUN has its own)", lw)
-				}
-			} else if l.Size != "" {
-				if n, err := ParseSize(l.Size); err != nil {
-					add("%s.size: %v", lw, err)
-				} else if bs := max(l.BlockSize, 512); n%int64(bs) != 0 {
-					add("%s.size: %d bytes is not a multiple of the %d-byte block", lw, n, bs)
-				} else if l.File == "" && n > MaxMemoryLUN {
-					add("%s.size: %q: an in-memory LUN holds at most 1 PiB", lw, l.Size)
-				}
-			} else if l.File == "" {
-				add("%s: an in-memory LUN needs a size", lw)
-			}
-			if bs := l.BlockSize; bs != 0 && bs != 512 && bs != 4096 {
-				add("%s.block_size: %d (512 or 4096)", lw, bs)
-			}
-			switch l.IOEngine {
-			case "", "auto", "io_uring", "pread":
-			default:
-				add("%s.io_engine: %q (auto, io_uring or pread)", lw, l.IOEngine)
-			}
-			if (l.Direct || l.IOEngine != "") && l.File == "" {
-				add("%s: direct and io_engine are for a file LUN (set file)", lw)
-			}
-		}
+		validateTarget(where, t, add)
 	}
 	if c.Discovery != nil {
 		validateAccess("discovery", c.Discovery.AsTarget(), add)
@@ -923,6 +842,98 @@ func (c *Config) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// validateTarget checks one [[target]] and its LUNs; where is where it is
+// ("target[0]"). Names across targets are Validate's.
+func validateTarget(where string, t Target, add func(format string, args ...any)) {
+	validateAccess(where, t, add)
+	if len(t.LUNs) == 0 && t.Redirect == "" {
+		add("%s: no lun", where)
+	}
+	for j, p := range t.Portals {
+		if _, _, err := net.SplitHostPort(p); err != nil {
+			add("%s.portals[%d]: %q is not host:port", where, j, p)
+		}
+	}
+	if t.Redirect != "" {
+		addr, _, _ := strings.Cut(t.Redirect, ",")
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			add("%s.redirect: %q is not host:port[,tpgt] (an IPv6 address in brackets)", where, t.Redirect)
+		}
+	} else if t.RedirectPermanent {
+		add("%s.redirect_permanent: needs redirect", where)
+	}
+	if len(t.PortGroups) > 0 {
+		own := t.TPGT
+		if own == 0 {
+			own = 1
+		}
+		found := false
+		for _, g := range t.PortGroups {
+			pg, err := scsi.ParsePortGroup(g)
+			if err != nil {
+				add("%s.port_groups: %v", where, err)
+			} else if pg.ID == own {
+				found = true
+			}
+		}
+		if !found {
+			add("%s.port_groups: none is this target's own group %d (its tpgt)", where, own)
+		}
+	}
+	ids := map[uint64]bool{}
+	for j, l := range t.LUNs {
+		lw := fmt.Sprintf("%s.lun[%d]", where, j)
+		if ids[l.ID] {
+			add("%s.id: duplicate LUN %d", lw, l.ID)
+		}
+		ids[l.ID] = true
+		validateLUN(lw, l, add)
+	}
+}
+
+// validateLUN checks one [[target.lun]]; lw is where it is ("target[0].lun[1]").
+func validateLUN(lw string, l LUN, add func(format string, args ...any)) {
+	if l.ID > 16383 {
+		add("%s.id: %d above 16383", lw, l.ID)
+	}
+	if l.RBD != "" {
+		if l.Remote != "" || l.File != "" || l.Size != "" {
+			add("%s: rbd excludes remote, file and size (the image has its own)", lw)
+		}
+		if n := strings.Count(l.RBD, "/"); n < 1 || n > 2 || strings.HasPrefix(l.RBD, "/") || strings.HasSuffix(l.RBD, "/") || strings.Contains(l.RBD, "//") {
+			add("%s.rbd: %q is not pool/image or pool/namespace/image", lw, l.RBD)
+		}
+	} else if l.Remote != "" {
+		if !strings.HasPrefix(l.Remote, "iscsi://") && !strings.HasPrefix(l.Remote, "iser://") && !strings.HasPrefix(l.Remote, "srp://") {
+			add("%s.remote: %q is not an iscsi://, iser:// or srp:// URL", lw, RedactURL(l.Remote))
+		}
+		if l.File != "" || l.Size != "" {
+			add("%s: remote excludes file and size (the remote LUN has its own)", lw)
+		}
+	} else if l.Size != "" {
+		if n, err := ParseSize(l.Size); err != nil {
+			add("%s.size: %v", lw, err)
+		} else if bs := max(l.BlockSize, 512); n%int64(bs) != 0 {
+			add("%s.size: %d bytes is not a multiple of the %d-byte block", lw, n, bs)
+		} else if l.File == "" && n > MaxMemoryLUN {
+			add("%s.size: %q: an in-memory LUN holds at most 1 PiB", lw, l.Size)
+		}
+	} else if l.File == "" {
+		add("%s: an in-memory LUN needs a size", lw)
+	}
+	if bs := l.BlockSize; bs != 0 && bs != 512 && bs != 4096 {
+		add("%s.block_size: %d (512 or 4096)", lw, bs)
+	}
+	switch l.IOEngine {
+	case "", "auto", "io_uring", "pread":
+	default:
+		add("%s.io_engine: %q (auto, io_uring or pread)", lw, l.IOEngine)
+	}
+	if (l.Direct || l.IOEngine != "") && l.File == "" {
+		add("%s: direct and io_engine are for a file LUN (set file)", lw)
+	}
 }
 
 // Value returns the secret from wherever it is configured to come from.
