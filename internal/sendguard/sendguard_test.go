@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -19,35 +20,47 @@ func TestStretches(t *testing.T) {
 		{"trickle", 1 << 10, false}, // 20 KiB/s
 		{"steady", 128 << 10, true}, // 2.6 MB/s; one read per stretch is enough
 	} {
+		// On a bubble's clock: the stretches are timed to the tick.
 		t.Run(tc.name, func(t *testing.T) {
-			a, b := net.Pipe()
-			defer a.Close()
-			defer b.Close()
-			go func() {
-				buf := make([]byte, tc.chunk)
-				for {
-					time.Sleep(50 * time.Millisecond)
-					if _, err := io.ReadFull(b, buf); err != nil {
-						return
+			synctest.Test(t, func(t *testing.T) {
+				a, b := net.Pipe()
+				done := make(chan struct{})
+				defer func() { a.Close(); b.Close(); <-done }()
+				go func() {
+					defer close(done)
+					buf := make([]byte, tc.chunk)
+					for {
+						time.Sleep(50 * time.Millisecond)
+						if _, err := io.ReadFull(b, buf); err != nil {
+							return
+						}
 					}
+				}()
+				const size = 1 << 20
+				bufs := net.Buffers{make([]byte, size/2), make([]byte, size/2)}
+				start := time.Now()
+				n, err := Write(a, &bufs, time.Second)
+				took := time.Since(start)
+				if tc.ok {
+					if err != nil || n != size {
+						t.Fatalf("wrote %d of %d: %v", n, size, err)
+					}
+					if want := time.Duration(size/tc.chunk) * 50 * time.Millisecond; took != want {
+						t.Fatalf("took %v, want %v: the peer's pace", took, want)
+					}
+					return
 				}
-			}()
-			const size = 1 << 20
-			bufs := net.Buffers{make([]byte, size/2), make([]byte, size/2)}
-			n, err := Write(a, &bufs, time.Second)
-			if tc.ok {
-				if err != nil || n != size {
-					t.Fatalf("wrote %d of %d: %v", n, size, err)
+				if took != time.Second {
+					t.Fatalf("failed after %v, want one stretch, 1s", took)
 				}
-				return
-			}
-			if err == nil || !IsTimeout(err) {
-				t.Fatalf("wrote %d: want a timeout, got %v", n, err)
-			}
-			if n == 0 || n >= MinProgress {
-				t.Fatalf("wrote %d before failing: want some, under %d", n, MinProgress)
-			}
-			t.Log(err)
+				if err == nil || !IsTimeout(err) {
+					t.Fatalf("wrote %d: want a timeout, got %v", n, err)
+				}
+				if n == 0 || n >= MinProgress {
+					t.Fatalf("wrote %d before failing: want some, under %d", n, MinProgress)
+				}
+				t.Log(err)
+			})
 		})
 	}
 }
