@@ -539,6 +539,9 @@ func (mr *MR) Invalidate() {
 // without a bounce buffer is left as it is; what Invalidate does later
 // then has nothing more to copy.
 func (mr *MR) Settle() {
+	if mr.pd.mem == nil {
+		return // a software device's regions are the buffers themselves
+	}
 	d := mr.pd.dev
 	d.mu.Lock()
 	bounce := mr.bounce != nil
