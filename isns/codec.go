@@ -65,8 +65,8 @@ type Header struct {
 	Seq      uint16 // sequence ID of this PDU within the message
 }
 
-// Put writes the header into b[:HeaderLen].
-func (h *Header) Put(b []byte) {
+// Encode writes the header into b[:HeaderLen].
+func (h *Header) Encode(b []byte) {
 	binary.BigEndian.PutUint16(b[0:], h.Version)
 	binary.BigEndian.PutUint16(b[2:], h.Function)
 	binary.BigEndian.PutUint16(b[4:], h.Length)
@@ -159,7 +159,7 @@ func Message(function, flags, xid uint16, attrs ...Attr) ([]byte, error) {
 	}
 	h := Header{Version: Version, Function: function, Length: uint16(len(b) - HeaderLen),
 		Flags: flags | FlagClient | FlagFirst | FlagLast, XID: xid}
-	h.Put(b)
+	h.Encode(b)
 	return b, nil
 }
 

@@ -598,7 +598,7 @@ func (c *Conn) sendControl(p *datamover.PDU, advance, wait bool) error {
 	case op == pdu.OpLogoutReq:
 		wr.Solicited = true
 	}
-	h.Put(buf, c.hl)
+	h.Encode(buf, c.hl)
 	c.smu.Lock()
 	if !c.mayGenerate(p) {
 		c.smu.Unlock()

@@ -131,7 +131,7 @@ func ended(t *testing.T, u *upcalls) error {
 // length dsl), data.
 func control(hl int, h Header, op byte, data []byte) []byte {
 	b := make([]byte, hl+48+len(data))
-	h.Put(b, hl)
+	h.Encode(b, hl)
 	b[hl] = op
 	var bhs pdu.BHS
 	copy(bhs[:], b[hl:hl+48])

@@ -62,10 +62,10 @@ func formatError(format string, a ...any) error {
 	return &FormatError{Msg: fmt.Sprintf(format, a...)}
 }
 
-// Put encodes a control-type header at the start of b, which holds hl
+// Encode encodes a control-type header at the start of b, which holds hl
 // (HeaderLenRFC5046 or HeaderLenLinux) bytes. Fields whose valid bit is
 // clear are sent as zero (RFC 5046 §9.2).
-func (h *Header) Put(b []byte, hl int) {
+func (h *Header) Encode(b []byte, hl int) {
 	clear(b[:hl])
 	f := byte(OpControl)
 	if h.WSV {

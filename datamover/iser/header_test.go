@@ -18,7 +18,7 @@ func TestHeaderBothProfiles(t *testing.T) {
 		t.Fatalf("%+v %v", h, err)
 	}
 	out := make([]byte, HeaderLenLinux)
-	h.Put(out, HeaderLenLinux)
+	h.Encode(out, HeaderLenLinux)
 	if !bytes.Equal(out, linux) {
 		t.Fatalf("%x", out)
 	}
@@ -26,7 +26,7 @@ func TestHeaderBothProfiles(t *testing.T) {
 	// clear go out as zero.
 	w := Header{WSV: true, WriteSTag: 0x1234, WriteVA: 99, ReadSTag: 0x5678}
 	out = make([]byte, HeaderLenRFC5046)
-	w.Put(out, HeaderLenRFC5046)
+	w.Encode(out, HeaderLenRFC5046)
 	if !bytes.Equal(out, []byte{0x18, 0, 0, 0, 0, 0, 0x12, 0x34, 0, 0, 0, 0}) {
 		t.Fatalf("%x", out)
 	}
@@ -107,7 +107,7 @@ func FuzzDecodeHeader(f *testing.F) {
 			return
 		}
 		out := make([]byte, hl)
-		h.Put(out, hl)
+		h.Encode(out, hl)
 		g, err := Decode(append(out, b[hl:]...), hl)
 		if err != nil || g != h {
 			t.Fatalf("round trip %+v -> %+v %v", h, g, err)

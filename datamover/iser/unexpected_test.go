@@ -166,7 +166,7 @@ func TestTargetEnforcesUnexpectedLimit(t *testing.T) {
 	const R = pdu.ReservedTTT
 	send := func(h pdu.BHS) {
 		msg := make([]byte, HeaderLenLinux+pdu.BHSLen)
-		(&Header{}).Put(msg, HeaderLenLinux)
+		(&Header{}).Encode(msg, HeaderLenLinux)
 		copy(msg[HeaderLenLinux:], h[:])
 		peer.send(t, msg)
 	}
@@ -232,7 +232,7 @@ func TestUnexpectedSendLimits(t *testing.T) {
 		// The ping's answer (ExpStatSN 11) retires the Async Message and
 		// the ping.
 		msg := make([]byte, HeaderLenLinux+pdu.BHSLen)
-		(&Header{}).Put(msg, HeaderLenLinux)
+		(&Header{}).Encode(msg, HeaderLenLinux)
 		h := bhs(pdu.OpNopOut, true, R, 9, 1, 11)
 		copy(msg[HeaderLenLinux:], h[:])
 		peer.send(t, msg)
@@ -268,7 +268,7 @@ func TestUnexpectedSendLimits(t *testing.T) {
 		peer.recv(t)
 		// The target's answer with ExpCmdSN 2 retires all three.
 		msg := make([]byte, HeaderLenLinux+pdu.BHSLen)
-		(&Header{}).Put(msg, HeaderLenLinux)
+		(&Header{}).Encode(msg, HeaderLenLinux)
 		h := bhs(pdu.OpTaskMgmtResp, false, 3, R, 1, 2)
 		copy(msg[HeaderLenLinux:], h[:])
 		peer.send(t, msg)

@@ -172,8 +172,8 @@ func DecodeREQ(d *[CMDataLen]byte) REQ {
 	return r
 }
 
-// Put writes the REQ into a CM MAD's data.
-func (r *REQ) Put(d *[CMDataLen]byte) {
+// Encode writes the REQ into a CM MAD's data.
+func (r *REQ) Encode(d *[CMDataLen]byte) {
 	*d = [CMDataLen]byte{}
 	be := binary.BigEndian
 	be.PutUint32(d[0:], r.LocalCommID)
@@ -237,8 +237,8 @@ func DecodeREP(d *[CMDataLen]byte) REP {
 	return r
 }
 
-// Put writes the REP into a CM MAD's data.
-func (r *REP) Put(d *[CMDataLen]byte) {
+// Encode writes the REP into a CM MAD's data.
+func (r *REP) Encode(d *[CMDataLen]byte) {
 	*d = [CMDataLen]byte{}
 	be := binary.BigEndian
 	be.PutUint32(d[0:], r.LocalCommID)
@@ -301,8 +301,8 @@ func DecodeREJ(d *[CMDataLen]byte) REJ {
 	return r
 }
 
-// Put writes the REJ into a CM MAD's data.
-func (r *REJ) Put(d *[CMDataLen]byte) {
+// Encode writes the REJ into a CM MAD's data.
+func (r *REJ) Encode(d *[CMDataLen]byte) {
 	*d = [CMDataLen]byte{}
 	be := binary.BigEndian
 	be.PutUint32(d[0:], r.LocalCommID)
@@ -341,8 +341,8 @@ func DecodeDREQ(d *[CMDataLen]byte) DREQ {
 	return r
 }
 
-// Put writes the DREQ.
-func (r *DREQ) Put(d *[CMDataLen]byte) {
+// Encode writes the DREQ.
+func (r *DREQ) Encode(d *[CMDataLen]byte) {
 	*d = [CMDataLen]byte{}
 	binary.BigEndian.PutUint32(d[0:], r.Local)
 	binary.BigEndian.PutUint32(d[4:], r.Remote)
@@ -376,8 +376,8 @@ func DecodeMRA(d *[CMDataLen]byte) MRA {
 	return r
 }
 
-// Put writes the MRA.
-func (r *MRA) Put(d *[CMDataLen]byte) {
+// Encode writes the MRA.
+func (r *MRA) Encode(d *[CMDataLen]byte) {
 	*d = [CMDataLen]byte{}
 	binary.BigEndian.PutUint32(d[0:], r.Local)
 	binary.BigEndian.PutUint32(d[4:], r.Remote)

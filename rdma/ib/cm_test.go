@@ -42,13 +42,13 @@ func TestGoldenCM(t *testing.T) {
 		switch m.AttrID {
 		case AttrREQ:
 			r := DecodeREQ(&m.Data)
-			r.Put(&data)
+			r.Encode(&data)
 		case AttrREP:
 			r := DecodeREP(&m.Data)
-			r.Put(&data)
+			r.Encode(&data)
 		case AttrDREQ:
 			r := DecodeDREQ(&m.Data)
-			r.Put(&data)
+			r.Encode(&data)
 		case AttrRTU, AttrDREP:
 			PutCommIDs(&data, DecodeCommIDs(&m.Data), m.Data[8:])
 		default:
@@ -106,7 +106,7 @@ func TestREJAndMRA(t *testing.T) {
 	copy(rej.ARI[:], "gatew")
 	copy(rej.PrivateData[:], "why")
 	var d [CMDataLen]byte
-	rej.Put(&d)
+	rej.Encode(&d)
 	if d[8] != 0 || d[9] != 10 || binary.BigEndian.Uint16(d[10:]) != 28 || string(d[12:17]) != "gatew" || string(d[84:87]) != "why" {
 		t.Fatalf("REJ bytes % x", d[:20])
 	}
@@ -114,7 +114,7 @@ func TestREJAndMRA(t *testing.T) {
 		t.Fatal("REJ round trip")
 	}
 	mra := MRA{CommIDs: CommIDs{3, 4}, MessageMRAed: MsgREP, ServiceTimeout: 20}
-	mra.Put(&d)
+	mra.Encode(&d)
 	if d[8] != 0x40 || d[9] != 20<<3 || DecodeMRA(&d) != mra {
 		t.Fatalf("MRA % x", d[:12])
 	}
@@ -136,27 +136,27 @@ func FuzzCM(f *testing.F) {
 		// encodes again the same way.
 		var d [CMDataLen]byte
 		req := DecodeREQ(&m.Data)
-		req.Put(&d)
+		req.Encode(&d)
 		if DecodeREQ(&d) != req {
 			t.Fatal("REQ")
 		}
 		rep := DecodeREP(&m.Data)
-		rep.Put(&d)
+		rep.Encode(&d)
 		if DecodeREP(&d) != rep {
 			t.Fatal("REP")
 		}
 		rej := DecodeREJ(&m.Data)
-		rej.Put(&d)
+		rej.Encode(&d)
 		if DecodeREJ(&d) != rej {
 			t.Fatal("REJ")
 		}
 		dreq := DecodeDREQ(&m.Data)
-		dreq.Put(&d)
+		dreq.Encode(&d)
 		if DecodeDREQ(&d) != dreq {
 			t.Fatal("DREQ")
 		}
 		mra := DecodeMRA(&m.Data)
-		mra.Put(&d)
+		mra.Encode(&d)
 		if DecodeMRA(&d) != mra {
 			t.Fatal("MRA")
 		}

@@ -228,8 +228,8 @@ func DecodeBTH(b []byte) (BTH, error) {
 	}, nil
 }
 
-// Put writes the BTH into b[:BTHLen].
-func (h *BTH) Put(b []byte) {
+// Encode writes the BTH into b[:BTHLen].
+func (h *BTH) Encode(b []byte) {
 	b[0] = byte(h.Opcode)
 	b[1] = h.Pad&3<<4 | h.TVer&0x0f
 	if h.Solicited {
@@ -369,7 +369,7 @@ func (p *Packet) AppendHeader(dst []byte, n int) ([]byte, error) {
 	bth := p.BTH
 	bth.Pad = uint8(-n & 3)
 	var h [BTHLen]byte
-	bth.Put(h[:])
+	bth.Encode(h[:])
 	dst = append(dst, h[:]...)
 	if info.headers&hasRETH != 0 {
 		dst = binary.BigEndian.AppendUint64(dst, p.RETH.VA)

@@ -93,7 +93,7 @@ func TestGoldenRXE(t *testing.T) {
 
 func TestDecodeErrors(t *testing.T) {
 	var h [BTHLen]byte
-	(&BTH{Opcode: RCAcknowledge, DestQP: 0x11, PSN: 5}).Put(h[:])
+	(&BTH{Opcode: RCAcknowledge, DestQP: 0x11, PSN: 5}).Encode(h[:])
 	ack := append(h[:], 0, 0, 0, 1, 0, 0, 0, 0) // AETH + ICRC
 	if _, err := Decode(ack); err != nil {
 		t.Fatal(err)
@@ -111,7 +111,7 @@ func TestDecodeErrors(t *testing.T) {
 		}
 	}
 	// Pad larger than what follows the headers.
-	(&BTH{Opcode: RCSendOnly, Pad: 3}).Put(h[:])
+	(&BTH{Opcode: RCSendOnly, Pad: 3}).Encode(h[:])
 	if _, err := Decode(append(h[:], 0, 0, 0, 0)); err == nil {
 		t.Error("pad beyond the payload accepted")
 	}
@@ -120,7 +120,7 @@ func TestDecodeErrors(t *testing.T) {
 func FuzzDecode(f *testing.F) {
 	var h [BTHLen]byte
 	for _, op := range []Opcode{RCSendOnly, RCWriteOnly, RCReadRequest, RCAcknowledge, UDSendOnly, RCCompareSwap, RCSendOnlyInvalidate} {
-		(&BTH{Opcode: op, DestQP: 7, PSN: 9}).Put(h[:])
+		(&BTH{Opcode: op, DestQP: 7, PSN: 9}).Encode(h[:])
 		l, _ := HeaderLen(op)
 		f.Add(append(append(h[:], make([]byte, l-BTHLen)...), 0, 0, 0, 0))
 	}

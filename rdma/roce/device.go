@@ -732,7 +732,7 @@ func (d *Device) disconnect(q *RC) {
 	}
 	dreq := ib.DREQ{CommIDs: ib.CommIDs{Local: c.local, Remote: c.remote}, RemoteQPN: c.remoteQPN}
 	var data [ib.CMDataLen]byte
-	dreq.Put(&data)
+	dreq.Encode(&data)
 	d.sendMAD(c.peer, ib.AttrDREQ, uint64(c.local), &data)
 }
 
@@ -817,7 +817,7 @@ func (d *Device) Dial(ctx context.Context, addr string, p rdma.ConnParams) (rdma
 		copy(req.PrivateData[:], p.PrivateData)
 	}
 	var data [ib.CMDataLen]byte
-	req.Put(&data)
+	req.Encode(&data)
 	reply := make(chan cmReply, 1)
 	d.mu.Lock()
 	d.dials[local] = reply
@@ -1005,7 +1005,7 @@ func (d *Device) reject(peer netip.Addr, req *ib.REQ, tid uint64, reason uint16,
 	rej.ARILength = uint8(copy(rej.ARI[:], ari))
 	copy(rej.PrivateData[:], pd)
 	var data [ib.CMDataLen]byte
-	rej.Put(&data)
+	rej.Encode(&data)
 	d.sendMAD(peer, ib.AttrREJ, tid, &data)
 }
 
@@ -1230,7 +1230,7 @@ func (r *connRequest) resend() {
 	// so the active side stops repeating it and waits (IBA 12.6.6).
 	mra := ib.MRA{CommIDs: ib.CommIDs{Local: r.local, Remote: r.req.LocalCommID}, MessageMRAed: ib.MsgREQ, ServiceTimeout: mraServiceTimeout}
 	var data [ib.CMDataLen]byte
-	mra.Put(&data)
+	mra.Encode(&data)
 	r.d.sendMAD(r.peer, ib.AttrMRA, r.tid, &data)
 }
 
@@ -1294,7 +1294,7 @@ func (r *connRequest) AcceptContext(ctx context.Context, p rdma.ConnParams) (rdm
 		ResponderResources: uint8(p.QP.IRD), InitiatorDepth: uint8(p.QP.ORD), TargetACKDelay: 15, RNRRetryCount: 7, LocalCAGUID: d.guid}
 	copy(rep.PrivateData[:], p.PrivateData)
 	data := new([ib.CMDataLen]byte)
-	rep.Put(data)
+	rep.Encode(data)
 	r.mu.Lock()
 	r.last, r.attr, r.q = data, ib.AttrREP, q
 	r.mu.Unlock()
@@ -1371,7 +1371,7 @@ func (r *connRequest) RejectReason(reason int, ari string, privateData []byte) e
 	rej.ARILength = uint8(copy(rej.ARI[:], ari))
 	copy(rej.PrivateData[:], privateData)
 	data := new([ib.CMDataLen]byte)
-	rej.Put(data)
+	rej.Encode(data)
 	r.mu.Lock()
 	r.last, r.attr = data, ib.AttrREJ
 	r.mu.Unlock()

@@ -77,7 +77,7 @@ func FuzzDeviceDatagram(f *testing.F) {
 	}
 	var req [ib.CMDataLen]byte
 	(&ib.REQ{LocalCommID: 77, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3260), LocalQPN: 0x33, StartingPSN: 5,
-		PathMTU: 3, TransportType: 0, ResponderResources: 4, InitiatorDepth: 4}).Put(&req)
+		PathMTU: 3, TransportType: 0, ResponderResources: 4, InitiatorDepth: 4}).Encode(&req)
 	var rtu, dreq [ib.CMDataLen]byte
 	ib.PutCommIDs(&rtu, ib.CommIDs{Local: 77, Remote: 1}, nil)
 	ib.PutCommIDs(&dreq, ib.CommIDs{Local: 77, Remote: 1}, nil)

@@ -196,7 +196,7 @@ func TestDeviceICRCOverRealIPHeader(t *testing.T) {
 		req := ib.REQ{LocalCommID: localComm, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3270), LocalQPN: 0x99, StartingPSN: 5,
 			ResponderResources: 1, InitiatorDepth: 1, PathMTU: 3, PKey: 0xffff}
 		var data [ib.CMDataLen]byte
-		req.Put(&data)
+		req.Encode(&data)
 		m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: 1, AttrID: ib.AttrREQ, Data: data}
 		p := ib.Packet{BTH: ib.BTH{Opcode: ib.UDSendOnly, PKey: 0xffff, DestQP: 1}, DETH: ib.DETH{QKey: ib.GSIQKey, SrcQP: 1}, Payload: m.Append(nil)}
 		pkt, _ := p.Append(nil)
@@ -355,7 +355,7 @@ func TestDeviceStartingPSNsAsLinux(t *testing.T) {
 	req := ib.REQ{LocalCommID: 9, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3280), LocalQPN: 0x55, StartingPSN: 0x123456,
 		ResponderResources: 1, InitiatorDepth: 1, PathMTU: 3, PKey: 0xffff, RetryCount: 7, RNRRetryCount: 7}
 	var data [ib.CMDataLen]byte
-	req.Put(&data)
+	req.Encode(&data)
 	f.sendMAD(ib.AttrREQ, 1, data)
 	m := f.recvMAD(ib.AttrREP)
 	rep := ib.DecodeREP(&m.Data)
@@ -393,7 +393,7 @@ func TestDeviceStartingPSNsAsLinux(t *testing.T) {
 	m = f.recvMAD(ib.AttrREQ)
 	req = ib.DecodeREQ(&m.Data)
 	rep = ib.REP{LocalCommID: 77, RemoteCommID: req.LocalCommID, LocalQPN: 0x66, StartingPSN: 0x654321, ResponderResources: 1, InitiatorDepth: 1, RNRRetryCount: 7}
-	rep.Put(&data)
+	rep.Encode(&data)
 	f.sendMAD(ib.AttrREP, m.TID, data)
 	f.recvMAD(ib.AttrRTU)
 	qa := <-dialed
@@ -438,7 +438,7 @@ func TestDeviceSeedServiceIDAndREJ(t *testing.T) {
 	copy(rej.ARI[:], "no way")
 	copy(rej.PrivateData[:], "pd")
 	var data [ib.CMDataLen]byte
-	rej.Put(&data)
+	rej.Encode(&data)
 	f.sendMAD(ib.AttrREJ, m.TID, data)
 	var rj *rdma.RejectError
 	if err := <-errc; !errors.As(err, &rj) || rj.Reason != 28 || string(rj.ARI) != "no way" || string(rj.PrivateData[:2]) != "pd" {
@@ -452,7 +452,7 @@ func TestDeviceSeedServiceIDAndREJ(t *testing.T) {
 	for i, base := range []uint64{ib.ServiceIDBaseSeed, ib.ServiceIDBaseRDMCM} {
 		req := ib.REQ{LocalCommID: uint32(20 + i), ServiceID: ib.ServiceID(base, 3262), LocalQPN: 0x77, PathMTU: 3, PKey: 0xffff}
 		copy(req.PrivateData[:], "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGH")
-		req.Put(&data)
+		req.Encode(&data)
 		f.sendMAD(ib.AttrREQ, uint64(20+i), data)
 		r, err := ln.Accept(ctx)
 		if err != nil {
@@ -488,7 +488,7 @@ func TestDeviceMRA(t *testing.T) {
 	defer ln.Close()
 	req := ib.REQ{LocalCommID: 31, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3290), LocalQPN: 0x88, PathMTU: 3, PKey: 0xffff}
 	var data [ib.CMDataLen]byte
-	req.Put(&data)
+	req.Encode(&data)
 	f.sendMAD(ib.AttrREQ, 31, data)
 	r, err := ln.Accept(ctx) // taken, not yet answered
 	if err != nil {
@@ -518,11 +518,11 @@ func TestDeviceMRA(t *testing.T) {
 	m = f.recvMAD(ib.AttrREQ)
 	req = ib.DecodeREQ(&m.Data)
 	mra := ib.MRA{CommIDs: ib.CommIDs{Local: 41, Remote: req.LocalCommID}, MessageMRAed: ib.MsgREQ, ServiceTimeout: 20} // ~4.3 s
-	mra.Put(&data)
+	mra.Encode(&data)
 	f.sendMAD(ib.AttrMRA, m.TID, data)
 	time.Sleep(2500 * time.Millisecond) // past 10 retries of 200 ms
 	rep := ib.REP{LocalCommID: 41, RemoteCommID: req.LocalCommID, LocalQPN: 0x99, StartingPSN: 1, ResponderResources: 1, InitiatorDepth: 1}
-	rep.Put(&data)
+	rep.Encode(&data)
 	f.sendMAD(ib.AttrREP, m.TID, data)
 	if err := <-errc; err != nil {
 		t.Fatalf("dial after an MRA: %v", err)
@@ -548,7 +548,7 @@ func TestConnRequestStateIsBounded(t *testing.T) {
 	send := func(id uint32) {
 		req := ib.REQ{LocalCommID: id, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3300), LocalQPN: 0x100 + id, PathMTU: 3, PKey: 0xffff}
 		var data [ib.CMDataLen]byte
-		req.Put(&data)
+		req.Encode(&data)
 		f.sendMAD(ib.AttrREQ, uint64(id), data)
 	}
 	const n = 2000
@@ -592,7 +592,7 @@ func TestConnRequestsPerSource(t *testing.T) {
 	send := func(f *fakePeer, id uint32) {
 		req := ib.REQ{LocalCommID: id, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3301), LocalQPN: 0x100 + id, PathMTU: 3, PKey: 0xffff}
 		var data [ib.CMDataLen]byte
-		req.Put(&data)
+		req.Encode(&data)
 		f.sendMAD(ib.AttrREQ, uint64(id), data)
 	}
 	held := func() int {
@@ -647,7 +647,7 @@ func TestConnRequestsPerSourceIPv6Network(t *testing.T) {
 		req := func(peer string, id uint32) {
 			r := ib.REQ{LocalCommID: id, ServiceID: ib.ServiceID(ib.ServiceIDBaseRDMCM, 3302), LocalQPN: 0x100 + id, PathMTU: 3, PKey: 0xffff}
 			m := ib.MAD{BaseVersion: 1, MgmtClass: ib.MgmtClassCM, ClassVersion: ib.CMClassVersion, Method: ib.MethodSend, TID: uint64(id), AttrID: ib.AttrREQ}
-			r.Put(&m.Data)
+			r.Encode(&m.Data)
 			b.gotREQ(netip.MustParseAddr(peer), &m)
 		}
 		held := func() int {

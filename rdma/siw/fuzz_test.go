@@ -21,7 +21,7 @@ func FuzzQPStream(f *testing.F) {
 	v := newEnd(0x1000)
 	rr := rdmap.ReadReq{SinkSTag: 1, Size: 64, SrcSTag: v.mr.STag(), SrcTO: 0x1000}
 	body := make([]byte, rdmap.ReadRequestLen)
-	rr.Put(body)
+	rr.Encode(body)
 	for _, crc := range []bool{false, true} {
 		var s []byte
 		s = append(s, fpdu(crc, send(1, []byte("hello")))...)

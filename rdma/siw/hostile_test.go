@@ -31,7 +31,7 @@ func fpdu(crc bool, seg []byte) []byte {
 
 func seg(h ddp.Header, payload []byte) []byte {
 	b := make([]byte, h.Len())
-	h.Put(b)
+	h.Encode(b)
 	return append(b, payload...)
 }
 
@@ -203,7 +203,7 @@ func TestHostilePeers(t *testing.T) {
 		{"read beyond the region", false, func(v *victim) []byte {
 			rr := rdmap.ReadReq{SinkSTag: 1, Size: 100, SrcSTag: v.mr.STag(), SrcTO: v.va + regSize - 10}
 			body := make([]byte, rdmap.ReadRequestLen)
-			rr.Put(body)
+			rr.Encode(body)
 			return fpdu(false, seg(ddp.Header{ULP: rdmap.Ctrl(rdmap.ReadRequest), QN: 1, MSN: 1, Last: true}, body))
 		}, want{rdmap.LayerRDMAP, rdmap.ETypeRemoteProtection, rdmap.CodeBaseBounds}},
 		{"send longer than the receive buffer", false, func(v *victim) []byte {
@@ -235,7 +235,7 @@ func TestHostilePeers(t *testing.T) {
 			for i := uint32(1); i <= 64; i++ {
 				rr := rdmap.ReadReq{SinkSTag: 1, Size: 128 << 10, SrcSTag: v.mr.STag(), SrcTO: v.va}
 				body := make([]byte, rdmap.ReadRequestLen)
-				rr.Put(body)
+				rr.Encode(body)
 				b = append(b, fpdu(false, seg(ddp.Header{ULP: rdmap.Ctrl(rdmap.ReadRequest), QN: 1, MSN: i, Last: true}, body))...)
 			}
 			return b

@@ -532,7 +532,7 @@ func (q *qp) writeUntagged(op rdmap.Opcode, inv, msn uint32, sg [][]byte, total 
 func (q *qp) writeReadRequest(rr *rdmap.ReadReq, msn uint32) error {
 	h := ddp.Header{ULP: rdmap.Ctrl(rdmap.ReadRequest), QN: ddp.QNReadRequest, MSN: msn, Last: true}
 	var body [rdmap.ReadRequestLen]byte
-	rr.Put(body[:])
+	rr.Encode(body[:])
 	return q.segments(&h, body[:], nil, 0, func(int) {})
 }
 
@@ -556,7 +556,7 @@ func (q *qp) segments(h *ddp.Header, extra []byte, sg [][]byte, total int, at fu
 		hb := q.arena[q.ap : q.ap+2+hl]
 		ulpdu := hl + n
 		binary.BigEndian.PutUint16(hb, uint16(ulpdu))
-		h.Put(hb[2:])
+		h.Encode(hb[2:])
 		copy(hb[2+h.Len():], extra)
 		q.ap += 2 + hl
 		start := len(q.bufs)

@@ -60,9 +60,9 @@ func (h *Header) Len() int {
 	return UntaggedLen
 }
 
-// Put encodes h at the start of b (which must hold h.Len() bytes) and
+// Encode encodes h at the start of b (which must hold h.Len() bytes) and
 // returns the length.
-func (h *Header) Put(b []byte) int {
+func (h *Header) Encode(b []byte) int {
 	c := byte(Version)
 	if h.Tagged {
 		c |= FlagTagged

@@ -14,13 +14,13 @@ func TestHeaders(t *testing.T) {
 		t.Fatalf("%+v %v", h, err)
 	}
 	out := make([]byte, h.Len())
-	h.Put(out)
+	h.Encode(out)
 	if !bytes.Equal(out, b) {
 		t.Fatalf("%x", out)
 	}
 	u := Header{ULP: 0x43, QN: 0, MSN: 7, MO: 32748, ULPWord: 0xabc}
 	out = make([]byte, u.Len())
-	u.Put(out)
+	u.Encode(out)
 	g, err := Decode(out)
 	if err != nil || g != u {
 		t.Fatalf("%+v %v", g, err)
@@ -44,7 +44,7 @@ func FuzzDecode(f *testing.F) {
 			return
 		}
 		out := make([]byte, h.Len())
-		if n := h.Put(out); n != HeaderLen(b[0]) {
+		if n := h.Encode(out); n != HeaderLen(b[0]) {
 			t.Fatalf("length %d vs %d", n, HeaderLen(b[0]))
 		}
 		// Reserved control bits are dropped; everything else survives.

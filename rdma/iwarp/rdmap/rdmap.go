@@ -133,8 +133,8 @@ type ReadReq struct {
 	SrcTO    uint64
 }
 
-// Put encodes r into b[:ReadRequestLen].
-func (r *ReadReq) Put(b []byte) {
+// Encode encodes r into b[:ReadRequestLen].
+func (r *ReadReq) Encode(b []byte) {
 	binary.BigEndian.PutUint32(b[0:], r.SinkSTag)
 	binary.BigEndian.PutUint64(b[4:], r.SinkTO)
 	binary.BigEndian.PutUint32(b[12:], r.Size)

@@ -26,7 +26,7 @@ func TestReadRequest(t *testing.T) {
 	// shared/captures/siw-rping.pcap frame 9.
 	r := ReadReq{SinkSTag: 0xab44f100, SinkTO: 0x00005606f6330ae0, Size: 64, SrcSTag: 0x5852f300, SrcTO: 0x000056188e6de440}
 	var b [ReadRequestLen]byte
-	r.Put(b[:])
+	r.Encode(b[:])
 	g, err := DecodeReadReq(b[:])
 	if err != nil || g != r {
 		t.Fatalf("%+v %v", g, err)

@@ -120,7 +120,7 @@ func (p *Peer) Send(attr uint16, tid uint64, data *[ib.CMDataLen]byte) error {
 // SendREQ sends req, its local communication ID as the transaction ID.
 func (p *Peer) SendREQ(req ib.REQ) error {
 	var data [ib.CMDataLen]byte
-	req.Put(&data)
+	req.Encode(&data)
 	return p.Send(ib.AttrREQ, uint64(req.LocalCommID), &data)
 }
 
