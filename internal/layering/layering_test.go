@@ -104,6 +104,9 @@ func TestImportsPointOneWay(t *testing.T) {
 		// SRP sits beside iSCSI: SCSI ← SRP ← RDMA verbs, never a
 		// concrete RDMA device; its codec does no I/O.
 		{"srp", []string{mod, "net", "log"}},
+		// NVMe's codecs: the command set and the NVMe/TCP PDUs, no I/O.
+		{"nvme", []string{mod, "net", "log"}},
+		{"nvme/nvmetcp", []string{mod, "net", "log"}},
 		{"srp/srptarget", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "srp/srpinitiator"}},
 		{"srp/srpinitiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "scsitarget"}},
 		{"blockdev", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},
