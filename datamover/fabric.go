@@ -65,7 +65,7 @@ type AcceptParams struct {
 	Logger *slog.Logger
 }
 
-// Charger is a budget memory is charged to (scsitarget.IOShare is one):
+// Charger is a budget memory is charged to (blockcore.IOShare is one):
 // Take reports whether there was room for n bytes; Give returns them.
 type Charger interface {
 	Take(n int64) bool

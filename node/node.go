@@ -26,6 +26,7 @@ import (
 
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
@@ -98,7 +99,7 @@ type Portal struct {
 type Node struct {
 	opts   Options
 	log    *slog.Logger
-	budget *scsitarget.IOBudget
+	budget *blockcore.IOBudget
 	iscsi  *iscsitarget.Server
 	iwarp  *siw.Fabric
 	// iserPortal, when set, makes the iSCSI portals take iSER over the
@@ -205,7 +206,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	log := opts.Logger
 	n := &Node{opts: opts, log: log, cfg: cfg, base: base.Clone(), srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
-		budget: scsitarget.NewIOBudget(ioB, sessB),
+		budget: blockcore.NewIOBudget(ioB, sessB),
 		// A stream that takes under 64 KiB in the NOP timeout fails its
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
 		iwarp:   siw.New(siw.Options{Logger: log, SendTimeout: lim.NopTimeout, Sources: sources}),

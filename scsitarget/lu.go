@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/scsi"
 )
 
@@ -38,9 +39,9 @@ type LUConfig struct {
 	// Logger receives the LU's own events (shared reservation state);
 	// may be nil.
 	Logger *slog.Logger
-	// Workers run the LU's commands (Submit; default DefaultWorkers);
+	// Workers run the LU's commands (Submit; default blockcore.DefaultWorkers);
 	// QueueDepth
-	// bounds the commands waiting for one (DefaultQueueDepth): beyond it
+	// bounds the commands waiting for one (blockcore.DefaultQueueDepth): beyond it
 	// the fabrics answer TASK SET FULL.
 	Workers, QueueDepth int
 }
@@ -54,7 +55,7 @@ type LU struct {
 	flusher   backend.Flusher
 	durable   backend.DurableWriter // nil: FUA is a write and a Flush
 	fast      bool                  // the backend is backend.NonBlocking
-	q         queue
+	q         *blockcore.Queue
 	unmapper  backend.Unmapper
 	blockSize int
 	blockBits uint
@@ -174,14 +175,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	if w, ok := cfg.Backend.(backend.CapacityWatcher); ok {
 		w.WatchCapacity(lu.capacityChanged)
 	}
-	workers, depth := cfg.Workers, cfg.QueueDepth
-	if workers <= 0 {
-		workers = DefaultWorkers
-	}
-	if depth <= 0 {
-		depth = DefaultQueueDepth
-	}
-	lu.q.init(workers, depth)
+	lu.q = blockcore.NewQueue(cfg.Workers, cfg.QueueDepth)
 	lu.pr.file = cfg.PRFile
 	if err := lu.pr.load(); err != nil {
 		return nil, fmt.Errorf("target: LUN %d persistent reservations: %w", cfg.LUN, err)
@@ -276,7 +270,7 @@ func (lu *LU) flushLatched() error {
 
 // Close flushes and closes the backend.
 func (lu *LU) Close() error {
-	lu.q.close()
+	lu.q.Close()
 	if c, ok := lu.be.(backend.Closer); ok {
 		return c.Close()
 	}

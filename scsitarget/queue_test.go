@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/blockcore"
 )
 
 // gate is Work that runs until released, counting how many run at once.
@@ -109,7 +110,7 @@ func (d detaching) Run() {
 // peer that takes none detach their workers, and the LU goes on running
 // the other commands with its 2 workers — never more than 2 in the
 // backend at once; past 16 detached per worker, and no fewer than
-// minDetached (1024), Detach refuses, and the workers left over end once
+// blockcore.MinDetached (1024), Detach refuses, and the workers left over end once
 // the answers are taken.
 func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	be, _ := mem.New(1 << 20)
@@ -121,7 +122,7 @@ func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	var done sync.WaitGroup
 	release := make(chan struct{})
 	d := detaching{lu, &backend, &most, &detached, &refused, release, &done}
-	const stuck = minDetached + 2 // 2 beyond the bound (2 workers: 32 would be 16 each)
+	const stuck = blockcore.MinDetached + 2 // 2 beyond the bound (2 workers: 32 would be 16 each)
 	for range stuck {
 		done.Add(1)
 		if !lu.Submit(d) {
@@ -132,8 +133,8 @@ func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	for detached.Load()+refused.Load() < stuck && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if detached.Load() != minDetached || refused.Load() != 2 {
-		t.Fatalf("%d detached, %d refused; want %d and 2 (live %d idle %d detached %d queued %d)", detached.Load(), refused.Load(), minDetached, lu.q.live.Load(), lu.q.idle.Load(), lu.q.detached.Load(), len(lu.q.work))
+	if detached.Load() != blockcore.MinDetached || refused.Load() != 2 {
+		t.Fatalf("%d detached, %d refused; want %d and 2 (live %d detached %d queued %d)", detached.Load(), refused.Load(), blockcore.MinDetached, lu.q.Live(), lu.q.Detached(), lu.q.Waiting())
 	}
 	if m := most.Load(); m > 2 {
 		t.Fatalf("%d commands in the backend at once, want at most the 2 workers", m)
@@ -153,10 +154,10 @@ func TestDetachedWorkersLeaveTheLUToOthers(t *testing.T) {
 	}
 	// The workers left over end: 2 remain.
 	deadline = time.Now().Add(5 * time.Second)
-	for lu.q.live.Load() != 2 && time.Now().Before(deadline) {
+	for lu.q.Live() != 2 && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if l := lu.q.live.Load(); l != 2 {
+	if l := lu.q.Live(); l != 2 {
 		t.Fatalf("%d workers after the answers were taken, want 2", l)
 	}
 }

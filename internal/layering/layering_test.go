@@ -62,6 +62,10 @@ func TestImportsPointOneWay(t *testing.T) {
 		{"iscsi/pdu", []string{mod + "iscsi/text", mod + "datamover", mod + "scsitarget", "net", "log"}},
 		{"iscsi/text", []string{mod + "iscsi/pdu", mod + "datamover", "net", "log"}},
 		{"iscsi/auth", []string{mod + "datamover", "net", "log"}},
+		// The block core is protocol-neutral: what every front end shares
+		// (the unit's queue and workers, the I/O budget) knows no SCSI,
+		// no NVMe and no fabric.
+		{"blockcore", []string{mod + "scsi", mod + "scsitarget", mod + "iscsi", mod + "srp", mod + "nvme", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", "net"}},
 		// The SCSI core knows no fabric.
 		{"scsitarget", []string{mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", "net"}},
 		// iSCSI runs over the Datamover Interface alone: no concrete

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/servetest"
@@ -327,7 +328,7 @@ func (tc preferCase) run(t *testing.T, rdmaFabric rdma.Fabric, transport string)
 // outside every budget: ~0.5 MiB a connection, the sessions' count the
 // only bound.)
 func TestISERRingChargedToTheBudget(t *testing.T) {
-	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	budget := blockcore.NewIOBudget(64<<20, 32<<20)
 	addr := startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{Budget: budget}, fabric.ISERPortal{
 		IWARP: siw.New(siw.Options{}),
 		PD:    rdma.NewDevice("target").AllocPD(),
@@ -345,7 +346,7 @@ func TestISERRingChargedToTheBudget(t *testing.T) {
 	waitUsed(t, budget, 0)
 	// A budget with room for less than a ring: the login ends, nothing
 	// stays charged.
-	small := scsitarget.NewIOBudget(ring/2, ring/2)
+	small := blockcore.NewIOBudget(ring/2, ring/2)
 	addr = startTargetOpts(t, scsitarget.LUConfig{}, nil, iscsitarget.Options{Budget: small}, fabric.ISERPortal{
 		IWARP: siw.New(siw.Options{}),
 		PD:    rdma.NewDevice("target").AllocPD(),
@@ -359,7 +360,7 @@ func TestISERRingChargedToTheBudget(t *testing.T) {
 	waitUsed(t, small, 0)
 }
 
-func waitUsed(t *testing.T, b *scsitarget.IOBudget, want int64) {
+func waitUsed(t *testing.T, b *blockcore.IOBudget, want int64) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for b.Used() != want && time.Now().Before(deadline) {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/fabric"
@@ -199,7 +200,7 @@ func testFlood(t *testing.T, mod func(*Target)) {
 	// Four floods from one host may hold at most half the budget (its
 	// source's part), each its session's share.
 	const budget, share = 64 << 20, 12 << 20
-	ts := startServer(t, Options{CmdWindow: 128, Budget: scsitarget.NewIOBudget(budget, share)}, mod)
+	ts := startServer(t, Options{CmdWindow: 128, Budget: blockcore.NewIOBudget(budget, share)}, mod)
 	before := heapInUse()
 	type flood struct {
 		c           *tclient
@@ -350,7 +351,7 @@ func TestPeerThatStopsReadingIsDropped(t *testing.T) {
 }
 
 func testPeerThatStopsReading[A datamover.Acceptor](t *testing.T, accept func(net.Listener) A) {
-	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	budget := blockcore.NewIOBudget(64<<20, 32<<20)
 	var logs servetest.LogBuffer
 	ts := startServerOn(t, Options{Budget: budget, NopInterval: -1, NopTimeout: 500 * time.Millisecond}, nil, &logs, accept)
 	c := dial(t, ts.addr)
@@ -709,7 +710,7 @@ func (s *slowDisk) ReadAt(p []byte, off int64) (int, error) {
 // reads 40 blocks at once without waiting on counts that leaked.
 func TestParkedCommandsUnderChurn(t *testing.T) {
 	d, _ := mem.New(1 << 20)
-	budget := scsitarget.NewIOBudget(64<<20, 16<<20)
+	budget := blockcore.NewIOBudget(64<<20, 16<<20)
 	ts := startServer(t, Options{NopInterval: -1, MaxWorkingPerSource: 8, Budget: budget},
 		onLU(t, scsitarget.LUConfig{Backend: &slowDisk{Backend: d, delay: 5 * time.Millisecond}}))
 	const reads = 40
@@ -793,7 +794,7 @@ func TestParkedCommandsUnderChurn(t *testing.T) {
 // discarded (the connection goes on), and the second such WRITE ends the
 // connection.
 func TestWriteDataThatNeverComes(t *testing.T) {
-	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	budget := blockcore.NewIOBudget(64<<20, 32<<20)
 	ts := startServer(t, Options{Budget: budget, DataTimeout: 300 * time.Millisecond, NopInterval: -1}, nil)
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini, text.KV{Key: "InitialR2T", Value: "Yes"}, text.KV{Key: "ImmediateData", Value: "No"})...)
@@ -869,7 +870,7 @@ func TestWritesBeyondTheR2TBoundWaitWithoutBuffers(t *testing.T) {
 	for _, imm := range []int{0, 4096} {
 		t.Run(fmt.Sprintf("immediate=%d", imm), func(t *testing.T) {
 			const writes, blocks, size = 6, 512, 512 * 512
-			budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+			budget := blockcore.NewIOBudget(64<<20, 32<<20)
 			ts := startServer(t, Options{Budget: budget, SolicitedWrites: 2, NopInterval: -1}, nil)
 			c := dial(t, ts.addr)
 			keys := []text.KV{{Key: "InitialR2T", Value: "Yes"}, {Key: "ImmediateData", Value: "No"}}
@@ -963,7 +964,7 @@ func TestWritesBeyondTheR2TBoundWaitWithoutBuffers(t *testing.T) {
 // R2Ts gets them when the one ahead of it ends without its data
 // (DataTimeout), not only when one completes.
 func TestWaitingWriteGetsThePlaceOfOneThatTimedOut(t *testing.T) {
-	budget := scsitarget.NewIOBudget(64<<20, 32<<20)
+	budget := blockcore.NewIOBudget(64<<20, 32<<20)
 	ts := startServer(t, Options{Budget: budget, SolicitedWrites: 1, DataTimeout: 300 * time.Millisecond, NopInterval: -1}, nil)
 	c := dial(t, ts.addr)
 	c.mustLogin(normalKeys(ini, text.KV{Key: "InitialR2T", Value: "Yes"}, text.KV{Key: "ImmediateData", Value: "No"})...)

@@ -11,10 +11,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/iscsi/pdu"
-	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // conn is one iSCSI connection. It implements datamover.Upcalls: the
@@ -93,7 +93,7 @@ type conn struct {
 	// mem is the I/O budget share what the datamover holds once logged
 	// in is charged to (datamover.AcceptParams.Memory); closed when the
 	// connection ends.
-	mem *scsitarget.IOShare
+	mem *blockcore.IOShare
 	// soliciting counts the connection's WRITEs holding a place for
 	// solicited data (task.solicits, Options.SolicitedWrites);
 	// waitingR2T are those in line for one, in arrival order. Guarded by

@@ -9,12 +9,12 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsi"
-	"github.com/blockwire/blockwire/scsitarget"
 )
 
 // TestDiscoverySessionsPerSource: one address may hold only a handful of
@@ -171,7 +171,7 @@ func isTimeout(err error) bool {
 // and leave every other initiator TASK SET FULL; now another host's READ
 // is answered at once, and the refusals are counted at the source bound.
 func TestOneHostCannotStarveTheOthers(t *testing.T) {
-	budget := scsitarget.NewIOBudget(64<<20, 8<<20)
+	budget := blockcore.NewIOBudget(64<<20, 8<<20)
 	ts := startServer(t, Options{Budget: budget}, nil)
 	admitted, full := 0, 0
 	for i := range 9 {

@@ -119,7 +119,7 @@ func TestFaultsLeakNothing(t *testing.T) {
 	}
 }
 
-// runFunc is a scsitarget.Work.
+// runFunc is a blockcore.Work.
 type runFunc func()
 
 func (f runFunc) Run() { f() }

@@ -24,6 +24,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/internal/logsample"
@@ -183,10 +184,10 @@ type Options struct {
 	// until one of its commands is done (conn.toWorker).
 	MaxWorkingPerSource int
 	// Budget bounds the I/O buffers of all sessions together and each
-	// session's share (scsitarget.IOBudget; shared with the node's other
+	// session's share (blockcore.IOBudget; shared with the node's other
 	// fabrics). Nil: 1 GiB, 128 MiB a session. A command that finds no
 	// room gets TASK SET FULL.
-	Budget *scsitarget.IOBudget
+	Budget *blockcore.IOBudget
 	// Memory, when set, supplies the task buffers (an RDMA device's
 	// registered memory: iSER moves them without a bounce copy).
 	Memory datamover.Memory
@@ -279,7 +280,7 @@ func (o *Options) defaults() {
 		o.MaxWorkingPerSource = defaultMaxWorkingPerSource
 	}
 	if o.Budget == nil {
-		o.Budget = scsitarget.NewIOBudget(DefaultIOBudget, DefaultSessionIOBudget)
+		o.Budget = blockcore.NewIOBudget(DefaultIOBudget, DefaultSessionIOBudget)
 	}
 	if o.MaxDiscoverySessions == 0 {
 		o.MaxDiscoverySessions = 16
@@ -473,7 +474,7 @@ const (
 )
 
 // maxWorking is how many commands one connection may have on its LUs'
-// workers (scsitarget.DefaultWorkers: 64 per LU), executing or answering,
+// workers (blockcore.DefaultWorkers: 64 per LU), executing or answering,
 // before its receiver runs them itself (LUs that never block, over TCP)
 // or the commands wait for a worker (conn.toWorker). It bounds what a
 // peer that stops taking its answers holds per connection (their workers

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/internal/serial"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -63,7 +64,7 @@ type session struct {
 	expCmdSN atomic.Uint32
 	maxCmdSN atomic.Uint32
 	// io is the session's share of the I/O buffer budget.
-	io *scsitarget.IOShare
+	io *blockcore.IOShare
 
 	// Lock order: session.mu, then conn.mu (enter takes its
 	// connection's lock under mu), then the SCSI core's (Device.Begin);

@@ -788,7 +788,7 @@ func (c *conn) freeSlot(t *task) {
 }
 
 // execute runs the command in the SCSI core and answers it.
-// Run implements scsitarget.Work: the LU's queue runs the task.
+// Run implements blockcore.Work: the LU's queue runs the task.
 func (t *task) Run() { t.execute() }
 
 func (t *task) execute() {

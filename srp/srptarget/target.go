@@ -28,6 +28,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/internal/bufpool"
 	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/rdma"
@@ -86,7 +87,7 @@ type Options struct {
 	// I_T nexus's share (shared with the node's other fabrics); nil: 1
 	// GiB, 128 MiB a nexus. A command that finds no room gets TASK SET
 	// FULL.
-	Budget *scsitarget.IOBudget
+	Budget *blockcore.IOBudget
 	// RelativePort is the relative target port identifier reported in
 	// VPD page 83h (default 2; the iSCSI portal group is 1).
 	RelativePort uint16
@@ -130,7 +131,7 @@ type nexus struct {
 	mu       sync.Mutex
 	channels map[*channel]struct{}
 	// io is the nexus's share of the I/O buffer budget.
-	io *scsitarget.IOShare
+	io *blockcore.IOShare
 }
 
 // unitAttention announces a unit attention on every channel of the nexus
@@ -171,7 +172,7 @@ func New(opts Options) *Server {
 		opts.MaxDescriptors = 32
 	}
 	if opts.Budget == nil {
-		opts.Budget = scsitarget.NewIOBudget(1<<30, 128<<20)
+		opts.Budget = blockcore.NewIOBudget(1<<30, 128<<20)
 	}
 	if opts.RelativePort == 0 {
 		opts.RelativePort = 2

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/internal/servetest"
 	"github.com/blockwire/blockwire/internal/waitfor"
@@ -53,7 +54,7 @@ func start(t testing.TB, credits int) (string, *srptarget.Server, *gated) {
 	return startBudget(t, credits, nil)
 }
 
-func startBudget(t testing.TB, credits int, budget *scsitarget.IOBudget) (string, *srptarget.Server, *gated) {
+func startBudget(t testing.TB, credits int, budget *blockcore.IOBudget) (string, *srptarget.Server, *gated) {
 	t.Helper()
 	return startWith(t, srptarget.Options{Credits: credits, Budget: budget})
 }
@@ -439,7 +440,7 @@ func putDesc(p []byte, d srp.Desc) {
 // within the budget; when the backend moves on, everything completes
 // (every SRP command took its whole buffer on arrival).
 func TestIOBudgetPerNexus(t *testing.T) {
-	budget := scsitarget.NewIOBudget(64<<20, 8<<20)
+	budget := blockcore.NewIOBudget(64<<20, 8<<20)
 	addr, _, g := startBudget(t, 32, budget)
 	d := good(t, addr)
 	checkGood(t, d)

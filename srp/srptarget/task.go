@@ -265,7 +265,7 @@ func (ch *channel) submit(t *task) {
 	}
 }
 
-// Run implements scsitarget.Work.
+// Run implements blockcore.Work.
 func (t *task) Run() { t.ch.execute(t) }
 
 // execute runs the command in the SCSI core and answers it.
@@ -379,7 +379,7 @@ func (ch *channel) fail(t *task, s *scsi.Sense) {
 }
 
 // full answers TASK SET FULL: the command's buffer would exceed the I/O
-// budget (scsitarget.IOBudget); the initiator retries it later.
+// budget (blockcore.IOBudget); the initiator retries it later.
 func (ch *channel) full(t *task, n int64) {
 	if k := ch.fulls.Add(1); logsample.KeepFirst(k, 8) {
 		ch.log.Warn("srp: TASK SET FULL: the nexus holds its share of the I/O buffer budget (or the node all of it)",
