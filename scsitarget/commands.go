@@ -3,7 +3,6 @@ package scsitarget
 import (
 	"encoding/binary"
 	"errors"
-	"syscall"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/scsi"
@@ -263,8 +262,8 @@ func (d *Device) Execute(c *Command) {
 			d.fail(lu, c, s)
 			return
 		}
-		if lu.flushLatched() != nil {
-			d.fail(lu, c, scsi.MediumError(true, 0)) // WRITE ERROR: see LU.flushErr
+		if lu.store.Latched() != nil {
+			d.fail(lu, c, scsi.MediumError(true, 0)) // WRITE ERROR: see blockcore.Store.Latched
 			return
 		}
 	}
@@ -456,36 +455,9 @@ func (lu *LU) write(c *Command, rw scsi.RW) error {
 		return nil
 	}
 	// SBC-4 §4.15: FUA, or a disabled write cache, makes the write durable
-	// before status is returned — by the write itself where the backend
-	// can (RWF_DSYNC), else by a flush after it.
-	durable := rw.FUA || !lu.writeCache()
-	if durable && lu.durable != nil {
-		lu.atomicMu.RLock()
-		_, err := lu.durable.WriteAtDurable(c.Data[:n], int64(rw.LBA)<<lu.blockBits)
-		lu.atomicMu.RUnlock()
-		if err != nil {
-			lu.dev.log.Error("backend durable write failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
-			if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
-				// Out of space: nothing was written, so no sync ran
-				// and none failed. Any other failure may be the sync's.
-				lu.latch("durable write", err)
-			}
-			return ioFailed(err, true, rw.LBA)
-		}
-		return nil
-	}
-	lu.atomicMu.RLock()
-	_, err := lu.be.WriteAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits)
-	lu.atomicMu.RUnlock()
-	if err != nil {
-		lu.dev.log.Error("backend write failed", "lun", lu.lun, "lba", rw.LBA, "err", err)
+	// before status is returned (blockcore.Store.WriteAt).
+	if err := lu.store.WriteAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits, rw.FUA || !lu.writeCache()); err != nil {
 		return ioFailed(err, true, rw.LBA)
-	}
-	if durable {
-		if err := lu.Flush(); err != nil {
-			lu.dev.log.Error("backend flush failed", "lun", lu.lun, "err", err)
-			return ioFailed(err, true, rw.LBA)
-		}
 	}
 	return nil
 }

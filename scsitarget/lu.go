@@ -36,7 +36,8 @@ type LUConfig struct {
 	// initiator asks for them to survive power loss (APTPL, SPC-4
 	// §5.13.4); they are loaded from it here. Empty: APTPL is refused.
 	PRFile string
-	// Logger receives the LU's own events (shared reservation state);
+	// Logger receives the LU's own events (shared reservation state,
+	// failed writes and flushes, blockcore.Store);
 	// may be nil.
 	Logger *slog.Logger
 	// Workers run the LU's commands (Submit; default blockcore.DefaultWorkers);
@@ -52,9 +53,8 @@ type LU struct {
 	dev       *Device
 	lun       uint64
 	be        backend.Backend
-	flusher   backend.Flusher
-	durable   backend.DurableWriter // nil: FUA is a write and a Flush
-	fast      bool                  // the backend is backend.NonBlocking
+	store     *blockcore.Store // writes, durability, the flush latch
+	fast      bool             // the backend is backend.NonBlocking
 	q         *blockcore.Queue
 	unmapper  backend.Unmapper
 	blockSize int
@@ -92,17 +92,6 @@ type LU struct {
 
 	// sanitizing is set while a SANITIZE runs: media access is NOT READY.
 	sanitizing atomic.Bool
-
-	// flushErr latches the first failed flush: once the storage said
-	// writes it had acknowledged may be lost, no later flush or write may
-	// succeed (a second fdatasync returns 0 although the pages are gone).
-	// It clears only when the LU is built anew (re-added, reloaded,
-	// restarted) — an operator's act.
-	flushErr atomic.Pointer[error]
-
-	// atomicMu makes COMPARE AND WRITE and ORWRITE atomic against every
-	// other write: writes hold it shared, those two exclusively.
-	atomicMu sync.RWMutex
 }
 
 // NewLU builds a logical unit for device name on cfg.Backend.
@@ -136,12 +125,15 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	for 1<<lu.blockBits != bs {
 		lu.blockBits++
 	}
-	lu.flusher, _ = cfg.Backend.(backend.Flusher)
-	lu.durable, _ = cfg.Backend.(backend.DurableWriter)
 	if nb, ok := cfg.Backend.(backend.NonBlocking); ok {
 		lu.fast = nb.NonBlocking()
 	}
 	lu.unmapper, _ = cfg.Backend.(backend.Unmapper)
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	lu.store = blockcore.NewStore(cfg.Backend, log)
 	lu.nblocks.Store(uint64(size) >> lu.blockBits)
 	if lu.vendor == "" {
 		lu.vendor = "BLOCKWIR"
@@ -235,38 +227,8 @@ func (lu *LU) writeProtected() (bool, *scsi.Sense) {
 }
 
 // Flush flushes the backend's volatile cache. A failure latches: every
-// later Flush and write fails too (see flushErr).
-func (lu *LU) Flush() error {
-	if err := lu.flushLatched(); err != nil {
-		return err
-	}
-	if lu.flusher == nil {
-		return nil
-	}
-	return lu.latch("flush", lu.flusher.Flush())
-}
-
-// latch records a failed flush or durable write (what failed) in
-// flushErr and returns err.
-func (lu *LU) latch(what string, err error) error {
-	if err != nil && !errors.Is(err, backend.ErrUnavailable) {
-		if lu.flushErr.CompareAndSwap(nil, &err) {
-			if d := lu.device(); d != nil {
-				d.log.Error(what+" failed: writes acknowledged before it may be lost; the LU now fails every write and flush until it is removed and added again (admin remove-lun/add-lun, reload or restart)",
-					"lun", lu.lun, "err", err)
-			}
-		}
-	}
-	return err
-}
-
-// flushLatched returns the latched flush failure, if any.
-func (lu *LU) flushLatched() error {
-	if p := lu.flushErr.Load(); p != nil {
-		return fmt.Errorf("target: an earlier flush failed (%w); writes and flushes refused", *p)
-	}
-	return nil
-}
+// later Flush and write fails too (blockcore.Store.Flush).
+func (lu *LU) Flush() error { return lu.store.Flush() }
 
 // Close flushes and closes the backend.
 func (lu *LU) Close() error {

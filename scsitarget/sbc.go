@@ -34,8 +34,7 @@ func cmdWriteAtomic(lu *LU, c *Command) error {
 	if err := lu.rangeCheck(lba, uint64(blocks)); err != nil {
 		return err
 	}
-	lu.atomicMu.Lock()
-	defer lu.atomicMu.Unlock()
+	defer lu.store.Exclusive()()
 	want := int(blocks) << lu.blockBits
 	c.Transfer = want
 	n := min(want, len(c.Data))
@@ -115,8 +114,7 @@ func cmdWriteSame(lu *LU, c *Command) error {
 		copy(block, c.Data[:lu.blockSize])
 	}
 	off, n := int64(rw.LBA)<<lu.blockBits, int64(blocks)<<lu.blockBits
-	lu.atomicMu.RLock()
-	defer lu.atomicMu.RUnlock()
+	defer lu.store.Shared()()
 	if unmap {
 		if err := lu.unmapper.Unmap(off, n); err != nil {
 			return ioFailed(err, true, rw.LBA)
@@ -192,10 +190,10 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 	if cw, ok := lu.be.(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= lu.blockSize {
 		// Shared storage compares and writes in one step of its own, so
 		// the comparison holds against other gateways' writes too.
-		// Writes through this LU still wait: they hold atomicMu shared.
-		lu.atomicMu.Lock()
+		// Writes through this LU still wait (blockcore.Store.Exclusive).
+		release := lu.store.Exclusive()
 		err := cw.CompareAndWrite(verify, data, int64(lba)<<lu.blockBits)
-		lu.atomicMu.Unlock()
+		release()
 		var mis *backend.MiscompareError
 		if errors.As(err, &mis) {
 			return scsi.Miscompare(uint64(mis.Offset))
@@ -206,8 +204,7 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 		return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
 	}
 	cur := make([]byte, n)
-	lu.atomicMu.Lock()
-	defer lu.atomicMu.Unlock()
+	defer lu.store.Exclusive()()
 	if _, err := lu.be.ReadAt(cur, int64(lba)<<lu.blockBits); err != nil {
 		return ioFailed(err, false, lba)
 	}
@@ -226,7 +223,7 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 // storage compares and writes atomically when it does so itself (shared
 // storage, backend.CompareWriter), else what fits the one-byte field.
 // Storage whose atomic unit is smaller than a block is compared here,
-// under atomicMu — atomic against this LU's writes only.
+// under the store's write lock — atomic against this LU's writes only.
 func (lu *LU) cawBlocks() int {
 	if cw, ok := lu.be.(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= lu.blockSize {
 		return min(maxCompareAndWriteBlocks, cw.MaxCompareAndWrite()/lu.blockSize)
@@ -242,8 +239,7 @@ func cmdOrWrite(lu *LU, c *Command) error {
 		return err
 	}
 	cur := make([]byte, n)
-	lu.atomicMu.Lock()
-	defer lu.atomicMu.Unlock()
+	defer lu.store.Exclusive()()
 	if _, err := lu.be.ReadAt(cur, int64(rw.LBA)<<lu.blockBits); err != nil {
 		return ioFailed(err, false, rw.LBA)
 	}
@@ -353,8 +349,7 @@ func cmdSanitize(lu *LU, c *Command) error {
 	}
 	finish := func() error {
 		defer lu.sanitizing.Store(false)
-		lu.atomicMu.Lock()
-		defer lu.atomicMu.Unlock()
+		defer lu.store.Exclusive()()
 		if err := run(); err != nil {
 			lu.dev.log.Error("sanitize failed", "lun", lu.lun, "err", err)
 			return ioFailed(err, true, 0)

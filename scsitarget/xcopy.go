@@ -206,9 +206,7 @@ func cmdExtendedCopy(lu *LU, c *Command) error {
 				lu.dev.keepCopyStatus(st)
 				return copyAborted(0x11, 0x00) // UNRECOVERED READ ERROR
 			}
-			s.dst.atomicMu.RLock()
-			_, err := s.dst.be.WriteAt(buf[:k], do+done)
-			s.dst.atomicMu.RUnlock()
+			err := s.dst.store.WriteAt(buf[:k], do+done, false)
 			if err != nil {
 				st.status = 0x02
 				lu.dev.keepCopyStatus(st)

@@ -1,0 +1,129 @@
+package blockcore
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"syscall"
+
+	"github.com/blockwire/blockwire/backend"
+)
+
+// Store is a unit's backend as every front end writes to it: a write made
+// durable when the front end asks (SCSI's FUA or a disabled write cache,
+// NVMe's FUA or a volatile write cache turned off) — by the backend's
+// durable write where it has one (RWF_DSYNC), else by a flush after it —
+// the flush latch, and the lock that makes a compare-and-write atomic
+// against every other write. What a failure is called on the wire (a
+// sense, a status) is the front end's.
+type Store struct {
+	be      backend.Backend
+	flusher backend.Flusher       // nil: nothing to flush
+	durable backend.DurableWriter // nil: a durable write is a write and a flush
+	log     *slog.Logger
+	attrs   []any // what the log names the unit by
+
+	// writes is held shared by every write and exclusively by what must
+	// be atomic against them (compare-and-write, a read-modify-write, a
+	// sanitize).
+	writes sync.RWMutex
+	// latched is the first failed flush: once the storage said writes it
+	// had acknowledged may be lost, no later flush or write may succeed (a
+	// second fdatasync returns 0 although the pages are gone). It clears
+	// only when the store is built anew (the unit re-added, reloaded,
+	// restarted): an operator's act.
+	latched atomic.Pointer[error]
+}
+
+// NewStore returns be's store; log (with attrs naming the unit) receives
+// its failures.
+func NewStore(be backend.Backend, log *slog.Logger, attrs ...any) *Store {
+	s := &Store{be: be, log: log, attrs: attrs}
+	s.flusher, _ = be.(backend.Flusher)
+	s.durable, _ = be.(backend.DurableWriter)
+	return s
+}
+
+// WriteAt writes p at off, durably before it returns when durable is
+// set, holding off compare-and-writes (Exclusive) meanwhile. A failed
+// durable write or flush latches (Latched), except a write that failed
+// for want of space: nothing was written, so no sync ran and none failed.
+func (s *Store) WriteAt(p []byte, off int64, durable bool) error {
+	if durable && s.durable != nil {
+		s.writes.RLock()
+		_, err := s.durable.WriteAtDurable(p, off)
+		s.writes.RUnlock()
+		if err != nil {
+			s.log.Error("backend durable write failed", append(s.attrs, "offset", off, "err", err)...)
+			if !errors.Is(err, syscall.ENOSPC) && !errors.Is(err, syscall.EDQUOT) {
+				s.latch("durable write", err)
+			}
+		}
+		return err
+	}
+	s.writes.RLock()
+	_, err := s.be.WriteAt(p, off)
+	s.writes.RUnlock()
+	if err != nil {
+		s.log.Error("backend write failed", append(s.attrs, "offset", off, "err", err)...)
+		return err
+	}
+	if durable {
+		if err := s.Flush(); err != nil {
+			s.log.Error("backend flush failed", append(s.attrs, "err", err)...)
+			return err
+		}
+	}
+	return nil
+}
+
+// Flush flushes the backend's volatile cache. A failure latches: every
+// later Flush and durable write fails too.
+func (s *Store) Flush() error {
+	if err := s.Latched(); err != nil {
+		return err
+	}
+	if s.flusher == nil {
+		return nil
+	}
+	return s.latch("flush", s.flusher.Flush())
+}
+
+// latch records a failed flush or durable write (what failed) and
+// returns err.
+func (s *Store) latch(what string, err error) error {
+	if err != nil && !errors.Is(err, backend.ErrUnavailable) {
+		if s.latched.CompareAndSwap(nil, &err) {
+			s.log.Error(what+" failed: writes acknowledged before it may be lost; the unit now fails every write and flush until it is removed and added again (admin remove-lun/add-lun, reload or restart)",
+				append(s.attrs, "err", err)...)
+		}
+	}
+	return err
+}
+
+// Latched returns the latched flush failure, if any.
+func (s *Store) Latched() error {
+	if p := s.latched.Load(); p != nil {
+		return fmt.Errorf("an earlier flush failed (%w); writes and flushes refused", *p)
+	}
+	return nil
+}
+
+// Exclusive holds off every other write until the returned function is
+// called: a compare-and-write, a read-modify-write or a sanitize runs
+// atomically against them (on this store: other gateways' writes to
+// shared storage are the backend's to order).
+func (s *Store) Exclusive() (release func()) {
+	s.writes.Lock()
+	return s.writes.Unlock
+}
+
+// Shared holds off compare-and-writes, as a write does, until the
+// returned function is called: for writes a front end makes to the
+// backend itself (write same, unmap, a copy).
+func (s *Store) Shared() (release func()) {
+	s.writes.RLock()
+	return s.writes.RUnlock
+}
