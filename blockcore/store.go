@@ -25,6 +25,13 @@ type Store struct {
 	log     *slog.Logger
 	attrs   []any // what the log names the unit by
 
+	// cache is the volatile write cache's state as the front ends see
+	// it (SCSI's WCE, NVMe's Volatile Write Cache feature): off, every
+	// write is durable before it is acknowledged. initial is its state
+	// after a reset.
+	cache   atomic.Bool
+	initial bool
+
 	// writes is held shared by every write and exclusively by what must
 	// be atomic against them (compare-and-write, a read-modify-write, a
 	// sanitize).
@@ -37,13 +44,40 @@ type Store struct {
 	latched atomic.Pointer[error]
 }
 
-// NewStore returns be's store; log (with attrs naming the unit) receives
-// its failures.
-func NewStore(be backend.Backend, log *slog.Logger, attrs ...any) *Store {
-	s := &Store{be: be, log: log, attrs: attrs}
+// NewStore returns be's store, its write cache on or off; log (with attrs
+// naming the unit) receives its failures.
+func NewStore(be backend.Backend, writeCache bool, log *slog.Logger, attrs ...any) *Store {
+	s := &Store{be: be, log: log, attrs: attrs, initial: writeCache}
+	s.cache.Store(writeCache)
 	s.flusher, _ = be.(backend.Flusher)
 	s.durable, _ = be.(backend.DurableWriter)
 	return s
+}
+
+// WriteCache reports whether the write cache is on; with it off, every
+// write is durable before it returns.
+func (s *Store) WriteCache() bool { return s.cache.Load() }
+
+// SetWriteCache turns the write cache on or off and reports whether that
+// changed it; turned off, what it held is flushed.
+func (s *Store) SetWriteCache(on bool) (changed bool, err error) {
+	changed = s.cache.Swap(on) != on
+	if !on {
+		err = s.Flush()
+	}
+	return changed, err
+}
+
+// ResetWriteCache puts the write cache back as the store was built with.
+func (s *Store) ResetWriteCache() { s.cache.Store(s.initial) }
+
+// InitialWriteCache is the write cache's state after a reset.
+func (s *Store) InitialWriteCache() bool { return s.initial }
+
+// Write writes p at off as a front end's write command does: durably
+// before it returns when the command asks (fua) or the write cache is off.
+func (s *Store) Write(p []byte, off int64, fua bool) error {
+	return s.WriteAt(p, off, fua || !s.cache.Load())
 }
 
 // WriteAt writes p at off, durably before it returns when durable is

@@ -47,7 +47,7 @@ var quiet = slog.New(slog.DiscardHandler)
 // it has one, else a write and a flush; a plain write flushes nothing.
 func TestDurableWrites(t *testing.T) {
 	r := newRecorder(t)
-	s := NewStore(r, quiet)
+	s := NewStore(r, true, quiet)
 	if err := s.WriteAt([]byte("a"), 0, false); err != nil || r.flushes != 0 {
 		t.Fatalf("plain write: %v, %d flushes", err, r.flushes)
 	}
@@ -55,7 +55,7 @@ func TestDurableWrites(t *testing.T) {
 		t.Fatalf("durable write without WriteAtDurable: %v, %d flushes, want 1", err, r.flushes)
 	}
 	dr := durableRecorder{newRecorder(t)}
-	s = NewStore(dr, quiet)
+	s = NewStore(dr, true, quiet)
 	if err := s.WriteAt([]byte("c"), 0, true); err != nil || dr.durables != 1 || dr.flushes != 0 {
 		t.Fatalf("durable write with WriteAtDurable: %v, %d durable writes, %d flushes", err, dr.durables, dr.flushes)
 	}
@@ -68,7 +68,7 @@ func TestDurableWrites(t *testing.T) {
 // refused for want of space (nothing written, no sync ran).
 func TestFlushLatch(t *testing.T) {
 	dr := durableRecorder{newRecorder(t)}
-	s := NewStore(dr, quiet)
+	s := NewStore(dr, true, quiet)
 	dr.durErr = syscall.ENOSPC
 	if err := s.WriteAt([]byte("x"), 0, true); !errors.Is(err, syscall.ENOSPC) || s.Latched() != nil {
 		t.Fatalf("ENOSPC: %v, latched %v", err, s.Latched())
@@ -87,7 +87,7 @@ func TestFlushLatch(t *testing.T) {
 		t.Fatalf("a flush after a failed one: %v, reached the backend %d times", err, dr.flushes-before)
 	}
 	r := newRecorder(t)
-	s = NewStore(r, quiet)
+	s = NewStore(r, true, quiet)
 	r.flushErr = syscall.EIO
 	s.Flush()
 	r.flushErr = nil
@@ -100,7 +100,7 @@ func TestFlushLatch(t *testing.T) {
 // (Not on a synctest clock: a goroutine waiting on a mutex is not what a
 // bubble counts as blocked.)
 func TestExclusive(t *testing.T) {
-	s := NewStore(newRecorder(t), quiet)
+	s := NewStore(newRecorder(t), true, quiet)
 	release := s.Exclusive()
 	done := make(chan error, 1)
 	go func() { done <- s.WriteAt([]byte("z"), 0, false) }()
@@ -110,5 +110,31 @@ func TestExclusive(t *testing.T) {
 	release()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestWriteCache: with the cache off every write is durable; turning it
+// off flushes and says it changed; a reset brings back the initial state.
+func TestWriteCache(t *testing.T) {
+	r := newRecorder(t)
+	s := NewStore(r, true, quiet)
+	if err := s.Write([]byte("a"), 0, false); err != nil || r.flushes != 0 {
+		t.Fatalf("a cached write: %v, %d flushes", err, r.flushes)
+	}
+	if err := s.Write([]byte("a"), 0, true); err != nil || r.flushes != 1 {
+		t.Fatalf("a FUA write: %v, %d flushes, want 1", err, r.flushes)
+	}
+	if changed, err := s.SetWriteCache(false); !changed || err != nil || r.flushes != 2 {
+		t.Fatalf("cache off: changed %v, %v, %d flushes (want the cache flushed)", changed, err, r.flushes)
+	}
+	if changed, _ := s.SetWriteCache(false); changed {
+		t.Fatal("turning off a cache already off reported a change")
+	}
+	if err := s.Write([]byte("b"), 0, false); err != nil || r.flushes != 4 || s.WriteCache() {
+		t.Fatalf("a write with the cache off: %v, %d flushes, want durable", err, r.flushes)
+	}
+	s.ResetWriteCache()
+	if !s.WriteCache() || !s.InitialWriteCache() {
+		t.Fatal("reset did not bring the cache back on")
 	}
 }

@@ -455,8 +455,8 @@ func (lu *LU) write(c *Command, rw scsi.RW) error {
 		return nil
 	}
 	// SBC-4 §4.15: FUA, or a disabled write cache, makes the write durable
-	// before status is returned (blockcore.Store.WriteAt).
-	if err := lu.store.WriteAt(c.Data[:n], int64(rw.LBA)<<lu.blockBits, rw.FUA || !lu.writeCache()); err != nil {
+	// before status is returned (blockcore.Store.Write).
+	if err := lu.store.Write(c.Data[:n], int64(rw.LBA)<<lu.blockBits, rw.FUA); err != nil {
 		return ioFailed(err, true, rw.LBA)
 	}
 	return nil

@@ -179,10 +179,11 @@ func appendNameDesignator(b []byte, assoc byte, name string) []byte {
 // Mode pages (SPC-4 §7.5, SBC-4 §6.5).
 
 func (lu *LU) modePage(page byte, pc byte) []byte {
+	wce := lu.store.WriteCache()
 	lu.stateMu.Lock()
-	wce, dsense, swp := lu.wce, lu.dsense, lu.swp
+	dsense, swp := lu.dsense, lu.swp
 	if pc == 2 {
-		wce, dsense, swp = lu.defaults.wce, lu.defaults.dsense, false
+		wce, dsense, swp = lu.store.InitialWriteCache(), lu.defaults.dsense, false
 	}
 	lu.stateMu.Unlock()
 	switch page {
@@ -371,9 +372,10 @@ func cmdModeSelect(lu *LU, c *Command) error {
 		rest = rest[l:]
 		off += l
 	}
+	cacheChanged, flushErr := lu.store.SetWriteCache(wce) // turned off: what it held is flushed
 	lu.stateMu.Lock()
-	changed := lu.wce != wce || lu.dsense != dsense || lu.swp != swp
-	lu.wce, lu.dsense, lu.swp = wce, dsense, swp
+	changed := cacheChanged || lu.dsense != dsense || lu.swp != swp
+	lu.dsense, lu.swp = dsense, swp
 	lu.stateMu.Unlock()
 	if changed && lu.dev != nil {
 		// SPC-4 §7.5.1: other nexuses learn of changed mode parameters.
@@ -383,10 +385,7 @@ func cmdModeSelect(lu *LU, c *Command) error {
 			}
 		})
 	}
-	if !wce {
-		return lu.Flush()
-	}
-	return nil
+	return flushErr
 }
 
 // cmdReportOpcodes answers REPORT SUPPORTED OPERATION CODES (SPC-4 §6.35)

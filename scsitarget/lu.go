@@ -73,13 +73,12 @@ type LU struct {
 	nblocks atomic.Uint64
 
 	stateMu  sync.Mutex
-	wce      bool            // write cache enabled (caching mode page)
 	dsense   bool            // descriptor-format sense (control mode page)
 	stopped  bool            // START STOP UNIT with START=0
 	swp      bool            // software write protect (control mode page)
 	ejected  bool            // removable medium not present
 	prevent  map[*Nexus]bool // nexuses preventing medium removal
-	defaults struct{ wce, dsense bool }
+	defaults struct{ dsense bool }
 	// reserver holds the SPC-2 reservation (RESERVE(6/10)), nil when
 	// there is none.
 	reserver *Nexus
@@ -119,7 +118,6 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		serial:    cfg.Serial,
 		vendor:    cfg.VendorID,
 		product:   cfg.ProductID,
-		wce:       !cfg.WriteThrough,
 		epoch:     time.Now(),
 	}
 	for 1<<lu.blockBits != bs {
@@ -133,7 +131,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	lu.store = blockcore.NewStore(cfg.Backend, log)
+	lu.store = blockcore.NewStore(cfg.Backend, !cfg.WriteThrough, log)
 	lu.nblocks.Store(uint64(size) >> lu.blockBits)
 	if lu.vendor == "" {
 		lu.vendor = "BLOCKWIR"
@@ -163,7 +161,6 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	lu.naa[0] = 0x60 | lu.naa[0]&0x0f
 	lu.naa[1], lu.naa[2] = 0, 0
 	lu.naa[3] &= 0x0f
-	lu.defaults.wce = lu.wce
 	if w, ok := cfg.Backend.(backend.CapacityWatcher); ok {
 		w.WatchCapacity(lu.capacityChanged)
 	}
@@ -283,7 +280,7 @@ func (lu *LU) device() *Device {
 
 func (lu *LU) reset() {
 	lu.stateMu.Lock()
-	lu.wce = lu.defaults.wce
+	lu.store.ResetWriteCache()
 	lu.dsense = lu.defaults.dsense
 	lu.stopped = false
 	lu.swp = false
@@ -292,11 +289,7 @@ func (lu *LU) reset() {
 	lu.stateMu.Unlock()
 }
 
-func (lu *LU) writeCache() bool {
-	lu.stateMu.Lock()
-	defer lu.stateMu.Unlock()
-	return lu.wce
-}
+func (lu *LU) writeCache() bool { return lu.store.WriteCache() }
 
 func (lu *LU) descriptorSense() bool {
 	lu.stateMu.Lock()
