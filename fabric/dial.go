@@ -80,7 +80,7 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 	if p.HasPreference {
 		// The iSER-on-InfiniBand draft: the longer header with the node preference and the
 		// addresses (the destination is what a gateway forwards to).
-		hdr.Seed001, hdr.MajVer, hdr.Pref = true, 1, p.Preference
+		hdr.IBDraft, hdr.MajVer, hdr.Pref = true, 1, p.Preference
 		if ap, err := netip.ParseAddrPort(portal); err == nil {
 			hdr.SetAddrs(netip.IPv4Unspecified(), ap.Addr())
 			if !ap.Addr().Unmap().Is4() {
@@ -89,10 +89,10 @@ func (d *Dialer) Dial(ctx context.Context, portal string, p datamover.DialParams
 		}
 	}
 	cp := res.ConnParams(hdr.Append(nil))
-	if hdr.Seed001 {
+	if hdr.IBDraft {
 		// On an InfiniBand CM fabric, the iSER-on-InfiniBand draft's rules as a whole: its
 		// iSER service ID base, its private data alone in the REQ.
-		cp.ServiceIDBase = iser.ServiceIDBaseSeed001
+		cp.ServiceIDBase = iser.ServiceIDBaseIBDraft
 	}
 	qp, reply, err := f.Dial(ctx, portal, cp)
 	if err != nil {

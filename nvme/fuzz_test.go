@@ -28,3 +28,25 @@ func FuzzCommand(f *testing.F) {
 		}
 	})
 }
+
+// FuzzConnect: any Connect data decodes without a panic, and what decodes
+// encodes back to the same names and identifiers.
+func FuzzConnect(f *testing.F) {
+	seed := make([]byte, ConnectDataLen)
+	copy(seed[256:], "nqn.2014-08.org.nvmexpress.discovery")
+	copy(seed[512:], "nqn.host")
+	f.Add(seed)
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := Command{Opcode: AdminFabrics, NSID: FabricsConnect}
+		k, err := DecodeConnect(&c, data)
+		if err != nil {
+			return
+		}
+		out := make([]byte, ConnectDataLen)
+		k.Encode(&c, out)
+		back, err := DecodeConnect(&c, out)
+		if err != nil || back != k {
+			t.Fatalf("%+v encodes and decodes as %+v, %v", k, back, err)
+		}
+	})
+}

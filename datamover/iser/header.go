@@ -238,18 +238,18 @@ const (
 	PreferInvalid = datamover.PreferInvalid
 )
 
-// ServiceIDBaseSeed001 is the iSER-on-InfiniBand draft §II's iSER base service ID on
+// ServiceIDBaseIBDraft is the iSER-on-InfiniBand draft §II's iSER base service ID on
 // InfiniBand ("until IBTA allocates one"): the REQ's service ID is the base
 // plus the iSCSI TCP port. Linux uses RDMA/CM's TCP port space instead
 // (0x0000000001060000 + port); an InfiniBand fabric listens on both.
-const ServiceIDBaseSeed001 = 0x0000000000020000
+const ServiceIDBaseIBDraft = 0x0000000000020000
 
-// CMSeed001Len is the length of the iSER-on-InfiniBand draft form: the 4-byte iSER CM
+// CMIBDraftLen is the length of the iSER-on-InfiniBand draft form: the 4-byte iSER CM
 // header, then versions, IP version, flags, the local port and the source
 // and destination addresses (16 bytes each).
-const CMSeed001Len = 44
+const CMIBDraftLen = 44
 
-// CMHeader is the iSER CM header. With Seed001 set it is the longer form
+// CMHeader is the iSER CM header. With IBDraft set it is the longer form
 // of the iSER-on-InfiniBand draft's appendix, which adds the node preference and addresses;
 // Linux sends and expects only the 4-byte form, and a 4-byte header is read
 // as PreferEither.
@@ -257,7 +257,7 @@ type CMHeader struct {
 	ZBVANotSupported    bool
 	SendInvNotSupported bool
 
-	Seed001        bool
+	IBDraft        bool
 	MajVer, MinVer uint8      // 4 bits each; the iSER-on-InfiniBand draft leaves them TBD: we send 1.0
 	IPVer          uint8      // 0 IPv4, 1 IPv6
 	Pref           Preference // Flg
@@ -294,10 +294,10 @@ func (c CMHeader) Append(b []byte) []byte {
 		f |= CMSendInvNotSupported
 	}
 	b = append(b, f, 0, 0, 0)
-	if !c.Seed001 {
+	if !c.IBDraft {
 		return b
 	}
-	var x [CMSeed001Len - CMHeaderLen]byte
+	var x [CMIBDraftLen - CMHeaderLen]byte
 	x[0] = c.MajVer<<4 | c.MinVer&0x0f
 	x[1] = c.IPVer<<4 | byte(c.Pref)&3
 	binary.BigEndian.PutUint16(x[4:], c.LocalPort)
@@ -308,17 +308,17 @@ func (c CMHeader) Append(b []byte) []byte {
 
 // DecodeCMHeader reads the flags from private data; short private data
 // counts as no flags (RFC 7145 peers that send none).
-// Private data of at least CMSeed001Len bytes is read as the iSER-on-InfiniBand draft form.
+// Private data of at least CMIBDraftLen bytes is read as the iSER-on-InfiniBand draft form.
 func DecodeCMHeader(pd []byte) CMHeader {
 	if len(pd) < 1 {
 		return CMHeader{}
 	}
 	c := CMHeader{ZBVANotSupported: pd[0]&CMZBVANotSupported != 0, SendInvNotSupported: pd[0]&CMSendInvNotSupported != 0}
-	if len(pd) < CMSeed001Len {
+	if len(pd) < CMIBDraftLen {
 		return c
 	}
 	x := pd[CMHeaderLen:]
-	c.Seed001 = true
+	c.IBDraft = true
 	c.MajVer, c.MinVer = x[0]>>4, x[0]&0x0f
 	c.IPVer, c.Pref = x[1]>>4, Preference(x[1]&3)
 	c.LocalPort = binary.BigEndian.Uint16(x[4:])

@@ -136,14 +136,14 @@ func FuzzDecodeHello(f *testing.F) {
 	})
 }
 
-// TestCMHeaderSeed001: the iSER-on-InfiniBand draft form carries the preference flags and
+// TestCMHeaderIBDraft: the iSER-on-InfiniBand draft form carries the preference flags and
 // the addresses after the 4-byte header Linux uses; 4 bytes alone read as
 // "either".
-func TestCMHeaderSeed001(t *testing.T) {
-	c := CMHeader{ZBVANotSupported: true, Seed001: true, MajVer: 1, Pref: PreferGateway, LocalPort: 40000}
+func TestCMHeaderIBDraft(t *testing.T) {
+	c := CMHeader{ZBVANotSupported: true, IBDraft: true, MajVer: 1, Pref: PreferGateway, LocalPort: 40000}
 	c.SetAddrs(netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.2"))
 	b := c.Append(nil)
-	if len(b) != CMSeed001Len || b[0] != CMZBVANotSupported || b[4] != 0x10 || b[5] != 0x02 || b[8] != 0x9c || b[27] != 1 || b[43] != 2 {
+	if len(b) != CMIBDraftLen || b[0] != CMZBVANotSupported || b[4] != 0x10 || b[5] != 0x02 || b[8] != 0x9c || b[27] != 1 || b[43] != 2 {
 		t.Fatalf("encoded % x", b)
 	}
 	if g := DecodeCMHeader(b); g != c {
@@ -153,18 +153,18 @@ func TestCMHeaderSeed001(t *testing.T) {
 	if g := DecodeCMHeader(c.Append(nil)); g != c || g.IPVer != 1 {
 		t.Fatalf("IPv6 round trip %+v -> %+v", c, g)
 	}
-	if g := DecodeCMHeader([]byte{CMSendInvNotSupported, 0, 0, 0}); g.Seed001 || g.Pref != PreferEither || !g.SendInvNotSupported {
+	if g := DecodeCMHeader([]byte{CMSendInvNotSupported, 0, 0, 0}); g.IBDraft || g.Pref != PreferEither || !g.SendInvNotSupported {
 		t.Fatalf("4-byte form: %+v", g)
 	}
 }
 
 func FuzzDecodeCMHeader(f *testing.F) {
 	f.Add([]byte{0x80, 0, 0, 0})
-	long := CMHeader{Seed001: true, MajVer: 1, Pref: PreferEndNode}
+	long := CMHeader{IBDraft: true, MajVer: 1, Pref: PreferEndNode}
 	f.Add(long.Append(nil))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		c := DecodeCMHeader(b)
-		if len(b) < CMSeed001Len {
+		if len(b) < CMIBDraftLen {
 			return
 		}
 		// What the long form holds survives re-encoding.
