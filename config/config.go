@@ -53,6 +53,9 @@ type Config struct {
 	// sets its own (default: from the target's name).
 	SRPListen []string `toml:"srp_listen,omitempty"`
 	SRPIDExt  string   `toml:"srp_id_ext,omitempty"`
+	// NVMeListen serves every target over NVMe/TCP on these host:port
+	// addresses (an nvme-tcp portal each; 4420 is NVMe/TCP's port).
+	NVMeListen []string `toml:"nvme_listen,omitempty"`
 	// ROCEListen serves iSER, SRPROCEListen SRP, on the software RoCEv2
 	// device (InfiniBand RC over UDP) at these address:port portals;
 	// ROCEUDPPort is its UDP port.
@@ -109,11 +112,12 @@ const (
 	// reaches it); SRPRoCE over the software RoCEv2 device.
 	SRP     = "srp"
 	SRPRoCE = "srp-roce"
+	// NVMeTCP (nvme.go) is NVMe over Fabrics on TCP.
 )
 
 // Portal is one address a fabric is served on.
 type Portal struct {
-	// Transport is iscsi, iser-roce, srp or srp-roce.
+	// Transport is iscsi, iser-roce, srp, srp-roce or nvme-tcp.
 	Transport string `toml:"transport"`
 	// Address is host:port (RoCE: the local IP address and the port the
 	// service ID names).
@@ -128,14 +132,14 @@ func (p Portal) Serves(name string) bool {
 }
 
 // AllPortals returns the portals: the [[portal]] entries, then one for
-// each address of the listen, roce_listen, srp_listen and srp_roce_listen
-// shorthands.
+// each address of the listen, roce_listen, srp_listen, srp_roce_listen
+// and nvme_listen shorthands.
 func (c *Config) AllPortals() []Portal {
 	out := slices.Clone(c.Portals)
 	for _, k := range []struct {
 		tr    string
 		addrs []string
-	}{{ISCSI, c.Listen}, {ISERRoCE, c.ROCEListen}, {SRP, c.SRPListen}, {SRPRoCE, c.SRPROCEListen}} {
+	}{{ISCSI, c.Listen}, {ISERRoCE, c.ROCEListen}, {SRP, c.SRPListen}, {SRPRoCE, c.SRPROCEListen}, {NVMeTCP, c.NVMeListen}} {
 		for _, a := range k.addrs {
 			out = append(out, Portal{Transport: k.tr, Address: a})
 		}
@@ -220,8 +224,16 @@ type Target struct {
 	// served over SRP at all; one without either admits every port
 	// unless this is set.
 	SRPInitiators []string `toml:"srp_initiators,omitempty"`
-	CHAP          *Secret  `toml:"chap,omitempty"`
-	MutualCHAP    *Secret  `toml:"mutual_chap,omitempty"`
+	// NQN is the NVM subsystem NQN the target is served under over NVMe
+	// (default: its name if that is an NQN, else NQNPrefix + its name).
+	NQN string `toml:"nqn,omitempty"`
+	// Hosts are the NVMe host NQNs admitted when the target is served
+	// over NVMe. As with SRP, a target with an ACL or CHAP must list them
+	// to be served over NVMe at all; one without either admits every
+	// host unless this is set.
+	Hosts      []string `toml:"hosts,omitempty"`
+	CHAP       *Secret  `toml:"chap,omitempty"`
+	MutualCHAP *Secret  `toml:"mutual_chap,omitempty"`
 	// Portals, when set, are the only portals (listen addresses, as
 	// given in listen) on which the target is listed and reachable: a
 	// login through another gets "not found". Empty: every portal.
@@ -275,6 +287,9 @@ func (d *Discovery) AsTarget() Target {
 type ACL struct {
 	Initiator    string `toml:"initiator,omitempty"`
 	SRPInitiator string `toml:"srp_initiator,omitempty"`
+	// Host is an NVMe host NQN; its luns (plain numbers) are the
+	// namespaces it sees.
+	Host string `toml:"host,omitempty"`
 	// LUNs, when set, are the only LUNs the initiator sees, each "N"
 	// (LUN N under its own number) or "M=N" (LUN N seen as M): LUN
 	// masking and numbering per initiator, on every fabric.
@@ -549,8 +564,24 @@ func validateAccess(where string, t Target, add func(format string, args ...any)
 	for j, a := range t.ACL {
 		who := a.Initiator
 		switch {
-		case a.Initiator != "" && a.SRPInitiator != "":
-			add("%s.acl[%d]: initiator and srp_initiator both set (one entry, one initiator)", where, j)
+		case btoi(a.Initiator != "")+btoi(a.SRPInitiator != "")+btoi(a.Host != "") > 1:
+			add("%s.acl[%d]: more than one of initiator, srp_initiator and host set (one entry, one initiator)", where, j)
+		case a.Host != "":
+			if err := ValidNQN(a.Host); err != nil {
+				add("%s.acl[%d].host: %v", where, j, err)
+			}
+			who = a.Host
+			if a.CHAP != nil {
+				add("%s.acl[%d].chap: NVMe in-band authentication is not there yet", where, j)
+			}
+			if a.TargetReset {
+				add("%s.acl[%d].target_reset: NVMe has no target reset", where, j)
+			}
+			for _, e := range a.LUNs {
+				if strings.Contains(e, "=") {
+					add("%s.acl[%d].luns: %q: an NVMe host sees LUN N as namespace N+1; it cannot be renumbered", where, j, e)
+				}
+			}
 		case a.SRPInitiator != "":
 			p, err := srp.ParsePortID(a.SRPInitiator)
 			if err != nil {
@@ -769,6 +800,7 @@ func (c *Config) Validate() error {
 		}
 	}
 	errs = append(errs, c.checkSettings()...)
+	c.validateNVMe(add)
 	if (len(c.SRPListen) > 0 || len(c.SRPROCEListen) > 0) && len(c.Targets) == 0 {
 		add("srp_listen: no target to serve")
 	}
@@ -779,7 +811,7 @@ func (c *Config) Validate() error {
 	for i, p := range c.Portals {
 		where := fmt.Sprintf("portal[%d]", i)
 		switch p.Transport {
-		case ISCSI, SRP:
+		case ISCSI, SRP, NVMeTCP:
 			if !strings.Contains(p.Address, ":") {
 				add("%s.address: %q is not host:port", where, p.Address)
 			}
@@ -788,7 +820,7 @@ func (c *Config) Validate() error {
 				add("%s.address: %q is not address:port", where, p.Address)
 			}
 		default:
-			add("%s.transport: %q (iscsi, iser-roce, srp or srp-roce)", where, p.Transport)
+			add("%s.transport: %q (iscsi, iser-roce, srp, srp-roce or nvme-tcp)", where, p.Transport)
 		}
 		for _, n := range p.Targets {
 			if !tnames[n] {

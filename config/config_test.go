@@ -284,7 +284,7 @@ func TestACLEntriesAndPortals(t *testing.T) {
 	if err == nil {
 		t.Fatal("accepted")
 	}
-	for _, want := range []string{"portals[0]", "acl[0].from", "acl[0].luns: LUN 1 mapped twice", "acl[1]: initiator and srp_initiator both set", "acl[2].chap: SRP has no CHAP"} {
+	for _, want := range []string{"portals[0]", "acl[0].from", "acl[0].luns: LUN 1 mapped twice", "acl[1]: more than one of initiator, srp_initiator and host set", "acl[2].chap: SRP has no CHAP"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error lacks %q:\n%v", want, err)
 		}

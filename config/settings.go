@@ -78,6 +78,7 @@ func Settings() []Setting {
 		{Key: "isns", Flag: "isns", Usage: "register the targets and portals with this iSNS server (host[:port], RFC 4171)"},
 		{Key: "iser", Flag: "iser", Default: "true", Usage: "also serve iSER (software iWARP, connection-first as Linux ib_iser, or RFC 5046's upgrade) on every iSCSI portal"},
 		{Key: "srp_listen", Flag: "srp-listen", Usage: "also serve every target over SRP (software iWARP, as Linux ib_srp reaches it through RDMA/CM) on host:port (repeatable)"},
+		{Key: "nvme_listen", Flag: "nvme-listen", Usage: "also serve every target over NVMe/TCP on host:port (repeatable; 4420 is NVMe/TCP's port): each target an NVM subsystem, each LUN N its namespace N+1"},
 		{Key: "srp_id_ext", Flag: "srp-id-ext", Usage: "the first target's SRP target port: ID_EXT[:IOC_GUID] in hex (default: derived from the target name)"},
 		{Key: "roce_listen", Flag: "roce-listen", Usage: "also serve iSER through RDMA/CM on address:port (IPv4 or [IPv6]), the port being the one the service ID names, on the RDMA device --rdma-device picks for that address (repeatable)"},
 		{Key: "srp_roce_listen", Flag: "srp-roce-listen", Usage: "also serve every target over SRP through RDMA/CM on address:port (IPv4 or [IPv6]), the login in the connection request as Linux ib_srp sends it, on the RDMA device --rdma-device picks for that address (repeatable)"},

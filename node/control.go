@@ -185,6 +185,7 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 		if kept.LUNs, err = n.updateLUNs(ot, nt, did); err != nil {
 			errs = append(errs, err)
 		}
+		n.syncNVMe(nt.Name, n.device(nt.Name))
 		if !reflect.DeepEqual(accessOf(ot), accessOf(nt)) {
 			t, err := targetAccess(nt, n.iscsiPortals(n.cfg, nt))
 			if err == nil {
@@ -195,14 +196,15 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 			} else {
 				luns := kept.LUNs
 				kept = accessOf(nt)
-				kept.LUNs, kept.TPGT, kept.PortGroups, kept.SRPIDExt = luns, ot.TPGT, ot.PortGroups, ot.SRPIDExt
+				kept.LUNs, kept.TPGT, kept.PortGroups, kept.SRPIDExt, kept.NQN = luns, ot.TPGT, ot.PortGroups, ot.SRPIDExt, ot.NQN
 				n.log.Info("change: access rules changed", "target", nt.Name)
 				did("target %s: access rules changed", nt.Name)
 				accessChanged = append(accessChanged, nt.Name)
+				n.revokeNVMe(kept)
 			}
 		}
-		if nt.TPGT != ot.TPGT || !slices.Equal(nt.PortGroups, ot.PortGroups) || nt.SRPIDExt != ot.SRPIDExt {
-			ch.Restart = append(ch.Restart, fmt.Sprintf("target %s: tpgt, port_groups or srp_id_ext", nt.Name))
+		if nt.TPGT != ot.TPGT || !slices.Equal(nt.PortGroups, ot.PortGroups) || nt.SRPIDExt != ot.SRPIDExt || nt.NQN != ot.NQN {
+			ch.Restart = append(ch.Restart, fmt.Sprintf("target %s: tpgt, port_groups, srp_id_ext or nqn", nt.Name))
 		}
 		applied.Targets = append(applied.Targets, kept)
 	}
@@ -224,6 +226,7 @@ func (n *Node) apply(ncfg *config.Config) (Changes, error) {
 			errs = append(errs, fmt.Errorf("discovery: %w", err))
 		} else {
 			applied.Discovery = ncfg.Discovery
+			n.setNVMeDiscovery(ncfg.Discovery)
 			n.log.Info("change: discovery access rules changed")
 			did("discovery access rules changed")
 		}
@@ -360,8 +363,8 @@ func planChange(cfg, ncfg *config.Config, c Consent, v view) (changes, refused [
 		if !reflect.DeepEqual(accessOf(ot), accessOf(nt)) {
 			say("target %s: change its access rules (ACL, CHAP, portals, redirect)", nt.Name)
 		}
-		if nt.TPGT != ot.TPGT || !slices.Equal(nt.PortGroups, ot.PortGroups) || nt.SRPIDExt != ot.SRPIDExt {
-			say("target %s: tpgt, port_groups or srp_id_ext (at the next start)", nt.Name)
+		if nt.TPGT != ot.TPGT || !slices.Equal(nt.PortGroups, ot.PortGroups) || nt.SRPIDExt != ot.SRPIDExt || nt.NQN != ot.NQN {
+			say("target %s: tpgt, port_groups, srp_id_ext or nqn (at the next start)", nt.Name)
 		}
 		was := map[uint64]config.LUN{}
 		for _, l := range ot.LUNs {
@@ -534,7 +537,7 @@ func (n *Node) Reload(o ReloadOptions) (Changes, error) {
 // (updateLUNs' part) and without what needs a restart (its portal group
 // and SRP port ID).
 func accessOf(t config.Target) config.Target {
-	t.LUNs, t.TPGT, t.PortGroups, t.SRPIDExt = nil, 0, nil, ""
+	t.LUNs, t.TPGT, t.PortGroups, t.SRPIDExt, t.NQN = nil, 0, nil, "", ""
 	return t
 }
 

@@ -22,6 +22,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/admin"
@@ -35,6 +36,8 @@ import (
 	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
+	"github.com/blockwire/blockwire/nvme/nvmetarget"
+	"github.com/blockwire/blockwire/nvme/tcptarget"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -91,7 +94,7 @@ type BackendOpener func(target string, lun config.LUN) (backend.Backend, error)
 // Portal is a portal as it runs: the address it was given and the one it
 // got (a port 0 picks a free port).
 type Portal struct {
-	Transport string // config.ISCSI, config.ISERRoCE, config.SRP, config.SRPRoCE
+	Transport string // config.ISCSI, config.ISERRoCE, config.SRP, config.SRPRoCE, config.NVMeTCP
 	Address   string
 }
 
@@ -119,20 +122,28 @@ type Node struct {
 	devices []*scsitarget.Device
 	srp     map[string]*srptarget.Server // by target name
 	srpOn   []srpPortal
-	roce    map[string]*roce.Device  // by local address
-	verbs   map[string]*verbs.Device // kernel RDMA devices, by name
-	iocs    map[string]bool          // IOC service IDs listened to, per RoCE device
-	portals []Portal
-	bound   map[string]string // iSCSI portal address as configured → as bound
-	pending []func()          // iSCSI portals' accept loops, started once access is set
-	tcp     []net.Listener
-	https   []*http.Server
-	limits  []*httpguard.Limited // the control surfaces' listeners (BoundsHit)
-	sources persource.Sources    // what one peer is to the per-source bounds (Limits.SourcePrefixV6)
-	cleanup []func()             // at Shutdown, last first
-	started bool
-	stopped bool
-	stopc   chan struct{} // closed at Shutdown
+	// NVMe: the controller model, its NVMe/TCP server, the targets served
+	// as subsystems (by target name), the nvme-tcp portals, and who may
+	// read the discovery log.
+	nvme     *nvmetarget.Target
+	nvmeSrv  *tcptarget.Server
+	nvmeSubs map[string]*nvmeSub
+	nvmeOn   []nvmePortal
+	nvmeDisc atomic.Pointer[config.Target]
+	roce     map[string]*roce.Device  // by local address
+	verbs    map[string]*verbs.Device // kernel RDMA devices, by name
+	iocs     map[string]bool          // IOC service IDs listened to, per RoCE device
+	portals  []Portal
+	bound    map[string]string // iSCSI portal address as configured → as bound
+	pending  []func()          // iSCSI portals' accept loops, started once access is set
+	tcp      []net.Listener
+	https    []*http.Server
+	limits   []*httpguard.Limited // the control surfaces' listeners (BoundsHit)
+	sources  persource.Sources    // what one peer is to the per-source bounds (Limits.SourcePrefixV6)
+	cleanup  []func()             // at Shutdown, last first
+	started  bool
+	stopped  bool
+	stopc    chan struct{} // closed at Shutdown
 
 	errc    chan error // a portal that failed
 	wg      sync.WaitGroup
@@ -250,6 +261,7 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 		n.iserPortal = &fabric.ISERPortal{IWARP: n.iwarp, PD: rdma.NewDevice("blockwire").AllocPD()}
 	}
 	n.iscsi = iscsitarget.NewServer(log, io)
+	n.newNVMe()
 	if err := setDiscovery(n.iscsi, cfg.Discovery); err != nil {
 		return nil, err
 	}
@@ -290,6 +302,12 @@ func (n *Node) addTarget(cfg *config.Config, i int) error {
 	}
 	if slices.Contains(cfg.SRPTargets(), i) {
 		if err := n.addSRP(cfg, i, dev); err != nil {
+			n.removeTarget(tc.Name)
+			return err
+		}
+	}
+	if slices.Contains(cfg.NVMeTargets(), i) {
+		if err := n.addNVMe(cfg, i, dev); err != nil {
 			n.removeTarget(tc.Name)
 			return err
 		}
@@ -372,6 +390,7 @@ func (n *Node) removeTarget(name string) error {
 		return err
 	}
 	n.dropSRP(name)
+	n.dropNVMe(name)
 	if d := n.device(name); d != nil {
 		d.Close()
 		n.devices = slices.DeleteFunc(n.devices, func(x *scsitarget.Device) bool { return x == d })
@@ -451,6 +470,8 @@ func (n *Node) start() error {
 			err = n.startISERRoCE(p)
 		case config.SRP, config.SRPRoCE:
 			err = n.startSRP(p)
+		case config.NVMeTCP:
+			err = n.startNVMe(p)
 		}
 		if err != nil {
 			return fmt.Errorf("%s portal %s: %w", p.Transport, p.Address, err)
@@ -860,6 +881,7 @@ func (n *Node) Shutdown(ctx context.Context) error {
 	for _, s := range srps {
 		s.Close() // SRP_T_LOGOUT to every channel
 	}
+	n.nvmeSrv.Close()
 	err := n.iscsi.Shutdown(ctx)
 	if errors.Is(err, context.Canceled) {
 		err = nil
@@ -901,11 +923,14 @@ func (n *Node) Sessions() []scsitarget.SessionInfo {
 	for _, s := range n.srpServers() {
 		out = append(out, s.Sessions()...)
 	}
-	return out
+	return append(out, n.nvmeSessions()...)
 }
 
 // DropSession ends the session with this ID (scsitarget.SessionInfo.ID).
 func (n *Node) DropSession(id string) bool {
+	if strings.HasPrefix(id, "nvme-") {
+		return n.dropNVMeSession(id)
+	}
 	if strings.HasPrefix(id, "srp-") {
 		for _, s := range n.srpServers() {
 			if s.DropSession(id) {

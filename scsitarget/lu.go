@@ -53,7 +53,8 @@ type LU struct {
 	dev       *Device
 	lun       uint64
 	be        backend.Backend
-	store     *blockcore.Store // writes, durability, the flush latch
+	unit      *blockcore.Unit  // what the NVMe front end shares
+	store     *blockcore.Store // the unit's: writes, durability, the flush latch
 	fast      bool             // the backend is backend.NonBlocking
 	q         *blockcore.Queue
 	unmapper  backend.Unmapper
@@ -69,8 +70,6 @@ type LU struct {
 	// it, one clock read where time.Now makes two (wall and monotonic):
 	// Begin and End time every command.
 	epoch time.Time
-
-	nblocks atomic.Uint64
 
 	stateMu  sync.Mutex
 	dsense   bool            // descriptor-format sense (control mode page)
@@ -98,21 +97,9 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	if cfg.Backend == nil {
 		return nil, errors.New("target: LU needs a backend")
 	}
-	bs := cfg.BlockSize
-	if bs == 0 {
-		bs = 512
-	}
-	if bs < 512 || bs > 65536 || bs&(bs-1) != 0 {
-		return nil, fmt.Errorf("target: block size %d is not a power of two in [512, 65536]", bs)
-	}
-	size := cfg.Backend.Size()
-	if size < int64(bs) {
-		return nil, fmt.Errorf("target: backend of %d bytes holds no %d-byte block", size, bs)
-	}
 	lu := &LU{
 		lun:       cfg.LUN,
 		be:        cfg.Backend,
-		blockSize: bs,
 		readOnly:  cfg.ReadOnly,
 		removable: cfg.Removable,
 		serial:    cfg.Serial,
@@ -120,31 +107,28 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		product:   cfg.ProductID,
 		epoch:     time.Now(),
 	}
-	for 1<<lu.blockBits != bs {
-		lu.blockBits++
-	}
-	if nb, ok := cfg.Backend.(backend.NonBlocking); ok {
-		lu.fast = nb.NonBlocking()
-	}
-	lu.unmapper, _ = cfg.Backend.(backend.Unmapper)
 	log := cfg.Logger
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	lu.store = blockcore.NewStore(cfg.Backend, !cfg.WriteThrough, log)
-	lu.nblocks.Store(uint64(size) >> lu.blockBits)
+	// Shared storage names itself: every target serving it reports the
+	// same LU (one disk on several paths).
+	unit, err := blockcore.NewUnit(blockcore.UnitConfig{Backend: cfg.Backend, BlockSize: cfg.BlockSize,
+		ReadOnly: cfg.ReadOnly, WriteThrough: cfg.WriteThrough, Identity: fmt.Sprintf("%s\x00%d", targetName, cfg.LUN),
+		Workers: cfg.Workers, QueueDepth: cfg.QueueDepth, Logger: log})
+	if err != nil {
+		return nil, fmt.Errorf("target: LUN %d: %w", cfg.LUN, err)
+	}
+	lu.unit, lu.store, lu.q = unit, unit.Store(), unit.Queue()
+	lu.blockSize, lu.blockBits, lu.fast = unit.BlockSize(), unit.BlockBits(), unit.NonBlocking()
+	lu.unmapper, _ = cfg.Backend.(backend.Unmapper)
 	if lu.vendor == "" {
 		lu.vendor = "BLOCKWIR"
 	}
 	if lu.product == "" {
 		lu.product = "blockwire"
 	}
-	// Shared storage names itself: every target serving it reports the
-	// same LU (one disk on several paths).
-	ident := fmt.Sprintf("%s\x00%d", targetName, cfg.LUN)
-	if id, ok := cfg.Backend.(backend.Identifier); ok {
-		ident = id.Identity()
-	}
+	ident := unit.Identity()
 	h := fnv.New64a()
 	h.Write([]byte(ident))
 	sum := h.Sum64()
@@ -155,16 +139,11 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 	// administered placeholder 0x000000 with the vendor-specific bits taken
 	// from a hash of the target name and LUN, so it is stable across
 	// restarts and unique per LU in practice.
-	h2 := fnv.New128a()
-	fmt.Fprintf(h2, "blockwire\x00%s", ident)
-	copy(lu.naa[:], h2.Sum(nil))
+	lu.naa = unit.ID()
 	lu.naa[0] = 0x60 | lu.naa[0]&0x0f
 	lu.naa[1], lu.naa[2] = 0, 0
 	lu.naa[3] &= 0x0f
-	if w, ok := cfg.Backend.(backend.CapacityWatcher); ok {
-		w.WatchCapacity(lu.capacityChanged)
-	}
-	lu.q = blockcore.NewQueue(cfg.Workers, cfg.QueueDepth)
+	unit.WatchCapacity(lu.capacityChanged)
 	lu.pr.file = cfg.PRFile
 	if err := lu.pr.load(); err != nil {
 		return nil, fmt.Errorf("target: LUN %d persistent reservations: %w", cfg.LUN, err)
@@ -196,7 +175,10 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 func (lu *LU) LUN() uint64 { return lu.lun }
 
 // Blocks returns the capacity in logical blocks.
-func (lu *LU) Blocks() uint64 { return lu.nblocks.Load() }
+func (lu *LU) Blocks() uint64 { return lu.unit.Blocks() }
+
+// Unit is the LU's block unit, which other front ends (NVMe) share.
+func (lu *LU) Unit() *blockcore.Unit { return lu.unit }
 
 // BlockSize returns the logical block size in bytes.
 func (lu *LU) BlockSize() int { return lu.blockSize }
@@ -228,44 +210,21 @@ func (lu *LU) writeProtected() (bool, *scsi.Sense) {
 func (lu *LU) Flush() error { return lu.store.Flush() }
 
 // Close flushes and closes the backend.
-func (lu *LU) Close() error {
-	lu.q.Close()
-	if c, ok := lu.be.(backend.Closer); ok {
-		return c.Close()
-	}
-	return lu.Flush()
-}
+func (lu *LU) Close() error { return lu.unit.Close() }
 
 // Resize changes the capacity (the backend must support it) and raises
-// CAPACITY DATA HAS CHANGED on every nexus.
+// CAPACITY DATA HAS CHANGED on every nexus (capacityChanged, through the
+// unit).
 func (lu *LU) Resize(size int64) error {
-	r, ok := lu.be.(backend.Resizer)
-	if !ok {
-		return fmt.Errorf("target: LUN %d backend cannot be resized", lu.lun)
-	}
-	if size <= 0 || size%int64(lu.blockSize) != 0 {
-		// A LUN is whole blocks, at least one: a size between them would
-		// leave a tail no command reaches (or no LUN at all).
-		return fmt.Errorf("target: LUN %d: %d bytes is not a positive multiple of its %d-byte block", lu.lun, size, lu.blockSize)
-	}
-	if err := r.Resize(size); err != nil {
-		return err
-	}
-	lu.nblocks.Store(uint64(lu.be.Size()) >> lu.blockBits)
-	if lu.dev != nil {
-		lu.dev.forEachNexus(func(n *Nexus) { n.addUA(lu.lun, scsi.UACapacityChanged()) })
+	if err := lu.unit.Resize(size); err != nil {
+		return fmt.Errorf("target: LUN %d: %w", lu.lun, err)
 	}
 	return nil
 }
 
-// capacityChanged takes the backend's new size after a change made
-// elsewhere (backend.CapacityWatcher): every nexus gets CAPACITY DATA HAS
-// CHANGED.
+// capacityChanged raises CAPACITY DATA HAS CHANGED on every nexus after
+// the unit's capacity changed (here, another front end, or the backend).
 func (lu *LU) capacityChanged() {
-	n := uint64(lu.be.Size()) >> lu.blockBits
-	if lu.nblocks.Swap(n) == n {
-		return
-	}
 	if d := lu.device(); d != nil {
 		d.forEachNexus(func(x *Nexus) { x.addUA(lu.lun, scsi.UACapacityChanged()) })
 	}

@@ -111,6 +111,13 @@ func TestImportsPointOneWay(t *testing.T) {
 		// NVMe's codecs: the command set and the NVMe/TCP PDUs, no I/O.
 		{"nvme", []string{mod, "net", "log"}},
 		{"nvme/nvmetcp", []string{mod, "net", "log"}},
+		// The NVMe controller model is the SCSI core's sibling over the
+		// block core: no SCSI, no fabric, no transport of its own.
+		{"nvme/nvmetarget", []string{mod + "scsi", mod + "scsitarget", mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", mod + "nvme/tcptarget", mod + "nvme/tcphost"}},
+		// NVMe/TCP frames and moves for the controller model; the host
+		// knows only the codecs.
+		{"nvme/tcptarget", []string{mod + "scsi", mod + "scsitarget", mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", mod + "nvme/tcphost"}},
+		{"nvme/tcphost", []string{mod + "blockcore", mod + "backend", mod + "scsi", mod + "iscsi", mod + "srp", mod + "datamover", mod + "rdma", mod + "fabric", mod + "node", mod + "nvme/nvmetarget", mod + "nvme/tcptarget"}},
 		{"srp/srptarget", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "srp/srpinitiator"}},
 		{"srp/srpinitiator", []string{mod + "iscsi", mod + "datamover", mod + "rdma/", mod + "scsitarget"}},
 		{"blockdev", []string{mod + "iscsi", mod + "srp", mod + "rdma", mod + "datamover", mod + "scsitarget", "net"}},

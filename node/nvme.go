@@ -1,0 +1,241 @@
+package node
+
+import (
+	"fmt"
+	"net"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync/atomic"
+
+	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/nvme/nvmetarget"
+	"github.com/blockwire/blockwire/nvme/tcptarget"
+	"github.com/blockwire/blockwire/scsitarget"
+)
+
+// nvmeSub is a target served over NVMe: its NVM subsystem, the access
+// rules it admits hosts by (an atomic copy: Connect and the namespace
+// lookups of the I/O path read it without the node's lock), and its
+// namespaces' units with the capacity watches on them.
+type nvmeSub struct {
+	sub    *nvmetarget.Subsystem
+	access atomic.Pointer[config.Target]
+	units  map[uint32]*blockcore.Unit
+	watch  map[uint32]func()
+}
+
+// nvmePortal is an nvme-tcp portal as bound.
+type nvmePortal struct {
+	portal config.Portal
+	addr   netip.AddrPort
+	id     uint16
+}
+
+// newNVMe makes the node's NVMe target and its NVMe/TCP server (serving
+// nothing until a portal opens).
+func (n *Node) newNVMe() {
+	n.nvme = nvmetarget.New(nvmetarget.Options{Logger: n.log, Portals: n.nvmeDiscoveryPortals,
+		DiscoveryAllow: func(host string, remote net.Addr) bool {
+			d := n.nvmeDisc.Load()
+			return d == nil || d.NVMeAllows(host, remote)
+		}})
+	n.nvmeSrv = tcptarget.New(tcptarget.Options{Target: n.nvme, Logger: n.log, Budget: n.budget, SetupTimeout: n.cfg.WithDefaults().Limits.LoginTimeout})
+	n.nvmeSubs = map[string]*nvmeSub{}
+	n.setNVMeDiscovery(n.cfg.Discovery)
+}
+
+// setNVMeDiscovery sets who may read the discovery log: the discovery
+// rules' NVMe hosts once discovery is restricted.
+func (n *Node) setNVMeDiscovery(d *config.Discovery) {
+	if d == nil {
+		n.nvmeDisc.Store(nil)
+		return
+	}
+	t := d.AsTarget()
+	n.nvmeDisc.Store(&t)
+}
+
+// nvmeDiscoveryPortals lists the nvme-tcp portals for the discovery log,
+// each with the subsystems it serves.
+func (n *Node) nvmeDiscoveryPortals() []nvmetarget.Portal {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	byNQN := map[string]string{}
+	for _, t := range n.cfg.Targets {
+		byNQN[t.SubsystemNQN()] = t.Name
+	}
+	out := make([]nvmetarget.Portal, 0, len(n.nvmeOn))
+	for _, p := range n.nvmeOn {
+		portal := p.portal
+		out = append(out, nvmetarget.Portal{ID: p.id, Addr: p.addr, Serves: func(nqn string) bool {
+			name, ok := byNQN[nqn]
+			return ok && portal.Serves(name)
+		}})
+	}
+	return out
+}
+
+// addNVMe serves target i of cfg as an NVM subsystem. mu held (or before
+// Start).
+func (n *Node) addNVMe(cfg *config.Config, i int, dev *scsitarget.Device) error {
+	tc := cfg.Targets[i]
+	ns := &nvmeSub{units: map[uint32]*blockcore.Unit{}, watch: map[uint32]func(){}}
+	ns.access.Store(&tc)
+	sub, err := n.nvme.AddSubsystem(nvmetarget.SubsystemConfig{NQN: tc.SubsystemNQN(), Model: "blockwire " + tc.Name,
+		Allow: func(host string, remote net.Addr) bool { return ns.access.Load().NVMeAllows(host, remote) },
+		Visible: func(host string, nsid uint32) bool {
+			return nsid > 0 && ns.access.Load().NVMeSees(host, uint64(nsid-1))
+		}})
+	if err != nil {
+		return err
+	}
+	ns.sub = sub
+	if tc.Protected() && !tc.NVMeListed() {
+		n.log.Warn("target has an ACL or CHAP but no NVMe hosts: NVMe connections to it are refused", "target", tc.Name)
+	}
+	n.nvmeSubs[tc.Name] = ns
+	n.syncNVMe(tc.Name, dev)
+	n.log.Info("serving NVMe subsystem", "target", tc.Name, "nqn", sub.NQN(), "namespaces", len(ns.units))
+	return nil
+}
+
+// syncNVMe makes a subsystem's namespaces its device's LUs (namespace ID
+// = LUN + 1), sharing each LU's unit. mu held.
+func (n *Node) syncNVMe(name string, dev *scsitarget.Device) {
+	ns := n.nvmeSubs[name]
+	if ns == nil || dev == nil {
+		return
+	}
+	want := map[uint32]*blockcore.Unit{}
+	for _, l := range dev.LUNs() {
+		if l < 0xfffffffe {
+			want[uint32(l)+1] = dev.LU(l).Unit()
+		}
+	}
+	for id, u := range ns.units {
+		if want[id] != u {
+			ns.watch[id]()
+			delete(ns.watch, id)
+			delete(ns.units, id)
+			ns.sub.SetNamespace(id, nil)
+		}
+	}
+	for id, u := range want {
+		if ns.units[id] == u {
+			continue
+		}
+		ns.units[id] = u
+		ns.sub.SetNamespace(id, u)
+		sub, nsid := ns.sub, id
+		ns.watch[id] = u.WatchCapacity(func() { sub.CapacityChanged(nsid) })
+	}
+}
+
+// dropNVMe stops serving a target over NVMe: its controllers end. mu
+// held.
+func (n *Node) dropNVMe(name string) {
+	ns := n.nvmeSubs[name]
+	if ns == nil {
+		return
+	}
+	for _, cancel := range ns.watch {
+		cancel()
+	}
+	delete(n.nvmeSubs, name)
+	n.nvme.RemoveSubsystem(ns.sub.NQN())
+}
+
+// revokeNVMe applies a target's new access rules to its live
+// controllers: a host no longer admitted is disconnected at once; one
+// whose view of the namespaces changed is told (namespace attribute
+// notices). mu held.
+func (n *Node) revokeNVMe(tc config.Target) {
+	ns := n.nvmeSubs[tc.Name]
+	if ns == nil {
+		return
+	}
+	was := ns.access.Load()
+	ns.access.Store(&tc)
+	if k := ns.sub.Revoke(tc.NVMeAllows); k > 0 {
+		n.log.Info("change: NVMe controllers ended", "target", tc.Name, "count", k, "why", "the target's access rules no longer admit their hosts")
+	}
+	for id := range ns.units {
+		for _, c := range ns.sub.Controllers() {
+			if was.NVMeSees(c.Host, uint64(id-1)) != tc.NVMeSees(c.Host, uint64(id-1)) {
+				ns.sub.CapacityChanged(id)
+				break
+			}
+		}
+	}
+}
+
+// startNVMe opens an nvme-tcp portal.
+func (n *Node) startNVMe(p config.Portal) error {
+	l, err := net.Listen("tcp", p.Address)
+	if err != nil {
+		return err
+	}
+	n.tcp = append(n.tcp, l)
+	addr := l.Addr().String()
+	n.portals = append(n.portals, Portal{Transport: p.Transport, Address: addr})
+	ap, _ := netip.ParseAddrPort(addr)
+	n.nvmeOn = append(n.nvmeOn, nvmePortal{portal: p, addr: ap, id: uint16(len(n.nvmeOn) + 1)})
+	n.serve("NVMe/TCP portal "+p.Address, func() error {
+		if err := n.nvmeSrv.Serve(l); err != tcptarget.ErrClosed {
+			return err
+		}
+		return nil
+	})
+	nqns := []string{}
+	for _, t := range n.cfg.Targets {
+		if p.Serves(t.Name) {
+			nqns = append(nqns, t.SubsystemNQN())
+		}
+	}
+	n.log.Info("serving NVMe/TCP", "portal", addr, "subsystems", strings.Join(nqns, " "))
+	return nil
+}
+
+// nvmeSessions describes the NVMe controllers as sessions (admin
+// sessions, drop, metrics): ID "nvme-NQN-CNTLID"... kept short as
+// "nvme-<target index>-<cntlid>".
+func (n *Node) nvmeSessions() []scsitarget.SessionInfo {
+	n.mu.Lock()
+	type named struct {
+		name string
+		sub  *nvmetarget.Subsystem
+	}
+	subs := make([]named, 0, len(n.nvmeSubs))
+	for name, ns := range n.nvmeSubs {
+		subs = append(subs, named{name, ns.sub})
+	}
+	n.mu.Unlock()
+	var out []scsitarget.SessionInfo
+	for _, s := range subs {
+		for _, c := range s.sub.Controllers() {
+			out = append(out, scsitarget.SessionInfo{Fabric: "nvme-tcp", ID: nvmeSessionID(s.sub.NQN(), c.ID), Target: s.name, Initiator: c.Host,
+				Params: map[string]string{"queues": strconv.Itoa(c.Queues), "subsystem": s.sub.NQN()},
+				Conns:  []scsitarget.ConnInfo{{ID: "0", Remote: c.Remote, Transport: "nvme-tcp"}}})
+		}
+	}
+	return out
+}
+
+func nvmeSessionID(nqn string, cntlid uint16) string { return fmt.Sprintf("nvme-%d@%s", cntlid, nqn) }
+
+// dropNVMeSession ends the controller a session ID names.
+func (n *Node) dropNVMeSession(id string) bool {
+	rest, ok := strings.CutPrefix(id, "nvme-")
+	if !ok {
+		return false
+	}
+	num, nqn, ok := strings.Cut(rest, "@")
+	c, err := strconv.ParseUint(num, 10, 16)
+	if !ok || err != nil {
+		return false
+	}
+	s := n.nvme.Subsystem(nqn)
+	return s != nil && s.Drop(uint16(c))
+}

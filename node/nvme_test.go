@@ -1,0 +1,167 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/nvme"
+	"github.com/blockwire/blockwire/nvme/tcphost"
+)
+
+const (
+	hostA = "nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-000000000000"
+	hostB = "nqn.2014-08.org.nvmexpress:uuid:0000000b-0000-4000-8000-000000000000"
+)
+
+// TestNVMeBesideISCSI: one LU served over iSCSI and NVMe/TCP is one unit
+// — what one fabric writes the other reads; the discovery log lists the
+// subsystem on the portal; a LUN added by the operator appears as a
+// namespace, a resize changes the namespace's size; the controller shows
+// among the sessions and drop ends it; a host the ACL stops admitting is
+// disconnected at once and refused afterwards.
+func TestNVMeBesideISCSI(t *testing.T) {
+	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, NVMeListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, Hosts: []string{hostA, hostB}, LUNs: []config.LUN{{ID: 0, Size: "8MiB"}}}}}
+	n := startNode(t, cfg, node.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	nv := portal(t, n, config.NVMeTCP)
+	nqn := config.NQNPrefix + diskA
+
+	es, err := tcphost.Discover(ctx, nv, tcphost.Options{HostNQN: hostA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(es, func(e tcphost.DiscoveryEntry) bool { return e.SubNQN == nqn && e.Addr == nv }) {
+		t.Fatalf("discovery log %+v lacks %s at %s", es, nqn, nv)
+	}
+
+	c, err := tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	dev, err := initiator.Open(ctx, "iscsi://"+portal(t, n, config.ISCSI)+"/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+
+	p := make([]byte, 64<<10)
+	rand.Read(p)
+	if err := c.Write(ctx, 1, 512, 100, p, true); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, len(p))
+	if _, err := dev.ReadAtContext(ctx, got, 100*512); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("iSCSI read of what NVMe wrote: %v, equal %v", err, bytes.Equal(got, p))
+	}
+	rand.Read(p)
+	if _, err := dev.WriteAtContext(ctx, p, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Read(ctx, 1, 512, 0, got); err != nil || !bytes.Equal(got, p) {
+		t.Fatalf("NVMe read of what iSCSI wrote: %v, equal %v", err, bytes.Equal(got, p))
+	}
+
+	// The operator adds LUN 3 and resizes LUN 0.
+	next := n.Config()
+	next.Targets[0].LUNs = []config.LUN{{ID: 0, Size: "16MiB"}, {ID: 3, Size: "4MiB"}}
+	if _, err := n.Apply(next, node.Consent{}); err != nil {
+		t.Fatal(err)
+	}
+	ids, err := c.Namespaces(ctx)
+	if err != nil || !slices.Equal(ids, []uint32{1, 4}) {
+		t.Fatalf("namespaces %v, %v; want [1 4] after LUN 3 was added", ids, err)
+	}
+	ns, err := c.Namespace(ctx, 1)
+	if err != nil || ns.Blocks != 16<<20/512 {
+		t.Fatalf("namespace 1 %+v, %v; want %d blocks after the resize", ns, err, 16<<20/512)
+	}
+	// The changed namespace list says which.
+	log, err := c.LogPage(ctx, 0x04, 0, 0, 4096)
+	if err != nil || !bytes.Contains(log[:16], []byte{1, 0, 0, 0}) || !bytes.Contains(log[:16], []byte{4, 0, 0, 0}) {
+		t.Fatalf("changed namespace list %x, %v", log[:16], err)
+	}
+
+	// Sessions show the controller; drop ends it.
+	var id string
+	for _, s := range n.Sessions() {
+		if s.Fabric == "nvme-tcp" && s.Initiator == hostA {
+			id = s.ID
+		}
+	}
+	if id == "" {
+		t.Fatalf("sessions %+v show no NVMe controller", n.Sessions())
+	}
+	c2, err := tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	if !n.DropSession(id) {
+		t.Fatalf("DropSession(%s) found nothing", id)
+	}
+	if err := c.Read(ctx, 1, 512, 0, got); err == nil {
+		t.Fatal("a dropped controller still reads")
+	}
+	// hostB is no longer admitted: its live controller ends at once, a
+	// new Connect is refused.
+	next = n.Config()
+	next.Targets[0].Hosts = []string{hostA}
+	if _, err := n.Apply(next, node.Consent{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Read(ctx, 1, 512, 0, got); err == nil {
+		t.Fatal("a revoked host still reads")
+	}
+	if _, err := tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostB}); err == nil {
+		t.Fatal("a revoked host connected again")
+	}
+	var se *tcphost.StatusError
+	c3, err := tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c3.Close()
+	if err := c3.Read(ctx, 2, 512, 0, got[:512]); !errors.As(err, &se) || se.Status != nvme.StatusInvalidNamespace {
+		t.Fatalf("read of an inactive namespace: %v", err)
+	}
+}
+
+// TestNVMeHostMasking: an ACL entry with a host and luns shows that host
+// only those namespaces; a protected target without hosts is refused by
+// validation when an nvme-tcp portal serves it.
+func TestNVMeHostMasking(t *testing.T) {
+	cfg := &config.Config{NVMeListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, ACL: []config.ACL{{Host: hostA, LUNs: []string{"1"}}},
+			LUNs: []config.LUN{{ID: 0, Size: "1MiB"}, {ID: 1, Size: "1MiB"}}}}}
+	n := startNode(t, cfg, node.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := tcphost.Connect(ctx, portal(t, n, config.NVMeTCP), config.NQNPrefix+diskA, tcphost.Options{HostNQN: hostA})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ids, err := c.Namespaces(ctx); err != nil || !slices.Equal(ids, []uint32{2}) {
+		t.Fatalf("namespaces %v, %v; want [2]", ids, err)
+	}
+	if _, err := tcphost.Connect(ctx, portal(t, n, config.NVMeTCP), config.NQNPrefix+diskA, tcphost.Options{HostNQN: hostB}); err == nil {
+		t.Fatal("a host outside the ACL connected")
+	}
+	bad := &config.Config{NVMeListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, Initiators: []string{"iqn.2026-11.org.example:i"}, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}}}}
+	if err := bad.Validate(); err == nil {
+		t.Fatal("a target with an ACL and no NVMe hosts passed validation while served over NVMe")
+	}
+}

@@ -1,0 +1,543 @@
+package tcptarget
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/nvme"
+	"github.com/blockwire/blockwire/nvme/nvmetarget"
+	"github.com/blockwire/blockwire/nvme/nvmetcp"
+)
+
+// conn is one NVMe/TCP connection: one queue of a controller. Its reader
+// (serve) frames what the host sends and runs or queues the commands;
+// its writer alone writes to the socket.
+type conn struct {
+	s   *Server
+	nc  net.Conn
+	log *slog.Logger
+
+	// Negotiated by ICReq/ICResp (read-only after).
+	hdgst, ddgst bool
+	align        int // our data PDUs' data starts at a multiple of this (HPDA)
+	maxH2C       int
+
+	q     *nvmetarget.Queue // after Connect
+	share *blockcore.IOShare
+
+	out        chan reply
+	done       chan struct{} // closed when the connection ends
+	writerDone chan struct{}
+	closeOnce  sync.Once
+	setup      atomic.Bool // counted in Server.setups
+	sqhd       atomic.Uint32
+
+	// The reader's: the header being read, the command slots by TTAG and
+	// the free ones (the writer returns a slot once its answer is out).
+	hdr      [nvmetcp.CapsuleCmdLen + nvmetcp.DigestLen]byte
+	slots    []*command
+	free     chan uint16
+	inflight sync.WaitGroup
+}
+
+// command is one command from capsule to answer.
+type command struct {
+	c     *conn
+	cmd   nvme.Command
+	ttag  uint16
+	sqhd  uint16
+	data  []byte // its data buffer (nil: none)
+	buf   *[]byte
+	taken int64 // charged to the share
+	dir   nvmetarget.Direction
+	// got counts the host-to-controller bytes received; awaiting is set
+	// while an R2T's data is due (the reader's alone).
+	got      int
+	awaiting bool
+	status   nvme.Status // a transport failure to answer with
+	res      nvmetarget.Result
+}
+
+// reply is what the writer sends: a command's answer, an R2T, a
+// completion the controller posts, or a termination request.
+type reply struct {
+	cm   *command
+	r2t  *command
+	post *nvme.Completion
+	term *nvmetcp.Term
+	bad  []byte
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	return &conn{s: s, nc: nc, log: s.log.With("remote", nc.RemoteAddr()), done: make(chan struct{}), writerDone: make(chan struct{}),
+		maxH2C: s.o.MaxH2CData}
+}
+
+// errTerminated ends the reader after a termination request is queued.
+var errTerminated = errors.New("connection terminated")
+
+// serve runs the connection to its end.
+func (c *conn) serve() {
+	c.setup.Store(true)
+	defer func() {
+		if c.setup.Swap(false) {
+			c.s.setups.Add(-1)
+		}
+	}()
+	c.nc.SetReadDeadline(time.Now().Add(c.s.o.SetupTimeout))
+	err := c.handshake()
+	if err == nil {
+		err = c.read()
+	}
+	if errors.Is(err, errTerminated) && c.out != nil {
+		// Let the termination request go out first.
+		select {
+		case <-c.writerDone:
+		case <-time.After(time.Second):
+		}
+	}
+	if err != nil && !errors.Is(err, io.EOF) && !errors.Is(err, net.ErrClosed) {
+		c.log.Info("NVMe/TCP connection ended", "err", err)
+	}
+	c.Close()
+	c.inflight.Wait() // commands on the units' workers answer into the void
+	if c.q != nil {
+		c.q.Disconnected()
+	}
+	if c.share != nil {
+		c.share.Close()
+	}
+}
+
+// Close ends the connection (nvmetarget.Conn).
+func (c *conn) Close() {
+	c.closeOnce.Do(func() {
+		close(c.done)
+		c.nc.Close()
+	})
+}
+
+// Post queues a completion the controller makes on its own
+// (nvmetarget.Conn).
+func (c *conn) Post(cqe nvme.Completion) {
+	cqe.SQHD = uint16(c.sqhd.Load())
+	cqe.SQID = 0
+	c.emit(reply{post: &cqe})
+}
+
+// handshake reads ICReq and answers ICResp (NVMe/TCP 1.0, "Connection
+// Establishment"): the digests the host asks for are granted, the data
+// alignment it asks for kept.
+func (c *conn) handshake() error {
+	var b [nvmetcp.ICLen]byte
+	if _, err := io.ReadFull(c.nc, b[:]); err != nil {
+		return fmt.Errorf("reading ICReq: %w", err)
+	}
+	var req nvmetcp.ICReq
+	if err := req.Decode(&b); err != nil {
+		return err
+	}
+	if req.PFV != 0 || req.HPDA > 31 {
+		return fmt.Errorf("ICReq: PFV %d, HPDA %d unsupported", req.PFV, req.HPDA)
+	}
+	c.hdgst, c.ddgst = req.HeaderDigest, req.DataDigest
+	c.align = (int(req.HPDA) + 1) * 4
+	resp := nvmetcp.ICResp{HeaderDigest: c.hdgst, DataDigest: c.ddgst, MaxH2CData: uint32(c.maxH2C)}
+	resp.Encode(&b)
+	if _, err := c.nc.Write(b[:]); err != nil {
+		return err
+	}
+	// Until Connect: one command, the Connect, answered by the reader
+	// itself (the writer starts with the queue).
+	c.slots = []*command{{c: c}}
+	c.free = make(chan uint16, 1)
+	c.free <- 0
+	return nil
+}
+
+// terminate queues a C2HTermReq for the header read last and returns
+// errTerminated.
+func (c *conn) terminate(fes uint16, fei uint32, why error) error {
+	c.s.stats.Terminated.Add(1)
+	c.log.Info("NVMe/TCP connection terminated", "fes", fes, "err", why)
+	bad := append([]byte(nil), c.hdr[:min(int(c.hdr[2]), len(c.hdr))]...)
+	c.emit(reply{term: &nvmetcp.Term{Type: nvmetcp.TypeC2HTermReq, FES: fes, FEI: fei}, bad: bad})
+	return errTerminated
+}
+
+// read frames the host's PDUs until the connection ends.
+func (c *conn) read() error {
+	var pad [256]byte
+	for {
+		if _, err := io.ReadFull(c.nc, c.hdr[:nvmetcp.CommonLen]); err != nil {
+			return err
+		}
+		var h nvmetcp.Common
+		if err := h.Decode(c.hdr[:]); err != nil {
+			var fe *nvmetcp.FieldError
+			if errors.As(err, &fe) {
+				return c.terminate(nvmetcp.FESInvalidHeaderField, fe.Offset, err)
+			}
+			return c.terminate(nvmetcp.FESInvalidHeaderField, 0, err)
+		}
+		switch h.Type {
+		case nvmetcp.TypeCapsuleCmd, nvmetcp.TypeH2CData, nvmetcp.TypeH2CTermReq:
+		default:
+			return c.terminate(nvmetcp.FESInvalidHeaderField, 0, fmt.Errorf("a %s from a host", h.Type))
+		}
+		if h.Flags&nvmetcp.FlagHDGST != 0 != c.hdgst {
+			return c.terminate(nvmetcp.FESInvalidHeaderField, 1, errors.New("header digest flag against what was negotiated"))
+		}
+		n := int(h.HLen)
+		if c.hdgst {
+			n += nvmetcp.DigestLen
+		}
+		if n > len(c.hdr) {
+			return c.terminate(nvmetcp.FESInvalidHeaderField, 2, errors.New("header too long"))
+		}
+		if _, err := io.ReadFull(c.nc, c.hdr[nvmetcp.CommonLen:n]); err != nil {
+			return err
+		}
+		if c.hdgst && nvmetcp.Digest(c.hdr[:h.HLen]) != nvmetcp.GetDigest(c.hdr[h.HLen:]) {
+			return c.terminate(nvmetcp.FESHeaderDigest, 0, errors.New("header digest mismatch"))
+		}
+		dlen := h.DataLength()
+		if dlen > 0 && h.Flags&nvmetcp.FlagDDGST != 0 != c.ddgst {
+			return c.terminate(nvmetcp.FESInvalidHeaderField, 1, errors.New("data digest flag against what was negotiated"))
+		}
+		if h.PDO != 0 {
+			if _, err := io.ReadFull(c.nc, pad[:int(h.PDO)-n]); err != nil {
+				return err
+			}
+		}
+		var err error
+		switch h.Type {
+		case nvmetcp.TypeCapsuleCmd:
+			err = c.capsule(h, dlen)
+		case nvmetcp.TypeH2CData:
+			err = c.h2cData(h, dlen)
+		case nvmetcp.TypeH2CTermReq:
+			// The host ends the connection; what follows is the header
+			// it objected to.
+			if int64(h.PLen) > nvmetcp.MaxTermPLen {
+				return c.terminate(nvmetcp.FESInvalidHeaderField, 4, errors.New("termination request too long"))
+			}
+			var t nvmetcp.Term
+			if err := t.Decode(c.hdr[:]); err == nil {
+				c.log.Info("NVMe/TCP host terminated the connection", "fes", t.FES, "fei", t.FEI)
+			}
+			return io.EOF
+		}
+		if err != nil {
+			return err
+		}
+	}
+}
+
+// readData reads a PDU's dlen data bytes into p (len(p) == dlen) and its
+// digest, if any; false when the digest does not match.
+func (c *conn) readData(p []byte) (bool, error) {
+	if _, err := io.ReadFull(c.nc, p); err != nil {
+		return false, err
+	}
+	if !c.ddgst {
+		return true, nil
+	}
+	var d [nvmetcp.DigestLen]byte
+	if _, err := io.ReadFull(c.nc, d[:]); err != nil {
+		return false, err
+	}
+	return nvmetcp.Digest(p) == nvmetcp.GetDigest(d[:]), nil
+}
+
+// discard reads and drops n bytes (and a data digest).
+func (c *conn) discard(n int) error {
+	if c.ddgst && n > 0 {
+		n += nvmetcp.DigestLen
+	}
+	_, err := io.CopyN(io.Discard, c.nc, int64(n))
+	return err
+}
+
+// capsule takes a command capsule: its entry, its in-capsule data, and
+// runs the command or asks for its data.
+func (c *conn) capsule(h nvmetcp.Common, dlen int) error {
+	var cc nvmetcp.CapsuleCmd
+	if err := cc.Decode(c.hdr[:]); err != nil {
+		return c.terminate(nvmetcp.FESInvalidHeaderField, 0, err)
+	}
+	limit := c.s.o.Target.InCapsuleData()
+	if dlen > limit {
+		return c.terminate(nvmetcp.FESDataLimitExceeded, 0, fmt.Errorf("%d bytes in a capsule, over %d", dlen, limit))
+	}
+	var ttag uint16
+	select {
+	case ttag = <-c.free:
+	default:
+		return c.terminate(nvmetcp.FESSequenceError, 0, errors.New("more commands outstanding than the queue holds"))
+	}
+	cm := c.slots[ttag]
+	*cm = command{c: c, ttag: ttag}
+	if err := cm.cmd.Decode(&cc.SQE); err != nil {
+		cm.status = nvme.StatusInvalidField
+	}
+	if c.q != nil {
+		cm.sqhd = c.q.Fetched()
+		c.sqhd.Store(uint32(cm.sqhd))
+	}
+	c.s.stats.Commands.Add(1)
+	cm.dir = nvmetarget.DataDirection(&cm.cmd)
+	sgl := cm.cmd.DPTR
+	length := int(sgl.Length)
+	switch {
+	case cm.status != 0:
+	case c.q == nil && (cm.cmd.Opcode != nvme.AdminFabrics || cm.cmd.FCType() != nvme.FabricsConnect):
+		cm.status = nvme.StatusCommandSequence // Connect first
+	case cm.dir == nvmetarget.NoData || length == 0:
+	case length > c.s.o.Target.MaxTransfer():
+		cm.status = nvme.StatusInvalidField
+	case sgl.ID == nvme.SGLDataBlockOffset:
+		// In-capsule data, at offset 0 (ICDOFF 0), exactly as long as the
+		// descriptor says.
+		if cm.dir != nvmetarget.HostToController || sgl.Addr != 0 || length != dlen {
+			cm.status = nvme.StatusSGLInvalidType
+		}
+	case sgl.ID == nvme.SGLTransportDataBlock:
+		if dlen != 0 {
+			cm.status = nvme.StatusSGLInvalidType
+		}
+	default:
+		cm.status = nvme.StatusSGLInvalidType
+	}
+	if cm.status == 0 && cm.dir != nvmetarget.NoData && length > 0 {
+		if !cm.alloc(length) {
+			cm.status = nvme.StatusNamespaceNotReady // no buffer now: retried
+		}
+	}
+	if cm.status != 0 {
+		if err := c.discard(dlen); err != nil {
+			return err
+		}
+		c.answer(cm)
+		if c.q == nil {
+			return errors.New("the first command was not a valid Connect")
+		}
+		return nil
+	}
+	if dlen > 0 {
+		ok, err := c.readData(cm.data)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			cm.status = nvme.StatusDataTransferError
+			c.answer(cm)
+			return nil
+		}
+		cm.got = dlen
+	}
+	if cm.dir == nvmetarget.HostToController && cm.got < length {
+		// The rest through R2T: all of it in one, the host sends it in
+		// H2CData PDUs of at most MAXH2CDATA.
+		cm.awaiting = true
+		c.emit(reply{r2t: cm})
+		return nil
+	}
+	return c.dispatch(cm)
+}
+
+// h2cData takes data a command's R2T asked for.
+func (c *conn) h2cData(h nvmetcp.Common, dlen int) error {
+	var d nvmetcp.Data
+	if err := d.Decode(c.hdr[:]); err != nil {
+		var fe *nvmetcp.FieldError
+		if errors.As(err, &fe) {
+			return c.terminate(nvmetcp.FESInvalidHeaderField, fe.Offset, err)
+		}
+		return c.terminate(nvmetcp.FESInvalidHeaderField, 0, err)
+	}
+	if int(d.TTag) >= len(c.slots) || !c.slots[d.TTag].awaiting || c.slots[d.TTag].cmd.CID != d.CCCID {
+		return c.terminate(nvmetcp.FESInvalidHeaderField, 10, fmt.Errorf("H2CData for TTAG %d, CCCID %d, which awaits none", d.TTag, d.CCCID))
+	}
+	cm := c.slots[d.TTag]
+	if int(d.Offset) != cm.got || dlen > c.maxH2C || cm.got+dlen > len(cm.data) {
+		return c.terminate(nvmetcp.FESDataOutOfRange, 0, fmt.Errorf("H2CData of %d bytes at %d; expected at %d of %d", dlen, d.Offset, cm.got, len(cm.data)))
+	}
+	ok, err := c.readData(cm.data[cm.got : cm.got+dlen])
+	if err != nil {
+		return err
+	}
+	if !ok && cm.status == 0 {
+		cm.status = nvme.StatusDataTransferError
+	}
+	cm.got += dlen
+	if cm.got < len(cm.data) {
+		return nil
+	}
+	if d.Flags&nvmetcp.FlagLastPDU == 0 {
+		return c.terminate(nvmetcp.FESSequenceError, 0, errors.New("the last H2CData of a transfer without LAST_PDU"))
+	}
+	cm.awaiting = false
+	if cm.status != 0 {
+		c.answer(cm)
+		return nil
+	}
+	return c.dispatch(cm)
+}
+
+// alloc gives the command a data buffer of n bytes, charged to the
+// connection's share of the budget.
+func (cm *command) alloc(n int) bool {
+	c := cm.c
+	if c.share != nil {
+		if !c.share.Take(int64(n)) {
+			c.s.stats.BudgetRefusals.Add(1)
+			return false
+		}
+		cm.taken = int64(n)
+	}
+	cm.buf = c.s.getBuf(n)
+	cm.data = (*cm.buf)[:n]
+	return true
+}
+
+// release returns what the command holds: its buffer, its charge, its
+// slot.
+func (cm *command) release() {
+	c := cm.c
+	if cm.buf != nil {
+		c.s.putBuf(cm.buf)
+		cm.buf, cm.data = nil, nil
+	}
+	if cm.taken > 0 {
+		c.share.Give(cm.taken)
+		cm.taken = 0
+	}
+	c.free <- cm.ttag
+	c.inflight.Done()
+}
+
+// dispatch runs a command whose data is in: the Connect here; an I/O
+// command on its unit's queue unless the unit never blocks; the others
+// on the reader.
+func (c *conn) dispatch(cm *command) error {
+	if c.q == nil {
+		return c.connect(cm)
+	}
+	c.inflight.Add(1)
+	if u := c.q.Unit(&cm.cmd); u != nil && !u.NonBlocking() {
+		if !u.Queue().Submit(cm) {
+			cm.res = nvmetarget.Result{CQE: nvme.Completion{Status: nvme.StatusNamespaceNotReady}}
+			c.send(cm)
+		}
+		return nil
+	}
+	cm.Run()
+	return nil
+}
+
+// Run executes the command and queues its answer (blockcore.Work).
+func (cm *command) Run() {
+	cm.res = cm.c.q.Exec(&cm.cmd, cm.data)
+	if cm.res.Deferred {
+		// An Asynchronous Event Request: answered through Post.
+		cm.release()
+		return
+	}
+	if dir := cm.dir; dir == nvmetarget.ControllerToHost {
+		cm.c.s.stats.ReadBytes.Add(uint64(cm.res.N))
+	} else if dir == nvmetarget.HostToController && cm.res.CQE.Status == 0 {
+		cm.c.s.stats.WriteBytes.Add(uint64(len(cm.data)))
+	}
+	cm.c.send(cm)
+}
+
+// answer queues the answer of a command that failed before it ran.
+func (c *conn) answer(cm *command) {
+	c.inflight.Add(1)
+	cm.res = nvmetarget.Result{CQE: nvme.Completion{Status: cm.status}}
+	c.send(cm)
+}
+
+// send queues a command's answer for the writer (or, once the
+// connection is gone, releases it).
+func (c *conn) send(cm *command) {
+	if !c.emit(reply{cm: cm}) {
+		cm.release()
+	}
+}
+
+// emit queues r for the writer; before the writer runs (until the
+// Connect is answered) the reader writes it itself. false: the
+// connection is gone and r was not sent.
+func (c *conn) emit(r reply) bool {
+	if c.out == nil {
+		if err := c.write(r); err != nil {
+			c.Close()
+			return false
+		}
+		if r.cm != nil {
+			r.cm.release()
+		}
+		return true
+	}
+	select {
+	case c.out <- r:
+		return true
+	case <-c.done:
+		return false
+	}
+}
+
+// connect executes the Connect: the queue joins (or makes) a
+// controller; the connection's bounds follow from the queue's size.
+func (c *conn) connect(cm *command) error {
+	k, err := nvme.DecodeConnect(&cm.cmd, cm.data)
+	c.inflight.Add(1)
+	if err != nil {
+		cm.res = nvmetarget.Result{CQE: nvme.Completion{Status: nvme.StatusConnectInvalidParam}}
+		c.send(cm)
+		return err
+	}
+	q, cqe := c.s.o.Target.Connect(k, c.nc.RemoteAddr(), c)
+	cm.res = nvmetarget.Result{CQE: cqe}
+	if q == nil {
+		c.send(cm)
+		return fmt.Errorf("connect refused: %v", cqe.Status)
+	}
+	c.log = c.log.With("controller", q.Controller().ID(), "qid", q.ID())
+	if c.s.o.Budget != nil {
+		src := ""
+		if a, ok := c.nc.RemoteAddr().(*net.TCPAddr); ok {
+			src = a.IP.String()
+		}
+		c.share = c.s.o.Budget.NewShare(src)
+	}
+	// The queue's bounds: as many commands as its entries, each answer
+	// queued at most once, an R2T each, the controller's posts.
+	size := q.Size()
+	c.slots = append(c.slots, make([]*command, size-1)...)
+	c.free = make(chan uint16, size)
+	for i := 1; i < size; i++ {
+		c.slots[i] = &command{c: c}
+		c.free <- uint16(i)
+	}
+	c.q = q
+	c.nc.SetReadDeadline(time.Time{})
+	if c.setup.Swap(false) {
+		c.s.setups.Add(-1)
+	}
+	// The Connect's answer, then the writer (slot 0, the Connect's,
+	// returns to the new free list).
+	c.send(cm)
+	c.out = make(chan reply, 2*size+8)
+	go c.writer()
+	return nil
+}

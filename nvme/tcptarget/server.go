@@ -1,0 +1,190 @@
+// Package tcptarget is the NVMe/TCP transport of the NVMe-oF target (NVM
+// Express TCP Transport Specification 1.0): one TCP connection per
+// queue, set up by ICReq and ICResp, then command capsules (with data in
+// the capsule up to the controller's in-capsule size), R2T and H2CData
+// for the rest of a write's data, C2HData for a read's, response
+// capsules, termination requests, and the header and data digests. The
+// controller model is nvme/nvmetarget's; this package frames and moves.
+package tcptarget
+
+import (
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/nvme/nvmetarget"
+	"github.com/blockwire/blockwire/nvme/nvmetcp"
+)
+
+// Defaults of Options.
+const (
+	DefaultSetupTimeout = 10 * time.Second
+	DefaultSetups       = 64
+	DefaultConns        = 4096
+)
+
+// Options configure a Server.
+type Options struct {
+	Target *nvmetarget.Target
+	Logger *slog.Logger
+	// Budget bounds the data buffers of every connection together (and,
+	// per source, through its shares); nil: unbounded but for each
+	// queue's own bound.
+	Budget *blockcore.IOBudget
+	// SetupTimeout bounds the time from accepting a connection to its
+	// Connect's answer.
+	SetupTimeout time.Duration
+	// Setups bounds the connections between accept and Connect; Conns
+	// all connections.
+	Setups, Conns int
+	// MaxH2CData is the most data one H2CData PDU may carry (MAXH2CDATA;
+	// default and at most the target's largest transfer, at least 4096).
+	MaxH2CData int
+}
+
+// Server serves NVMe/TCP connections to a Target.
+type Server struct {
+	o   Options
+	log *slog.Logger
+
+	// mu guards ls and conns (taken alone; no I/O under it).
+	mu     sync.Mutex
+	ls     map[net.Listener]bool
+	conns  map[*conn]bool
+	closed bool
+
+	setups atomic.Int32
+	wg     sync.WaitGroup
+
+	stats Stats
+	// pools keep data buffers by size class (getBuf): 4 KiB to 8 MiB.
+	pools [12]sync.Pool
+}
+
+// Stats are the server's counters (metrics).
+type Stats struct {
+	Accepted, Refused, Terminated   atomic.Uint64
+	Commands, ReadBytes, WriteBytes atomic.Uint64
+	BudgetRefusals                  atomic.Uint64
+}
+
+// New returns a server for o.Target.
+func New(o Options) *Server {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.SetupTimeout <= 0 {
+		o.SetupTimeout = DefaultSetupTimeout
+	}
+	if o.Setups <= 0 {
+		o.Setups = DefaultSetups
+	}
+	if o.Conns <= 0 {
+		o.Conns = DefaultConns
+	}
+	if o.MaxH2CData <= 0 || o.MaxH2CData > o.Target.MaxTransfer() {
+		o.MaxH2CData = o.Target.MaxTransfer()
+	}
+	o.MaxH2CData = max(o.MaxH2CData, nvmetcp.MinMaxH2CData)
+	return &Server{o: o, log: o.Logger, ls: map[net.Listener]bool{}, conns: map[*conn]bool{}}
+}
+
+// Stats returns the server's counters.
+func (s *Server) Stats() *Stats { return &s.stats }
+
+// Conns is the number of open connections; Setups of those not yet
+// connected to a controller.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+func (s *Server) Setups() int { return int(s.setups.Load()) }
+
+// ErrClosed is what Serve returns once the server is closed.
+var ErrClosed = errors.New("tcptarget: server closed")
+
+// Serve accepts connections on l until it fails or the server closes.
+func (s *Server) Serve(l net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		l.Close()
+		return ErrClosed
+	}
+	s.ls[l] = true
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.ls, l)
+		s.mu.Unlock()
+	}()
+	for {
+		nc, err := l.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closed := s.closed
+			s.mu.Unlock()
+			if closed {
+				return ErrClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+		s.accept(nc)
+	}
+}
+
+// accept starts a connection's goroutines, or closes it at once when
+// the bounds are reached.
+func (s *Server) accept(nc net.Conn) {
+	s.mu.Lock()
+	if s.closed || len(s.conns) >= s.o.Conns || int(s.setups.Load()) >= s.o.Setups {
+		s.mu.Unlock()
+		s.stats.Refused.Add(1)
+		nc.Close()
+		return
+	}
+	c := newConn(s, nc)
+	s.conns[c] = true
+	s.setups.Add(1)
+	s.wg.Add(1)
+	s.mu.Unlock()
+	s.stats.Accepted.Add(1)
+	go func() {
+		defer s.wg.Done()
+		c.serve()
+		s.mu.Lock()
+		delete(s.conns, c)
+		s.mu.Unlock()
+	}()
+}
+
+// Close stops accepting, ends every connection and waits for them.
+func (s *Server) Close() {
+	s.mu.Lock()
+	s.closed = true
+	ls := make([]net.Listener, 0, len(s.ls))
+	for l := range s.ls {
+		ls = append(ls, l)
+	}
+	cs := make([]*conn, 0, len(s.conns))
+	for c := range s.conns {
+		cs = append(cs, c)
+	}
+	s.mu.Unlock()
+	for _, l := range ls {
+		l.Close()
+	}
+	for _, c := range cs {
+		c.Close()
+	}
+	s.wg.Wait()
+}

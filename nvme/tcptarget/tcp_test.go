@@ -1,0 +1,224 @@
+package tcptarget
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/blockwire/blockwire/backend/mem"
+	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/internal/waitfor"
+	"github.com/blockwire/blockwire/nvme"
+	"github.com/blockwire/blockwire/nvme/nvmetarget"
+	"github.com/blockwire/blockwire/nvme/tcphost"
+)
+
+const testNQN = "nqn.2026-11.io.blockwire:test"
+
+type fixture struct {
+	t    *testing.T
+	tgt  *nvmetarget.Target
+	srv  *Server
+	sub  *nvmetarget.Subsystem
+	unit *blockcore.Unit
+	addr string
+}
+
+// start serves one subsystem with a 16 MiB memory namespace (NSID 1) on
+// a loopback port.
+func start(t *testing.T, o Options, allow func(string, net.Addr) bool) *fixture {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fixture{t: t, addr: l.Addr().String()}
+	ap := l.Addr().(*net.TCPAddr).AddrPort()
+	f.tgt = nvmetarget.New(nvmetarget.Options{Portals: func() []nvmetarget.Portal { return []nvmetarget.Portal{{ID: 1, Addr: ap}} }})
+	f.sub, err = f.tgt.AddSubsystem(nvmetarget.SubsystemConfig{NQN: testNQN, Allow: allow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	be, err := mem.New(16 << 20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.unit, err = blockcore.NewUnit(blockcore.UnitConfig{Backend: be, Identity: "test"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.sub.SetNamespace(1, f.unit); err != nil {
+		t.Fatal(err)
+	}
+	o.Target = f.tgt
+	f.srv = New(o)
+	go f.srv.Serve(l)
+	t.Cleanup(func() {
+		f.srv.Close()
+		f.unit.Close()
+	})
+	return f
+}
+
+func ctx(t *testing.T) context.Context {
+	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return c
+}
+
+func (f *fixture) connect(o tcphost.Options) *tcphost.Controller {
+	f.t.Helper()
+	c, err := tcphost.Connect(ctx(f.t), f.addr, testNQN, o)
+	if err != nil {
+		f.t.Fatal(err)
+	}
+	return c
+}
+
+// TestReadWrite connects as a host does, with and without digests,
+// writes in the capsule and through R2T (several H2CData PDUs), reads
+// back, and checks the namespace's identity, compare, write zeroes,
+// deallocate and flush; closing leaves no controller and no connection
+// behind.
+func TestReadWrite(t *testing.T) {
+	for _, dg := range []bool{false, true} {
+		t.Run(fmt.Sprintf("digests=%v", dg), func(t *testing.T) {
+			// MAXH2CDATA 16 KiB: a 1 MiB write comes in 64 H2CData PDUs.
+			f := start(t, Options{MaxH2CData: 16 << 10}, nil)
+			c := f.connect(tcphost.Options{HeaderDigest: dg, DataDigest: dg, IOQueues: 2})
+			cx := ctx(t)
+			ids, err := c.Namespaces(cx)
+			if err != nil || len(ids) != 1 || ids[0] != 1 {
+				t.Fatalf("namespaces %v, %v; want [1]", ids, err)
+			}
+			ns, err := c.Namespace(cx, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ns.Blocks != 16<<20/512 || ns.BlockSize != 512 || ns.NGUID != f.unit.ID() {
+				t.Fatalf("namespace %+v; want %d blocks of 512, NGUID %x", ns, 16<<20/512, f.unit.ID())
+			}
+			if id := c.IdentifyController(); string(bytes.TrimRight(id[768:1024], "\x00")) != testNQN || id[111] != 1 {
+				t.Fatalf("Identify Controller: SUBNQN %q, CNTRLTYPE %d", bytes.TrimRight(id[768:1024], "\x00"), id[111])
+			}
+			for _, size := range []int{512, 4096, 8192, 64 << 10, 1 << 20} {
+				p := make([]byte, size)
+				rand.Read(p)
+				lba := uint64(size / 512)
+				if err := c.Write(cx, 1, 512, lba, p, size == 4096); err != nil {
+					t.Fatalf("write %d: %v", size, err)
+				}
+				got := make([]byte, size)
+				if err := c.Read(cx, 1, 512, lba, got); err != nil {
+					t.Fatalf("read %d: %v", size, err)
+				}
+				if !bytes.Equal(got, p) {
+					t.Fatalf("read %d bytes back different", size)
+				}
+				if err := c.Compare(cx, 1, 512, lba, p); err != nil {
+					t.Fatalf("compare %d: %v", size, err)
+				}
+				p[0] ^= 1
+				var se *tcphost.StatusError
+				if err := c.Compare(cx, 1, 512, lba, p); !errors.As(err, &se) || se.Status != nvme.StatusCompareFailure {
+					t.Fatalf("compare of different data: %v, want compare failure", err)
+				}
+			}
+			if err := c.WriteZeroes(cx, 1, 8, 8, false); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Deallocate(cx, 1, 128, 128); err != nil {
+				t.Fatal(err)
+			}
+			got := make([]byte, 4096)
+			for _, lba := range []uint64{8, 128} {
+				if err := c.Read(cx, 1, 512, lba, got); err != nil || !bytes.Equal(got, make([]byte, 4096)) {
+					t.Fatalf("LBA %d after write zeroes / deallocate: %v, zeroes %v", lba, err, bytes.Equal(got, make([]byte, 4096)))
+				}
+			}
+			if err := c.Flush(cx, 1); err != nil {
+				t.Fatal(err)
+			}
+			if err := c.Flush(cx, 0xffffffff); err != nil {
+				t.Fatal(err)
+			}
+			var se *tcphost.StatusError
+			if err := c.Read(cx, 1, 512, 16<<20/512-1, make([]byte, 1024)); !errors.As(err, &se) || se.Status != nvme.StatusLBAOutOfRange {
+				t.Fatalf("read past the end: %v, want LBA out of range", err)
+			}
+			if err := c.Read(cx, 2, 512, 0, got); !errors.As(err, &se) || se.Status != nvme.StatusInvalidNamespace {
+				t.Fatalf("read of namespace 2: %v, want invalid namespace", err)
+			}
+			if n := f.tgt.Controllers(); n != 1 {
+				t.Fatalf("%d controllers, want 1", n)
+			}
+			if err := c.Close(); err != nil {
+				t.Fatal(err)
+			}
+			waitfor.True(t, 5*time.Second, func() bool { return f.tgt.Controllers() == 0 && f.srv.Conns() == 0 },
+				func() string {
+					return fmt.Sprintf("%d controllers, %d connections", f.tgt.Controllers(), f.srv.Conns())
+				})
+		})
+	}
+}
+
+// TestDiscovery reads the discovery log: the subsystem and the
+// discovery subsystem on the portal.
+func TestDiscovery(t *testing.T) {
+	f := start(t, Options{}, nil)
+	es, err := tcphost.Discover(ctx(t), f.addr, tcphost.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(es) != 2 || es[0].SubNQN != testNQN || es[0].Addr != f.addr || es[0].TrType != 3 || es[0].SubType != 2 ||
+		es[1].SubNQN != nvmetarget.DiscoveryNQN || es[1].SubType != 3 {
+		t.Fatalf("discovery log %+v", es)
+	}
+	waitfor.True(t, 5*time.Second, func() bool { return f.tgt.Controllers() == 0 }, func() string { return fmt.Sprint(f.tgt.Controllers(), " controllers") })
+}
+
+// TestAccess: a host not allowed is refused at Connect; Revoke ends a
+// connected one at once.
+func TestAccess(t *testing.T) {
+	allowed := map[string]bool{"nqn.2026-11.io.blockwire:host-a": true}
+	f := start(t, Options{}, func(h string, _ net.Addr) bool { return allowed[h] })
+	if _, err := tcphost.Connect(ctx(t), f.addr, testNQN, tcphost.Options{HostNQN: "nqn.2026-11.io.blockwire:host-b"}); err == nil {
+		t.Fatal("a host not allowed connected")
+	}
+	c := f.connect(tcphost.Options{HostNQN: "nqn.2026-11.io.blockwire:host-a"})
+	defer c.Close()
+	if err := c.Read(ctx(t), 1, 512, 0, make([]byte, 512)); err != nil {
+		t.Fatal(err)
+	}
+	delete(allowed, "nqn.2026-11.io.blockwire:host-a")
+	if n := f.sub.Revoke(func(h string, _ net.Addr) bool { return allowed[h] }); n != 1 {
+		t.Fatalf("Revoke ended %d controllers, want 1", n)
+	}
+	if err := c.Read(ctx(t), 1, 512, 0, make([]byte, 512)); err == nil {
+		t.Fatal("a revoked host still reads")
+	}
+	if r := f.tgt.Refusals()["host not allowed"]; r != 1 {
+		t.Fatalf("refusals %v", f.tgt.Refusals())
+	}
+}
+
+// TestKeepAliveEnforced: a controller whose host sends no Keep Alive
+// within KATO is ended.
+func TestKeepAliveEnforced(t *testing.T) {
+	f := start(t, Options{}, nil)
+	c := f.connect(tcphost.Options{KATO: time.Hour}) // the host's timer never fires
+	defer c.Close()
+	// The controller's: set to 200 ms through Set Features.
+	if _, err := c.Admin(ctx(t), &nvme.Command{Opcode: nvme.AdminSetFeatures, CDW: [6]uint32{0x0f, 200}}, nil, tcphost.NoData); err != nil {
+		t.Fatal(err)
+	}
+	waitfor.True(t, 5*time.Second, func() bool { return f.tgt.Controllers() == 0 && f.srv.Conns() == 0 },
+		func() string {
+			return fmt.Sprintf("%d controllers, %d connections", f.tgt.Controllers(), f.srv.Conns())
+		})
+}
