@@ -257,8 +257,8 @@ func (t *Target) discoveryLog() []byte {
 			put16(e[6:], 0xffff) // CNTLID: dynamic
 			put16(e[8:], AdminQueueSize)
 			padded(e[32:64], strconv.Itoa(int(p.Addr.Port())))
-			padded(e[256:512], addrString(p.Addr.Addr()))
-			copy(e[512:768], nqn)
+			copy(e[256:512], nqn)
+			padded(e[512:768], addrString(p.Addr.Addr()))
 			entries = append(entries, e)
 		}
 	}

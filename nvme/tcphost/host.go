@@ -400,7 +400,7 @@ func Discover(ctx context.Context, addr string, o Options) ([]DiscoveryEntry, er
 		e := b[1024*i:]
 		field := func(b []byte) string { return strings.TrimRight(string(b), " \x00") }
 		out = append(out, DiscoveryEntry{TrType: e[0], SubType: e[2], PortID: binary.LittleEndian.Uint16(e[4:]),
-			Addr: net.JoinHostPort(field(e[256:512]), field(e[32:64])), SubNQN: field(e[512:768])})
+			Addr: net.JoinHostPort(field(e[512:768]), field(e[32:64])), SubNQN: field(e[256:512])})
 	}
 	return out, nil
 }

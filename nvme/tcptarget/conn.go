@@ -107,6 +107,13 @@ func (c *conn) serve() {
 		c.log.Info("NVMe/TCP connection ended", "err", err)
 	}
 	c.Close()
+	// Commands whose data never came hold a buffer and budget, no more.
+	for _, cm := range c.slots {
+		if cm.awaiting {
+			cm.awaiting = false
+			cm.free()
+		}
+	}
 	c.inflight.Wait() // commands on the units' workers answer into the void
 	if c.q != nil {
 		c.q.Disconnected()
@@ -412,6 +419,15 @@ func (cm *command) alloc(n int) bool {
 // slot.
 func (cm *command) release() {
 	c := cm.c
+	cm.free()
+	// Last: once the slot is free the reader may reuse it.
+	c.inflight.Done()
+	c.free <- cm.ttag
+}
+
+// free returns the command's buffer and its charge.
+func (cm *command) free() {
+	c := cm.c
 	if cm.buf != nil {
 		c.s.putBuf(cm.buf)
 		cm.buf, cm.data = nil, nil
@@ -420,8 +436,6 @@ func (cm *command) release() {
 		c.share.Give(cm.taken)
 		cm.taken = 0
 	}
-	c.free <- cm.ttag
-	c.inflight.Done()
 }
 
 // dispatch runs a command whose data is in: the Connect here; an I/O
@@ -513,6 +527,8 @@ func (c *conn) connect(cm *command) error {
 		return fmt.Errorf("connect refused: %v", cqe.Status)
 	}
 	c.log = c.log.With("controller", q.Controller().ID(), "qid", q.ID())
+	c.log.Info("NVMe/TCP queue connected", "subsystem", k.Data.SubNQN, "host", k.Data.HostNQN, "size", q.Size(),
+		"header_digest", c.hdgst, "data_digest", c.ddgst)
 	if c.s.o.Budget != nil {
 		src := ""
 		if a, ok := c.nc.RemoteAddr().(*net.TCPAddr); ok {

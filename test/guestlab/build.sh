@@ -1,5 +1,6 @@
 #!/bin/bash
 # Build the guestlab (Debian 6.1 kernel + busybox initramfs with open-iscsi, LIO, rdma_rxe, siw, ib_iser/isert, ib_srp/srpt,
+# nvme-tcp and nvmet-tcp,
 # dm-log-writes for the power cut).
 # usage: build-guestlab.sh OUTDIR   (needs root + Debian bookworm apt; init and run.sh beside this script)
 set -euo pipefail
@@ -43,7 +44,7 @@ addmod() { local m=$1 f d; [ -n "${seen[$m]:-}" ] && return 0; seen[$m]=1
   for d in $(modinfo -F softdep $f | tr ' ' '\n' | grep -v :); do addmod $d; done; }
 for m in scsi_mod sd_mod sg iscsi_tcp ib_iser rdma_rxe ib_srp ib_srpt ib_isert target_core_mod target_core_file \
   target_core_iblock iscsi_target_mod ib_uverbs rdma_ucm ib_umad ext4 dummy veth sch_netem loop configfs crc32c_generic \
-  scsi_debug dm_mod dm_log_writes crc32c-intel crct10dif_generic crct10dif-pclmul libcrc32c crc64_rocksoft_generic crc32_generic crc32-pclmul; do addmod $m; done
+  scsi_debug dm_mod dm_log_writes nvme_tcp nvme_fabrics nvme_core nvmet nvmet_tcp crc32c-intel crct10dif_generic crct10dif-pclmul libcrc32c crc64_rocksoft_generic crc32_generic crc32-pclmul; do addmod $m; done
 strip --strip-debug -o $D/extra/siw.ko siwsrc/drivers/infiniband/sw/siw/siw.ko
 depmod -b root $KV
 # config files + lab scripts

@@ -32,7 +32,7 @@ import (
 
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
 var boots = [][]string{
-	{"linux-initiator-tcp", "linux-initiator-tcp-stall", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "linux-sg3-utils", "our-initiator-to-lio"},
+	{"linux-initiator-tcp", "linux-initiator-tcp-stall", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "linux-sg3-utils", "our-initiator-to-lio", "linux-nvme-tcp"},
 	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "linux-srp-siw-acl", "our-srp-initiator"},
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
@@ -54,8 +54,10 @@ var benchBoots = [][]string{{"bench-verbs-rxe"}}
 
 // extraDebs are Debian packages unpacked into the appended archive: tgt,
 // the Linux-side iSER target for our initiator, and tcpdump, so a failing
-// RoCE scenario can hand its traffic to tshark on the host, and sg3-utils.
-var extraDebs = []string{"tgt", "libaio1", "tcpdump", "libpcap0.8", "libdbus-1-3", "sg3-utils", "libsgutils2-1.46-2"}
+// RoCE scenario can hand its traffic to tshark on the host, sg3-utils,
+// and nvme-cli (the Linux NVMe host's tool).
+var extraDebs = []string{"tgt", "libaio1", "tcpdump", "libpcap0.8", "libdbus-1-3", "sg3-utils", "libsgutils2-1.46-2",
+	"nvme-cli", "libnvme1", "libjson-c5"}
 
 func TestGuestLab(t *testing.T) {
 	if os.Geteuid() != 0 {
