@@ -938,8 +938,8 @@ func validateLUN(lw string, l LUN, add func(format string, args ...any)) {
 			add("%s.rbd: %q is not pool/image or pool/namespace/image", lw, l.RBD)
 		}
 	} else if l.Remote != "" {
-		if !strings.HasPrefix(l.Remote, "iscsi://") && !strings.HasPrefix(l.Remote, "iser://") && !strings.HasPrefix(l.Remote, "srp://") {
-			add("%s.remote: %q is not an iscsi://, iser:// or srp:// URL", lw, RedactURL(l.Remote))
+		if !strings.HasPrefix(l.Remote, "iscsi://") && !strings.HasPrefix(l.Remote, "iser://") && !strings.HasPrefix(l.Remote, "srp://") && !strings.HasPrefix(l.Remote, "nvme+tcp://") {
+			add("%s.remote: %q is not an iscsi://, iser://, srp:// or nvme+tcp:// URL", lw, RedactURL(l.Remote))
 		}
 		if l.File != "" || l.Size != "" {
 			add("%s: remote excludes file and size (the remote LUN has its own)", lw)

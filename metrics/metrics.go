@@ -25,7 +25,7 @@ type Source interface {
 	// LoginFailures counts failed iSCSI logins by status class (RFC 7143
 	// §11.13.5): index 1 redirection, 2 initiator error, 3 target error.
 	LoginFailures() [4]uint64
-	// BoundsHit counts, by fabric (iscsi, srp, iwarp, roce; control for
+	// BoundsHit counts, by fabric (iscsi, srp, iwarp, roce, nvme; control for
 	// the administration and metrics listeners) and bound, the times a
 	// peer met a bound on what it may make the node hold
 	// (iscsi/iscsitarget.Server.BoundsHit and its kin).

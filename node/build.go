@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"os"
 	"strings"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	"github.com/blockwire/blockwire/iscsi/auth"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/iscsi/iscsitarget"
+	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
@@ -234,8 +236,23 @@ func portalAddrs(ls []net.Listener, log *slog.Logger) []netip.AddrPort {
 // openRemote logs in to the LUN of an iscsi://, iser:// or srp:// URL (a
 // gateway LUN).
 func openRemote(ctx context.Context, u string, log *slog.Logger) (remote.Device, error) {
+	if strings.HasPrefix(u, "nvme+tcp://") {
+		// An NVMe namespace: the host NQN is this node's, derived once
+		// from its host name, so a subsystem's hosts list can admit it.
+		return tcphost.Open(ctx, u, tcphost.Options{HostNQN: gatewayHostNQN()})
+	}
 	if strings.HasPrefix(u, "srp://") {
 		return srpinitiator.Open(ctx, u, srpinitiator.Options{Fabric: siw.New(siw.Options{Logger: log}), Logger: log})
 	}
 	return initiator.Open(ctx, u, initiator.Options{Dialer: &fabric.Dialer{}, Logger: log})
+}
+
+// gatewayHostNQN is the host NQN this node connects to remote NVMe
+// subsystems with: config.NQNPrefix + "host:" + the host name.
+func gatewayHostNQN() string {
+	h, err := os.Hostname()
+	if err != nil || h == "" {
+		h = "localhost"
+	}
+	return config.NQNPrefix + "host:" + h
 }

@@ -958,7 +958,7 @@ func (n *Node) BoundsHit() map[string]map[string]uint64 {
 		// The I/O budget every fabric shares: TASK SET FULL by the bound met.
 		"all": n.budget.Refusals(),
 		"srp": new(srptarget.Server).BoundsHit(), "roce": new(roce.Device).BoundsHit(),
-		"control": new(httpguard.Limited).BoundsHit()}
+		"control": new(httpguard.Limited).BoundsHit(), "nvme": n.nvmeSrv.BoundsHit()}
 	for _, s := range n.srpServers() {
 		for b, v := range s.BoundsHit() {
 			out["srp"][b] += v

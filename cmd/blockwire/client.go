@@ -26,6 +26,7 @@ import (
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/rdma"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
@@ -294,6 +295,9 @@ func discover(args []string, stdout, stderr io.Writer) int {
 	}
 	finishOptions(o, *ts, stderr)
 	portal := pos[0]
+	if isNVMeURL(portal) {
+		return discoverNVMe(portal, *o, *asJSON, stdout, stderr)
+	}
 	if isURL(portal) {
 		u, err := initiator.ParseURL(portal)
 		if err != nil {
@@ -352,6 +356,13 @@ type device interface {
 
 // checkURL reports a malformed iscsi://, iser:// or srp:// URL.
 func checkURL(u string) error {
+	if isNVMeURL(u) {
+		pu, err := tcphost.ParseURL(u)
+		if err == nil && (pu.SubNQN == "" || pu.NSID == 0) {
+			err = fmt.Errorf("URL %q names no namespace: write nvme+tcp://HOST[:PORT]/SUBSYSTEM-NQN/NSID (blockwire discover nvme+tcp://HOST lists the subsystems)", u)
+		}
+		return err
+	}
 	if strings.HasPrefix(u, "srp://") {
 		_, err := srpinitiator.ParseURL(u)
 		return err
@@ -397,6 +408,13 @@ func retrySetup(ctx context.Context, log *slog.Logger, retries int, open func() 
 
 // openOnce is one attempt of openDevice.
 func openOnce(ctx context.Context, u string, o initiator.Options) (device, error) {
+	if isNVMeURL(u) {
+		d, err := tcphost.Open(ctx, u, nvmeOptions(o))
+		if err != nil {
+			return nil, err
+		}
+		return nvmeDevice{d}, nil
+	}
 	if strings.HasPrefix(u, "srp://") {
 		var f rdma.Fabric = siw.New(siw.Options{Logger: o.Logger})
 		if d, ok := o.Dialer.(*fabric.Dialer); ok && d.RDMA != nil {

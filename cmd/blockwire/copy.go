@@ -220,7 +220,7 @@ func copyVerb(args []string, stdout, stderr io.Writer) int {
 
 // isURL tells an iSCSI, iSER or SRP URL from a file name.
 func isURL(s string) bool {
-	return strings.HasPrefix(s, "iscsi://") || strings.HasPrefix(s, "iser://") || strings.HasPrefix(s, "srp://")
+	return strings.HasPrefix(s, "iscsi://") || strings.HasPrefix(s, "iser://") || strings.HasPrefix(s, "srp://") || isNVMeURL(s)
 }
 
 // refuseClobber refuses an output file that exists as a regular file

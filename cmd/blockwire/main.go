@@ -181,7 +181,7 @@ func newServeFlags(stderr io.Writer) *serveFlags {
 	f.grow = fs.Bool("grow", false, "with --file: grow an existing file to --size (never shrinks)")
 	f.ioEngine = fs.String("io-engine", "auto", "with --file: auto (io_uring where the kernel allows it, else pread), io_uring or pread")
 	f.direct = fs.Bool("direct", false, "with --file: O_DIRECT, bypassing the page cache (the block size must suit the file's direct-I/O alignment)")
-	f.remote = fs.String("remote", "", "back LUN 0 with another target's LUN (iscsi://, iser:// or srp:// URL): serve as a gateway")
+	f.remote = fs.String("remote", "", "back LUN 0 with another target's LUN (iscsi://, iser://, srp:// or nvme+tcp:// URL): serve as a gateway")
 	f.rbd = fs.String("rbd", "", "back LUN 0 with a Ceph RBD image, pool/image or pool/namespace/image (a build with -tags rbd)")
 	f.cephConf = fs.String("ceph-conf", "", "with --rbd: the cluster's ceph.conf (default: librados's search)")
 	f.cephKeyring = fs.String("ceph-keyring", "", "with --rbd: the client's keyring (default: what ceph.conf says)")

@@ -274,6 +274,7 @@ type Namespace struct {
 	BlockSize int
 	NGUID     [16]byte
 	ReadOnly  bool
+	Thin      bool // NSFEAT: thin provisioned (deallocation releases blocks)
 }
 
 // Namespace identifies namespace nsid.
@@ -287,6 +288,7 @@ func (c *Controller) Namespace(ctx context.Context, nsid uint32) (Namespace, err
 	ns.BlockSize = 1 << lbaf[2]
 	copy(ns.NGUID[:], b[104:120])
 	ns.ReadOnly = b[99]&1 != 0
+	ns.Thin = b[24]&1 != 0
 	if ns.Blocks == 0 {
 		return ns, fmt.Errorf("tcphost: namespace %d is not active", nsid)
 	}

@@ -67,9 +67,12 @@ type Server struct {
 
 // Stats are the server's counters (metrics).
 type Stats struct {
-	Accepted, Refused, Terminated   atomic.Uint64
-	Commands, ReadBytes, WriteBytes atomic.Uint64
-	BudgetRefusals                  atomic.Uint64
+	// Refused counts connections closed at accept: RefusedSetups of
+	// them for the bound on set-ups, the rest for the bound on
+	// connections.
+	Accepted, Refused, RefusedSetups, Terminated atomic.Uint64
+	Commands, ReadBytes, WriteBytes              atomic.Uint64
+	BudgetRefusals                               atomic.Uint64
 }
 
 // New returns a server for o.Target.
@@ -91,6 +94,20 @@ func New(o Options) *Server {
 	}
 	o.MaxH2CData = max(o.MaxH2CData, nvmetcp.MinMaxH2CData)
 	return &Server{o: o, log: o.Logger, ls: map[net.Listener]bool{}, conns: map[*conn]bool{}}
+}
+
+// BoundsHit counts the times a host met a bound: connections in set-up,
+// connections, the I/O budget, the controllers of the target, and
+// connections terminated for a protocol violation (more commands than
+// the queue, data beyond MAXH2CDATA, a bad digest, …).
+func (s *Server) BoundsHit() map[string]uint64 {
+	st := &s.stats
+	out := map[string]uint64{"setups": st.RefusedSetups.Load(), "connections": st.Refused.Load() - st.RefusedSetups.Load(),
+		"io_budget": st.BudgetRefusals.Load(), "terminated": st.Terminated.Load(), "controllers": 0}
+	if s.o.Target != nil {
+		out["controllers"] = s.o.Target.Refusals()["controller limit"]
+	}
+	return out
 }
 
 // Stats returns the server's counters.
@@ -147,8 +164,12 @@ func (s *Server) Serve(l net.Listener) error {
 func (s *Server) accept(nc net.Conn) {
 	s.mu.Lock()
 	if s.closed || len(s.conns) >= s.o.Conns || int(s.setups.Load()) >= s.o.Setups {
+		setups := int(s.setups.Load()) >= s.o.Setups
 		s.mu.Unlock()
 		s.stats.Refused.Add(1)
+		if setups {
+			s.stats.RefusedSetups.Add(1)
+		}
 		nc.Close()
 		return
 	}
