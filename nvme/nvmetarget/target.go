@@ -29,10 +29,14 @@ const DiscoveryNQN = "nqn.2014-08.org.nvmexpress.discovery"
 
 // Defaults of Options.
 const (
-	DefaultQueueSize     = 128 // entries per queue (CAP.MQES + 1)
-	DefaultIOQueues      = 16  // I/O queues per controller
-	DefaultControllers   = 256 // controllers of the whole target
-	DefaultInCapsuleData = 8192
+	DefaultQueueSize   = 128 // entries per queue (CAP.MQES + 1)
+	DefaultIOQueues    = 16  // I/O queues per controller
+	DefaultControllers = 256 // controllers of the whole target
+	// DefaultInCapsuleData lets a host send writes up to 128 KiB in the
+	// command capsule, without waiting for an R2T (a round trip less);
+	// what a queue may make the target hold is the same either way (its
+	// entries times the largest transfer, within the I/O budget).
+	DefaultInCapsuleData = 128 << 10
 	// DefaultMDTS is the largest transfer, as a power of two of 4 KiB
 	// pages: 1 MiB.
 	DefaultMDTS = 8

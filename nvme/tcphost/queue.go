@@ -8,6 +8,7 @@
 package tcphost
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -50,6 +51,9 @@ type queue struct {
 	done         chan struct{}
 	closeOnce    sync.Once
 
+	// reqs are the commands by CID, each reused once its CID is free.
+	reqs []request
+
 	// mu guards pending and err (taken alone; no I/O under it).
 	mu      sync.Mutex
 	pending map[uint16]*request
@@ -61,7 +65,7 @@ type request struct {
 	cmd  nvme.Command
 	data []byte
 	dir  Direction
-	done chan struct{}
+	done chan struct{} // one value when the command ends
 	cqe  nvme.Completion
 	err  error
 }
@@ -107,9 +111,10 @@ func dialQueue(ctx context.Context, o *Options, addr string, qid uint16, size in
 	nc.SetDeadline(noDeadline)
 	q := &queue{nc: nc, qid: qid, hdgst: resp.HeaderDigest, ddgst: resp.DataDigest, maxH2C: int(resp.MaxH2CData),
 		inCapsule: nvme.ConnectDataLen, cids: make(chan uint16, size-1), out: make(chan outgoing, 2*size),
-		done: make(chan struct{}), pending: map[uint16]*request{}}
+		done: make(chan struct{}), pending: map[uint16]*request{}, reqs: make([]request, size-1)}
 	for i := range size - 1 {
 		q.cids <- uint16(i)
+		q.reqs[i].done = make(chan struct{}, 1)
 	}
 	go q.sender()
 	go q.receiver()
@@ -128,7 +133,7 @@ func (q *queue) close(err error) {
 		q.nc.Close()
 		for _, r := range pending {
 			r.err = err
-			close(r.done)
+			r.done <- struct{}{}
 		}
 	})
 }
@@ -144,7 +149,8 @@ func (q *queue) do(ctx context.Context, cmd *nvme.Command, data []byte, dir Dire
 	case <-ctx.Done():
 		return nvme.Completion{}, ctx.Err()
 	}
-	r := &request{cmd: *cmd, data: data, dir: dir, done: make(chan struct{})}
+	r := &q.reqs[cid]
+	r.cmd, r.data, r.dir, r.cqe, r.err = *cmd, data, dir, nvme.Completion{}, nil
 	r.cmd.CID = cid
 	r.cmd.PSDT = 1 // SGLs
 	r.cmd.DPTR = nvme.SGL{Length: uint32(len(data)), ID: nvme.SGLTransportDataBlock}
@@ -156,8 +162,9 @@ func (q *queue) do(ctx context.Context, cmd *nvme.Command, data []byte, dir Dire
 	}
 	q.mu.Lock()
 	if q.err != nil {
+		err := q.err
 		q.mu.Unlock()
-		return nvme.Completion{}, q.err
+		return nvme.Completion{}, err
 	}
 	q.pending[cid] = r
 	q.mu.Unlock()
@@ -171,14 +178,15 @@ func (q *queue) do(ctx context.Context, cmd *nvme.Command, data []byte, dir Dire
 		q.close(fmt.Errorf("tcphost: command abandoned: %w", ctx.Err()))
 		<-r.done
 	}
-	if r.err != nil {
-		return r.cqe, r.err
+	cqe, err := r.cqe, r.err
+	if err != nil {
+		return cqe, err
 	}
-	q.cids <- cid
-	if r.cqe.Status != nvme.StatusSuccess {
-		return r.cqe, &StatusError{r.cqe.Status}
+	q.cids <- cid // the request is another command's from here
+	if cqe.Status != nvme.StatusSuccess {
+		return cqe, &StatusError{cqe.Status}
 	}
-	return r.cqe, nil
+	return cqe, nil
 }
 
 func (q *queue) failure() error {
@@ -187,17 +195,27 @@ func (q *queue) failure() error {
 	return q.err
 }
 
-// sender writes capsules and H2CData PDUs.
+// sender writes capsules and H2CData PDUs: what is queued together
+// leaves in one vectored write, payloads referenced, not copied.
 func (q *queue) sender() {
+	w := &wbatch{arena: make([]byte, 0, 64*(nvmetcp.CapsuleCmdLen+2*nvmetcp.DigestLen))}
 	for {
 		select {
 		case o := <-q.out:
-			var err error
-			if o.h2c {
-				err = q.writeH2C(o)
-			} else {
-				err = q.writeCapsule(o.r)
+			q.add(w, o)
+		more:
+			for n := 1; n < 64; n++ {
+				select {
+				case o := <-q.out:
+					q.add(w, o)
+				default:
+					break more
+				}
 			}
+			iov := w.bufs
+			_, err := w.bufs.WriteTo(q.nc)
+			clear(iov)
+			w.arena, w.bufs = w.arena[:0], iov[:0]
 			if err != nil {
 				q.close(err)
 				return
@@ -205,6 +223,31 @@ func (q *queue) sender() {
 		case <-q.done:
 			return
 		}
+	}
+}
+
+// wbatch is one vectored write being put together.
+type wbatch struct {
+	arena []byte
+	bufs  net.Buffers
+}
+
+// hdr returns n bytes of the arena for a header (a fresh arena when it
+// is full: what bufs refers to stays intact).
+func (w *wbatch) hdr(n int) []byte {
+	if len(w.arena)+n > cap(w.arena) {
+		w.arena = make([]byte, 0, max(2*cap(w.arena), n))
+	}
+	start := len(w.arena)
+	w.arena = w.arena[:start+n]
+	return w.arena[start:]
+}
+
+func (q *queue) add(w *wbatch, o outgoing) {
+	if o.h2c {
+		q.addH2C(w, o)
+	} else {
+		q.addCapsule(w, o.r)
 	}
 }
 
@@ -216,8 +259,7 @@ func (q *queue) pdoFor(hlen int) int {
 	return hlen
 }
 
-func (q *queue) writeCapsule(r *request) error {
-	var hb [nvmetcp.CapsuleCmdLen + nvmetcp.DigestLen]byte
+func (q *queue) addCapsule(w *wbatch, r *request) {
 	var data []byte
 	if r.cmd.DPTR.ID == nvme.SGLDataBlockOffset {
 		data = r.data
@@ -238,33 +280,32 @@ func (q *queue) writeCapsule(r *request) error {
 		}
 	}
 	cc.PLen = uint32(plen)
-	cc.Encode(hb[:])
+	h := w.hdr(hl)
+	cc.Encode(h)
 	if q.hdgst {
-		nvmetcp.PutDigest(hb[nvmetcp.CapsuleCmdLen:], nvmetcp.Digest(hb[:nvmetcp.CapsuleCmdLen]))
+		nvmetcp.PutDigest(h[nvmetcp.CapsuleCmdLen:], nvmetcp.Digest(h[:nvmetcp.CapsuleCmdLen]))
 	}
-	return q.writeWithData(hb[:hl], data)
+	w.bufs = append(w.bufs, h)
+	q.addData(w, data)
 }
 
-func (q *queue) writeWithData(hdr, data []byte) error {
-	bufs := net.Buffers{hdr}
-	var dd [nvmetcp.DigestLen]byte
-	if len(data) > 0 {
-		bufs = append(bufs, data)
-		if q.ddgst {
-			nvmetcp.PutDigest(dd[:], nvmetcp.Digest(data))
-			bufs = append(bufs, dd[:])
-		}
+// addData adds a PDU's data and its digest.
+func (q *queue) addData(w *wbatch, data []byte) {
+	if len(data) == 0 {
+		return
 	}
-	_, err := bufs.WriteTo(q.nc)
-	return err
+	w.bufs = append(w.bufs, data)
+	if q.ddgst {
+		d := w.hdr(nvmetcp.DigestLen)
+		nvmetcp.PutDigest(d, nvmetcp.Digest(data))
+		w.bufs = append(w.bufs, d)
+	}
 }
 
-// writeH2C sends the data an R2T asked for, in PDUs of at most
-// MAXH2CDATA.
-func (q *queue) writeH2C(o outgoing) error {
+// addH2C adds the data an R2T asked for, in PDUs of at most MAXH2CDATA.
+func (q *queue) addH2C(w *wbatch, o outgoing) {
 	for sent := 0; sent < o.length; {
 		n := min(o.length-sent, q.maxH2C)
-		var hb [nvmetcp.DataLen + nvmetcp.DigestLen]byte
 		hl := q.pdoFor(nvmetcp.DataLen)
 		d := nvmetcp.Data{Type: nvmetcp.TypeH2CData, PDO: uint8(hl), CCCID: o.r.cmd.CID, TTag: o.ttag, Offset: uint32(o.off + sent), Length: uint32(n)}
 		plen := hl + n
@@ -279,16 +320,15 @@ func (q *queue) writeH2C(o outgoing) error {
 			d.Flags |= nvmetcp.FlagLastPDU
 		}
 		d.PLen = uint32(plen)
-		d.Encode(hb[:])
+		h := w.hdr(hl)
+		d.Encode(h)
 		if q.hdgst {
-			nvmetcp.PutDigest(hb[nvmetcp.DataLen:], nvmetcp.Digest(hb[:nvmetcp.DataLen]))
+			nvmetcp.PutDigest(h[nvmetcp.DataLen:], nvmetcp.Digest(h[:nvmetcp.DataLen]))
 		}
-		if err := q.writeWithData(hb[:hl], o.r.data[o.off+sent:o.off+sent+n]); err != nil {
-			return err
-		}
+		w.bufs = append(w.bufs, h)
+		q.addData(w, o.r.data[o.off+sent:o.off+sent+n])
 		sent += n
 	}
-	return nil
 }
 
 // receiver reads responses, C2HData and R2Ts until the queue ends.
@@ -299,8 +339,9 @@ func (q *queue) receiver() {
 
 func (q *queue) receive() error {
 	var hb [nvmetcp.MaxTermPLen + nvmetcp.DigestLen]byte
+	br := bufio.NewReaderSize(q.nc, 64<<10)
 	for {
-		if _, err := io.ReadFull(q.nc, hb[:nvmetcp.CommonLen]); err != nil {
+		if _, err := io.ReadFull(br, hb[:nvmetcp.CommonLen]); err != nil {
 			return fmt.Errorf("tcphost: queue %d: %w", q.qid, err)
 		}
 		var h nvmetcp.Common
@@ -314,14 +355,14 @@ func (q *queue) receive() error {
 		if hl > len(hb) {
 			return fmt.Errorf("tcphost: a %s header of %d bytes", h.Type, hl)
 		}
-		if _, err := io.ReadFull(q.nc, hb[nvmetcp.CommonLen:hl]); err != nil {
+		if _, err := io.ReadFull(br, hb[nvmetcp.CommonLen:hl]); err != nil {
 			return err
 		}
 		if h.Flags&nvmetcp.FlagHDGST != 0 && nvmetcp.Digest(hb[:h.HLen]) != nvmetcp.GetDigest(hb[h.HLen:]) {
 			return errors.New("tcphost: header digest mismatch")
 		}
 		if h.PDO != 0 {
-			if _, err := io.CopyN(io.Discard, q.nc, int64(int(h.PDO)-hl)); err != nil {
+			if _, err := br.Discard(int(h.PDO) - hl); err != nil {
 				return err
 			}
 		}
@@ -335,7 +376,7 @@ func (q *queue) receive() error {
 			cqe.Decode(&r.CQE)
 			q.complete(cqe)
 		case nvmetcp.TypeC2HData:
-			if err := q.c2h(hb[:], h); err != nil {
+			if err := q.c2h(br, hb[:], h); err != nil {
 				return err
 			}
 		case nvmetcp.TypeR2T:
@@ -375,12 +416,12 @@ func (q *queue) complete(cqe nvme.Completion) {
 	q.mu.Unlock()
 	if r != nil {
 		r.cqe = cqe
-		close(r.done)
+		r.done <- struct{}{}
 	}
 }
 
 // c2h reads a C2HData PDU's data into its command's buffer.
-func (q *queue) c2h(hb []byte, h nvmetcp.Common) error {
+func (q *queue) c2h(br io.Reader, hb []byte, h nvmetcp.Common) error {
 	var d nvmetcp.Data
 	if err := d.Decode(hb); err != nil {
 		return err
@@ -390,15 +431,15 @@ func (q *queue) c2h(hb []byte, h nvmetcp.Common) error {
 		return fmt.Errorf("tcphost: C2HData for command %d at %d+%d, which it cannot be", d.CCCID, d.Offset, d.Length)
 	}
 	p := r.data[d.Offset : d.Offset+d.Length]
-	if _, err := io.ReadFull(q.nc, p); err != nil {
+	if _, err := io.ReadFull(br, p); err != nil {
 		return err
 	}
 	if h.Flags&nvmetcp.FlagDDGST != 0 {
-		var dd [nvmetcp.DigestLen]byte
-		if _, err := io.ReadFull(q.nc, dd[:]); err != nil {
+		dd := hb[:nvmetcp.DigestLen] // the header is decoded: its room is free
+		if _, err := io.ReadFull(br, dd); err != nil {
 			return err
 		}
-		if nvmetcp.Digest(p) != nvmetcp.GetDigest(dd[:]) {
+		if nvmetcp.Digest(p) != nvmetcp.GetDigest(dd) {
 			return errors.New("tcphost: data digest mismatch")
 		}
 	}

@@ -1,6 +1,7 @@
 package tcptarget
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
 	"io"
@@ -29,7 +30,12 @@ type conn struct {
 	align        int // our data PDUs' data starts at a multiple of this (HPDA)
 	maxH2C       int
 
-	q     *nvmetarget.Queue // after Connect
+	q *nvmetarget.Queue // after Connect
+	// r is what the reader reads: the socket until the Connect is in,
+	// then a buffer over it (one system call takes many small PDUs; a
+	// payload longer than the buffer is read straight into its command's
+	// buffer).
+	r     io.Reader
 	share *blockcore.IOShare
 
 	out        chan reply
@@ -80,6 +86,12 @@ func newConn(s *Server, nc net.Conn) *conn {
 		maxH2C: s.o.MaxH2CData}
 }
 
+// adminInCapsule is the most data an admin command capsule carries.
+const adminInCapsule = 8192
+
+// readBuffer is the reader's buffer once a queue is connected.
+const readBuffer = 64 << 10
+
 // errTerminated ends the reader after a termination request is queued.
 var errTerminated = errors.New("connection terminated")
 
@@ -92,6 +104,7 @@ func (c *conn) serve() {
 		}
 	}()
 	c.nc.SetReadDeadline(time.Now().Add(c.s.o.SetupTimeout))
+	c.r = c.nc
 	err := c.handshake()
 	if err == nil {
 		err = c.read()
@@ -144,7 +157,7 @@ func (c *conn) Post(cqe nvme.Completion) {
 // alignment it asks for kept.
 func (c *conn) handshake() error {
 	var b [nvmetcp.ICLen]byte
-	if _, err := io.ReadFull(c.nc, b[:]); err != nil {
+	if _, err := io.ReadFull(c.r, b[:]); err != nil {
 		return fmt.Errorf("reading ICReq: %w", err)
 	}
 	var req nvmetcp.ICReq
@@ -183,7 +196,7 @@ func (c *conn) terminate(fes uint16, fei uint32, why error) error {
 func (c *conn) read() error {
 	var pad [256]byte
 	for {
-		if _, err := io.ReadFull(c.nc, c.hdr[:nvmetcp.CommonLen]); err != nil {
+		if _, err := io.ReadFull(c.r, c.hdr[:nvmetcp.CommonLen]); err != nil {
 			return err
 		}
 		var h nvmetcp.Common
@@ -209,7 +222,7 @@ func (c *conn) read() error {
 		if n > len(c.hdr) {
 			return c.terminate(nvmetcp.FESInvalidHeaderField, 2, errors.New("header too long"))
 		}
-		if _, err := io.ReadFull(c.nc, c.hdr[nvmetcp.CommonLen:n]); err != nil {
+		if _, err := io.ReadFull(c.r, c.hdr[nvmetcp.CommonLen:n]); err != nil {
 			return err
 		}
 		if c.hdgst && nvmetcp.Digest(c.hdr[:h.HLen]) != nvmetcp.GetDigest(c.hdr[h.HLen:]) {
@@ -220,7 +233,7 @@ func (c *conn) read() error {
 			return c.terminate(nvmetcp.FESInvalidHeaderField, 1, errors.New("data digest flag against what was negotiated"))
 		}
 		if h.PDO != 0 {
-			if _, err := io.ReadFull(c.nc, pad[:int(h.PDO)-n]); err != nil {
+			if _, err := io.ReadFull(c.r, pad[:int(h.PDO)-n]); err != nil {
 				return err
 			}
 		}
@@ -251,17 +264,17 @@ func (c *conn) read() error {
 // readData reads a PDU's dlen data bytes into p (len(p) == dlen) and its
 // digest, if any; false when the digest does not match.
 func (c *conn) readData(p []byte) (bool, error) {
-	if _, err := io.ReadFull(c.nc, p); err != nil {
+	if _, err := io.ReadFull(c.r, p); err != nil {
 		return false, err
 	}
 	if !c.ddgst {
 		return true, nil
 	}
-	var d [nvmetcp.DigestLen]byte
-	if _, err := io.ReadFull(c.nc, d[:]); err != nil {
+	d := c.hdr[:nvmetcp.DigestLen] // the header is read: its room is free
+	if _, err := io.ReadFull(c.r, d); err != nil {
 		return false, err
 	}
-	return nvmetcp.Digest(p) == nvmetcp.GetDigest(d[:]), nil
+	return nvmetcp.Digest(p) == nvmetcp.GetDigest(d), nil
 }
 
 // discard reads and drops n bytes (and a data digest).
@@ -269,7 +282,7 @@ func (c *conn) discard(n int) error {
 	if c.ddgst && n > 0 {
 		n += nvmetcp.DigestLen
 	}
-	_, err := io.CopyN(io.Discard, c.nc, int64(n))
+	_, err := io.CopyN(io.Discard, c.r, int64(n))
 	return err
 }
 
@@ -280,7 +293,15 @@ func (c *conn) capsule(h nvmetcp.Common, dlen int) error {
 	if err := cc.Decode(c.hdr[:]); err != nil {
 		return c.terminate(nvmetcp.FESInvalidHeaderField, 0, err)
 	}
-	limit := c.s.o.Target.InCapsuleData()
+	// In a capsule: before the Connect, its 1024 bytes and no more; on
+	// the admin queue, 8 KiB; on an I/O queue, the controller's IOCCSZ.
+	limit := nvme.ConnectDataLen
+	switch {
+	case c.q != nil && c.q.ID() == 0:
+		limit = adminInCapsule
+	case c.q != nil:
+		limit = c.s.o.Target.InCapsuleData()
+	}
 	if dlen > limit {
 		return c.terminate(nvmetcp.FESDataLimitExceeded, 0, fmt.Errorf("%d bytes in a capsule, over %d", dlen, limit))
 	}
@@ -307,6 +328,9 @@ func (c *conn) capsule(h nvmetcp.Common, dlen int) error {
 	case cm.status != 0:
 	case c.q == nil && (cm.cmd.Opcode != nvme.AdminFabrics || cm.cmd.FCType() != nvme.FabricsConnect):
 		cm.status = nvme.StatusCommandSequence // Connect first
+	case c.q == nil && length != nvme.ConnectDataLen:
+		// Nothing larger is held for a host not yet admitted.
+		cm.status = nvme.StatusConnectInvalidParam
 	case cm.dir == nvmetarget.NoData || length == 0:
 	case length > c.s.o.Target.MaxTransfer():
 		cm.status = nvme.StatusInvalidField
@@ -419,10 +443,36 @@ func (cm *command) alloc(n int) bool {
 // slot.
 func (cm *command) release() {
 	c := cm.c
-	cm.free()
+	cm.detach().release(c)
+}
+
+// held is what an answered command holds until its answer is written:
+// its buffer (the payload being sent) and the charge for it.
+type held struct {
+	buf   *[]byte
+	taken int64
+}
+
+// detach frees the command's slot — its queue entry, which the host
+// reuses as soon as it sees the answer, so before the answer is written
+// — and returns what it holds until the write is done (held.release).
+func (cm *command) detach() held {
+	h := held{cm.buf, cm.taken}
+	cm.buf, cm.data, cm.taken = nil, nil, 0
 	// Last: once the slot is free the reader may reuse it.
+	cm.c.free <- cm.ttag
+	return h
+}
+
+// release returns the buffer and its charge, and counts the command out.
+func (h held) release(c *conn) {
+	if h.buf != nil {
+		c.s.putBuf(h.buf)
+	}
+	if h.taken > 0 {
+		c.share.Give(h.taken)
+	}
 	c.inflight.Done()
-	c.free <- cm.ttag
 }
 
 // free returns the command's buffer and its charge.
@@ -495,12 +545,8 @@ func (c *conn) emit(r reply) bool {
 	if c.out == nil {
 		if err := c.write(r); err != nil {
 			c.Close()
-			return false
 		}
-		if r.cm != nil {
-			r.cm.release()
-		}
-		return true
+		return true // sent or not, write released r's command
 	}
 	select {
 	case c.out <- r:
@@ -546,6 +592,7 @@ func (c *conn) connect(cm *command) error {
 		c.free <- uint16(i)
 	}
 	c.q = q
+	c.r = bufio.NewReaderSize(c.nc, readBuffer)
 	c.nc.SetReadDeadline(time.Time{})
 	if c.setup.Swap(false) {
 		c.s.setups.Add(-1)

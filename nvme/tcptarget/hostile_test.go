@@ -224,6 +224,32 @@ func TestBadHeaderDigest(t *testing.T) {
 	}
 }
 
+// TestNothingLargeBeforeConnect: a first capsule that is a Connect with
+// a megabyte of data to come, or more than a Connect's data in it, gets
+// nothing allocated: a refusal or a terminated connection.
+func TestNothingLargeBeforeConnect(t *testing.T) {
+	f := start(t, Options{}, nil)
+	r := dialRaw(t, f.addr, false)
+	var k nvme.Connect
+	k.Data = nvme.ConnectData{CNTLID: 0xffff, SubNQN: testNQN, HostNQN: "nqn.2026-11.io.blockwire:hostile"}
+	var cmd nvme.Command
+	k.Encode(&cmd, make([]byte, nvme.ConnectDataLen))
+	cmd.PSDT, cmd.DPTR = 1, nvme.SGL{Length: 1 << 20, ID: nvme.SGLTransportDataBlock}
+	cc := nvmetcp.CapsuleCmd{PLen: nvmetcp.CapsuleCmdLen}
+	cmd.Encode(&cc.SQE)
+	b := make([]byte, nvmetcp.CapsuleCmdLen)
+	cc.Encode(b)
+	r.nc.Write(b)
+	if c := r.response(); c.Status != nvme.StatusConnectInvalidParam {
+		t.Fatalf("a Connect asking to send 1 MiB: %v, want invalid parameter", c.Status)
+	}
+	r = dialRaw(t, f.addr, false)
+	r.capsule(cmd, make([]byte, 4096))
+	if fes := r.terminated(); fes != nvmetcp.FESDataLimitExceeded {
+		t.Fatalf("4 KiB in the first capsule: FES %#x, want data limit exceeded", fes)
+	}
+}
+
 // TestBudgetRefusal: a write the I/O budget has no room for is answered
 // with a status the host retries (Namespace Not Ready), not held.
 func TestBudgetRefusal(t *testing.T) {

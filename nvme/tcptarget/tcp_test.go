@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,7 +23,7 @@ import (
 const testNQN = "nqn.2026-11.io.blockwire:test"
 
 type fixture struct {
-	t    *testing.T
+	t    testing.TB
 	tgt  *nvmetarget.Target
 	srv  *Server
 	sub  *nvmetarget.Subsystem
@@ -31,7 +33,7 @@ type fixture struct {
 
 // start serves one subsystem with a 16 MiB memory namespace (NSID 1) on
 // a loopback port.
-func start(t *testing.T, o Options, allow func(string, net.Addr) bool) *fixture {
+func start(t testing.TB, o Options, allow func(string, net.Addr) bool) *fixture {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -64,7 +66,7 @@ func start(t *testing.T, o Options, allow func(string, net.Addr) bool) *fixture 
 	return f
 }
 
-func ctx(t *testing.T) context.Context {
+func ctx(t testing.TB) context.Context {
 	c, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return c
@@ -167,6 +169,39 @@ func TestReadWrite(t *testing.T) {
 	}
 }
 
+// TestFullQueue keeps a queue full for a while: the host sends a new
+// command as soon as it sees an answer, which the target must take (its
+// entry is free once answered, before the answer's write has returned).
+func TestFullQueue(t *testing.T) {
+	f := start(t, Options{}, nil)
+	c := f.connect(tcphost.Options{QueueSize: 8})
+	defer c.Close()
+	cx := ctx(t)
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for g := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p := make([]byte, 4096)
+			for i := range 200 {
+				if err := c.Read(cx, 1, 512, uint64((g*200+i)%4096)*8, p); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if f.srv.Stats().Terminated.Load() != 0 {
+		t.Fatal("a connection was terminated")
+	}
+}
+
 // TestDiscovery reads the discovery log: the subsystem and the
 // discovery subsystem on the portal.
 func TestDiscovery(t *testing.T) {
@@ -185,8 +220,10 @@ func TestDiscovery(t *testing.T) {
 // TestAccess: a host not allowed is refused at Connect; Revoke ends a
 // connected one at once.
 func TestAccess(t *testing.T) {
-	allowed := map[string]bool{"nqn.2026-11.io.blockwire:host-a": true}
-	f := start(t, Options{}, func(h string, _ net.Addr) bool { return allowed[h] })
+	var aAllowed atomic.Bool // the socket orders nothing the race detector sees
+	aAllowed.Store(true)
+	allowed := func(h string, _ net.Addr) bool { return h == "nqn.2026-11.io.blockwire:host-a" && aAllowed.Load() }
+	f := start(t, Options{}, allowed)
 	if _, err := tcphost.Connect(ctx(t), f.addr, testNQN, tcphost.Options{HostNQN: "nqn.2026-11.io.blockwire:host-b"}); err == nil {
 		t.Fatal("a host not allowed connected")
 	}
@@ -195,8 +232,8 @@ func TestAccess(t *testing.T) {
 	if err := c.Read(ctx(t), 1, 512, 0, make([]byte, 512)); err != nil {
 		t.Fatal(err)
 	}
-	delete(allowed, "nqn.2026-11.io.blockwire:host-a")
-	if n := f.sub.Revoke(func(h string, _ net.Addr) bool { return allowed[h] }); n != 1 {
+	aAllowed.Store(false)
+	if n := f.sub.Revoke(allowed); n != 1 {
 		t.Fatalf("Revoke ended %d controllers, want 1", n)
 	}
 	if err := c.Read(ctx(t), 1, 512, 0, make([]byte, 512)); err == nil {

@@ -9,17 +9,40 @@ import (
 	"github.com/blockwire/blockwire/nvme/nvmetcp"
 )
 
-// writer sends what the connection queues, in order, until it ends.
+// maxBatch bounds the answers one vectored write carries.
+const maxBatch = 64
+
+// batch is what one vectored write sends: headers encoded into one
+// arena, payloads referenced where they are (never copied), and the
+// commands to release once the write is done.
+type batch struct {
+	arena []byte
+	bufs  net.Buffers
+	done  []held // released once the batch is written
+	n     int    // replies in the batch
+	term  bool
+}
+
+// writer sends what the connection queues, in order, until it ends:
+// what is queued together leaves in one vectored write.
 func (c *conn) writer() {
 	defer close(c.writerDone)
+	b := &batch{arena: make([]byte, 0, maxBatch*(nvmetcp.DataLen+2*nvmetcp.DigestLen+128+nvmetcp.CapsuleRespLen+nvmetcp.DigestLen))}
 	for {
 		select {
 		case r := <-c.out:
-			err := c.write(r)
-			if r.cm != nil {
-				r.cm.release()
+			c.add(b, r)
+		more:
+			for b.n < maxBatch && !b.term {
+				select {
+				case r := <-c.out:
+					c.add(b, r)
+				default:
+					break more
+				}
 			}
-			if err != nil || r.term != nil {
+			err := c.flush(b)
+			if err != nil || b.term {
 				c.Close()
 				c.drain()
 				return
@@ -29,6 +52,21 @@ func (c *conn) writer() {
 			return
 		}
 	}
+}
+
+// flush writes the batch and releases its commands.
+func (c *conn) flush(b *batch) error {
+	var err error
+	iov := b.bufs
+	if len(b.bufs) > 0 {
+		_, err = b.bufs.WriteTo(c.nc) // consumes b.bufs
+	}
+	for _, h := range b.done {
+		h.release(c)
+	}
+	clear(iov) // no payload stays referenced
+	b.arena, b.bufs, b.done, b.n = b.arena[:0], iov[:0], b.done[:0], 0
+	return err
 }
 
 // drain releases the answers queued but not sent.
@@ -45,36 +83,58 @@ func (c *conn) drain() {
 	}
 }
 
-// write sends one reply.
-func (c *conn) write(r reply) error {
+// hdr appends n bytes for a header to the arena and returns them: the
+// arena never grows past its capacity while a batch refers to it (a
+// batch ends before it would).
+func (b *batch) hdr(n int) []byte {
+	if len(b.arena)+n > cap(b.arena) {
+		// Cannot happen with maxBatch entries of at most this size; a
+		// fresh arena keeps what bufs refer to intact if it did.
+		b.arena = make([]byte, 0, max(cap(b.arena), n))
+	}
+	start := len(b.arena)
+	b.arena = b.arena[:start+n]
+	return b.arena[start : start+n]
+}
+
+// add encodes one reply into the batch.
+func (c *conn) add(b *batch, r reply) {
+	b.n++
 	switch {
 	case r.term != nil:
-		_, err := c.nc.Write(r.term.Append(nil, r.bad))
-		return err
+		b.bufs = append(b.bufs, r.term.Append(nil, r.bad))
+		b.term = true
 	case r.r2t != nil:
-		var b [nvmetcp.R2TLen + nvmetcp.DigestLen]byte
+		h := b.hdr(nvmetcp.R2TLen + nvmetcp.DigestLen)
 		t := nvmetcp.R2T{CCCID: r.r2t.cmd.CID, TTag: r.r2t.ttag, Offset: uint32(r.r2t.got), Length: uint32(len(r.r2t.data) - r.r2t.got)}
 		if c.hdgst {
 			t.Flags = nvmetcp.FlagHDGST
 		}
-		t.Encode(b[:])
-		_, err := c.nc.Write(b[:c.hdrLen(nvmetcp.R2TLen, b[:])])
-		return err
+		t.Encode(h)
+		b.bufs = append(b.bufs, h[:c.hdrLen(nvmetcp.R2TLen, h)])
 	case r.post != nil:
-		return c.writeResp(r.post)
-	}
-	cm := r.cm
-	cqe := cm.res.CQE
-	cqe.CID, cqe.SQHD = cm.cmd.CID, cm.sqhd
-	if c.q != nil {
-		cqe.SQID = c.q.ID()
-	}
-	if cm.dir == nvmetarget.ControllerToHost && cm.res.N > 0 && cqe.Status == nvme.StatusSuccess {
-		if err := c.writeC2H(cm, cm.data[:cm.res.N]); err != nil {
-			return err
+		c.addResp(b, r.post)
+	default:
+		cm := r.cm
+		cqe := cm.res.CQE
+		cqe.CID, cqe.SQHD = cm.cmd.CID, cm.sqhd
+		if c.q != nil {
+			cqe.SQID = c.q.ID()
 		}
+		if cm.dir == nvmetarget.ControllerToHost && cm.res.N > 0 && cqe.Status == nvme.StatusSuccess {
+			c.addC2H(b, cm, cm.data[:cm.res.N])
+		}
+		c.addResp(b, &cqe)
+		b.done = append(b.done, cm.detach())
 	}
-	return c.writeResp(&cqe)
+}
+
+// write sends one reply at once (before the writer runs: the Connect's
+// answer, a refusal, a termination request).
+func (c *conn) write(r reply) error {
+	b := &batch{arena: make([]byte, 0, nvmetcp.MaxTermPLen+nvmetcp.CapsuleRespLen+nvmetcp.DigestLen)}
+	c.add(b, r)
+	return c.flush(b) // releases r's command
 }
 
 // hdrLen appends the header digest to a header of n bytes in b when
@@ -87,24 +147,22 @@ func (c *conn) hdrLen(n int, b []byte) int {
 	return n + nvmetcp.DigestLen
 }
 
-// writeResp sends a response capsule.
-func (c *conn) writeResp(cqe *nvme.Completion) error {
-	var b [nvmetcp.CapsuleRespLen + nvmetcp.DigestLen]byte
+// addResp adds a response capsule.
+func (c *conn) addResp(b *batch, cqe *nvme.Completion) {
+	h := b.hdr(nvmetcp.CapsuleRespLen + nvmetcp.DigestLen)
 	r := nvmetcp.CapsuleResp{}
 	if c.hdgst {
 		r.Flags = nvmetcp.FlagHDGST
 	}
 	cqe.Encode((*[nvme.CQELen]byte)(r.CQE[:]))
-	r.Encode(b[:])
-	_, err := c.nc.Write(b[:c.hdrLen(nvmetcp.CapsuleRespLen, b[:])])
-	return err
+	r.Encode(h)
+	b.bufs = append(b.bufs, h[:c.hdrLen(nvmetcp.CapsuleRespLen, h)])
 }
 
-// writeC2H sends a read's data in one C2HData PDU: header, its digest,
+// addC2H adds a read's data as one C2HData PDU: header, its digest,
 // padding to the host's alignment, the data (from the command's buffer,
 // not copied), its digest.
-func (c *conn) writeC2H(cm *command, data []byte) error {
-	var hb [nvmetcp.DataLen + nvmetcp.DigestLen + 128]byte
+func (c *conn) addC2H(b *batch, cm *command, data []byte) {
 	hl := nvmetcp.DataLen
 	if c.hdgst {
 		hl += nvmetcp.DigestLen
@@ -120,17 +178,16 @@ func (c *conn) writeC2H(cm *command, data []byte) error {
 		plen += nvmetcp.DigestLen
 	}
 	d.PLen = uint32(plen)
-	d.Encode(hb[:])
-	c.hdrLen(nvmetcp.DataLen, hb[:])
-	clear(hb[hl:pdo])
-	bufs := net.Buffers{hb[:pdo], data}
-	var dd [nvmetcp.DigestLen]byte
+	h := b.hdr(pdo)
+	d.Encode(h)
+	c.hdrLen(nvmetcp.DataLen, h)
+	clear(h[hl:pdo])
+	b.bufs = append(b.bufs, h, data)
 	if c.ddgst {
-		nvmetcp.PutDigest(dd[:], nvmetcp.Digest(data))
-		bufs = append(bufs, dd[:])
+		dd := b.hdr(nvmetcp.DigestLen)
+		nvmetcp.PutDigest(dd, nvmetcp.Digest(data))
+		b.bufs = append(b.bufs, dd)
 	}
-	_, err := bufs.WriteTo(c.nc)
-	return err
 }
 
 // getBuf returns a buffer of at least n bytes from the server's pools

@@ -1,0 +1,5 @@
+//go:build !race
+
+package tcptarget
+
+const raceEnabled = false
