@@ -496,6 +496,11 @@ func (c *conn) dispatch(cm *command) error {
 		return c.connect(cm)
 	}
 	c.inflight.Add(1)
+	// A unit that may block runs the command on its workers; one that
+	// never blocks (memory) runs it here: handing it to a worker when
+	// more commands wait in the buffer, as the iSCSI target does, halved
+	// 4 KiB reads at QD 32 and did not speed up 128 KiB ones (measured,
+	// this package's benchmarks).
 	if u := c.q.Unit(&cm.cmd); u != nil && !u.NonBlocking() {
 		if !u.Queue().Submit(cm) {
 			cm.res = nvmetarget.Result{CQE: nvme.Completion{Status: nvme.StatusNamespaceNotReady}}
