@@ -127,7 +127,24 @@ func (c *conn) serve() {
 			cm.free()
 		}
 	}
-	c.inflight.Wait() // commands on the units' workers answer into the void
+	// Commands still on the units' workers answer into the void: an
+	// answer queued after the writer stopped is released here, until
+	// the last of them is done.
+	idle := make(chan struct{})
+	go func() { c.inflight.Wait(); close(idle) }()
+	for waiting := true; waiting; {
+		select {
+		case <-idle:
+			waiting = false
+		case r := <-c.out: // nil before the writer ran: never ready
+			if r.cm != nil {
+				r.cm.release()
+			}
+		}
+	}
+	if c.out != nil {
+		c.drain()
+	}
 	if c.q != nil {
 		c.q.Disconnected()
 	}
@@ -227,6 +244,9 @@ func (c *conn) read() error {
 		}
 		if c.hdgst && nvmetcp.Digest(c.hdr[:h.HLen]) != nvmetcp.GetDigest(c.hdr[h.HLen:]) {
 			return c.terminate(nvmetcp.FESHeaderDigest, 0, errors.New("header digest mismatch"))
+		}
+		if h.PDO == 0 && int(h.PLen) != n && h.Type != nvmetcp.TypeH2CTermReq {
+			return c.terminate(nvmetcp.FESInvalidHeaderField, 4, fmt.Errorf("PLEN %d for a %s without data, whose header is %d bytes", h.PLen, h.Type, n))
 		}
 		dlen := h.DataLength()
 		if dlen > 0 && h.Flags&nvmetcp.FlagDDGST != 0 != c.ddgst {
