@@ -134,6 +134,8 @@ type ACLChange struct {
 	// (ID_EXT:GUID in hex).
 	Initiator string `json:"initiator"`
 	SRP       bool   `json:"srp,omitempty"`
+	// NVMe: Initiator is an NVMe host NQN.
+	NVMe bool `json:"nvme,omitempty"`
 	// Add creates the entry (refused if it exists); Remove deletes it.
 	Add    bool `json:"add,omitempty"`
 	Remove bool `json:"remove,omitempty"`
@@ -186,6 +188,7 @@ type TreeAccess struct {
 type TreeACL struct {
 	Initiator string   `json:"initiator"`
 	SRP       bool     `json:"srp,omitempty"`
+	NVMe      bool     `json:"nvme,omitempty"` // Initiator is an NVMe host NQN
 	From      []string `json:"from,omitempty"`
 	// LUNs are the LUNs it sees ("M=N": target LUN N seen as M); none:
 	// every LUN.
@@ -198,6 +201,9 @@ type TreeTarget struct {
 	Name    string   `json:"name"`
 	Alias   string   `json:"alias,omitempty"`
 	Portals []string `json:"portals"`
+	// NQN is the NVM subsystem the target is served as over NVMe (empty:
+	// not served over NVMe).
+	NQN string `json:"nqn,omitempty"`
 	TreeAccess
 	LUNs     []TreeLUN     `json:"luns"`
 	Sessions []TreeSession `json:"sessions"`

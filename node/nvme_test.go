@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
@@ -163,5 +164,43 @@ func TestNVMeHostMasking(t *testing.T) {
 		Targets: []config.Target{{Name: diskA, Initiators: []string{"iqn.2026-11.org.example:i"}, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}}}}
 	if err := bad.Validate(); err == nil {
 		t.Fatal("a target with an ACL and no NVMe hosts passed validation while served over NVMe")
+	}
+}
+
+// TestNVMeAdminACL: an operator admits an NVMe host through the admin
+// API (acl-add --nvme), with the namespaces it sees; the tree shows the
+// subsystem and the entry; removing the entry disconnects the host at
+// once.
+func TestNVMeAdminACL(t *testing.T) {
+	cfg := &config.Config{NVMeListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, Hosts: []string{hostA}, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}, {ID: 1, Size: "1MiB"}}}}}
+	n := startNode(t, cfg, node.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr, nqn := portal(t, n, config.NVMeTCP), config.NQNPrefix+diskA
+	if _, err := tcphost.Connect(ctx, addr, nqn, tcphost.Options{HostNQN: hostB}); err == nil {
+		t.Fatal("a host not listed connected")
+	}
+	adm := n.Admin()
+	if err := adm.ChangeACL(admin.ACLChange{Target: diskA, Initiator: hostB, NVMe: true, Add: true, Map: []string{"1"}}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := tcphost.Connect(ctx, addr, nqn, tcphost.Options{HostNQN: hostB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if ids, err := c.Namespaces(ctx); err != nil || !slices.Equal(ids, []uint32{2}) {
+		t.Fatalf("namespaces %v, %v; want [2]", ids, err)
+	}
+	tr := adm.Tree()
+	if tr.Targets[0].NQN != nqn || !slices.ContainsFunc(tr.Targets[0].ACL, func(e admin.TreeACL) bool { return e.NVMe && e.Initiator == hostB }) {
+		t.Fatalf("tree %+v", tr.Targets[0])
+	}
+	if err := adm.ChangeACL(admin.ACLChange{Target: diskA, Initiator: hostB, NVMe: true, Remove: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Read(ctx, 2, 512, 0, make([]byte, 512)); err == nil {
+		t.Fatal("a host whose entry was removed still reads")
 	}
 }

@@ -259,10 +259,17 @@ func (n *Node) ChangeACL(ch admin.ACLChange) error {
 		}
 		list := &t.Initiators // the plain list it may be in
 		entry := config.ACL{Initiator: ch.Initiator}
-		if ch.SRP {
+		switch {
+		case ch.SRP && ch.NVMe:
+			return errors.New("an ACL entry is an SRP port or an NVMe host, not both")
+		case ch.SRP:
 			list, entry = &t.SRPInitiators, config.ACL{SRPInitiator: ch.Initiator}
+		case ch.NVMe:
+			list, entry = &t.Hosts, config.ACL{Host: ch.Initiator}
 		}
-		j := slices.IndexFunc(t.ACL, func(a config.ACL) bool { return a.Initiator == entry.Initiator && a.SRPInitiator == entry.SRPInitiator })
+		j := slices.IndexFunc(t.ACL, func(a config.ACL) bool {
+			return a.Initiator == entry.Initiator && a.SRPInitiator == entry.SRPInitiator && a.Host == entry.Host
+		})
 		inList := slices.Contains(*list, ch.Initiator)
 		dropFromList := func() { *list = slices.DeleteFunc(*list, func(s string) bool { return s == ch.Initiator }) }
 		switch {
@@ -370,7 +377,7 @@ func (n *Node) Tree() admin.Tree {
 		tr.Portals = append(tr.Portals, p.Transport+" "+p.Address)
 	}
 	access := func(t config.Target) admin.TreeAccess {
-		a := admin.TreeAccess{Open: !t.Protected() && len(t.SRPInitiators) == 0, Initiators: slices.Concat(t.Initiators, t.SRPInitiators)}
+		a := admin.TreeAccess{Open: !t.Protected() && len(t.SRPInitiators) == 0 && !t.NVMeListed(), Initiators: slices.Concat(t.Initiators, t.SRPInitiators, t.Hosts)}
 		if t.CHAP != nil {
 			a.CHAPUser = t.CHAP.User
 		}
@@ -378,7 +385,7 @@ func (n *Node) Tree() admin.Tree {
 			a.MutualUser = t.MutualCHAP.User
 		}
 		for _, e := range t.ACL {
-			te := admin.TreeACL{Initiator: cmp.Or(e.Initiator, e.SRPInitiator), SRP: e.SRPInitiator != "", From: e.From, LUNs: e.LUNs}
+			te := admin.TreeACL{Initiator: cmp.Or(e.Initiator, e.SRPInitiator, e.Host), SRP: e.SRPInitiator != "", NVMe: e.Host != "", From: e.From, LUNs: e.LUNs}
 			if e.CHAP != nil {
 				te.CHAPUser = e.CHAP.User
 			}
@@ -394,6 +401,9 @@ func (n *Node) Tree() admin.Tree {
 	for _, t := range n.cfg.Targets {
 		tt := admin.TreeTarget{Name: t.Name, Alias: t.Alias, TreeAccess: access(t), LUNs: []admin.TreeLUN{}, Sessions: []admin.TreeSession{}}
 		tt.Portals = n.iscsiPortals(n.cfg, t)
+		if n.nvmeSubs[t.Name] != nil {
+			tt.NQN = t.SubsystemNQN()
+		}
 		if tt.Portals == nil {
 			tt.Portals = []string{"every portal"}
 		}

@@ -27,8 +27,8 @@ import (
 const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PORT [--token-file F]] [--json] VERB
   ls                                what the node serves: portals, targets, their access
                                     rules, LUNs (backing, size, cache) and sessions
-  sessions                          every fabric's sessions (iSCSI, iSER, SRP), connections, commands in flight
-  drop ID                           end a session (its ID: an iSCSI TSIH, srp-N)
+  sessions                          every fabric's sessions (iSCSI, iSER, SRP, NVMe controllers), connections, commands in flight
+  drop ID                           end a session (its ID: an iSCSI TSIH, srp-N, nvme-CNTLID@NQN)
   luns                              every target's LUNs
   add-lun TARGET LUN (--size S | --file F | --remote URL) [--block-size N] [--read-only]
   remove-lun TARGET LUN [--force]  a LUN with sessions or commands in progress needs --force
@@ -38,10 +38,11 @@ const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PO
   remove-target NAME [--force]      closes its sessions (which needs --force)
   set-initiators TARGET [A,B,...]   the ACL (none: everyone); an initiator no longer
                                     admitted loses its session at once
-  acl-add TARGET INITIATOR [--from NETS] [--luns L,...] [--srp]
-                                    admit an initiator (an SRP port with --srp): from these
-                                    networks only, seeing these LUNs only (N, or M=N: LUN N as M)
-  acl-remove TARGET INITIATOR [--srp]
+  acl-add TARGET INITIATOR [--from NETS] [--luns L,...] [--srp | --nvme]
+                                    admit an initiator (an SRP port with --srp, an NVMe host
+                                    NQN with --nvme): from these networks only, seeing these
+                                    LUNs only (N, or M=N: LUN N as M; NVMe: N only)
+  acl-remove TARGET INITIATOR [--srp | --nvme]
   acl-from TARGET INITIATOR [NETS]  where it may log in from (none: anywhere)
   map-lun TARGET INITIATOR N|M=N    let it see LUN N (as M)
   unmap-lun TARGET INITIATOR M      hide the LUN it sees as M
@@ -90,7 +91,7 @@ type adminFlags struct {
 	blockSize                                          *int
 	readOnly, shrink, force, dryRun                    *bool
 	from, lunList, user, secretFile, initiators        *string
-	srpPort, secretStdin, clearCHAP, mutual, discovery *bool
+	srpPort, nvmeHost, secretStdin, clearCHAP, mutual, discovery *bool
 	asJSON                                             *bool
 }
 
@@ -114,6 +115,7 @@ func newAdminFlags(fs *flag.FlagSet) *adminFlags {
 		from:        fs.String("from", "", "acl-add: the networks it may log in from, comma-separated"),
 		lunList:     fs.String("luns", "", "acl-add: the LUNs it sees, comma-separated (N, or M=N)"),
 		srpPort:     fs.Bool("srp", false, "acl-*: the initiator is an SRP port (ID_EXT:GUID)"),
+		nvmeHost:    fs.Bool("nvme", false, "acl-*, map-lun, unmap-lun: the initiator is an NVMe host NQN (its LUNs are plain numbers: the namespaces N+1 it sees)"),
 		user:        fs.String("user", "", "chap: the user name"),
 		secretFile:  fs.String("secret-file", "", "chap: the file holding the secret (in an --admin-dir; the node reads it)"),
 		secretStdin: fs.Bool("secret-stdin", false, "chap: read the secret from standard input (kept in the node's state, mode 0600)"),
@@ -385,6 +387,7 @@ func adminList(c *adminCall) int {
 
 func adminACL(c *adminCall) int {
 	ch, code := aclChange(c.pos, *c.f.srpPort, *c.f.from, *c.f.lunList, c.stderr)
+	ch.NVMe = *c.f.nvmeHost
 	if code != exitOK {
 		return code
 	}
@@ -542,6 +545,9 @@ func printTree(w io.Writer, tr admin.Tree) {
 				if e.SRP {
 					kind = "acl (srp)"
 				}
+				if e.NVMe {
+					kind = "acl (nvme host)"
+				}
 				fmt.Fprintf(w, "%s%s %s\n", indent, kind, e.Initiator)
 				if len(e.From) > 0 {
 					fmt.Fprintf(w, "%s  from: %s\n", indent, strings.Join(e.From, ", "))
@@ -568,6 +574,9 @@ func printTree(w io.Writer, tr admin.Tree) {
 		}
 		fmt.Fprintln(w)
 		fmt.Fprintf(w, "  portals: %s\n", strings.Join(t.Portals, ", "))
+		if t.NQN != "" {
+			fmt.Fprintf(w, "  nvme subsystem: %s (LUN N is namespace N+1)\n", t.NQN)
+		}
 		access("  ", t.TreeAccess)
 		for _, l := range t.LUNs {
 			ro := ""
