@@ -86,13 +86,13 @@ var adminVerbs = map[string]func(*adminCall) int{
 
 // adminFlags are admin's flags; each verb reads those it takes.
 type adminFlags struct {
-	sock, apiURL, tokenFile                            *string
-	size, file, remoteURL                              *string
-	blockSize                                          *int
-	readOnly, shrink, force, dryRun                    *bool
-	from, lunList, user, secretFile, initiators        *string
+	sock, apiURL, tokenFile                                      *string
+	size, file, remoteURL                                        *string
+	blockSize                                                    *int
+	readOnly, shrink, force, dryRun                              *bool
+	from, lunList, user, secretFile, initiators                  *string
 	srpPort, nvmeHost, secretStdin, clearCHAP, mutual, discovery *bool
-	asJSON                                             *bool
+	asJSON                                                       *bool
 }
 
 func newAdminFlags(fs *flag.FlagSet) *adminFlags {
