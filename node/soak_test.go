@@ -16,6 +16,7 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/node"
+	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/rdma/roce"
 	"github.com/blockwire/blockwire/rdma/siw"
 	"github.com/blockwire/blockwire/srp/srpinitiator"
@@ -23,7 +24,7 @@ import (
 
 // TestLoginCyclesLeakNothing: sessions opened and ended over and over on
 // every fabric a node serves — iSCSI/TCP, iSER on the software iWARP and
-// RoCEv2 devices, SRP on both — each writing and reading a block, ended
+// RoCEv2 devices, SRP on both, NVMe/TCP controllers — each writing and reading a block, ended
 // in turn by a logout and by the target dropping it (as an administrator
 // does, or a revocation). Afterwards the node holds what it held before
 // the cycles: goroutines, file descriptors and live memory are back at
@@ -49,9 +50,10 @@ func TestLoginCyclesLeakNothing(t *testing.T) {
 	pc.Close()
 	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, SRPListen: []string{"127.0.0.1:0"},
 		ROCEListen: []string{"127.0.0.6:3260"}, SRPROCEListen: []string{"127.0.0.6:5555"}, ROCEUDPPort: udp, RDMADevice: "soft",
-		Targets: []config.Target{{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "4MiB"}}}}}
+		NVMeListen: []string{"127.0.0.1:0"},
+		Targets:    []config.Target{{Name: diskA, LUNs: []config.LUN{{ID: 0, Size: "4MiB"}}}}}
 	n := startNode(t, cfg, node.Options{})
-	tcpAddr, srpAddr := portal(t, n, config.ISCSI), portal(t, n, config.SRP)
+	tcpAddr, srpAddr, nvmeAddr := portal(t, n, config.ISCSI), portal(t, n, config.SRP), portal(t, n, config.NVMeTCP)
 	ini, err := roce.Open("127.0.0.7", roce.Options{Port: udp})
 	if err != nil {
 		t.Fatal(err)
@@ -81,6 +83,9 @@ func TestLoginCyclesLeakNothing(t *testing.T) {
 		}},
 		{"SRP/RoCE", func() (blockDev, error) {
 			return srpinitiator.Open(ctx, srpURL(t, cfg, "127.0.0.6:5555", 0, 0), srpinitiator.Options{Fabric: ini, PD: ini.RDMA().AllocPD()})
+		}},
+		{"NVMe/TCP", func() (blockDev, error) {
+			return tcphost.Open(ctx, "nvme+tcp://"+nvmeAddr+"/"+config.NQNPrefix+diskA+"/1", tcphost.Options{IOQueues: 2})
 		}},
 	}
 	block := bytes.Repeat([]byte("soak"), 1024)
