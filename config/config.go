@@ -321,6 +321,13 @@ func (a *ACL) Sources() ([]netip.Prefix, error) {
 	return out, nil
 }
 
+// admitsFrom reports whether the entry admits a connection from remote
+// (nil: an address unknown, admitted only by an entry without from).
+func (a *ACL) admitsFrom(remote net.Addr) bool {
+	src, err := a.Sources()
+	return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
+}
+
 // AdmitsFrom reports whether an address is in the prefixes (nil: all).
 func AdmitsFrom(prefixes []netip.Prefix, addr net.Addr) bool {
 	if prefixes == nil {
@@ -394,8 +401,7 @@ func (t *Target) SRPAllows(id srp.PortID, remote net.Addr) bool {
 	if a, ok := t.SRPEntry(id); ok {
 		// An entry's from holds even where srp_initiators lists the port
 		// too, as an iSCSI name's does.
-		src, err := a.Sources()
-		return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
+		return a.admitsFrom(remote)
 	}
 	for _, s := range t.SRPInitiators {
 		if p, err := srp.ParsePortID(s); err == nil && p == id {

@@ -81,8 +81,7 @@ func (t *Target) NVMeAllows(host string, remote net.Addr) bool {
 		return !t.Protected()
 	}
 	if a, ok := t.HostEntry(host); ok {
-		src, err := a.Sources()
-		return err == nil && (remote == nil && src == nil || remote != nil && AdmitsFrom(src, remote))
+		return a.admitsFrom(remote)
 	}
 	for _, h := range t.Hosts {
 		if h == host {

@@ -110,29 +110,24 @@ func (d *Device) check(n int, off int64) error {
 
 // ReadAtContext reads len(p) bytes at off.
 func (d *Device) ReadAtContext(ctx context.Context, p []byte, off int64) (int, error) {
-	if err := d.check(len(p), off); err != nil {
-		return 0, err
-	}
-	done := 0
-	for done < len(p) {
-		n := min(len(p)-done, d.max)
-		if err := d.c.Read(ctx, d.ns.ID, d.ns.BlockSize, uint64(off+int64(done))/uint64(d.ns.BlockSize), p[done:done+n]); err != nil {
-			return done, err
-		}
-		done += n
-	}
-	return done, nil
+	return d.each(p, off, func(lba uint64, q []byte) error { return d.c.Read(ctx, d.ns.ID, d.ns.BlockSize, lba, q) })
 }
 
 // WriteAtContext writes p at off.
 func (d *Device) WriteAtContext(ctx context.Context, p []byte, off int64) (int, error) {
+	return d.each(p, off, func(lba uint64, q []byte) error { return d.c.Write(ctx, d.ns.ID, d.ns.BlockSize, lba, q, false) })
+}
+
+// each runs do on p at off in commands of at most the largest transfer,
+// one after the other; it returns the bytes done before a failure.
+func (d *Device) each(p []byte, off int64, do func(lba uint64, q []byte) error) (int, error) {
 	if err := d.check(len(p), off); err != nil {
 		return 0, err
 	}
 	done := 0
 	for done < len(p) {
 		n := min(len(p)-done, d.max)
-		if err := d.c.Write(ctx, d.ns.ID, d.ns.BlockSize, uint64(off+int64(done))/uint64(d.ns.BlockSize), p[done:done+n], false); err != nil {
+		if err := do(uint64(off+int64(done))/uint64(d.ns.BlockSize), p[done:done+n]); err != nil {
 			return done, err
 		}
 		done += n

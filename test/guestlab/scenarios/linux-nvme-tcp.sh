@@ -1,4 +1,5 @@
-# linux-nvme-tcp: blockwire serves its default LUN over iSCSI and NVMe/TCP;
+# linux-nvme-tcp: blockwire serves its default LUN over NVMe/TCP (and over
+# iSCSI on a port of its own: an earlier scenario's LIO may hold 3260);
 # the guest kernel's nvme-tcp host, driven by nvme-cli, discovers the
 # subsystem (the discovery log), connects (without digests, then with
 # header and data digests), and on /dev/nvmeXnY: nvme id-ctrl, id-ns,
@@ -9,7 +10,7 @@
 # after the last disconnect. Sourced by /lab/run.sh.
 H=nqn.2014-08.org.nvmexpress:uuid:5eb1f0a7-0000-4000-8000-000000000001
 NQN=nqn.2026-11.io.blockwire:$IQN
-/lab/bin/blockwire serve --listen 127.0.0.1:3260 --nvme-listen 127.0.0.1:4420 --iqn $IQN --size 256MiB --iser=false \
+/lab/bin/blockwire serve --listen 127.0.0.1:3263 --nvme-listen 127.0.0.1:4420 --iqn $IQN --size 256MiB --iser=false \
   --admin-socket /tmp/adm.sock > /tmp/bw.log 2>&1 &
 BW=$!
 sleep 1
