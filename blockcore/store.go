@@ -161,3 +161,39 @@ func (s *Store) Shared() (release func()) {
 	s.writes.RLock()
 	return s.writes.RUnlock
 }
+
+// CompareAndWrite compares verify with the blocks at off and, only if
+// every byte matches, writes data there (as long as verify) — atomically
+// against every other write through this store, and against other
+// gateways' writes where the backend compares and writes in one step of
+// its own (backend.CompareWriter, shared storage, within its
+// MaxCompareAndWrite). A mismatch is a *backend.MiscompareError with the
+// offset of the first differing byte; a failed read or write is
+// returned as is (readErr says which). The write is durable before it
+// returns when durable is set (FUA, or the write cache off).
+func (s *Store) CompareAndWrite(verify, data []byte, off int64, durable bool) (readErr bool, err error) {
+	if cw, ok := s.be.(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= len(verify) {
+		release := s.Exclusive()
+		err = cw.CompareAndWrite(verify, data, off)
+		release()
+	} else {
+		cur := make([]byte, len(verify))
+		release := s.Exclusive()
+		if _, err := s.be.ReadAt(cur, off); err != nil {
+			release()
+			return true, err
+		}
+		for i := range cur {
+			if cur[i] != verify[i] {
+				release()
+				return false, &backend.MiscompareError{Offset: int64(i)}
+			}
+		}
+		_, err = s.be.WriteAt(data, off)
+		release()
+	}
+	if err == nil && durable {
+		err = s.Flush()
+	}
+	return false, err
+}

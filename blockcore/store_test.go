@@ -138,3 +138,36 @@ func TestWriteCache(t *testing.T) {
 		t.Fatal("reset did not bring the cache back on")
 	}
 }
+
+// TestCompareAndWrite: the data is written only when the blocks match,
+// a mismatch names the first differing byte and writes nothing, a
+// durable one is flushed.
+func TestCompareAndWrite(t *testing.T) {
+	r := newRecorder(t)
+	s := NewStore(r, true, quiet)
+	old, neu := make([]byte, 1024), make([]byte, 1024)
+	for i := range neu {
+		neu[i] = byte(i)
+	}
+	if _, err := s.CompareAndWrite(old, neu, 512, false); err != nil || r.flushes != 0 {
+		t.Fatalf("a matching compare: %v, %d flushes", err, r.flushes)
+	}
+	got := make([]byte, 1024)
+	r.ReadAt(got, 512)
+	if string(got) != string(neu) {
+		t.Fatal("the data was not written")
+	}
+	wrong := append([]byte(nil), neu...)
+	wrong[700] ^= 1
+	var mis *backend.MiscompareError
+	if _, err := s.CompareAndWrite(wrong, old, 512, true); !errors.As(err, &mis) || mis.Offset != 700 {
+		t.Fatalf("a mismatch: %v, want a miscompare at 700", err)
+	}
+	r.ReadAt(got, 512)
+	if string(got) != string(neu) || r.flushes != 0 {
+		t.Fatalf("a mismatch wrote (%v) or flushed (%d)", string(got) != string(neu), r.flushes)
+	}
+	if _, err := s.CompareAndWrite(neu, old, 512, true); err != nil || r.flushes != 1 {
+		t.Fatalf("a durable compare and write: %v, %d flushes", err, r.flushes)
+	}
+}

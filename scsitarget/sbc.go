@@ -187,36 +187,17 @@ func cmdCompareAndWrite(lu *LU, c *Command) error {
 		return scsi.InvalidFieldInCDB(13, -1)
 	}
 	verify, data := c.Data[:n], c.Data[n:2*n]
-	if cw, ok := lu.be.(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= lu.blockSize {
-		// Shared storage compares and writes in one step of its own, so
-		// the comparison holds against other gateways' writes too.
-		// Writes through this LU still wait (blockcore.Store.Exclusive).
-		release := lu.store.Exclusive()
-		err := cw.CompareAndWrite(verify, data, int64(lba)<<lu.blockBits)
-		release()
-		var mis *backend.MiscompareError
-		if errors.As(err, &mis) {
-			return scsi.Miscompare(uint64(mis.Offset))
-		}
-		if err != nil {
-			return ioFailed(err, true, lba)
-		}
-		return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
+	// The block core's compare-and-write (blockcore.Store), which NVMe's
+	// fused Compare and Write shares.
+	readErr, err := lu.store.CompareAndWrite(verify, data, int64(lba)<<lu.blockBits, c.CDB[1]&0x08 != 0 || !lu.writeCache())
+	var mis *backend.MiscompareError
+	if errors.As(err, &mis) {
+		return scsi.Miscompare(uint64(mis.Offset))
 	}
-	cur := make([]byte, n)
-	defer lu.store.Exclusive()()
-	if _, err := lu.be.ReadAt(cur, int64(lba)<<lu.blockBits); err != nil {
-		return ioFailed(err, false, lba)
+	if err != nil {
+		return ioFailed(err, !readErr, lba)
 	}
-	for i := range cur {
-		if cur[i] != verify[i] {
-			return scsi.Miscompare(uint64(i))
-		}
-	}
-	if _, err := lu.be.WriteAt(data, int64(lba)<<lu.blockBits); err != nil {
-		return ioFailed(err, true, lba)
-	}
-	return lu.flushIf(c.CDB[1]&0x08 != 0, lba)
+	return nil
 }
 
 // cawBlocks is MAXIMUM COMPARE AND WRITE LENGTH (VPD B0h): what the
