@@ -100,6 +100,8 @@ func (c *Controller) identifyController(b []byte) {
 		// ONCS: Compare, Dataset Management, Write Zeroes.
 		put16(b[520:], 1<<0|1<<2|1<<3)
 		put16(b[522:], 1) // FUSES: Compare and Write
+		// ACWU (atomic compare and write unit, blocks, 0's based): left 0,
+		// one block at least; the limit a command may use is fusedLimit.
 		b[525] = 1 | 3<<1 // VWC: present, flush of every namespace (NSID FFFFFFFFh)
 	}
 	// SGLS: SGLs without alignment; the address of a data block may be

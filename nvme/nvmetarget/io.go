@@ -34,7 +34,9 @@ func ioError(err error, write bool) nvme.Status {
 // io executes an NVM command set command on an I/O queue.
 func (q *Queue) io(c *nvme.Command, data []byte) Result {
 	if c.Fuse != nvme.FuseNone {
-		return fail(nvme.StatusInvalidField) // FUSES is 0: no fused operations
+		// A fused command alone: its partner is missing (the transport
+		// pairs them and calls ExecFused).
+		return fail(nvme.StatusFusedMissing)
 	}
 	if c.Opcode == nvme.OpFlush {
 		return q.flush(c)
@@ -162,4 +164,61 @@ func dsm(u *blockcore.Unit, c *nvme.Command, data []byte) Result {
 		}
 	}
 	return Result{}
+}
+
+// ExecFused executes a fused Compare (first) and Write (second) as one
+// operation (NVMe Base 2.0, "Fused Operations"): the write happens only
+// if the compare matched, atomically against every other write to the
+// namespace (blockcore.Store.CompareAndWrite). Both commands are
+// answered: on a mismatch the Compare with Compare Failure and the
+// Write with Command Aborted due to Failed Fused Command.
+func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (Result, Result) {
+	abort := Result{CQE: nvme.Completion{Status: nvme.StatusFusedFailed}}
+	if q.qid == 0 || first.Opcode != nvme.OpCompare || second.Opcode != nvme.OpWrite || first.NSID != second.NSID ||
+		first.CDW[0] != second.CDW[0] || first.CDW[1] != second.CDW[1] || first.CDW[2]&0xffff != second.CDW[2]&0xffff {
+		// Not a Compare and a Write of the same blocks.
+		return fail(nvme.StatusInvalidField), abort
+	}
+	u := q.c.s.namespace(q.c.hostNQN, first.NSID)
+	if u == nil {
+		return fail(nvme.StatusInvalidNamespace), abort
+	}
+	if u.ReadOnly() {
+		return fail(statusWriteProtected), abort
+	}
+	slba := uint64(first.CDW[0]) | uint64(first.CDW[1])<<32
+	nlb := uint64(first.CDW[2]&0xffff) + 1
+	if slba+nlb > u.Blocks() || slba+nlb < slba {
+		return fail(nvme.StatusLBAOutOfRange), abort
+	}
+	n := int(nlb) << u.BlockBits()
+	if len(firstData) != n || len(secondData) != n {
+		return fail(statusSGLLength), abort
+	}
+	if n > q.c.s.t.o.fusedLimit(u) {
+		return fail(nvme.StatusInvalidField), abort
+	}
+	fua := second.CDW[2]&(1<<30) != 0
+	readErr, err := u.Store().CompareAndWrite(firstData, secondData, int64(slba)<<u.BlockBits(), fua || !u.Store().WriteCache())
+	var mis *backend.MiscompareError
+	switch {
+	case errors.As(err, &mis):
+		return fail(nvme.StatusCompareFailure), abort
+	case err != nil && readErr:
+		return fail(ioError(err, false)), abort
+	case err != nil:
+		// The compare held; the write failed.
+		return Result{}, fail(ioError(err, true))
+	}
+	return Result{}, Result{}
+}
+
+// fusedLimit is the most a fused Compare and Write may cover: on storage
+// that compares and writes itself (shared between gateways), what it
+// does atomically; else the largest transfer.
+func (o *Options) fusedLimit(u *blockcore.Unit) int {
+	if cw, ok := u.Backend().(backend.CompareWriter); ok && cw.MaxCompareAndWrite() >= u.BlockSize() {
+		return cw.MaxCompareAndWrite()
+	}
+	return 4096 << o.MDTS
 }

@@ -326,6 +326,26 @@ func (c *Controller) Compare(ctx context.Context, nsid uint32, bs int, lba uint6
 	return err
 }
 
+// CompareAndWrite writes data at lba only if the blocks there hold
+// verify, atomically (a fused Compare and Write): a *StatusError of
+// nvme.StatusCompareFailure when they differ.
+func (c *Controller) CompareAndWrite(ctx context.Context, nsid uint32, bs int, lba uint64, verify, data []byte, fua bool) error {
+	if len(c.io) == 0 {
+		return fmt.Errorf("tcphost: no I/O queues")
+	}
+	c.nextMu.Lock()
+	q := c.io[c.next%uint32(len(c.io))]
+	c.next++
+	c.nextMu.Unlock()
+	cmp := rwCommand(nvme.OpCompare, nsid, lba, len(verify)/bs, false)
+	w := rwCommand(nvme.OpWrite, nsid, lba, len(data)/bs, fua)
+	_, _, ec, ew := q.doFused(ctx, &cmp, verify, &w, data)
+	if ec != nil {
+		return ec
+	}
+	return ew
+}
+
 // Flush flushes namespace nsid (0xffffffff: all).
 func (c *Controller) Flush(ctx context.Context, nsid uint32) error {
 	_, err := c.IO(ctx, &nvme.Command{Opcode: nvme.OpFlush, NSID: nsid}, nil, NoData)

@@ -74,6 +74,7 @@ type request struct {
 // asked for.
 type outgoing struct {
 	r           *request
+	fused       *request // the second half of a fused operation, sent right after r
 	ttag        uint16
 	off, length int
 	h2c         bool
@@ -141,13 +142,49 @@ func (q *queue) close(err error) {
 // do sends a command and waits for its completion (or ctx's end, which
 // closes the queue: a command cannot be taken back).
 func (q *queue) do(ctx context.Context, cmd *nvme.Command, data []byte, dir Direction) (nvme.Completion, error) {
+	r, err := q.prepare(ctx, cmd, data, dir)
+	if err != nil {
+		return nvme.Completion{}, err
+	}
+	select {
+	case q.out <- outgoing{r: r}:
+	case <-q.done:
+	}
+	return q.wait(ctx, r)
+}
+
+// doFused sends a fused operation's two commands back to back, so that
+// no other command of the queue comes between them, and waits for both.
+func (q *queue) doFused(ctx context.Context, first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (nvme.Completion, nvme.Completion, error, error) {
+	a, err := q.prepare(ctx, first, firstData, ToController)
+	if err != nil {
+		return nvme.Completion{}, nvme.Completion{}, err, err
+	}
+	b, err := q.prepare(ctx, second, secondData, ToController)
+	if err != nil {
+		q.close(err) // a is registered and will not be sent
+		ca, ea := q.wait(ctx, a)
+		return ca, nvme.Completion{}, ea, err
+	}
+	a.cmd.Fuse, b.cmd.Fuse = nvme.FuseFirst, nvme.FuseSecond
+	select {
+	case q.out <- outgoing{r: a, fused: b}:
+	case <-q.done:
+	}
+	ca, ea := q.wait(ctx, a)
+	cb, eb := q.wait(ctx, b)
+	return ca, cb, ea, eb
+}
+
+// prepare takes a CID for a command and registers it as in flight.
+func (q *queue) prepare(ctx context.Context, cmd *nvme.Command, data []byte, dir Direction) (*request, error) {
 	var cid uint16
 	select {
 	case cid = <-q.cids:
 	case <-q.done:
-		return nvme.Completion{}, q.failure()
+		return nil, q.failure()
 	case <-ctx.Done():
-		return nvme.Completion{}, ctx.Err()
+		return nil, ctx.Err()
 	}
 	r := &q.reqs[cid]
 	r.cmd, r.data, r.dir, r.cqe, r.err = *cmd, data, dir, nvme.Completion{}, nil
@@ -164,14 +201,15 @@ func (q *queue) do(ctx context.Context, cmd *nvme.Command, data []byte, dir Dire
 	if q.err != nil {
 		err := q.err
 		q.mu.Unlock()
-		return nvme.Completion{}, err
+		return nil, err
 	}
 	q.pending[cid] = r
 	q.mu.Unlock()
-	select {
-	case q.out <- outgoing{r: r}:
-	case <-q.done:
-	}
+	return r, nil
+}
+
+// wait waits for a command's completion and frees its CID.
+func (q *queue) wait(ctx context.Context, r *request) (nvme.Completion, error) {
 	select {
 	case <-r.done:
 	case <-ctx.Done():
@@ -182,7 +220,7 @@ func (q *queue) do(ctx context.Context, cmd *nvme.Command, data []byte, dir Dire
 	if err != nil {
 		return cqe, err
 	}
-	q.cids <- cid // the request is another command's from here
+	q.cids <- r.cmd.CID // the request is another command's from here
 	if cqe.Status != nvme.StatusSuccess {
 		return cqe, &StatusError{cqe.Status}
 	}
@@ -244,9 +282,13 @@ func (w *wbatch) hdr(n int) []byte {
 }
 
 func (q *queue) add(w *wbatch, o outgoing) {
-	if o.h2c {
+	switch {
+	case o.h2c:
 		q.addH2C(w, o)
-	} else {
+	case o.fused != nil:
+		q.addCapsule(w, o.r)
+		q.addCapsule(w, o.fused)
+	default:
 		q.addCapsule(w, o.r)
 	}
 }

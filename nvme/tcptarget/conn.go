@@ -49,6 +49,7 @@ type conn struct {
 	// the free ones (the writer returns a slot once its answer is out).
 	hdr      [nvmetcp.CapsuleCmdLen + nvmetcp.DigestLen]byte
 	slots    []*command
+	first    *command // a fused operation's first half, its second not yet come
 	free     chan uint16
 	inflight sync.WaitGroup
 }
@@ -69,6 +70,10 @@ type command struct {
 	awaiting bool
 	status   nvme.Status // a transport failure to answer with
 	res      nvmetarget.Result
+	// partner is the other half of a fused operation; ready is set
+	// while the command, its data in, waits for it (the reader's alone).
+	partner *command
+	ready   bool
 }
 
 // reply is what the writer sends: a command's answer, an R2T, a
@@ -122,8 +127,8 @@ func (c *conn) serve() {
 	c.Close()
 	// Commands whose data never came hold a buffer and budget, no more.
 	for _, cm := range c.slots {
-		if cm.awaiting {
-			cm.awaiting = false
+		if cm.awaiting || cm.ready {
+			cm.awaiting, cm.ready = false, false
 			cm.free()
 		}
 	}
@@ -372,6 +377,9 @@ func (c *conn) capsule(h nvmetcp.Common, dlen int) error {
 			cm.status = nvme.StatusNamespaceNotReady // no buffer now: retried
 		}
 	}
+	if c.q != nil {
+		c.fuse(cm)
+	}
 	if cm.status != 0 {
 		if err := c.discard(dlen); err != nil {
 			return err
@@ -515,6 +523,14 @@ func (c *conn) dispatch(cm *command) error {
 	if c.q == nil {
 		return c.connect(cm)
 	}
+	switch {
+	case cm.partner != nil:
+		c.dispatchFused(cm)
+		return nil
+	case c.first == cm:
+		cm.ready = true // a first half: it waits for the second's capsule
+		return nil
+	}
 	c.inflight.Add(1)
 	// A unit that may block runs the command on its workers; one that
 	// never blocks (memory) runs it here: handing it to a worker when
@@ -548,8 +564,94 @@ func (cm *command) Run() {
 	cm.c.send(cm)
 }
 
+// fuse pairs the halves of a fused operation as their capsules arrive
+// (NVMe Base 2.0, "Fused Operations": the second is the next command of
+// the queue); a half without its partner fails.
+func (c *conn) fuse(cm *command) {
+	switch {
+	case cm.cmd.Fuse == nvme.FuseFirst:
+		if c.first != nil {
+			c.unfuse(c.first, nvme.StatusFusedMissing)
+		}
+		if cm.status == 0 {
+			c.first = cm
+		}
+	case cm.cmd.Fuse == nvme.FuseSecond:
+		first := c.first
+		c.first = nil
+		switch {
+		case first == nil && cm.status == 0:
+			cm.status = nvme.StatusFusedMissing
+		case first != nil && cm.status != 0:
+			c.unfuse(first, nvme.StatusFusedFailed)
+		case first != nil:
+			cm.partner, first.partner = first, cm
+		}
+	case c.first != nil:
+		c.unfuse(c.first, nvme.StatusFusedMissing)
+		c.first = nil
+	}
+}
+
+// unfuse fails the half of a fused operation whose partner is gone: at
+// once if it waits, else when its data is in.
+func (c *conn) unfuse(cm *command, st nvme.Status) {
+	cm.partner = nil
+	cm.status = st
+	if cm.ready {
+		cm.ready = false
+		c.answer(cm)
+	}
+}
+
+// fused runs the two halves of a fused operation, its data in.
+type fused struct {
+	c             *conn
+	first, second *command
+}
+
+func (f fused) Run() {
+	f.first.res, f.second.res = f.c.q.ExecFused(&f.first.cmd, f.first.data, &f.second.cmd, f.second.data)
+	f.c.send(f.first)
+	f.c.send(f.second)
+}
+
+// dispatchFused runs a fused operation once both halves' data is in.
+func (c *conn) dispatchFused(cm *command) {
+	p := cm.partner
+	if !p.ready {
+		cm.ready = true // waits for its partner's data
+		return
+	}
+	first, second := p, cm
+	if cm.cmd.Fuse == nvme.FuseFirst {
+		first, second = cm, p
+	}
+	first.partner, second.partner, p.ready = nil, nil, false
+	c.inflight.Add(2)
+	f := fused{c, first, second}
+	if u := c.q.Unit(&first.cmd); u != nil && !u.NonBlocking() {
+		if !u.Queue().Submit(f) {
+			first.res = nvmetarget.Result{CQE: nvme.Completion{Status: nvme.StatusNamespaceNotReady}}
+			second.res = nvmetarget.Result{CQE: nvme.Completion{Status: nvme.StatusFusedFailed}}
+			c.send(first)
+			c.send(second)
+		}
+		return
+	}
+	f.Run()
+}
+
 // answer queues the answer of a command that failed before it ran.
 func (c *conn) answer(cm *command) {
+	if c.first == cm {
+		c.first = nil
+	}
+	if p := cm.partner; p != nil {
+		// Half of a fused operation: the other half fails too.
+		cm.partner = nil
+		c.unfuse(p, nvme.StatusFusedFailed)
+	}
 	c.inflight.Add(1)
 	cm.res = nvmetarget.Result{CQE: nvme.Completion{Status: cm.status}}
 	c.send(cm)

@@ -259,3 +259,75 @@ func TestKeepAliveEnforced(t *testing.T) {
 			return fmt.Sprintf("%d controllers, %d connections", f.tgt.Controllers(), f.srv.Conns())
 		})
 }
+
+// TestFusedCompareAndWrite: a fused Compare and Write writes only when
+// the blocks match — in the capsule and through R2T — and answers both
+// halves; a mismatch leaves the blocks as they were (Compare Failure,
+// and the Write aborted as its fused partner failed).
+func TestFusedCompareAndWrite(t *testing.T) {
+	f := start(t, Options{}, nil)
+	c := f.connect(tcphost.Options{})
+	defer c.Close()
+	cx := ctx(t)
+	for _, size := range []int{512, 4096, 256 << 10} {
+		old, neu := make([]byte, size), make([]byte, size)
+		rand.Read(old)
+		rand.Read(neu)
+		if err := c.Write(cx, 1, 512, 0, old, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.CompareAndWrite(cx, 1, 512, 0, old, neu, false); err != nil {
+			t.Fatalf("%d bytes, matching: %v", size, err)
+		}
+		got := make([]byte, size)
+		if err := c.Read(cx, 1, 512, 0, got); err != nil || !bytes.Equal(got, neu) {
+			t.Fatalf("%d bytes: the write did not happen (%v)", size, err)
+		}
+		var se *tcphost.StatusError
+		if err := c.CompareAndWrite(cx, 1, 512, 0, old, old, true); !errors.As(err, &se) || se.Status != nvme.StatusCompareFailure {
+			t.Fatalf("%d bytes, not matching: %v, want a compare failure", size, err)
+		}
+		if err := c.Read(cx, 1, 512, 0, got); err != nil || !bytes.Equal(got, neu) {
+			t.Fatalf("%d bytes: a failed compare wrote (%v)", size, err)
+		}
+	}
+}
+
+// TestFusedHalfAlone: a fused first half followed by an ordinary command
+// fails with Missing Fused Command and the ordinary one runs; a second
+// half alone fails the same way.
+func TestFusedHalfAlone(t *testing.T) {
+	f := start(t, Options{}, nil)
+	r := dialRaw(t, f.addr, false)
+	r.connectAdmin(4)
+	// An I/O queue of the controller, by hand.
+	k := nvme.Connect{QID: 1, SQSize: 7, Data: nvme.ConnectData{CNTLID: 1, SubNQN: testNQN, HostNQN: "nqn.2026-11.io.blockwire:hostile"}}
+	setq := nvme.Command{Opcode: nvme.AdminSetFeatures, CID: 5, CDW: [6]uint32{0x07, 0}}
+	r.capsule(setq, nil)
+	if c := r.response(); c.Status != 0 {
+		t.Fatalf("Set Features: %v", c.Status)
+	}
+	io := dialRaw(t, f.addr, false)
+	var cmd nvme.Command
+	data := make([]byte, nvme.ConnectDataLen)
+	k.Encode(&cmd, data)
+	io.capsule(cmd, data)
+	if c := io.response(); c.Status != 0 {
+		t.Fatalf("I/O queue Connect: %v", c.Status)
+	}
+	block := make([]byte, 512)
+	io.capsule(nvme.Command{Opcode: nvme.OpCompare, Fuse: nvme.FuseFirst, CID: 1, NSID: 1}, block)
+	io.capsule(nvme.Command{Opcode: nvme.OpRead, CID: 2, NSID: 1, DPTR: nvme.SGL{Length: 512, ID: nvme.SGLTransportDataBlock}}, nil)
+	got := map[uint16]nvme.Status{}
+	for range 2 {
+		c := io.response()
+		got[c.CID] = c.Status
+	}
+	if got[1] != nvme.StatusFusedMissing || got[2] != 0 {
+		t.Fatalf("answers %v: want the first half missing its partner, the read done", got)
+	}
+	io.capsule(nvme.Command{Opcode: nvme.OpWrite, Fuse: nvme.FuseSecond, CID: 3, NSID: 1}, block)
+	if c := io.response(); c.CID != 3 || c.Status != nvme.StatusFusedMissing {
+		t.Fatalf("a second half alone: %+v", c)
+	}
+}
