@@ -94,6 +94,10 @@ type Config struct {
 	Targets   []Target   `toml:"target"`
 }
 
+// MaxLUN bounds LUN numbers: a LUN is below it (SAM-5's flat space
+// addressing, which is also what NVMe's namespace IDs N+1 stay within).
+const MaxLUN = 16384
+
 // MaxMemoryLUN is the largest in-memory LUN a configuration may declare:
 // 1 PiB, the memory backend's bound (backend/mem.MaxSize; a test in
 // package node keeps the two equal, since config imports no backend).
@@ -933,8 +937,8 @@ func validateTarget(where string, t Target, add func(format string, args ...any)
 
 // validateLUN checks one [[target.lun]]; lw is where it is ("target[0].lun[1]").
 func validateLUN(lw string, l LUN, add func(format string, args ...any)) {
-	if l.ID > 16383 {
-		add("%s.id: %d above 16383", lw, l.ID)
+	if l.ID >= MaxLUN {
+		add("%s.id: %d above %d", lw, l.ID, MaxLUN-1)
 	}
 	if l.RBD != "" {
 		if l.Remote != "" || l.File != "" || l.Size != "" {

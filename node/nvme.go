@@ -1,6 +1,7 @@
 package node
 
 import (
+	"cmp"
 	"fmt"
 	"net"
 	"net/netip"
@@ -12,6 +13,7 @@ import (
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/nvme/nvmetarget"
 	"github.com/blockwire/blockwire/nvme/tcptarget"
+	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
 )
 
@@ -83,13 +85,23 @@ func (n *Node) addNVMe(cfg *config.Config, i int, dev *scsitarget.Device) error 
 	tc := cfg.Targets[i]
 	ns := &nvmeSub{units: map[uint32]*blockcore.Unit{}, watch: map[uint32]func(){}}
 	ns.access.Store(&tc)
-	sub, err := n.nvme.AddSubsystem(nvmetarget.SubsystemConfig{NQN: tc.SubsystemNQN(), Model: "blockwire " + tc.Name,
+	sc := nvmetarget.SubsystemConfig{NQN: tc.SubsystemNQN(), Model: "blockwire " + tc.Name,
 		Allow: func(host string, remote net.Addr) bool { return ns.access.Load().NVMeAllows(host, remote) },
 		Visible: func(host string, nsid uint32) bool {
 			return nsid > 0 && ns.access.Load().NVMeSees(host, uint64(nsid-1))
-		}})
+		}}
+	if len(tc.PortGroups) > 0 {
+		// ALUA is on: NVMe reports the same state as ANA, this gateway's
+		// port group's (its TPGT), and tells the hosts when it changes.
+		tpgt := cmp.Or(tc.TPGT, 1)
+		sc.ANA = func() nvmetarget.ANAState { return anaOf(dev.GroupState(tpgt)) }
+	}
+	sub, err := n.nvme.AddSubsystem(sc)
 	if err != nil {
 		return err
+	}
+	if sc.ANA != nil {
+		dev.WatchALUA(sub.ANAChanged)
 	}
 	ns.sub = sub
 	if tc.Protected() && !tc.NVMeListed() {
@@ -101,6 +113,19 @@ func (n *Node) addNVMe(cfg *config.Config, i int, dev *scsitarget.Device) error 
 	return nil
 }
 
+// anaOf is the ANA state of an ALUA state: standby and unavailable
+// paths are inaccessible (the host keeps them, and tries them again when
+// told of a change).
+func anaOf(s scsi.ALUAState, ok bool) nvmetarget.ANAState {
+	switch {
+	case !ok, s == scsi.ActiveOptimized:
+		return nvmetarget.ANAOptimized
+	case s == scsi.ActiveNonOptimized:
+		return nvmetarget.ANANonOptimized
+	}
+	return nvmetarget.ANAInaccessible
+}
+
 // syncNVMe makes a subsystem's namespaces its device's LUs (namespace ID
 // = LUN + 1), sharing each LU's unit. mu held.
 func (n *Node) syncNVMe(name string, dev *scsitarget.Device) {
@@ -110,7 +135,7 @@ func (n *Node) syncNVMe(name string, dev *scsitarget.Device) {
 	}
 	want := map[uint32]*blockcore.Unit{}
 	for _, l := range dev.LUNs() {
-		if l < 0xfffffffe {
+		if l < config.MaxLUN {
 			want[uint32(l)+1] = dev.LU(l).Unit()
 		}
 	}

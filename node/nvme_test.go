@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"errors"
 	"slices"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/nvme"
 	"github.com/blockwire/blockwire/nvme/tcphost"
+	"github.com/blockwire/blockwire/scsi"
 )
 
 const (
@@ -202,5 +204,85 @@ func TestNVMeAdminACL(t *testing.T) {
 	}
 	if err := c.Read(ctx, 2, 512, 0, make([]byte, 512)); err == nil {
 		t.Fatal("a host whose entry was removed still reads")
+	}
+}
+
+// TestNVMeANAFollowsALUA: with ALUA on, NVMe reports ANA with the same
+// state as this gateway's target port group; SET TARGET PORT GROUPS
+// through iSCSI putting it in standby makes the NVMe path inaccessible at
+// once — I/O refused with a path status the host retries elsewhere, the
+// ANA log changed, an ANA change notice to a host that asked for them —
+// and back to optimized, I/O works again.
+func TestNVMeANAFollowsALUA(t *testing.T) {
+	iser := false
+	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, ISER: &iser, NVMeListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: diskA, TPGT: 1, PortGroups: []string{"1=ao", "2=ano"}, LUNs: []config.LUN{{ID: 0, Size: "1MiB"}}}}}
+	n := startNode(t, cfg, node.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	c, err := tcphost.Connect(ctx, portal(t, n, config.NVMeTCP), config.NQNPrefix+diskA, tcphost.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	id := c.IdentifyController()
+	if id[76]&(1<<3) == 0 || binary.LittleEndian.Uint32(id[540:]) == 0 {
+		t.Fatalf("CMIC %#x, MNAN %d: no ANA reporting", id[76], binary.LittleEndian.Uint32(id[540:]))
+	}
+	anaState := func() (state byte, chg uint64) {
+		t.Helper()
+		b, err := c.LogPage(ctx, 0x0c, 0, 0, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if binary.LittleEndian.Uint16(b[8:]) != 1 || binary.LittleEndian.Uint32(b[16:]) != 1 || binary.LittleEndian.Uint32(b[20:]) != 1 || binary.LittleEndian.Uint32(b[48:]) != 1 {
+			t.Fatalf("ANA log % x: want one group (1) of one namespace (1)", b[:52])
+		}
+		return b[32] & 0x0f, binary.LittleEndian.Uint64(b[0:])
+	}
+	if st, _ := anaState(); st != 0x01 {
+		t.Fatalf("ANA state %#x, want optimized", st)
+	}
+	// An Asynchronous Event Request waiting, ANA change notices on.
+	if _, err := c.Admin(ctx, &nvme.Command{Opcode: nvme.AdminSetFeatures, CDW: [6]uint32{0x0b, 1 << 11}}, nil, tcphost.NoData); err != nil {
+		t.Fatal(err)
+	}
+	aer := make(chan nvme.Completion, 1)
+	go func() {
+		cqe, _ := c.Admin(ctx, &nvme.Command{Opcode: nvme.AdminAsyncEventReq}, nil, tcphost.NoData)
+		aer <- cqe
+	}()
+	dev, err := initiator.Open(ctx, "iscsi://"+portal(t, n, config.ISCSI)+"/"+diskA+"/0", initiator.Options{Dialer: &fabric.Dialer{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer dev.Close()
+	stpg := func(state scsi.ALUAState) {
+		t.Helper()
+		p := []byte{0, 0, 0, 0, byte(state), 0, 0, 1}
+		if _, err := dev.Do(ctx, []byte{scsi.OpMaintenanceOut, scsi.SASetTargetPortGroups, 0, 0, 0, 0, 0, 0, 0, byte(len(p)), 0, 0}, p, nil); err != nil {
+			t.Fatalf("SET TARGET PORT GROUPS: %v", err)
+		}
+	}
+	time.Sleep(50 * time.Millisecond) // the AER is in
+	stpg(scsi.Standby)
+	select {
+	case cqe := <-aer:
+		if cqe.DW0 != 0x000c0302 {
+			t.Fatalf("AER completed with %#x, want an ANA change notice (0x000c0302)", cqe.DW0)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no ANA change notice")
+	}
+	if st, chg := anaState(); st != 0x03 || chg == 0 {
+		t.Fatalf("ANA state %#x (change count %d), want inaccessible", st, chg)
+	}
+	var se *tcphost.StatusError
+	if err := c.Read(ctx, 1, 512, 0, make([]byte, 512)); !errors.As(err, &se) || se.Status.SCT() != nvme.SCTPath || se.Status.DNR() {
+		t.Fatalf("a read on an inaccessible path: %v, want a path status to retry elsewhere", err)
+	}
+	stpg(scsi.ActiveOptimized)
+	if err := c.Read(ctx, 1, 512, 0, make([]byte, 512)); err != nil {
+		t.Fatalf("a read once optimized again: %v", err)
 	}
 }

@@ -68,6 +68,32 @@ func (d *Device) groupStates() ([]scsi.PortGroup, map[uint16]bool) {
 	return out, set
 }
 
+// GroupState is port group id's access state now (as configured, or as
+// SET TARGET PORT GROUPS set it, here or through another gateway); false
+// when ALUA is off or there is no such group. Other front ends (NVMe's
+// ANA) report the same state.
+func (d *Device) GroupState(id uint16) (scsi.ALUAState, bool) {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	for _, g := range d.groups {
+		if g.ID == id {
+			if s, set := d.explicit[g.ID]; set {
+				return s, true
+			}
+			return g.State, true
+		}
+	}
+	return 0, false
+}
+
+// WatchALUA calls changed (on the changing goroutine, without the
+// device's locks) after every change of the groups' states.
+func (d *Device) WatchALUA(changed func()) {
+	d.mu.Lock()
+	d.aluaWatch = append(d.aluaWatch, changed)
+	d.mu.Unlock()
+}
+
 // explicitLocked takes states as the explicitly set ones. Called with
 // d.mu held.
 func (d *Device) explicitLocked(states map[uint16]scsi.ALUAState) {
@@ -80,9 +106,13 @@ func (d *Device) setExplicit(states map[uint16]scsi.ALUAState, sender *Nexus) {
 	d.mu.Lock()
 	changed := !maps.Equal(d.explicit, states)
 	d.explicitLocked(states)
+	watch := slices.Clone(d.aluaWatch)
 	d.mu.Unlock()
 	if !changed {
 		return
+	}
+	for _, f := range watch {
+		f()
 	}
 	luns := d.LUNs()
 	d.forEachNexus(func(n *Nexus) {

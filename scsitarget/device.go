@@ -30,6 +30,8 @@ type Device struct {
 	// with shared storage, through another gateway): they take the place
 	// of the configured ones.
 	explicit map[uint16]scsi.ALUAState
+	// aluaWatch are called after the states changed (WatchALUA).
+	aluaWatch []func()
 
 	copyMu sync.Mutex
 	copies []copyStatus // finished EXTENDED COPY operations, for COPY STATUS

@@ -32,6 +32,9 @@ func (c *Controller) identify(cmd *nvme.Command, data []byte) Result {
 			return Result{N: size} // an inactive NSID: zeroes
 		}
 		identifyNamespace(b, u)
+		if _, ana := c.s.ana(); ana {
+			put32(b[92:], anaGroup) // ANAGRPID
+		}
 	case identifyActiveNS:
 		if cmd.NSID >= 0xfffffffe {
 			return fail(nvme.StatusInvalidNamespace)
@@ -81,8 +84,17 @@ func (c *Controller) identifyController(b []byte) {
 	put16(b[78:], c.id)
 	put32(b[80:], nvme.Version(1, 3))
 	put32(b[92:], aenNamespace) // OAES
-	put32(b[96:], 1)            // CTRATT: 128-bit host identifier
-	b[111] = 1                  // CNTRLTYPE: I/O controller
+	if _, ana := c.s.ana(); ana {
+		b[76] |= 1 << 3 // CMIC: ANA reporting
+		put32(b[92:], aenNamespace|aenANA)
+		b[343] = 10                                      // ANATT: 10 s at most in transition
+		b[344] = 1<<0 | 1<<1 | 1<<2 | 1<<3 | 1<<4 | 1<<6 // ANACAP: every state; ANAGRPID fixed while attached
+		put32(b[345:], anaGroup)                         // ANAGRPMAX
+		put32(b[349:], anaGroup)                         // NANAGRPID
+		put32(b[540:], maxNamespaces)                    // MNAN
+	}
+	put32(b[96:], 1) // CTRATT: 128-bit host identifier
+	b[111] = 1       // CNTRLTYPE: I/O controller
 	if c.s.discovery {
 		b[111] = 2
 	}
@@ -97,6 +109,9 @@ func (c *Controller) identifyController(b []byte) {
 	put16(b[514:], uint16(t.o.QueueSize))
 	if !c.s.discovery {
 		put32(b[516:], 0xfffffffe) // NN
+		if _, ana := c.s.ana(); ana {
+			put32(b[516:], maxNamespaces) // what the ANA log page can list
+		}
 		// ONCS: Compare, Dataset Management, Write Zeroes.
 		put16(b[520:], 1<<0|1<<2|1<<3)
 		put16(b[522:], 1) // FUSES: Compare and Write
@@ -192,6 +207,11 @@ func (c *Controller) getLogPage(cmd *nvme.Command, data []byte) Result {
 			c.changed = nil
 		}
 		c.mu.Unlock()
+	case lid == logANA:
+		if _, ana := c.s.ana(); !ana {
+			return fail(nvme.StatusInvalidLogPage)
+		}
+		page = c.anaLog(cmd.CDW[0]>>8&1 != 0) // LSP bit 0: return groups only
 	case lid == logEffects:
 		page = make([]byte, 4096)
 		for _, op := range []uint8{nvme.AdminGetLogPage, nvme.AdminIdentify, nvme.AdminAbort, nvme.AdminSetFeatures,

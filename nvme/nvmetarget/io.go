@@ -38,6 +38,9 @@ func (q *Queue) io(c *nvme.Command, data []byte) Result {
 		// pairs them and calls ExecFused).
 		return fail(nvme.StatusFusedMissing)
 	}
+	if st := q.c.s.anaRefuses(); st != 0 {
+		return fail(st) // this path's state does not allow I/O: the host tries another
+	}
 	if c.Opcode == nvme.OpFlush {
 		return q.flush(c)
 	}
@@ -174,6 +177,9 @@ func dsm(u *blockcore.Unit, c *nvme.Command, data []byte) Result {
 // Write with Command Aborted due to Failed Fused Command.
 func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (Result, Result) {
 	abort := Result{CQE: nvme.Completion{Status: nvme.StatusFusedFailed}}
+	if st := q.c.s.anaRefuses(); st != 0 {
+		return fail(st), abort
+	}
 	if q.qid == 0 || first.Opcode != nvme.OpCompare || second.Opcode != nvme.OpWrite || first.NSID != second.NSID ||
 		first.CDW[0] != second.CDW[0] || first.CDW[1] != second.CDW[1] || first.CDW[2]&0xffff != second.CDW[2]&0xffff {
 		// Not a Compare and a Write of the same blocks.

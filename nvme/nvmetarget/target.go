@@ -149,6 +149,10 @@ type SubsystemConfig struct {
 	// Visible reports whether host sees namespace nsid (per-host
 	// masking); nil: every namespace.
 	Visible func(host string, nsid uint32) bool
+	// ANA, when set, turns on asymmetric namespace access reporting: the
+	// state of this gateway's path to every namespace now (call
+	// ANAChanged when it changes). nil: no ANA (every path optimized).
+	ANA func() ANAState
 }
 
 // Subsystem is one NVM subsystem: its namespaces and controllers.
@@ -157,6 +161,9 @@ type Subsystem struct {
 	nqn       string
 	cfg       SubsystemConfig
 	discovery bool
+
+	// anaChanges counts ANA state changes (the ANA log's CHGCNT).
+	anaChanges atomic.Uint64
 
 	mu     sync.Mutex
 	ns     map[uint32]*blockcore.Unit
