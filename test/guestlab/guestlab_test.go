@@ -32,7 +32,7 @@ import (
 
 // boots lists the scenarios, grouped by boot: one boot per RDMA flavour.
 var boots = [][]string{
-	{"linux-initiator-tcp", "linux-initiator-tcp-stall", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "linux-sg3-utils", "our-initiator-to-lio", "linux-nvme-tcp", "our-nvme-host-nvmet"},
+	{"linux-initiator-tcp", "linux-initiator-tcp-stall", "linux-initiator-tcp-chap", "linux-initiator-tcp-discovery-chap", "linux-initiator-tcp-digest", "linux-sg3-utils", "our-initiator-to-lio", "linux-nvme-tcp", "our-nvme-host-nvmet", "linux-nvme-ana"},
 	{"siw-rdma", "linux-iser-siw", "our-iser-initiator", "linux-srp-siw", "linux-srp-siw-acl", "our-srp-initiator"},
 	{"roce-rping", "linux-iser-rxe", "our-iser-initiator-lio", "linux-srp-rxe"},
 	// blockwire on the kernel's RDMA devices through rdma-core (the verbs
