@@ -1,5 +1,6 @@
 # linux-nvme-ana: blockwire serves its default LUN over NVMe/TCP on two
-# portals with ALUA on (--port-groups), and over iSCSI; the guest's
+# portals of their own (4430, 4431) with ALUA on (--port-groups), and over
+# iSCSI; the guest's
 # nvme-tcp host connects both portals: Linux native multipath makes one
 # namespace of two paths, each reporting ANA "optimized". While a 32 MiB
 # pattern is written through the multipath device, sg_stpg (through an
@@ -9,14 +10,14 @@
 # application, and the pattern reads back. Sourced by /lab/run.sh.
 H=nqn.2014-08.org.nvmexpress:uuid:5eb1f0a7-0000-4000-8000-000000000002
 NQN=nqn.2026-11.io.blockwire:$IQN
-/lab/bin/blockwire serve --listen 127.0.0.1:3264 --nvme-listen 127.0.0.1:4420 --nvme-listen 127.0.0.1:4421 --iqn $IQN --size 64MiB \
+/lab/bin/blockwire serve --listen 127.0.0.1:3264 --nvme-listen 127.0.0.1:4430 --nvme-listen 127.0.0.1:4431 --iqn $IQN --size 64MiB \
   --iser=false --tpgt 1 --port-groups 1=ao,2=ano > /tmp/bwana.log 2>&1 &
 BW=$!
 sleep 1
 modprobe nvme_tcp || exit 1
 rc=0
 states() { for p in /sys/block/nvme*c*n1; do [ -e $p/ana_state ] && echo "$(basename $p)=$(cat $p/ana_state)"; done | tr '\n' ' '; }
-for port in 4420 4421; do nvme connect -t tcp -a 127.0.0.1 -s $port -n $NQN --hostnqn $H || rc=1; done
+for port in 4430 4431; do nvme connect -t tcp -a 127.0.0.1 -s $port -n $NQN --hostnqn $H || rc=1; done
 for i in $(seq 1 50); do HEAD=$(ls /sys/block | grep -E '^nvme[0-9]+n1$' | head -1); [ -n "$HEAD" ] && [ -b /dev/$HEAD ] && break; sleep 0.2; done
 NPATHS=$(ls -d /sys/block/nvme*c*n1 2>/dev/null | wc -l)
 say "multipath device /dev/$HEAD, $NPATHS paths: $(states)"

@@ -26,4 +26,7 @@ U=nvme+tcp://127.0.0.1:4421/$NQN/1
 bench_copy /tmp/h.log "1 16" 3s 16MiB /lab/bin/blockwire && say "our host against nvmet-tcp: bench and copy OK" || rc=1
 bench_copy /tmp/hd.log "16" 3s 16MiB /lab/bin/blockwire "--header-digest --data-digest" && say "with digests: bench and copy OK" || rc=1
 dmesg | grep -i nvmet | tail -4
+# Leave nothing for the next scenario: nvmet's port, subsystem, namespace.
+rm $N/ports/1/subsystems/$NQN && rmdir $N/ports/1 || rc=1
+echo 0 > $N/subsystems/$NQN/namespaces/1/enable; rmdir $N/subsystems/$NQN/namespaces/1 && rmdir $N/subsystems/$NQN || rc=1
 exit $rc
