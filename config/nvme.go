@@ -91,18 +91,6 @@ func (t *Target) NVMeAllows(host string, remote net.Addr) bool {
 	return false
 }
 
-// NVMeSees reports whether an NVMe host sees LUN lun (its namespace):
-// every LUN, unless its ACL entry lists some.
-func (t *Target) NVMeSees(host string, lun uint64) bool {
-	a, ok := t.HostEntry(host)
-	if !ok || len(a.LUNs) == 0 {
-		return true
-	}
-	m, _ := a.LUNMap() // validated
-	_, seen := m[lun]
-	return seen
-}
-
 // NVMeTargets returns the indexes of the targets served over NVMe: those
 // an nvme-tcp portal serves.
 func (c *Config) NVMeTargets() []int {

@@ -23,9 +23,40 @@ import (
 // namespaces' units with the capacity watches on them.
 type nvmeSub struct {
 	sub    *nvmetarget.Subsystem
-	access atomic.Pointer[config.Target]
+	access atomic.Pointer[nvmeAccess]
 	units  map[uint32]*blockcore.Unit
 	watch  map[uint32]func()
+}
+
+// nvmeAccess is a target's access rules as the NVMe paths read them:
+// the target, and each masked host's namespaces worked out once (the I/O
+// path asks for every command; parsing the entry's LUN list there would
+// allocate per I/O).
+type nvmeAccess struct {
+	t    config.Target
+	sees map[string]map[uint64]bool // host → the LUNs it sees; absent: every LUN
+}
+
+func newNVMeAccess(t config.Target) *nvmeAccess {
+	a := &nvmeAccess{t: t, sees: map[string]map[uint64]bool{}}
+	for _, e := range t.ACL {
+		if m, err := e.LUNMap(); e.Host != "" && err == nil && m != nil {
+			a.sees[e.Host] = map[uint64]bool{}
+			for l := range m {
+				a.sees[e.Host][l] = true
+			}
+		}
+	}
+	return a
+}
+
+// visible reports whether host sees namespace nsid (LUN nsid-1).
+func (a *nvmeAccess) visible(host string, nsid uint32) bool {
+	if nsid == 0 {
+		return false
+	}
+	m, masked := a.sees[host]
+	return !masked || m[uint64(nsid-1)]
 }
 
 // nvmePortal is an nvme-tcp portal as bound.
@@ -84,12 +115,10 @@ func (n *Node) nvmeDiscoveryPortals() []nvmetarget.Portal {
 func (n *Node) addNVMe(cfg *config.Config, i int, dev *scsitarget.Device) error {
 	tc := cfg.Targets[i]
 	ns := &nvmeSub{units: map[uint32]*blockcore.Unit{}, watch: map[uint32]func(){}}
-	ns.access.Store(&tc)
+	ns.access.Store(newNVMeAccess(tc))
 	sc := nvmetarget.SubsystemConfig{NQN: tc.SubsystemNQN(), Model: "blockwire " + tc.Name,
-		Allow: func(host string, remote net.Addr) bool { return ns.access.Load().NVMeAllows(host, remote) },
-		Visible: func(host string, nsid uint32) bool {
-			return nsid > 0 && ns.access.Load().NVMeSees(host, uint64(nsid-1))
-		}}
+		Allow:   func(host string, remote net.Addr) bool { return ns.access.Load().t.NVMeAllows(host, remote) },
+		Visible: func(host string, nsid uint32) bool { return ns.access.Load().visible(host, nsid) }}
 	if len(tc.PortGroups) > 0 {
 		// ALUA is on: NVMe reports the same state as ANA, this gateway's
 		// port group's (its TPGT), and tells the hosts when it changes.
@@ -182,13 +211,14 @@ func (n *Node) revokeNVMe(tc config.Target) {
 		return
 	}
 	was := ns.access.Load()
-	ns.access.Store(&tc)
+	now := newNVMeAccess(tc)
+	ns.access.Store(now)
 	if k := ns.sub.Revoke(tc.NVMeAllows); k > 0 {
 		n.log.Info("change: NVMe controllers ended", "target", tc.Name, "count", k, "why", "the target's access rules no longer admit their hosts")
 	}
 	for id := range ns.units {
 		for _, c := range ns.sub.Controllers() {
-			if was.NVMeSees(c.Host, uint64(id-1)) != tc.NVMeSees(c.Host, uint64(id-1)) {
+			if was.visible(c.Host, id) != now.visible(c.Host, id) {
 				ns.sub.CapacityChanged(id)
 				break
 			}

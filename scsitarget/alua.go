@@ -42,15 +42,23 @@ func (d *Device) SetPortGroups(groups []scsi.PortGroup) error {
 func (d *Device) portGroup(n *Nexus) (all []scsi.PortGroup, mine scsi.PortGroup, ok bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	for _, g := range d.groups {
-		if n != nil && g.ID == n.RelativePort {
-			mine, ok = g, true
-			if s, set := d.explicit[g.ID]; set {
-				mine.State = s
-			}
-		}
+	if n != nil {
+		mine, ok = d.groupLocked(n.RelativePort)
 	}
 	return d.groups, mine, ok
+}
+
+// groupLocked is group id with its state now (d.mu held).
+func (d *Device) groupLocked(id uint16) (scsi.PortGroup, bool) {
+	for _, g := range d.groups {
+		if g.ID == id {
+			if s, set := d.explicit[g.ID]; set {
+				g.State = s
+			}
+			return g, true
+		}
+	}
+	return scsi.PortGroup{}, false
 }
 
 // groupStates returns the groups with their states now, and which of them
@@ -75,15 +83,8 @@ func (d *Device) groupStates() ([]scsi.PortGroup, map[uint16]bool) {
 func (d *Device) GroupState(id uint16) (scsi.ALUAState, bool) {
 	d.mu.RLock()
 	defer d.mu.RUnlock()
-	for _, g := range d.groups {
-		if g.ID == id {
-			if s, set := d.explicit[g.ID]; set {
-				return s, true
-			}
-			return g.State, true
-		}
-	}
-	return 0, false
+	g, ok := d.groupLocked(id)
+	return g.State, ok
 }
 
 // WatchALUA calls changed (on the changing goroutine, without the

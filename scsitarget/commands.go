@@ -578,7 +578,8 @@ func cmdUnmap(lu *LU, c *Command) error {
 		if e.n == 0 {
 			continue
 		}
-		if err := lu.unmapper.Unmap(int64(e.lba)<<lu.blockBits, int64(e.n)<<lu.blockBits); err != nil {
+		// Through the unit: against compare-and-write as a write is.
+		if err := lu.unit.Unmap(int64(e.lba)<<lu.blockBits, int64(e.n)<<lu.blockBits); err != nil {
 			lu.dev.log.Error("backend unmap failed", "lun", lu.lun, "lba", e.lba, "err", err)
 			return ioFailed(err, true, e.lba)
 		}

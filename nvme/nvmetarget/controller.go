@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/blockwire/blockwire/nvme"
@@ -44,6 +45,9 @@ type Controller struct {
 	kato      time.Duration
 	kaTimer   *time.Timer
 	destroyed bool
+	// ready mirrors CSTS.RDY and not destroyed, for the I/O path to read
+	// without the lock.
+	ready atomic.Bool
 }
 
 // Queue is a submission and completion queue pair of a controller, on
@@ -213,6 +217,7 @@ func (c *Controller) destroy() {
 		return
 	}
 	c.destroyed = true
+	c.ready.Store(false)
 	if c.kaTimer != nil {
 		c.kaTimer.Stop()
 	}

@@ -58,19 +58,18 @@ func (q *Queue) Unit(c *nvme.Command) *blockcore.Unit {
 
 // Exec executes one command of the queue. data is its host-to-controller
 // data, received in full, or the buffer its controller-to-host data goes
-// into (as long as the command's SGL says, at most MaxTransfer).
-func (q *Queue) Exec(c *nvme.Command, data []byte) Result {
+// into (as long as the command's SGL says, at most MaxTransfer). u is
+// what Unit returned for it (the transport routes by it; so the lookup
+// is made once), or nil.
+func (q *Queue) Exec(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 	if c.Opcode == nvme.AdminFabrics {
 		return q.fabrics(c)
 	}
 	if q.qid != 0 {
-		q.c.mu.Lock()
-		ready := q.c.csts&nvme.CSTSReady != 0 && !q.c.destroyed
-		q.c.mu.Unlock()
-		if !ready {
+		if !q.c.ready.Load() {
 			return fail(nvme.StatusCommandSequence)
 		}
-		return q.io(c, data)
+		return q.io(c, data, u)
 	}
 	q.c.mu.Lock()
 	enabled := q.c.cc&nvme.CCEnable != 0
@@ -153,6 +152,7 @@ func (c *Controller) setCC(v uint32) {
 		c.csts &^= nvme.CSTSReady | 3<<2
 		c.aerCIDs, c.events = nil, nil
 	}
+	c.ready.Store(c.csts&nvme.CSTSReady != 0 && !c.destroyed)
 }
 
 // flushAll flushes every namespace the host sees.

@@ -32,7 +32,7 @@ func ioError(err error, write bool) nvme.Status {
 }
 
 // io executes an NVM command set command on an I/O queue.
-func (q *Queue) io(c *nvme.Command, data []byte) Result {
+func (q *Queue) io(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 	if c.Fuse != nvme.FuseNone {
 		// A fused command alone: its partner is missing (the transport
 		// pairs them and calls ExecFused).
@@ -44,7 +44,9 @@ func (q *Queue) io(c *nvme.Command, data []byte) Result {
 	if c.Opcode == nvme.OpFlush {
 		return q.flush(c)
 	}
-	u := q.c.s.namespace(q.c.hostNQN, c.NSID)
+	if u == nil {
+		u = q.c.s.namespace(q.c.hostNQN, c.NSID)
+	}
 	if u == nil {
 		return fail(nvme.StatusInvalidNamespace)
 	}

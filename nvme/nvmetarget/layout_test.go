@@ -117,13 +117,13 @@ func TestControllerStates(t *testing.T) {
 	prop := func(p nvme.Property) Result {
 		var cmd nvme.Command
 		p.Encode(&cmd)
-		return q.Exec(&cmd, nil)
+		return q.Exec(&cmd, nil, nil)
 	}
 	r := prop(nvme.Property{Size: 8, Offset: nvme.PropCAP})
 	if cap := uint64(r.CQE.DW0) | uint64(r.CQE.DW1)<<32; cap&0xffff != DefaultQueueSize-1 || cap>>37&1 != 1 {
 		t.Errorf("CAP %#x: MQES %d, CSS NVM %d", cap, cap&0xffff, cap>>37&1)
 	}
-	if r := q.Exec(&nvme.Command{Opcode: nvme.AdminIdentify, CDW: [6]uint32{1}}, make([]byte, 4096)); r.CQE.Status != nvme.StatusCommandSequence {
+	if r := q.Exec(&nvme.Command{Opcode: nvme.AdminIdentify, CDW: [6]uint32{1}}, make([]byte, 4096), nil); r.CQE.Status != nvme.StatusCommandSequence {
 		t.Errorf("Identify before CC.EN: %v, want a command sequence error", r.CQE.Status)
 	}
 	prop(nvme.Property{Set: true, Size: 4, Offset: nvme.PropCC, Value: nvme.CCEnable})

@@ -15,6 +15,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"slices"
@@ -120,6 +121,7 @@ func New(o Options) *Target {
 	}
 	t := &Target{o: o, log: o.Logger, subs: map[string]*Subsystem{}}
 	t.disc = &Subsystem{t: t, nqn: DiscoveryNQN, discovery: true, ctrls: map[uint16]*Controller{}}
+	t.disc.ns.Store(&map[uint32]*blockcore.Unit{})
 	return t
 }
 
@@ -165,8 +167,11 @@ type Subsystem struct {
 	// anaChanges counts ANA state changes (the ANA log's CHGCNT).
 	anaChanges atomic.Uint64
 
+	// ns maps namespace IDs to units: replaced whole on a change (under
+	// mu), read without a lock by every I/O.
+	ns atomic.Pointer[map[uint32]*blockcore.Unit]
+
 	mu     sync.Mutex
-	ns     map[uint32]*blockcore.Unit
 	ctrls  map[uint16]*Controller
 	nextID uint16
 	closed bool
@@ -185,7 +190,8 @@ func (t *Target) AddSubsystem(c SubsystemConfig) (*Subsystem, error) {
 	if t.subs[c.NQN] != nil {
 		return nil, fmt.Errorf("%w: %s", ErrExists, c.NQN)
 	}
-	s := &Subsystem{t: t, nqn: c.NQN, cfg: c, ns: map[uint32]*blockcore.Unit{}, ctrls: map[uint16]*Controller{}}
+	s := &Subsystem{t: t, nqn: c.NQN, cfg: c, ctrls: map[uint16]*Controller{}}
+	s.ns.Store(&map[uint32]*blockcore.Unit{})
 	t.subs[c.NQN] = s
 	t.genctr.Add(1)
 	return s, nil
@@ -235,11 +241,13 @@ func (s *Subsystem) SetNamespace(nsid uint32, u *blockcore.Unit) error {
 		return fmt.Errorf("nvmetarget: namespace ID %d is reserved", nsid)
 	}
 	s.mu.Lock()
+	ns := maps.Clone(*s.ns.Load())
 	if u == nil {
-		delete(s.ns, nsid)
+		delete(ns, nsid)
 	} else {
-		s.ns[nsid] = u
+		ns[nsid] = u
 	}
+	s.ns.Store(&ns)
 	ctrls := s.controllers()
 	s.mu.Unlock()
 	for _, c := range ctrls {
@@ -250,14 +258,7 @@ func (s *Subsystem) SetNamespace(nsid uint32, u *blockcore.Unit) error {
 
 // Namespaces lists the attached namespace IDs, ascending.
 func (s *Subsystem) Namespaces() []uint32 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]uint32, 0, len(s.ns))
-	for id := range s.ns {
-		out = append(out, id)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(*s.ns.Load()))
 }
 
 // CapacityChanged tells the controllers that namespace nsid's capacity
@@ -338,9 +339,7 @@ func (s *Subsystem) visible(host string, nsid uint32) bool {
 
 // namespace returns namespace nsid as host sees it (nil: none).
 func (s *Subsystem) namespace(host string, nsid uint32) *blockcore.Unit {
-	s.mu.Lock()
-	u := s.ns[nsid]
-	s.mu.Unlock()
+	u := (*s.ns.Load())[nsid]
 	if u == nil || !s.visible(host, nsid) {
 		return nil
 	}

@@ -224,14 +224,23 @@ func (c *Controller) Admin(ctx context.Context, cmd *nvme.Command, data []byte, 
 
 // IO sends an I/O command on one of the I/O queues (round robin).
 func (c *Controller) IO(ctx context.Context, cmd *nvme.Command, data []byte, dir Direction) (nvme.Completion, error) {
+	q, err := c.pick()
+	if err != nil {
+		return nvme.Completion{}, err
+	}
+	return q.do(ctx, cmd, data, dir)
+}
+
+// pick is the next I/O queue, round robin.
+func (c *Controller) pick() (*queue, error) {
 	if len(c.io) == 0 {
-		return nvme.Completion{}, fmt.Errorf("tcphost: no I/O queues")
+		return nil, fmt.Errorf("tcphost: no I/O queues")
 	}
 	c.nextMu.Lock()
 	q := c.io[c.next%uint32(len(c.io))]
 	c.next++
 	c.nextMu.Unlock()
-	return q.do(ctx, cmd, data, dir)
+	return q, nil
 }
 
 // Identify reads an Identify data structure (cns) of nsid.
@@ -330,13 +339,10 @@ func (c *Controller) Compare(ctx context.Context, nsid uint32, bs int, lba uint6
 // verify, atomically (a fused Compare and Write): a *StatusError of
 // nvme.StatusCompareFailure when they differ.
 func (c *Controller) CompareAndWrite(ctx context.Context, nsid uint32, bs int, lba uint64, verify, data []byte, fua bool) error {
-	if len(c.io) == 0 {
-		return fmt.Errorf("tcphost: no I/O queues")
+	q, err := c.pick()
+	if err != nil {
+		return err
 	}
-	c.nextMu.Lock()
-	q := c.io[c.next%uint32(len(c.io))]
-	c.next++
-	c.nextMu.Unlock()
 	cmp := rwCommand(nvme.OpCompare, nsid, lba, len(verify)/bs, false)
 	w := rwCommand(nvme.OpWrite, nsid, lba, len(data)/bs, fua)
 	_, _, ec, ew := q.doFused(ctx, &cmp, verify, &w, data)

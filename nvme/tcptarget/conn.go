@@ -68,7 +68,8 @@ type command struct {
 	// while an R2T's data is due (the reader's alone).
 	got      int
 	awaiting bool
-	status   nvme.Status // a transport failure to answer with
+	status   nvme.Status     // a transport failure to answer with
+	unit     *blockcore.Unit // the namespace's, found once (Queue.Unit)
 	res      nvmetarget.Result
 	// partner is the other half of a fused operation; ready is set
 	// while the command, its data in, waits for it (the reader's alone).
@@ -537,8 +538,8 @@ func (c *conn) dispatch(cm *command) error {
 	// more commands wait in the buffer, as the iSCSI target does, halved
 	// 4 KiB reads at QD 32 and did not speed up 128 KiB ones (measured,
 	// this package's benchmarks).
-	if u := c.q.Unit(&cm.cmd); u != nil && !u.NonBlocking() {
-		if !u.Queue().Submit(cm) {
+	if cm.unit = c.q.Unit(&cm.cmd); cm.unit != nil && !cm.unit.NonBlocking() {
+		if !cm.unit.Queue().Submit(cm) {
 			cm.res = nvmetarget.Result{CQE: nvme.Completion{Status: nvme.StatusNamespaceNotReady}}
 			c.send(cm)
 		}
@@ -550,7 +551,7 @@ func (c *conn) dispatch(cm *command) error {
 
 // Run executes the command and queues its answer (blockcore.Work).
 func (cm *command) Run() {
-	cm.res = cm.c.q.Exec(&cm.cmd, cm.data)
+	cm.res = cm.c.q.Exec(&cm.cmd, cm.data, cm.unit)
 	if cm.res.Deferred {
 		// An Asynchronous Event Request: answered through Post.
 		cm.release()
