@@ -31,7 +31,15 @@ func ParseURL(s string) (URL, error) {
 		return URL{}, fmt.Errorf("URL %q names no host", s)
 	}
 	if _, _, err := net.SplitHostPort(host); err != nil {
-		host = net.JoinHostPort(strings.Trim(host, "[]"), strconv.Itoa(DefaultPort))
+		h := host
+		if strings.HasPrefix(h, "[") && strings.HasSuffix(h, "]") {
+			h = h[1 : len(h)-1]
+		}
+		host = net.JoinHostPort(h, strconv.Itoa(DefaultPort))
+	}
+	name, port, err := net.SplitHostPort(host)
+	if p, perr := strconv.ParseUint(port, 10, 16); err != nil || perr != nil || p == 0 || name == "" || strings.ContainsAny(name, "[]") {
+		return URL{}, fmt.Errorf("URL %q: %q is not HOST[:PORT]", s, host)
 	}
 	u := URL{Addr: host}
 	nqn, ns, _ := strings.Cut(path, "/")

@@ -62,3 +62,23 @@ func FuzzHost(f *testing.F) {
 		q.close(ErrClosed)
 	})
 }
+
+// FuzzParseURL: an nvme+tcp:// URL parses without a panic, and a URL it
+// accepts names an address with a port and a namespace ID in range.
+func FuzzParseURL(f *testing.F) {
+	f.Add("nvme+tcp://127.0.0.1:4420/nqn.2026-11.io.blockwire:x/1")
+	f.Add("nvme+tcp://[::1]/nqn.2014-08.org.nvmexpress.discovery")
+	f.Add("nvme+tcp://host/nqn/4294967295")
+	f.Fuzz(func(t *testing.T, s string) {
+		u, err := ParseURL(s)
+		if err != nil {
+			return
+		}
+		if _, _, err := net.SplitHostPort(u.Addr); err != nil {
+			t.Fatalf("%q: address %q: %v", s, u.Addr, err)
+		}
+		if u.NSID == 0xffffffff {
+			t.Fatalf("%q: the broadcast namespace ID accepted", s)
+		}
+	})
+}
