@@ -113,3 +113,13 @@ func CDBLength(opcode byte) int {
 	}
 	return 0
 }
+
+// PadASCII writes s into dst left-aligned, padded with spaces and cut at
+// dst's length: how SPC-4's ASCII fields (T10 vendor, product, revision)
+// are filled.
+func PadASCII(dst []byte, s string) {
+	n := copy(dst, s)
+	for i := n; i < len(dst); i++ {
+		dst[i] = ' '
+	}
+}

@@ -10,16 +10,6 @@ import (
 // 53): SAM-5, SPC-4, SBC-3, iSCSI.
 func versionDescriptors() [4]uint16 { return [4]uint16{0x00a0, 0x0460, 0x04c0, 0x0960} }
 
-func padASCII(dst []byte, s string) {
-	for i := range dst {
-		if i < len(s) {
-			dst[i] = s[i]
-		} else {
-			dst[i] = ' '
-		}
-	}
-}
-
 func inquiryNoLU(c *Command) error {
 	if c.CDB[1]&0x01 != 0 || c.CDB[2] != 0 {
 		// VPD pages of a LUN that does not exist: only the qualifier matters.
@@ -33,9 +23,9 @@ func inquiryNoLU(c *Command) error {
 	b[2] = 0x06
 	b[3] = 0x12
 	b[4] = byte(len(b) - 5)
-	padASCII(b[8:16], "BLOCKWIR")
-	padASCII(b[16:32], "blockwire")
-	padASCII(b[32:36], "0001")
+	scsi.PadASCII(b[8:16], "BLOCKWIR")
+	scsi.PadASCII(b[16:32], "blockwire")
+	scsi.PadASCII(b[32:36], "0001")
 	c.putData(b[:], allocLen(c.CDB))
 	return nil
 }
@@ -66,9 +56,9 @@ func cmdInquiry(lu *LU, c *Command) error {
 				b[5] |= 0x30 // TPGS 11b: implicit and explicit ALUA (alua.go)
 			}
 		}
-		padASCII(b[8:16], lu.vendor)
-		padASCII(b[16:32], lu.product)
-		padASCII(b[32:36], "0001")
+		scsi.PadASCII(b[8:16], lu.vendor)
+		scsi.PadASCII(b[16:32], lu.product)
+		scsi.PadASCII(b[32:36], "0001")
 		for i, v := range versionDescriptors() {
 			binary.BigEndian.PutUint16(b[58+2*i:], v)
 		}
@@ -136,7 +126,7 @@ func (lu *LU) deviceIdentification(n *Nexus) []byte {
 	b = append(b, lu.naa[:]...)
 	// T10 vendor ID, ASCII, LU.
 	t10 := make([]byte, 8, 8+len(lu.serial))
-	padASCII(t10, lu.vendor)
+	scsi.PadASCII(t10, lu.vendor)
 	t10 = append(t10, lu.serial...)
 	b = append(b, 0x02, 0x01, 0, byte(len(t10)))
 	b = append(b, t10...)

@@ -45,9 +45,9 @@ func (d nvmeDevice) Do(_ context.Context, cdb []byte, _, in []byte) (blockdev.Re
 	case cdb[1]&1 == 0:
 		b = make([]byte, 36)
 		b[2], b[3], b[4] = 6, 2, 31 // SPC-4, response format 2
-		pad(b[8:16], "NVMe")
-		pad(b[16:32], c.Model())
-		pad(b[32:36], strings.TrimSpace(string(c.IdentifyController()[64:68])))
+		scsi.PadASCII(b[8:16], "NVMe")
+		scsi.PadASCII(b[16:32], c.Model())
+		scsi.PadASCII(b[32:36], strings.TrimSpace(string(c.IdentifyController()[64:68])))
 	case cdb[2] == 0x80:
 		sn := c.Serial()
 		b = append([]byte{0, 0x80, 0, byte(len(sn))}, sn...)
@@ -58,17 +58,10 @@ func (d nvmeDevice) Do(_ context.Context, cdb []byte, _, in []byte) (blockdev.Re
 	return blockdev.Result{In: n}, nil
 }
 
-func pad(b []byte, s string) {
-	n := copy(b, s)
-	for i := n; i < len(b); i++ {
-		b[i] = ' '
-	}
-}
-
 // discoverNVMe prints the discovery log of the discovery controller at
-// an nvme+tcp:// URL's address: each NVM subsystem's address and NQN
-// (as discover prints iSCSI targets), then referrals to other discovery
-// controllers.
+// an nvme+tcp:// URL's address: each NVM subsystem's address and NQN,
+// as discover prints iSCSI targets (entries for discovery subsystems are
+// left out).
 func discoverNVMe(url string, o initiator.Options, asJSON bool, stdout, stderr io.Writer) int {
 	u, err := tcphost.ParseURL(url)
 	if err != nil {
