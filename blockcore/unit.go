@@ -45,6 +45,7 @@ type Unit struct {
 	readOnly  bool
 	fast      bool
 	identity  string
+	resv      Reservations // set once, before the unit is served
 
 	nblocks atomic.Uint64
 

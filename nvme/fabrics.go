@@ -52,7 +52,10 @@ func DecodeConnect(c *Command, data []byte) (Connect, error) {
 	if k.Data.SubNQN, err = nqn(data[256 : 256+NQNLen]); err != nil {
 		return k, fmt.Errorf("nvme: Connect SUBNQN: %w", err)
 	}
-	if k.Data.HostNQN, err = nqn(data[512 : 512+NQNLen]); err != nil {
+	// An empty HOSTNQN is accepted (SPDK's spdk_nvme_perf sends one
+	// unless told a name; Linux nvmet and SPDK's target take it): a host
+	// without a name, which no access list names.
+	if k.Data.HostNQN, err = nqn(data[512 : 512+NQNLen]); err != nil && data[512] != 0 {
 		return k, fmt.Errorf("nvme: Connect HOSTNQN: %w", err)
 	}
 	return k, nil

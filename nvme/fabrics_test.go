@@ -45,6 +45,18 @@ func TestConnectByteLiterals(t *testing.T) {
 	if _, err := DecodeConnect(&back, data[:512]); err == nil {
 		t.Error("Connect data of 512 bytes decoded")
 	}
+	// An empty HOSTNQN is a host without a name (SPDK's perf sends one);
+	// an empty SUBNQN names no subsystem.
+	noName := bytes.Clone(data)
+	clear(noName[512:768])
+	if got, err := DecodeConnect(&back, noName); err != nil || got.Data.HostNQN != "" {
+		t.Errorf("Connect with an empty HOSTNQN: %+v, %v", got.Data, err)
+	}
+	noSub := bytes.Clone(data)
+	clear(noSub[256:512])
+	if _, err := DecodeConnect(&back, noSub); err == nil {
+		t.Error("Connect with an empty SUBNQN decoded")
+	}
 }
 
 // TestPropertyByteLiterals: Property Set of CC (enable) and Property Get

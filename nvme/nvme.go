@@ -206,8 +206,20 @@ const (
 	StatusAccessDenied   Status = dnr | SCTMedia<<8 | 0x86
 )
 
+// statusNames names the statuses a host most often meets, by SCT<<8|SC.
+var statusNames = map[uint16]string{
+	0x001: "Invalid Command Opcode", 0x002: "Invalid Field in Command", 0x006: "Internal Error",
+	0x00b: "Invalid Namespace or Format", 0x00c: "Command Sequence Error", 0x018: "Host Identifier Inconsistent Format",
+	0x080: "LBA Out of Range", 0x082: "Namespace Not Ready", 0x083: "Reservation Conflict",
+	0x280: "Write Fault", 0x281: "Unrecovered Read Error", 0x285: "Compare Failure", 0x286: "Access Denied",
+	0x301: "Asymmetric Access Persistent Loss", 0x302: "Asymmetric Access Inaccessible", 0x303: "Asymmetric Access Transition",
+}
+
 func (s Status) String() string {
 	str := fmt.Sprintf("status %#x/%#02x (SCT/SC)", s.SCT(), s.SC())
+	if name, ok := statusNames[uint16(s.SCT())<<8|uint16(s.SC())]; ok {
+		str = name + ", " + str
+	}
 	if s.DNR() {
 		str += ", do not retry"
 	}

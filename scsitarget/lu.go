@@ -120,6 +120,7 @@ func NewLU(targetName string, cfg LUConfig) (*LU, error) {
 		return nil, fmt.Errorf("target: LUN %d: %w", cfg.LUN, err)
 	}
 	lu.unit, lu.store, lu.q = unit, unit.Store(), unit.Queue()
+	unit.SetReservations(luReservations{lu})
 	lu.blockSize, lu.blockBits, lu.fast = unit.BlockSize(), unit.BlockBits(), unit.NonBlocking()
 	lu.unmapper, _ = cfg.Backend.(backend.Unmapper)
 	if lu.vendor == "" {

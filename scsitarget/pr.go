@@ -477,14 +477,20 @@ func (lu *LU) prCheck(n *Nexus, o *opInfo) (conflict, gated bool, epoch uint64) 
 // persistent reservation (SPC-4 §5.13.1, table of commands allowed in the
 // presence of persistent reservations, simplified to its two classes).
 func (lu *LU) prConflict(n *Nexus, o *opInfo) bool {
+	return lu.prConflictKey(keyOf(n), o.prAllowed, o.writes || o.prWrite)
+}
+
+// prConflictKey is prConflict for the registration key k: allowed, a
+// command allowed under every reservation; writes, one that changes the
+// medium.
+func (lu *LU) prConflictKey(k prKey, allowed, writes bool) bool {
 	p := &lu.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.fresh()
-	if p.rtype == 0 || o.prAllowed {
+	if p.rtype == 0 || allowed {
 		return false
 	}
-	k := keyOf(n)
 	if p.isHolder(k) {
 		return false
 	}
@@ -499,7 +505,7 @@ func (lu *LU) prConflict(n *Nexus, o *opInfo) bool {
 	if exclusiveAccess {
 		return true
 	}
-	return o.writes || o.prWrite
+	return writes
 }
 
 // prRegistered reports whether any registration exists (SPC-2 RESERVE and

@@ -250,6 +250,13 @@ func (lu *LU) reservedByOther(n *Nexus) bool {
 	return lu.reserver != nil && lu.reserver != n
 }
 
+// reservedByAny reports whether a nexus holds an SPC-2 reservation.
+func (lu *LU) reservedByAny() bool {
+	lu.stateMu.Lock()
+	defer lu.stateMu.Unlock()
+	return lu.reserver != nil
+}
+
 func cmdReserve(lu *LU, c *Command) error {
 	if c.Nexus == nil {
 		return scsi.InvalidOpcode()

@@ -27,6 +27,8 @@ type Controller struct {
 	id      uint16
 	hostNQN string
 	hostID  [16]byte
+	// resvName is the host's name in the reservation state.
+	resvName string
 	remote  net.Addr
 	log     *slog.Logger
 	created time.Time
@@ -166,7 +168,7 @@ func (t *Target) newController(s *Subsystem, k nvme.Connect, remote net.Addr) (*
 	}
 	t.ctrls++
 	t.mu.Unlock()
-	c := &Controller{s: s, hostNQN: k.Data.HostNQN, hostID: k.Data.HostID, remote: remote, created: time.Now(),
+	c := &Controller{s: s, hostNQN: k.Data.HostNQN, hostID: k.Data.HostID, resvName: registrantName(k.Data.HostID), remote: remote, created: time.Now(),
 		queues: map[uint16]*Queue{}, kato: time.Duration(k.KATO) * time.Millisecond}
 	s.mu.Lock()
 	if s.closed {

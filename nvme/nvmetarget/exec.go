@@ -179,6 +179,7 @@ const (
 	featAsyncEvent   = 0x0b
 	featKeepAlive    = 0x0f
 	featHostID       = 0x81
+	featResvPersist  = 0x83
 	aenNamespace     = 1 << 8 // Namespace Attribute Notices
 	logError         = 0x01
 	logSMART         = 0x02
@@ -306,6 +307,20 @@ func (c *Controller) getFeature(cmd *nvme.Command, data []byte) Result {
 		return Result{}
 	case featTempThresh:
 		return Result{CQE: nvme.Completion{DW0: 343}} // 70 °C, in kelvin
+	case featResvPersist:
+		// PTPL of the namespace's reservation state (changed by a
+		// Reservation Register's CPTPL).
+		c.mu.Unlock()
+		u := c.s.namespace(c.hostNQN, cmd.NSID)
+		c.mu.Lock()
+		if u == nil || u.Reservations() == nil {
+			return fail(nvme.StatusInvalidField)
+		}
+		var on uint32
+		if u.Reservations().Status().Persist {
+			on = 1
+		}
+		return Result{CQE: nvme.Completion{DW0: on}}
 	case featHostID:
 		if cmd.CDW[1]&1 == 0 || len(data) < 16 {
 			return fail(nvme.StatusInvalidField) // only the 128-bit identifier

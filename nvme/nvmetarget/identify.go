@@ -112,8 +112,8 @@ func (c *Controller) identifyController(b []byte) {
 		if _, ana := c.s.ana(); ana {
 			put32(b[516:], maxNamespaces) // what the ANA log page can list
 		}
-		// ONCS: Compare, Dataset Management, Write Zeroes.
-		put16(b[520:], 1<<0|1<<2|1<<3)
+		// ONCS: Compare, Dataset Management, Write Zeroes, Reservations.
+		put16(b[520:], 1<<0|1<<2|1<<3|1<<5)
 		put16(b[522:], 1) // FUSES: Compare and Write
 		// ACWU (atomic compare and write unit, blocks, 0's based): left 0,
 		// one block at least; the limit a command may use is fusedLimit.
@@ -162,7 +162,8 @@ func identifyNamespace(b []byte, u *blockcore.Unit) {
 	}
 	b[25] = 0 // NLBAF: one format
 	b[26] = 0 // FLBAS: format 0
-	b[30] = 1 // NMIC: may be attached to several controllers
+	b[30] = 1          // NMIC: may be attached to several controllers
+	b[31] = rescap(u) // RESCAP
 	id := u.ID()
 	copy(b[104:120], id[:]) // NGUID
 	put32(b[128:], uint32(u.BlockBits())<<16)
@@ -218,7 +219,8 @@ func (c *Controller) getLogPage(cmd *nvme.Command, data []byte) Result {
 			nvme.AdminGetFeatures, nvme.AdminAsyncEventReq, nvme.AdminKeepAlive} {
 			put32(page[4*int(op):], 1)
 		}
-		for _, op := range []uint8{nvme.OpFlush, nvme.OpRead, nvme.OpCompare} {
+		for _, op := range []uint8{nvme.OpFlush, nvme.OpRead, nvme.OpCompare, nvme.OpResvRegister, nvme.OpResvReport,
+			nvme.OpResvAcquire, nvme.OpResvRelease} {
 			put32(page[1024+4*int(op):], 1)
 		}
 		for _, op := range []uint8{nvme.OpWrite, nvme.OpWriteZeroes, nvme.OpDatasetMgmt} {

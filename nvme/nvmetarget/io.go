@@ -51,10 +51,26 @@ func (q *Queue) io(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 		return fail(nvme.StatusInvalidNamespace)
 	}
 	switch c.Opcode {
-	case nvme.OpRead, nvme.OpWrite, nvme.OpCompare, nvme.OpWriteZeroes:
-		return rw(u, c, data, q.c.s.t.MaxTransfer())
-	case nvme.OpDatasetMgmt:
-		return dsm(u, c, data)
+	case nvme.OpRead, nvme.OpWrite, nvme.OpCompare, nvme.OpWriteZeroes, nvme.OpDatasetMgmt:
+		// The write command group changes the medium; Read and Compare
+		// are the read group (Base 2.0, "Command Behavior in the
+		// Presence of a Reservation").
+		r, ticket, ok := q.admit(u, c.Opcode != nvme.OpRead && c.Opcode != nvme.OpCompare)
+		if !ok {
+			return fail(statusReservationConflict)
+		}
+		var res Result
+		if c.Opcode == nvme.OpDatasetMgmt {
+			res = dsm(u, c, data)
+		} else {
+			res = rw(u, c, data, q.c.s.t.MaxTransfer())
+		}
+		if r != nil {
+			r.Done(ticket)
+		}
+		return res
+	case nvme.OpResvRegister, nvme.OpResvReport, nvme.OpResvAcquire, nvme.OpResvRelease:
+		return q.resv(c, data, u)
 	}
 	return fail(nvme.StatusInvalidOpcode)
 }
@@ -75,7 +91,19 @@ func (q *Queue) flush(c *nvme.Command) Result {
 		return fail(nvme.StatusInvalidNamespace)
 	}
 	for _, u := range units {
-		if err := u.Store().Flush(); err != nil {
+		// Flush is of the write command group.
+		r, ticket, ok := q.admit(u, true)
+		if !ok {
+			if c.NSID == 0xffffffff {
+				continue // flush the namespaces the host may write
+			}
+			return fail(statusReservationConflict)
+		}
+		err := u.Store().Flush()
+		if r != nil {
+			r.Done(ticket)
+		}
+		if err != nil {
 			return fail(ioError(err, true))
 		}
 	}
@@ -207,6 +235,13 @@ func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Co
 		return fail(nvme.StatusInvalidField), abort
 	}
 	fua := second.CDW[2]&(1<<30) != 0
+	r, ticket, ok := q.admit(u, true)
+	if !ok {
+		return fail(statusReservationConflict), abort
+	}
+	if r != nil {
+		defer r.Done(ticket)
+	}
 	readErr, err := u.Store().CompareAndWrite(firstData, secondData, int64(slba)<<u.BlockBits(), fua || !u.Store().WriteCache())
 	var mis *backend.MiscompareError
 	switch {

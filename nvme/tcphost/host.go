@@ -377,6 +377,86 @@ func (c *Controller) Deallocate(ctx context.Context, nsid uint32, lba uint64, nl
 	return err
 }
 
+// Reservation Register's actions (RREGA) and CPTPL values.
+const (
+	ResvRegister   = 0
+	ResvUnregister = 1
+	ResvReplace    = 2
+)
+
+// ResvRegister sends Reservation Register: action (ResvRegister,
+// ResvUnregister, ResvReplace), the current and the new key, IEKEY, and
+// cptpl (0: no change, 2: persistence off, 3: on).
+func (c *Controller) ResvRegister(ctx context.Context, nsid uint32, action uint8, cur, key uint64, ignoreKey bool, cptpl uint8) error {
+	d := make([]byte, 16)
+	binary.LittleEndian.PutUint64(d, cur)
+	binary.LittleEndian.PutUint64(d[8:], key)
+	cdw10 := uint32(action&7) | uint32(cptpl&3)<<30
+	if ignoreKey {
+		cdw10 |= 1 << 3
+	}
+	_, err := c.IO(ctx, &nvme.Command{Opcode: nvme.OpResvRegister, NSID: nsid, CDW: [6]uint32{cdw10}}, d, ToController)
+	return err
+}
+
+// ResvAcquire sends Reservation Acquire: action 0 acquire, 1 preempt, 2
+// preempt and abort; rtype 1 to 6; preempt is the key to preempt.
+func (c *Controller) ResvAcquire(ctx context.Context, nsid uint32, action, rtype uint8, cur, preempt uint64) error {
+	d := make([]byte, 16)
+	binary.LittleEndian.PutUint64(d, cur)
+	binary.LittleEndian.PutUint64(d[8:], preempt)
+	cdw10 := uint32(action&7) | uint32(rtype)<<8
+	_, err := c.IO(ctx, &nvme.Command{Opcode: nvme.OpResvAcquire, NSID: nsid, CDW: [6]uint32{cdw10}}, d, ToController)
+	return err
+}
+
+// ResvRelease sends Reservation Release (clear: Clear).
+func (c *Controller) ResvRelease(ctx context.Context, nsid uint32, rtype uint8, cur uint64, clear bool) error {
+	d := make([]byte, 8)
+	binary.LittleEndian.PutUint64(d, cur)
+	cdw10 := uint32(rtype) << 8
+	if clear {
+		cdw10 |= 1
+	}
+	_, err := c.IO(ctx, &nvme.Command{Opcode: nvme.OpResvRelease, NSID: nsid, CDW: [6]uint32{cdw10}}, d, ToController)
+	return err
+}
+
+// ResvRegistrant is one registrant of a Reservation Report.
+type ResvRegistrant struct {
+	CNTLID uint16 // FFFFh: no controller of this subsystem
+	Holder bool
+	Key    uint64
+	HostID [16]byte
+}
+
+// ResvStatus is a Reservation Report (the extended data structure).
+type ResvStatus struct {
+	Generation  uint32
+	Type        uint8
+	Persist     bool
+	Registrants []ResvRegistrant
+}
+
+// ResvReport sends Reservation Report with the extended data structure,
+// room for 64 registrants.
+func (c *Controller) ResvReport(ctx context.Context, nsid uint32) (ResvStatus, error) {
+	d := make([]byte, 64+64*64)
+	_, err := c.IO(ctx, &nvme.Command{Opcode: nvme.OpResvReport, NSID: nsid, CDW: [6]uint32{uint32(len(d)/4 - 1), 1}}, d, FromController)
+	if err != nil {
+		return ResvStatus{}, err
+	}
+	st := ResvStatus{Generation: binary.LittleEndian.Uint32(d), Type: d[4], Persist: d[9]&1 != 0}
+	n := min(int(binary.LittleEndian.Uint16(d[5:])), 64)
+	for i := range n {
+		e := d[64+64*i:]
+		r := ResvRegistrant{CNTLID: binary.LittleEndian.Uint16(e), Holder: e[2]&1 != 0, Key: binary.LittleEndian.Uint64(e[8:])}
+		copy(r.HostID[:], e[16:32])
+		st.Registrants = append(st.Registrants, r)
+	}
+	return st, nil
+}
+
 // Close shuts the controller down (CC.SHN, normal) and closes its queues.
 func (c *Controller) Close() error {
 	close(c.stop)

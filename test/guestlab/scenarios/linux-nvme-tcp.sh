@@ -4,7 +4,9 @@
 # subsystem (the discovery log), connects (without digests, then with
 # header and data digests), and on /dev/nvmeXnY: nvme id-ctrl, id-ns,
 # smart-log, error-log, fw-log, flush, write-zeroes, dsm --ad (each block
-# reads back zeroes), then ext4 with 300 files of random sizes and their
+# reads back zeroes), compare (same data: success; other: failure),
+# resv-register/acquire/report/release (another host — blockwire's own —
+# refused a write and allowed a read under Write Exclusive), then ext4 with 300 files of random sizes and their
 # checksums; disconnect, reconnect, e2fsck clean, every checksum again.
 # blockwire's admin API shows the controller while connected and none
 # after the last disconnect. Sourced by /lab/run.sh.
@@ -50,6 +52,32 @@ if connect; then
   cmp /tmp/z /tmp/zr && say "write-zeroes read back zeroes" || { say "write-zeroes left data"; rc=1; }
   dd if=/dev/$DEV of=/tmp/zr bs=32k skip=1 count=1 iflag=direct 2>/dev/null
   cmp /tmp/z /tmp/zr 2>/dev/null | head -1; head -c 32768 /dev/zero | cmp - /tmp/zr && say "deallocated blocks read back zeroes" || { say "dsm --ad left data"; rc=1; }
+  # compare: the blocks as read match; one byte changed does not.
+  dd if=/dev/$DEV of=/tmp/cmp bs=4096 count=1 skip=2 iflag=direct 2>/dev/null
+  nvme compare /dev/$DEV -s 16 -c 7 -z 4096 -d /tmp/cmp > /dev/null 2>&1 && say "compare of the same data: success" || { say "compare of the same data failed"; rc=1; }
+  printf '\x5a' | dd of=/tmp/cmp bs=1 seek=100 conv=notrunc 2>/dev/null
+  nvme compare /dev/$DEV -s 16 -c 7 -z 4096 -d /tmp/cmp > /tmp/cmp.out 2>&1 && { say "compare of other data succeeded"; rc=1; } || say "compare of other data: $(tail -1 /tmp/cmp.out)"
+  # Reservations: this host registers and takes Write Exclusive; another
+  # host (blockwire's own, another host identifier) may read but not
+  # write; release and unregister; the report at each step.
+  nvme resv-register /dev/$DEV -n 1 --nrkey=0xb1 --rrega=0 || { say "resv-register failed"; rc=1; }
+  nvme resv-acquire /dev/$DEV -n 1 --crkey=0xb1 --rtype=1 --racqa=0 || { say "resv-acquire failed"; rc=1; }
+  nvme resv-report /dev/$DEV -n 1 --eds -o json > /tmp/resv.out 2>&1 || { say "resv-report failed"; rc=1; }
+  tr -d ' \n' < /tmp/resv.out > /tmp/resv.one; cat /tmp/resv.one; echo
+  grep -q '"rtype":1,' /tmp/resv.one && grep -q '"regctl":1,' /tmp/resv.one && grep -q '"rkey":177' /tmp/resv.one \
+    && say "resv-report: Write Exclusive, one registrant, key 0xb1" || { say "resv-report lacks the reservation"; rc=1; }
+  head -c 512 /dev/urandom > /tmp/blk
+  if /lab/bin/blockwire write -overwrite -in /tmp/blk nvme+tcp://127.0.0.1:4420/$NQN/1 > /tmp/w.out 2>&1; then
+    say "another host wrote under Write Exclusive"; rc=1
+  else
+    grep -q "Reservation Conflict" /tmp/w.out && say "another host's write: Reservation Conflict" || { cat /tmp/w.out; rc=1; }
+  fi
+  /lab/bin/blockwire read -length 4096 -out /tmp/r.out nvme+tcp://127.0.0.1:4420/$NQN/1 > /dev/null 2>&1 \
+    && say "another host's read under Write Exclusive: allowed" || { say "another host's read refused"; rc=1; }
+  dd if=/tmp/blk of=/dev/$DEV bs=512 count=1 seek=8 oflag=direct 2>/dev/null && say "the holder writes" || { say "the holder's write failed"; rc=1; }
+  nvme resv-release /dev/$DEV -n 1 --crkey=0xb1 --rtype=1 --rrela=0 || { say "resv-release failed"; rc=1; }
+  nvme resv-register /dev/$DEV -n 1 --crkey=0xb1 --rrega=1 || { say "resv-register (unregister) failed"; rc=1; }
+  nvme resv-report /dev/$DEV -n 1 --eds -o json 2>&1 | tr -d ' \n' | grep -q '"regctl":0,' && say "released and unregistered" || { say "a registration left behind"; rc=1; }
   /lab/bin/blockwire admin --socket /tmp/adm.sock sessions > /tmp/sess.out 2>&1
   grep -q "$H" /tmp/sess.out && say "the admin API shows the NVMe controller" || { cat /tmp/sess.out; say "no NVMe controller among the sessions"; rc=1; }
   # ext4 with 300 files, their checksums, across a disconnect.
