@@ -29,7 +29,9 @@ const (
 )
 
 // Defined reports whether t is one of the six types.
-func (t ReservationType) Defined() bool { return t >= WriteExclusive && t <= ExclusiveAccessAllRegistrants }
+func (t ReservationType) Defined() bool {
+	return t >= WriteExclusive && t <= ExclusiveAccessAllRegistrants
+}
 
 // RegisterAction is what a Register does.
 type RegisterAction uint8

@@ -29,9 +29,9 @@ type Controller struct {
 	hostID  [16]byte
 	// resvName is the host's name in the reservation state.
 	resvName string
-	remote  net.Addr
-	log     *slog.Logger
-	created time.Time
+	remote   net.Addr
+	log      *slog.Logger
+	created  time.Time
 
 	// mu guards what follows (lock order: after Subsystem.mu).
 	mu     sync.Mutex

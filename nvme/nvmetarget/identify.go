@@ -160,9 +160,9 @@ func identifyNamespace(b []byte, u *blockcore.Unit) {
 		b[24] = 1        // NSFEAT: thin provisioning
 		b[33] = 1<<3 | 1 // DLFEAT: deallocated blocks read zeroes; Write Zeroes may deallocate
 	}
-	b[25] = 0 // NLBAF: one format
-	b[26] = 0 // FLBAS: format 0
-	b[30] = 1          // NMIC: may be attached to several controllers
+	b[25] = 0         // NLBAF: one format
+	b[26] = 0         // FLBAS: format 0
+	b[30] = 1         // NMIC: may be attached to several controllers
 	b[31] = rescap(u) // RESCAP
 	id := u.ID()
 	copy(b[104:120], id[:]) // NGUID
