@@ -14,6 +14,7 @@
 //	go run ./bench -rbd         # RBD LUNs: tgt-rbd versus backend/rbd (root, Ceph)
 //	go run ./bench -file        # file LUNs: pread, io_uring, O_DIRECT versus fio on the file
 //	go run ./bench -spdk        # per target core: SPDK iscsi_tgt versus blockwire versus tgt
+//	go run ./bench -nvme        # NVMe/TCP per target core: SPDK nvmf_tgt versus blockwire (spdk_nvme_perf)
 package main
 
 import (
@@ -64,7 +65,8 @@ var (
 	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
 	spdkOnly = flag.Bool("spdk", false, "only the per-core comparison: SPDK's iscsi_tgt, blockwire and tgt pinned to core 1, clients on core 0 (SPDK built as ../shared/anchors/spdk says)")
-	pin      = flag.Bool("pin", true, "with -spdk: pin each target to core 1 and the clients to core 0 (false: no pinning)")
+	nvmeOnly = flag.Bool("nvme", false, "only NVMe/TCP per target core: SPDK's nvmf_tgt and blockwire pinned to core 1, spdk_nvme_perf on core 0 (SPDK built as ../shared/anchors/spdk says)")
+	pin      = flag.Bool("pin", true, "with -spdk or -nvme: pin each target to core 1 and the clients to core 0 (false: no pinning)")
 	outDir   = flag.String("out", "docs/bench", "where each table is written as JSON and an SVG chart, and each queue-depth sweep (the default run and -spdk) as JSON and an SVG of IOPS against depth and latency distributions (empty: nowhere)")
 	fileOnly = flag.Bool("file", false, "only file LUNs: blockwire's pread, io_uring and O_DIRECT paths (O_DIRECT also pinned to core 1 with --poll 1ms, as SPDK runs) versus fio (io_uring engine) on the same file, in tmpfs and on a loop device")
 	roceOnly = flag.Bool("roce", false, "only the software RoCEv2 device: iSER over it versus iSCSI/TCP on the same target (0.8x TCP at 128 KiB QD 8)")
@@ -82,8 +84,8 @@ func main() {
 	if *gwOnly {
 		tools = []string{"tgtd", "tgtadm"}
 	}
-	if *rbdOnly || *fileOnly || *spdkOnly || *roceOnly {
-		tools = nil // rbdBench, fileBench and spdkBench check their own
+	if *rbdOnly || *fileOnly || *spdkOnly || *roceOnly || *nvmeOnly {
+		tools = nil // rbdBench, fileBench, spdkBench and nvmeBench check their own
 	}
 	for _, tool := range tools {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -113,6 +115,10 @@ func main() {
 	}
 	if *spdkOnly {
 		spdkBench(bin, *pin)
+		return
+	}
+	if *nvmeOnly {
+		nvmeBench(bin, *pin)
 		return
 	}
 	if *roceOnly {

@@ -14,9 +14,24 @@ import (
 
 	"github.com/anishathalye/porcupine"
 
+	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/scsi"
+)
+
+// Over NVMe/TCP (Config.Fabric "nvme") each client is a host with one
+// controller (an admin and one I/O queue) asking for keep-alive timeout
+// nvmeKATO. A controller that failed is closed and a new one made: the
+// target does not end the old controller's commands for it as a
+// reinstated iSCSI session ends its tasks, but it ends a controller it
+// has lost within its keep-alive timeout, and its commands with it — so
+// a command that failed may take effect up to nvmeQuiesce after the
+// host saw it fail, never later (the checker holds the target to it).
+const (
+	nvmeKATO    = 3 * time.Second
+	nvmeQuiesce = nvmeKATO + time.Second
 )
 
 // client is one initiator session doing operations.
@@ -28,6 +43,7 @@ type client struct {
 	rec *recorder
 	seq uint64
 	s   *initiator.Session
+	nv  *tcphost.Controller // over NVMe/TCP, instead of s
 	// targets are the addresses of every target (gateway), home is the
 	// one the client logs in to (the others are its failover paths).
 	targets []string
@@ -66,6 +82,82 @@ func (c *client) login(ctx context.Context) error {
 		c.register()
 	}
 	return nil
+}
+
+// connected reports whether the client has a session or a controller.
+func (c *client) connected() bool { return c.s != nil || c.nv != nil }
+
+// connect logs in, or over NVMe/TCP makes a controller.
+func (c *client) connect(ctx context.Context) error {
+	if c.cfg.Fabric != "nvme" {
+		return c.login(ctx)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	nv, err := tcphost.Connect(cctx, c.targets[c.home], config.NQNPrefix+iqn, tcphost.Options{
+		HostNQN: fmt.Sprintf("nqn.2026-11.org.blockwire:torture-client-%d", c.id), KATO: nvmeKATO})
+	if err != nil {
+		return err
+	}
+	c.nv = nv
+	return nil
+}
+
+// reached is output.via for an operation sent now.
+func (c *client) reached() uint64 {
+	if c.nv != nil {
+		return 1 << c.home
+	}
+	return c.via(c.s)
+}
+
+// quiesce is output.quiesce for an operation that failed.
+func (c *client) quiesce() int64 {
+	if c.cfg.Fabric == "nvme" {
+		return int64(nvmeQuiesce)
+	}
+	return 0
+}
+
+// block runs one operation on a block: a write of buf (fua), a read
+// into buf, or a flush of everything (opSync). A session or controller
+// that failed is dropped (the next operation connects again).
+func (c *client) block(ctx context.Context, kind opKind, block int, buf []byte, fua bool) error {
+	if c.nv == nil {
+		var err error
+		switch kind {
+		case opWrite:
+			_, err = c.do(ctx, rw16(0x8a, block, fua), buf, nil)
+		case opRead:
+			_, err = c.do(ctx, rw16(0x88, block, false), nil, buf)
+		default:
+			_, err = c.do(ctx, []byte{0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil)
+		}
+		return err
+	}
+	var err error
+	switch kind {
+	case opWrite:
+		err = c.nv.Write(ctx, 1, blockSize, uint64(block), buf, fua)
+	case opRead:
+		err = c.nv.Read(ctx, 1, blockSize, uint64(block), buf)
+	default:
+		err = c.nv.Flush(ctx, 1)
+	}
+	if err != nil && !answered(err) {
+		c.cfg.Log.Debug("operation failed", "client", c.id, "err", err)
+		c.nv.Close()
+		c.nv = nil
+	}
+	return err
+}
+
+// answered reports whether err is a command's status: it ended, with
+// the target's answer.
+func answered(err error) bool {
+	var se *initiator.SCSIError
+	var ne *tcphost.StatusError
+	return errors.As(err, &se) || errors.As(err, &ne)
 }
 
 // paths are the failover portals: every target but home.
@@ -131,11 +223,14 @@ func (c *client) run(ctx context.Context) {
 		if c.s != nil {
 			c.s.Close()
 		}
+		if c.nv != nil {
+			c.nv.Close()
+		}
 	}()
 	buf := make([]byte, blockSize)
 	for ctx.Err() == nil {
-		if c.s == nil {
-			if err := c.login(ctx); err != nil {
+		if !c.connected() {
+			if err := c.connect(ctx); err != nil {
 				time.Sleep(50 * time.Millisecond)
 				continue
 			}
@@ -153,8 +248,8 @@ func (c *client) run(ctx context.Context) {
 			op.Input = input{kind: opWrite, block: block, value: v, fua: fua, durable: fua || c.cfg.WriteThrough, nexus: c.nexus}
 			op.Call = c.now()
 			c.writing.Store(int64(block) + 1)
-			s := c.s
-			_, err := c.do(octx, rw16(0x8a, block, fua), buf, nil)
+			via := c.reached()
+			err := c.block(octx, opWrite, block, buf, fua)
 			c.writing.Store(0)
 			op.Return = c.now()
 			var se *initiator.SCSIError
@@ -166,7 +261,7 @@ func (c *client) run(ctx context.Context) {
 				if c.s != nil {
 					c.register()
 				}
-			case errors.As(err, &se):
+			case answered(err):
 				// It ended with a status (after a replay on a reinstated
 				// session, the first copy ended with the old session): it
 				// may have happened, but before its answer.
@@ -175,7 +270,8 @@ func (c *client) run(ctx context.Context) {
 				c.rec.count("write failed with a status")
 				c.rec.add(op)
 			case err != nil:
-				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return, via: c.via(s)} // it may have happened, or not
+				// It may have happened, or not.
+				op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return, via: via, quiesce: c.quiesce()}
 				c.rec.count("write failed")
 				c.rec.add(op)
 			default:
@@ -185,7 +281,7 @@ func (c *client) run(ctx context.Context) {
 		case p < 95:
 			op.Input = input{kind: opRead, block: block}
 			op.Call = c.now()
-			_, err := c.do(octx, rw16(0x88, block, false), nil, buf)
+			err := c.block(octx, opRead, block, buf, false)
 			op.Return = c.now()
 			if err != nil {
 				c.rec.count("read failed")
@@ -207,7 +303,7 @@ func (c *client) run(ctx context.Context) {
 		default:
 			op.Input = input{kind: opSync}
 			op.Call = c.now()
-			_, err := c.do(octx, []byte{0x35, 0, 0, 0, 0, 0, 0, 0, 0, 0}, nil, nil)
+			err := c.block(octx, opSync, 0, nil, false)
 			op.Return = c.now()
 			if err != nil {
 				c.rec.count("sync failed")

@@ -45,7 +45,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	fs.BoolVar(&cfg.LieAboutSync, "lie-about-sync", false, "storage whose SYNCHRONIZE CACHE answers GOOD without flushing, FUA honest (the checker must fail)")
 	fs.DurationVar(&cfg.WriteDelay, "write-delay", 0, "how long each write to the in-process storage takes before it lands (writes in flight at a preemption)")
 	fs.BoolVar(&cfg.FUAFlushesAll, "fua-flushes-all", false, "storage without a durable write: FUA flushes every cached block (hides a lying SYNCHRONIZE CACHE)")
-	fs.StringVar(&cfg.Fabric, "fabric", "tcp", "tcp (iSCSI/TCP) or iser (iSER over the software iWARP device)")
+	fs.StringVar(&cfg.Fabric, "fabric", "tcp", "tcp (iSCSI/TCP), iser (iSER over the software iWARP device) or nvme (NVMe/TCP)")
 	fs.IntVar(&cfg.Connections, "connections", 1, "connections per session (MC/S above 1)")
 	fs.BoolVar(&cfg.WriteThrough, "write-through", false, "the LU's write cache off: every acknowledged write must survive")
 	fs.StringVar(&cfg.Binary, "binary", "", "run this blockwire executable as the target (crash = SIGKILL) instead of one in this process")

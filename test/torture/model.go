@@ -84,6 +84,12 @@ type output struct {
 	// or the client's next login there, after it (segments.go).
 	failed int64
 	via    uint64
+	// quiesce, when not 0, is how long after failed the operation may
+	// still take effect at most, whatever else happens: over NVMe/TCP a
+	// new controller does not end the old one's commands as a
+	// reinstated iSCSI session does, but the target ends a lost
+	// controller's commands within its keep-alive timeout (nvmeQuiesce).
+	quiesce int64
 }
 
 // regState is one block's state. vol lists the values written since the

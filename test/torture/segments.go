@@ -39,8 +39,11 @@ import (
 //     SIGKILLed process writes nothing more), or after the client's next
 //     login there completed: the client logs in with its one ISID, and a
 //     target ends a session it reinstates — its tasks aborted or finished
-//     — before it answers (RFC 7143 §6.3.5). The initiator does not send a
-//     command again once it reported it failed. Its return is moved to
+//     — before it answers (RFC 7143 §6.3.5); over NVMe/TCP, where a new
+//     controller does not end the old one's commands, once the quiesce
+//     time it carries has passed since it failed (the target ends a lost
+//     controller's commands within its keep-alive timeout). The initiator
+//     does not send a command again once it reported it failed. Its return is moved to
 //     the latest of those moments over the targets (bound), so a history
 //     where a target lets an old session's write land after that fails
 //     the check: the property is checked, not assumed;
@@ -74,7 +77,7 @@ const cutEvery = 256
 // stretchStats says how a history was checked.
 type stretchStats struct {
 	Blocks, Stretches, Largest, States int
-	Bounded, Unbounded                 int    // failed operations bounded by a crash or a login, and not
+	Bounded, Unbounded                 int    // failed operations bounded by a crash, a login or the keep-alive timeout, and not
 	Fault                              string // the checker's own, if any
 }
 
@@ -82,7 +85,7 @@ func (s stretchStats) String() string {
 	if s.Stretches == 0 {
 		return "checked whole"
 	}
-	t := fmt.Sprintf("checked in %d stretches of %d blocks cut at quiescent moments (largest %d operations; at most %d states carried across a cut; %d failed operations bounded (by their status, a crash or a login), %d not)",
+	t := fmt.Sprintf("checked in %d stretches of %d blocks cut at quiescent moments (largest %d operations; at most %d states carried across a cut; %d failed operations bounded (by their status, a crash, a login or the keep-alive timeout), %d not)",
 		s.Stretches, s.Blocks, s.Largest, s.States, s.Bounded, s.Unbounded)
 	if s.Fault != "" {
 		t += "; the checker failed: " + s.Fault
@@ -220,6 +223,9 @@ func (c cutting) bound(op porcupine.Operation, crashes []porcupine.Operation) po
 				t = min(t, l.ret-1)
 				break
 			}
+		}
+		if o.quiesce > 0 {
+			t = min(t, o.failed+o.quiesce)
 		}
 		end = max(end, t)
 	}

@@ -235,6 +235,12 @@ func TestBound(t *testing.T) {
 		1: {{call: 5, ret: 8, target: 0}, {call: 100, ret: 120, target: 0}},
 		2: {{call: 30, ret: 40, target: 1}},
 	}}
+	quiesced := func(op porcupine.Operation, d int64) porcupine.Operation {
+		o := op.Output.(output)
+		o.quiesce = d
+		op.Output = o
+		return op
+	}
 	failed := func(client int, via uint64) porcupine.Operation {
 		return porcupine.Operation{ClientId: client, Input: input{kind: opWrite}, Call: 10, Return: math.MaxInt64,
 			Output: output{unknown: true, failed: 20, via: via}}
@@ -251,6 +257,9 @@ func TestBound(t *testing.T) {
 		{"target 1: the login before the crash", failed(2, 2), 39},
 		{"target 2: nothing ends it", failed(1, 4), math.MaxInt64},
 		{"not known where it went", failed(1, 0), math.MaxInt64},
+		{"NVMe, target 2: its quiesce time", quiesced(failed(1, 4), 30), 50},
+		{"NVMe, target 1: its crash, before the quiesce time", quiesced(failed(3, 2), 100), 59},
+		{"NVMe, target 0: the quiesce time, before its crash", quiesced(failed(3, 1), 100), 120},
 	} {
 		if got := c.bound(x.op, crashes).Return; got != x.ret {
 			t.Errorf("%s: return %d, want %d", x.name, got, x.ret)

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net"
@@ -42,6 +41,9 @@ func (t *incarnation) start() (string, error) {
 	writeCache := !t.cfg.WriteThrough
 	cfg := &config.Config{Listen: []string{"127.0.0.1:0"}, ISER: &iser, Targets: []config.Target{{Name: iqn,
 		LUNs: []config.LUN{{ID: 0, Size: strconv.FormatInt(t.disk.View().Size(), 10), BlockSize: blockSize, WriteCache: &writeCache}}}}}
+	if t.cfg.Fabric == "nvme" {
+		cfg.NVMeListen = []string{"127.0.0.1:0"}
+	}
 	n, err := node.New(cfg, node.Options{Logger: t.cfg.Log, Backend: func(string, config.LUN) (backend.Backend, error) {
 		return t.disk.Backend(), nil
 	}})
@@ -52,13 +54,17 @@ func (t *incarnation) start() (string, error) {
 		return "", err
 	}
 	t.n = n
+	want := config.ISCSI
+	if t.cfg.Fabric == "nvme" {
+		want = config.NVMeTCP
+	}
 	for _, p := range n.Portals() {
-		if p.Transport == config.ISCSI {
+		if p.Transport == want {
 			return p.Address, nil
 		}
 	}
 	t.stop()
-	return "", errors.New("the node has no iSCSI portal")
+	return "", fmt.Errorf("the node has no %s portal", want)
 }
 
 // crash loses power under the target: the disk's cache goes first, then
@@ -120,9 +126,20 @@ func (p *process) start() (string, error) {
 		}
 		lun = []string{"--file", file, "--size", strconv.Itoa(p.cfg.Blocks * blockSize)}
 	}
-	args := append([]string{"serve", "--listen", p.addr, "--iqn", iqn, "--block-size", strconv.Itoa(blockSize),
-		"--iser=" + strconv.FormatBool(p.cfg.Fabric == "iser"), "--log-level", "warn",
-		"--write-cache=" + strconv.FormatBool(!p.cfg.WriteThrough)}, lun...)
+	listen := []string{"--listen", p.addr}
+	if p.cfg.Fabric == "nvme" {
+		// NVMe/TCP on the target's address; iSCSI on one of its own.
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return "", err
+		}
+		listen = []string{"--nvme-listen", p.addr, "--listen", l.Addr().String()}
+		l.Close()
+	}
+	args := append(append([]string{"serve"}, listen...), "--iqn", iqn, "--block-size", strconv.Itoa(blockSize),
+		"--iser="+strconv.FormatBool(p.cfg.Fabric == "iser"), "--log-level", "warn",
+		"--write-cache="+strconv.FormatBool(!p.cfg.WriteThrough))
+	args = append(args, lun...)
 	args = append(args, p.cfg.ServeArgs...)
 	p.cmd = exec.Command(p.cfg.Binary, args...)
 	p.cmd.Stdout, p.cmd.Stderr = p.log, p.log

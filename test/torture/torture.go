@@ -38,8 +38,10 @@ type Config struct {
 	// key: none of its writes sent before may land after it). Empty:
 	// all but "preempt".
 	Faults []string
-	// Fabric is "tcp" (iSCSI/TCP) or "iser" (iSER over the software
-	// iWARP device, which runs over TCP: the proxy's faults apply).
+	// Fabric is "tcp" (iSCSI/TCP), "iser" (iSER over the software
+	// iWARP device, which runs over TCP: the proxy's faults apply) or
+	// "nvme" (NVMe/TCP: each client a host with one I/O queue, its
+	// keep-alive timeout nvmeKATO).
 	Fabric string
 	// Connections per session (1); more is MC/S, and the "reset-one"
 	// fault ends one connection of a session while its others live on.
@@ -202,10 +204,13 @@ func (r *Report) implausible(faults []string) string {
 func Run(ctx context.Context, cfg Config) (*Report, error) {
 	cfg.defaults()
 	rep := &Report{Seed: cfg.Seed, Ops: map[string]int{}, Faults: map[string]int{}, Recovery: map[string][]time.Duration{}}
-	if cfg.Fabric != "tcp" && cfg.Fabric != "iser" {
-		return nil, fmt.Errorf("fabric %q: tcp or iser", cfg.Fabric)
+	if cfg.Fabric != "tcp" && cfg.Fabric != "iser" && cfg.Fabric != "nvme" {
+		return nil, fmt.Errorf("fabric %q: tcp, iser or nvme", cfg.Fabric)
 	}
 	pr := slices.Contains(cfg.Faults, "preempt")
+	if cfg.Fabric == "nvme" && (pr || cfg.RBD != "" || cfg.Connections > 1 || slices.Contains(cfg.Faults, "reset-one")) {
+		return nil, errors.New(`over NVMe/TCP: no "preempt", "reset-one", gateways or more connections yet`)
+	}
 	if pr && slices.Contains(cfg.Faults, "crash") {
 		return nil, errors.New(`"preempt" and "crash" do not mix: registrations do not survive a power loss`)
 	}

@@ -178,6 +178,28 @@ func TestTortureISER(t *testing.T) {
 	short(t, Config{Duration: 45 * time.Second, Seed: 2, Fabric: "iser", FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
 }
 
+// TestTortureNVMe: the same over NVMe/TCP — crashes, resets, partitions
+// and delays; the failed writes are bounded by a crash or by the
+// target's keep-alive timeout (nvmeQuiesce), and the history is checked
+// stretch by stretch. With storage whose flushes lie the same run must
+// fail: the harness catches a durability bug over NVMe too.
+func TestTortureNVMe(t *testing.T) {
+	long(t)
+	rep := short(t, Config{Duration: 30 * time.Second, Seed: 4, Fabric: "nvme", Faults: []string{"crash", "reset", "partition", "delay"},
+		FaultEvery: 700 * time.Millisecond}, porcupine.Ok)
+	if rep.Faults["crash"] == 0 || rep.Faults["reset"]+rep.Faults["partition"] == 0 {
+		t.Errorf("faults %v: want crashes and lost connections", rep.Faults)
+	}
+	if !strings.HasPrefix(rep.Checked, "checked in") || strings.Contains(rep.Checked, "the checker failed") {
+		t.Errorf("checker: %s", rep.Checked)
+	}
+	short(t, Config{Duration: 9 * time.Second, Seed: 5, Fabric: "nvme", LieAboutFlush: true, Faults: []string{"crash"},
+		FaultEvery: 300 * time.Millisecond}, porcupine.Illegal)
+	if _, err := Run(context.Background(), Config{Duration: time.Second, Fabric: "nvme", Faults: []string{"preempt"}}); err == nil {
+		t.Error(`"preempt" over NVMe/TCP was run (the preemptor is an iSCSI session)`)
+	}
+}
+
 // TestTortureWriteThrough: with the write cache off, every acknowledged
 // write must survive a crash, FUA or not.
 func TestTortureWriteThrough(t *testing.T) {
