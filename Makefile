@@ -1,5 +1,5 @@
 # Conveniences; the README's commands work without make.
-.PHONY: test test-long bench bench-file bench-spdk bench-roce fuzz guestlab guestlab-bench deb
+.PHONY: test test-long bench bench-file bench-spdk bench-nvme bench-roce fuzz guestlab guestlab-bench deb
 
 test:
 	go run ./internal/testsum -race ./...
@@ -23,6 +23,11 @@ bench-file:
 bench-spdk:
 	go run ./bench -spdk -rounds 3
 	go run ./bench -spdk -pin=false -rounds 3
+
+# NVMe/TCP per target core against SPDK's nvmf_tgt, spdk_nvme_perf the
+# client of both (SPDK built as for bench-spdk).
+bench-nvme:
+	go run ./bench -nvme -rounds 3
 
 # iSER over the software RoCEv2 device against iSCSI/TCP on one target
 # (root, for the raw socket that checks each ICRC over its real header).

@@ -54,6 +54,14 @@ type LU struct {
 	lun       uint64
 	be        backend.Backend
 	unit      *blockcore.Unit  // what the NVMe front end shares
+	// otherWrites is held shared by every write another front end (NVMe)
+	// runs, from before its reservation check until it ended; a PREEMPT
+	// AND ABORT takes it exclusively once the state changed, so the
+	// preempted hosts' writes admitted before it have ended when it
+	// completes (prunit.go). Lock order: before lu.pr.mu; taken
+	// exclusively with no other lock held.
+	otherWrites sync.RWMutex
+	fences      int // PREEMPT AND ABORTs that waited for them (otherWrites held)
 	store     *blockcore.Store // the unit's: writes, durability, the flush latch
 	fast      bool             // the backend is backend.NonBlocking
 	q         *blockcore.Queue

@@ -698,6 +698,10 @@ func cmdPROut(lu *LU, c *Command) error {
 	for _, wg := range aborted {
 		wg.Wait()
 	}
+	if err == nil && sa == 5 {
+		// The preempted NVMe hosts' writes too (prunit.go).
+		lu.fenceOtherWrites()
+	}
 	return err
 }
 

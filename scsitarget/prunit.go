@@ -71,6 +71,14 @@ func resvError(err error) error {
 	return fmt.Errorf("reservations: %w", err)
 }
 
+// A write's ticket: holdsFence, and the write gate's epoch plus one (0:
+// not in the gate).
+const holdsFence = 1 << 63
+
+// Admit checks a command against the state. A write holds lu.otherWrites
+// shared from before its check until Done, so a PREEMPT AND ABORT (which
+// waits for it exclusively once it changed the state) finds it either
+// refused by the new state or ended.
 func (r luReservations) Admit(name string, write bool) (bool, uint64) {
 	lu := r.lu
 	if lu.reservedByAny() {
@@ -78,24 +86,45 @@ func (r luReservations) Admit(name string, write bool) (bool, uint64) {
 	}
 	k := prKey{ip: name}
 	p := &lu.pr
-	if p.shared == nil || !write {
-		return !lu.prConflictKey(k, false, write), 0
+	if !write {
+		return !lu.prConflictKey(k, false, false), 0
+	}
+	lu.otherWrites.RLock()
+	if p.shared == nil {
+		if lu.prConflictKey(k, false, true) {
+			lu.otherWrites.RUnlock()
+			return false, 0
+		}
+		return true, holdsFence
 	}
 	for {
 		e := p.gate.current()
 		if lu.prConflictKey(k, false, true) {
+			lu.otherWrites.RUnlock()
 			return false, 0
 		}
 		if p.gate.enter(e) {
-			return true, e + 1
+			return true, holdsFence | (e + 1)
 		}
 	}
 }
 
 func (r luReservations) Done(ticket uint64) {
-	if ticket != 0 {
-		r.lu.pr.gate.leave(ticket - 1)
+	if g := ticket &^ holdsFence; g != 0 {
+		r.lu.pr.gate.leave(g - 1)
 	}
+	if ticket&holdsFence != 0 {
+		r.lu.otherWrites.RUnlock()
+	}
+}
+
+// fenceOtherWrites waits for the writes other front ends were running
+// when the state changed (a PREEMPT AND ABORT): those admitted before it
+// end first; those after it were checked against the new state.
+func (lu *LU) fenceOtherWrites() {
+	lu.otherWrites.Lock()
+	lu.fences++ // counted for the tests; the wait for the lock is the point
+	lu.otherWrites.Unlock()
 }
 
 func (r luReservations) CanPersist() bool { return r.lu.pr.canPersist() }
@@ -171,6 +200,9 @@ func (r luReservations) Acquire(name string, action blockcore.AcquireAction, t b
 	})
 	for _, wg := range aborted {
 		wg.Wait()
+	}
+	if err == nil && action == blockcore.PreemptAndAbort {
+		lu.fenceOtherWrites()
 	}
 	return resvError(err)
 }
