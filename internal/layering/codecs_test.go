@@ -11,7 +11,7 @@ import (
 
 // codecDirs are the wire codecs: they share iscsi/pdu's names for
 // writing and reading a message (docs/architecture.md, Layers).
-var codecDirs = []string{"iscsi/pdu", "scsi", "srp", "rdma/ib", "rdma/iwarp/mpa", "rdma/iwarp/ddp", "rdma/iwarp/rdmap", "isns", "nvme", "nvme/nvmetcp"}
+var codecDirs = []string{"iscsi/pdu", "scsi", "srp", "rdma/ib", "rdma/iwarp/mpa", "rdma/iwarp/ddp", "rdma/iwarp/rdmap", "isns", "nvme", "nvme/nvmetcp", "nvme/dhchap"}
 
 // TestCodecsShareOneConvention: no codec names its encoder or decoder
 // otherwise than Encode (a fixed-size message, in place), Append (a

@@ -60,6 +60,9 @@ type Queue struct {
 	size int // entries
 	conn Conn
 	sqhd uint16 // the head: entries fetched, modulo size
+	// auth is the queue's DH-HMAC-CHAP state (nil: its host has no
+	// secret); set at Connect, before the queue runs a command.
+	auth *queueAuth
 }
 
 // ControllerInfo describes a controller (admin ls, metrics).
@@ -125,11 +128,12 @@ func (t *Target) Connect(k nvme.Connect, remote net.Addr, conn Conn) (q *Queue, 
 			return refuse("controller limit", nvme.StatusConnectBusy, 0)
 		}
 		q := &Queue{c: c, qid: 0, size: size, conn: conn}
+		authreq := q.startAuth()
 		c.mu.Lock()
 		c.queues[0] = q
 		c.mu.Unlock()
-		c.log.Info("NVMe controller created", "kato", c.kato)
-		return q, nvme.Completion{DW0: uint32(c.id)}
+		c.log.Info("NVMe controller created", "kato", c.kato, "authentication", authreq != 0)
+		return q, nvme.Completion{DW0: uint32(c.id) | authreq}
 	}
 	if size < 2 || size > t.o.QueueSize {
 		return refuse("I/O queue size", nvme.StatusConnectInvalidParam, 42<<16)
@@ -154,8 +158,9 @@ func (t *Target) Connect(k nvme.Connect, remote net.Addr, conn Conn) (q *Queue, 
 		return nil, nvme.Completion{Status: nvme.StatusCommandSequence}
 	}
 	q = &Queue{c: c, qid: k.QID, size: size, conn: conn}
+	authreq := q.startAuth()
 	c.queues[k.QID] = q
-	return q, nvme.Completion{DW0: uint32(c.id)}
+	return q, nvme.Completion{DW0: uint32(c.id) | authreq}
 }
 
 // newController makes a controller for an admin queue's Connect, if the

@@ -63,7 +63,10 @@ func (q *Queue) Unit(c *nvme.Command) *blockcore.Unit {
 // is made once), or nil.
 func (q *Queue) Exec(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 	if c.Opcode == nvme.AdminFabrics {
-		return q.fabrics(c)
+		return q.fabrics(c, data)
+	}
+	if !q.authenticated() {
+		return fail(statusAuthRequired)
 	}
 	if q.qid != 0 {
 		if !q.c.ready.Load() {
@@ -83,11 +86,18 @@ func (q *Queue) Exec(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 }
 
 // fabrics executes Property Get/Set and refuses what else may come.
-func (q *Queue) fabrics(c *nvme.Command) Result {
+func (q *Queue) fabrics(c *nvme.Command, data []byte) Result {
 	switch c.FCType() {
 	case nvme.FabricsConnect:
 		return fail(nvme.StatusCommandSequence) // a queue connects once
+	case nvme.FabricsAuthSend:
+		return q.authSend(c, data)
+	case nvme.FabricsAuthReceive:
+		return q.authRecv(c, data)
 	case nvme.FabricsPropertyGet, nvme.FabricsPropertySet:
+		if !q.authenticated() {
+			return fail(statusAuthRequired)
+		}
 		if q.qid != 0 {
 			return fail(nvme.StatusInvalidOpcode)
 		}

@@ -207,6 +207,9 @@ func dsm(u *blockcore.Unit, c *nvme.Command, data []byte) Result {
 // Write with Command Aborted due to Failed Fused Command.
 func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (Result, Result) {
 	abort := Result{CQE: nvme.Completion{Status: nvme.StatusFusedFailed}}
+	if !q.authenticated() {
+		return fail(statusAuthRequired), abort
+	}
 	if st := q.c.s.anaRefuses(); st != 0 {
 		return fail(st), abort
 	}

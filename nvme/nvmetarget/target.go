@@ -16,11 +16,13 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	mrand "math/rand/v2"
 	"net"
 	"net/netip"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/blockwire/blockwire/blockcore"
 )
@@ -75,6 +77,13 @@ type Options struct {
 	// DiscoveryAllow reports whether a host may connect to the discovery
 	// controller (nil: every host).
 	DiscoveryAllow func(host string, remote net.Addr) bool
+	// DiscoveryAuth gives the DH-HMAC-CHAP secrets a host authenticates
+	// the discovery controller's queues with (as SubsystemConfig.Auth).
+	DiscoveryAuth func(host string) AuthKeys
+	// AuthTimeout bounds a queue's authentication, from its Connect
+	// (default DefaultAuthTimeout): a queue not authenticated by then is
+	// closed.
+	AuthTimeout time.Duration
 }
 
 // Portal is a transport address a subsystem is reachable at, for the
@@ -113,6 +122,9 @@ func New(o Options) *Target {
 	o.IOQueues = cmpOr(o.IOQueues, DefaultIOQueues)
 	o.Controllers = cmpOr(o.Controllers, DefaultControllers)
 	o.InCapsuleData = cmpOr(o.InCapsuleData, DefaultInCapsuleData)
+	if o.AuthTimeout == 0 {
+		o.AuthTimeout = DefaultAuthTimeout
+	}
 	if o.MDTS == 0 {
 		o.MDTS = DefaultMDTS
 	}
@@ -121,6 +133,7 @@ func New(o Options) *Target {
 	}
 	t := &Target{o: o, log: o.Logger, subs: map[string]*Subsystem{}}
 	t.disc = &Subsystem{t: t, nqn: DiscoveryNQN, discovery: true, ctrls: map[uint16]*Controller{}}
+	t.disc.authSeq.Store(mrand.Uint32())
 	t.disc.ns.Store(&map[uint32]*blockcore.Unit{})
 	return t
 }
@@ -151,6 +164,10 @@ type SubsystemConfig struct {
 	// Visible reports whether host sees namespace nsid (per-host
 	// masking); nil: every namespace.
 	Visible func(host string, nsid uint32) bool
+	// Auth, when set, gives the DH-HMAC-CHAP secrets of a host (auth.go):
+	// a host with a secret must authenticate every queue. nil, or no
+	// host secret: no authentication.
+	Auth func(host string) AuthKeys
 	// ANA, when set, turns on asymmetric namespace access reporting: the
 	// state of this gateway's path to every namespace now (call
 	// ANAChanged when it changes). nil: no ANA (every path optimized).
@@ -163,6 +180,9 @@ type Subsystem struct {
 	nqn       string
 	cfg       SubsystemConfig
 	discovery bool
+
+	// authSeq numbers the DH-HMAC-CHAP challenges (from a random start).
+	authSeq atomic.Uint32
 
 	// anaChanges counts ANA state changes (the ANA log's CHGCNT).
 	anaChanges atomic.Uint64
@@ -191,6 +211,7 @@ func (t *Target) AddSubsystem(c SubsystemConfig) (*Subsystem, error) {
 		return nil, fmt.Errorf("%w: %s", ErrExists, c.NQN)
 	}
 	s := &Subsystem{t: t, nqn: c.NQN, cfg: c, ctrls: map[uint16]*Controller{}}
+	s.authSeq.Store(mrand.Uint32())
 	s.ns.Store(&map[uint32]*blockcore.Unit{})
 	t.subs[c.NQN] = s
 	t.genctr.Add(1)

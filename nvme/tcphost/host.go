@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/nvme"
+	"github.com/blockwire/blockwire/nvme/dhchap"
 )
 
 // noDeadline clears a connection's deadline.
@@ -33,6 +34,16 @@ type Options struct {
 	// QueueSize is each I/O queue's entries (default 32); IOQueues how
 	// many I/O queues (default 1).
 	QueueSize, IOQueues int
+	// DHCHAP is the host's DH-HMAC-CHAP secret: with it the host
+	// authenticates every queue a controller asks it to (AUTHREQ.ATR);
+	// DHCHAPCtrl, the controller's, makes the authentication
+	// bidirectional (the controller proves itself too). A controller
+	// that asks without a secret given is an error.
+	DHCHAP, DHCHAPCtrl *dhchap.Secret
+	// AuthHashes and AuthGroups are what the host offers (default: every
+	// hash and group dhchap has).
+	AuthHashes []dhchap.Hash
+	AuthGroups []dhchap.Group
 	// Dial opens a connection (default: net.Dialer).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
@@ -78,6 +89,7 @@ type Controller struct {
 	wg     sync.WaitGroup
 	next   uint32 // round robin over the I/O queues
 	nextMu sync.Mutex
+	seq    authSeq // the host's DH-HMAC-CHAP challenges
 }
 
 // Connect connects to subsystem subNQN at addr (host:port): the admin
@@ -151,6 +163,12 @@ func (c *Controller) connectQueue(ctx context.Context, qid uint16, size int, kat
 	}
 	if qid == 0 {
 		c.id = uint16(cqe.DW0)
+	}
+	if cqe.DW0&(1<<17) != 0 { // AUTHREQ.ATR
+		if err := c.authenticate(ctx, q); err != nil {
+			q.close(err)
+			return nil, fmt.Errorf("tcphost: authentication (queue %d): %w", qid, err)
+		}
 	}
 	return q, nil
 }

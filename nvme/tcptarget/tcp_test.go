@@ -35,6 +35,12 @@ type fixture struct {
 // a loopback port.
 func start(t testing.TB, o Options, allow func(string, net.Addr) bool) *fixture {
 	t.Helper()
+	return startWith(t, o, nvmetarget.SubsystemConfig{NQN: testNQN, Allow: allow})
+}
+
+// startWith is start with the subsystem configured by sc.
+func startWith(t testing.TB, o Options, sc nvmetarget.SubsystemConfig) *fixture {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -42,7 +48,7 @@ func start(t testing.TB, o Options, allow func(string, net.Addr) bool) *fixture 
 	f := &fixture{t: t, addr: l.Addr().String()}
 	ap := l.Addr().(*net.TCPAddr).AddrPort()
 	f.tgt = nvmetarget.New(nvmetarget.Options{Portals: func() []nvmetarget.Portal { return []nvmetarget.Portal{{ID: 1, Addr: ap}} }})
-	f.sub, err = f.tgt.AddSubsystem(nvmetarget.SubsystemConfig{NQN: testNQN, Allow: allow})
+	f.sub, err = f.tgt.AddSubsystem(sc)
 	if err != nil {
 		t.Fatal(err)
 	}
