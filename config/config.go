@@ -300,6 +300,13 @@ type ACL struct {
 	LUNs []string `toml:"luns,omitempty"`
 	// CHAP replaces the target's chap for this initiator (iSCSI only).
 	CHAP *Secret `toml:"chap,omitempty"`
+	// DHCHAP is an NVMe host's DH-HMAC-CHAP secret, in the form nvme
+	// gen-dhchap-key writes ("DHHC-1:XX:…:"), without a user: the host
+	// must authenticate with it (NVMe in-band authentication).
+	// DHCHAPCtrl is the controller's, for a host that asks the
+	// controller to authenticate too (bidirectional).
+	DHCHAP     *Secret `toml:"dhchap,omitempty"`
+	DHCHAPCtrl *Secret `toml:"dhchap_ctrl,omitempty"`
 	// From, when set, admits the initiator only from these addresses or
 	// networks ("192.0.2.7", "10.0.0.0/8", "fd00::/8").
 	From []string `toml:"from,omitempty"`
@@ -389,7 +396,7 @@ func (t *Target) Protected() bool {
 		return true
 	}
 	for _, a := range t.ACL {
-		if a.CHAP != nil {
+		if a.CHAP != nil || a.DHCHAP != nil {
 			return true
 		}
 	}
@@ -582,8 +589,9 @@ func validateAccess(where string, t Target, add func(format string, args ...any)
 			}
 			who = a.Host
 			if a.CHAP != nil {
-				add("%s.acl[%d].chap: NVMe in-band authentication is not there yet", where, j)
+				add("%s.acl[%d].chap: CHAP is iSCSI's; an NVMe host authenticates with dhchap (DH-HMAC-CHAP)", where, j)
 			}
+			validateDHCHAP(fmt.Sprintf("%s.acl[%d]", where, j), a, add)
 			if a.TargetReset {
 				add("%s.acl[%d].target_reset: NVMe has no target reset", where, j)
 			}
@@ -608,6 +616,9 @@ func validateAccess(where string, t Target, add func(format string, args ...any)
 			if err := ValidName(a.Initiator); err != nil {
 				add("%s.acl[%d].initiator: %v", where, j, err)
 			}
+		}
+		if a.Host == "" && (a.DHCHAP != nil || a.DHCHAPCtrl != nil) {
+			add("%s.acl[%d].dhchap: DH-HMAC-CHAP is NVMe's (an entry with host)", where, j)
 		}
 		if seenACL[who] {
 			add("%s.acl[%d]: %s listed twice", where, j, who)
@@ -746,7 +757,7 @@ func (c *Config) secrets() []*Secret {
 	access := func(chap, mutual *Secret, acl []ACL) {
 		out = append(out, chap, mutual)
 		for i := range acl {
-			out = append(out, acl[i].CHAP)
+			out = append(out, acl[i].CHAP, acl[i].DHCHAP, acl[i].DHCHAPCtrl)
 		}
 	}
 	for i := range c.Targets {
@@ -774,7 +785,11 @@ func (c *Config) SecretExposure(path string) []string {
 		switch {
 		case sec.SecretFile != "" && !seen[sec.SecretFile]:
 			seen[sec.SecretFile] = true
-			check(sec.SecretFile, "secret_file of user "+sec.User)
+			what := "secret_file of user " + sec.User
+			if sec.User == "" {
+				what = "a DH-HMAC-CHAP secret_file"
+			}
+			check(sec.SecretFile, what)
 		case sec.Secret != "":
 			inline = true
 		}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/blockwire/blockwire/nvme/dhchap"
 	"github.com/blockwire/blockwire/srp"
 )
 
@@ -324,6 +325,43 @@ func TestRedactURLForms(t *testing.T) {
 	} {
 		if got := RedactURL(in); got != want {
 			t.Errorf("RedactURL(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+// TestDHCHAPValidation: DH-HMAC-CHAP secrets are an NVMe host entry's,
+// in the DHHC-1 form, without a user; the controller's needs the host's
+// and differs from it; a host's secret protects the target.
+func TestDHCHAPValidation(t *testing.T) {
+	good := dhchap.NewSecret(32, dhchap.SHA256).String()
+	other := dhchap.NewSecret(32, 0).String()
+	base := func(acl ...ACL) *Config {
+		return &Config{Targets: []Target{{Name: "iqn.2026-11.org.blockwire:a", ACL: acl, LUNs: []LUN{{ID: 0, Size: "1MiB"}}}}}
+	}
+	const host = "nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-000000000000"
+	ok := base(ACL{Host: host, DHCHAP: &Secret{Secret: good}, DHCHAPCtrl: &Secret{Secret: other}})
+	if err := ok.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if !ok.Targets[0].Protected() {
+		t.Error("a target whose host must authenticate is not protected")
+	}
+	h, c, err := ok.Targets[0].NVMeAuth(host)
+	if err != nil || h == nil || c == nil || h.String() != good || c.String() != other {
+		t.Fatalf("NVMeAuth: %v", err)
+	}
+	for want, cfg := range map[string]*Config{
+		"DHHC-1":                      base(ACL{Host: host, DHCHAP: &Secret{Secret: "not a secret"}}),
+		"has no user":                 base(ACL{Host: host, DHCHAP: &Secret{User: "u", Secret: good}}),
+		"needs dhchap as well":        base(ACL{Host: host, DHCHAPCtrl: &Secret{Secret: good}}),
+		"the same secret":             base(ACL{Host: host, DHCHAP: &Secret{Secret: good}, DHCHAPCtrl: &Secret{Secret: good}}),
+		"DH-HMAC-CHAP is NVMe's":      base(ACL{Initiator: "iqn.2026-11.org.blockwire:i", DHCHAP: &Secret{Secret: good}}),
+		"authenticates with dhchap":   base(ACL{Host: host, CHAP: &Secret{User: "u", Secret: "0123456789abcdef"}}),
+		"exactly one of secret, secr": base(ACL{Host: host, DHCHAP: &Secret{}}),
+	} {
+		err := cfg.Validate()
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("want an error with %q, got %v", want, err)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"net"
 	"regexp"
 	"strings"
+
+	"github.com/blockwire/blockwire/nvme/dhchap"
 )
 
 // NVMeTCP is NVMe over Fabrics on TCP (the NVMe/TCP transport binding):
@@ -74,8 +76,9 @@ func (t *Target) HostEntry(host string) (ACL, bool) {
 
 // NVMeAllows reports whether an NVMe host (its NQN) may connect from
 // remote. As with SRP, a target with an ACL or CHAP admits only the
-// hosts it lists (in-band authentication is not there yet); one
-// without either admits every host unless it lists some.
+// hosts it lists (and a host whose entry has a dhchap secret must then
+// authenticate: NVMeAuth); one without either admits every host unless
+// it lists some.
 func (t *Target) NVMeAllows(host string, remote net.Addr) bool {
 	if !t.NVMeListed() {
 		return !t.Protected()
@@ -159,4 +162,65 @@ func btoi(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// NVMeAuth returns the DH-HMAC-CHAP secrets of host: its own, which it
+// must authenticate with (nil: it need not), and the controller's, for a
+// host that asks the controller to authenticate (nil: none). A secret
+// that cannot be read is an error (validation reports it at load; a file
+// changed since fails the host's connections, never admits it without).
+func (t *Target) NVMeAuth(host string) (hostKey, ctrlKey *dhchap.Secret, err error) {
+	a, ok := t.HostEntry(host)
+	if !ok || a.DHCHAP == nil {
+		return nil, nil, nil
+	}
+	read := func(s *Secret) (*dhchap.Secret, error) {
+		v, err := s.Value()
+		if err != nil {
+			return nil, err
+		}
+		k, err := dhchap.ParseSecret(v)
+		return &k, err
+	}
+	if hostKey, err = read(a.DHCHAP); err != nil {
+		return nil, nil, fmt.Errorf("dhchap of %s: %w", host, err)
+	}
+	if a.DHCHAPCtrl != nil {
+		if ctrlKey, err = read(a.DHCHAPCtrl); err != nil {
+			return nil, nil, fmt.Errorf("dhchap_ctrl of %s: %w", host, err)
+		}
+	}
+	return hostKey, ctrlKey, nil
+}
+
+// validateDHCHAP checks an NVMe host entry's DH-HMAC-CHAP secrets.
+func validateDHCHAP(where string, a ACL, add func(format string, args ...any)) {
+	if a.DHCHAPCtrl != nil && a.DHCHAP == nil {
+		add("%s.dhchap_ctrl: needs dhchap as well (the host authenticates first)", where)
+	}
+	var vals []string
+	for _, s := range []struct {
+		name string
+		sec  *Secret
+	}{{"dhchap", a.DHCHAP}, {"dhchap_ctrl", a.DHCHAPCtrl}} {
+		if s.sec == nil {
+			continue
+		}
+		if s.sec.User != "" {
+			add("%s.%s.user: DH-HMAC-CHAP has no user (the host NQN names it)", where, s.name)
+		}
+		v, err := s.sec.Value()
+		if err != nil {
+			add("%s.%s: %v", where, s.name, err)
+			continue
+		}
+		if _, err := dhchap.ParseSecret(v); err != nil {
+			add("%s.%s: %v", where, s.name, err)
+			continue
+		}
+		vals = append(vals, v)
+	}
+	if len(vals) == 2 && vals[0] == vals[1] {
+		add("%s: dhchap and dhchap_ctrl are the same secret (a controller proving itself with the host's own secret proves nothing)", where)
+	}
 }

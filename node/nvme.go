@@ -1,6 +1,7 @@
 package node
 
 import (
+	"bytes"
 	"cmp"
 	"fmt"
 	"net"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/config"
+	"github.com/blockwire/blockwire/nvme/dhchap"
 	"github.com/blockwire/blockwire/nvme/nvmetarget"
 	"github.com/blockwire/blockwire/nvme/tcptarget"
 	"github.com/blockwire/blockwire/scsi"
@@ -35,10 +37,13 @@ type nvmeSub struct {
 type nvmeAccess struct {
 	t    config.Target
 	sees map[string]map[uint64]bool // host → the LUNs it sees; absent: every LUN
+	// auth is each host's DH-HMAC-CHAP secrets, read when the rules
+	// were (absent: the host need not authenticate).
+	auth map[string]nvmetarget.AuthKeys
 }
 
 func newNVMeAccess(t config.Target) *nvmeAccess {
-	a := &nvmeAccess{t: t, sees: map[string]map[uint64]bool{}}
+	a := &nvmeAccess{t: t, sees: map[string]map[uint64]bool{}, auth: map[string]nvmetarget.AuthKeys{}}
 	for _, e := range t.ACL {
 		if m, err := e.LUNMap(); e.Host != "" && err == nil && m != nil {
 			a.sees[e.Host] = map[uint64]bool{}
@@ -46,8 +51,32 @@ func newNVMeAccess(t config.Target) *nvmeAccess {
 				a.sees[e.Host][l] = true
 			}
 		}
+		if e.Host != "" && e.DHCHAP != nil {
+			a.auth[e.Host] = authKeys(&t, e.Host)
+		}
 	}
 	return a
+}
+
+// authKeys are host's DH-HMAC-CHAP secrets in t. A secret that cannot
+// be read fails closed: a random one the host cannot know (the change
+// was validated; this is a file that changed since).
+func authKeys(t *config.Target, host string) nvmetarget.AuthKeys {
+	h, c, err := t.NVMeAuth(host)
+	if err != nil {
+		k := dhchap.NewSecret(32, 0)
+		return nvmetarget.AuthKeys{Host: &k}
+	}
+	return nvmetarget.AuthKeys{Host: h, Ctrl: c}
+}
+
+// sameAuth reports whether host's secrets are the same in a and b.
+func sameAuth(a, b *nvmeAccess, host string) bool {
+	x, y := a.auth[host], b.auth[host]
+	same := func(p, q *dhchap.Secret) bool {
+		return p == nil && q == nil || p != nil && q != nil && p.Transform == q.Transform && bytes.Equal(p.Key, q.Key)
+	}
+	return same(x.Host, y.Host) && same(x.Ctrl, y.Ctrl)
 }
 
 // visible reports whether host sees namespace nsid (LUN nsid-1).
@@ -73,6 +102,12 @@ func (n *Node) newNVMe() {
 		DiscoveryAllow: func(host string, remote net.Addr) bool {
 			d := n.nvmeDisc.Load()
 			return d == nil || d.NVMeAllows(host, remote)
+		},
+		DiscoveryAuth: func(host string) nvmetarget.AuthKeys {
+			if d := n.nvmeDisc.Load(); d != nil {
+				return authKeys(d, host)
+			}
+			return nvmetarget.AuthKeys{}
 		}})
 	n.nvmeSrv = tcptarget.New(tcptarget.Options{Target: n.nvme, Logger: n.log, Budget: n.budget, SetupTimeout: n.cfg.WithDefaults().Limits.LoginTimeout})
 	n.nvmeSubs = map[string]*nvmeSub{}
@@ -118,7 +153,8 @@ func (n *Node) addNVMe(cfg *config.Config, i int, dev *scsitarget.Device) error 
 	ns.access.Store(newNVMeAccess(tc))
 	sc := nvmetarget.SubsystemConfig{NQN: tc.SubsystemNQN(), Model: "blockwire " + tc.Name,
 		Allow:   func(host string, remote net.Addr) bool { return ns.access.Load().t.NVMeAllows(host, remote) },
-		Visible: func(host string, nsid uint32) bool { return ns.access.Load().visible(host, nsid) }}
+		Visible: func(host string, nsid uint32) bool { return ns.access.Load().visible(host, nsid) },
+		Auth:    func(host string) nvmetarget.AuthKeys { return ns.access.Load().auth[host] }}
 	if len(tc.PortGroups) > 0 {
 		// ALUA is on: NVMe reports the same state as ANA, this gateway's
 		// port group's (its TPGT), and tells the hosts when it changes.
@@ -215,6 +251,11 @@ func (n *Node) revokeNVMe(tc config.Target) {
 	ns.access.Store(now)
 	if k := ns.sub.Revoke(tc.NVMeAllows); k > 0 {
 		n.log.Info("change: NVMe controllers ended", "target", tc.Name, "count", k, "why", "the target's access rules no longer admit their hosts")
+	}
+	// A host whose secrets changed authenticated with the old ones: its
+	// controllers end, and it connects again with the new.
+	if k := ns.sub.Revoke(func(host string, _ net.Addr) bool { return sameAuth(was, now, host) }); k > 0 {
+		n.log.Info("change: NVMe controllers ended", "target", tc.Name, "count", k, "why", "their hosts' DH-HMAC-CHAP secrets changed")
 	}
 	for id := range ns.units {
 		for _, c := range ns.sub.Controllers() {

@@ -99,7 +99,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
 	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
 	targetSecret := fs.String("target-secret", "", "mutual CHAP: the target's user%secret (or BLOCKWIRE_TARGET_SECRET; off the command line: --target-secret-file)")
-	fs.Func("chap-secret-file", "CHAP: read the secret for the URL's user (iscsi://USER@host/...) from this file, not the command line (or BLOCKWIRE_CHAP_SECRET)", func(v string) error {
+	fs.Func("chap-secret-file", "CHAP: read the secret for the URL's user (iscsi://USER@host/...) from this file, not the command line (or BLOCKWIRE_CHAP_SECRET); for nvme+tcp:// URLs, the host's DH-HMAC-CHAP secret (DHHC-1:...)", func(v string) error {
 		b, err := os.ReadFile(v)
 		if err != nil {
 			return err
@@ -107,7 +107,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 		o.CHAP = &authCreds{Secret: strings.TrimRight(string(b), "\r\n")}
 		return nil
 	})
-	fs.Func("target-secret-file", "mutual CHAP: read the target's user%secret from this file", func(v string) error {
+	fs.Func("target-secret-file", "mutual CHAP: read the target's user%secret from this file; for nvme+tcp:// URLs, the controller's DH-HMAC-CHAP secret (bidirectional)", func(v string) error {
 		b, err := os.ReadFile(v)
 		if err != nil {
 			return err
@@ -409,7 +409,11 @@ func retrySetup(ctx context.Context, log *slog.Logger, retries int, open func() 
 // openOnce is one attempt of openDevice.
 func openOnce(ctx context.Context, u string, o initiator.Options) (device, error) {
 	if isNVMeURL(u) {
-		d, err := tcphost.Open(ctx, u, nvmeOptions(o))
+		ho, err := nvmeOptions(o)
+		if err != nil {
+			return nil, err
+		}
+		d, err := tcphost.Open(ctx, u, ho)
 		if err != nil {
 			return nil, err
 		}

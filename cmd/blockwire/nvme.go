@@ -10,6 +10,7 @@ import (
 
 	"github.com/blockwire/blockwire/blockdev"
 	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/nvme/dhchap"
 	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/scsi"
 )
@@ -18,14 +19,37 @@ import (
 func isNVMeURL(u string) bool { return strings.HasPrefix(u, "nvme+tcp://") }
 
 // nvmeOptions are the host's options from the client's flags: the
-// digests, and the host NQN from --initiator-name when that is an NQN
-// (else one made from a random host ID).
-func nvmeOptions(o initiator.Options) tcphost.Options {
+// digests, the host NQN from --initiator-name when that is an NQN (else
+// one made from a random host ID), and DH-HMAC-CHAP: the host's secret
+// from --chap-secret-file, the controller's (bidirectional) from
+// --target-secret-file, each in the "DHHC-1:XX:…:" form.
+func nvmeOptions(o initiator.Options) (tcphost.Options, error) {
 	h := tcphost.Options{HeaderDigest: o.HeaderDigest, DataDigest: o.DataDigest}
 	if strings.HasPrefix(o.InitiatorName, "nqn.") {
 		h.HostNQN = o.InitiatorName
 	}
-	return h
+	if o.CHAP != nil {
+		k, err := dhchap.ParseSecret(o.CHAP.Secret)
+		if err != nil {
+			return h, fmt.Errorf("--chap-secret-file for an NVMe host: %w", err)
+		}
+		h.DHCHAP = &k
+	}
+	if o.TargetCHAP != nil {
+		v := o.TargetCHAP.User // read whole: a DH-HMAC-CHAP secret has no user%
+		if o.TargetCHAP.Secret != "" {
+			v += "%" + o.TargetCHAP.Secret
+		}
+		k, err := dhchap.ParseSecret(v)
+		if err != nil {
+			return h, fmt.Errorf("--target-secret-file for an NVMe host: %w", err)
+		}
+		if h.DHCHAP == nil {
+			return h, errors.New("--target-secret-file for an NVMe host needs --chap-secret-file (the host authenticates first)")
+		}
+		h.DHCHAPCtrl = &k
+	}
+	return h, nil
 }
 
 // nvmeDevice is an NVMe namespace where the client commands take a LUN.
@@ -70,7 +94,12 @@ func discoverNVMe(url string, o initiator.Options, asJSON bool, stdout, stderr i
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	es, err := tcphost.Discover(ctx, u.Addr, nvmeOptions(o))
+	ho, err := nvmeOptions(o)
+	if err != nil {
+		fmt.Fprintln(stderr, "blockwire:", err)
+		return exitUsage
+	}
+	es, err := tcphost.Discover(ctx, u.Addr, ho)
 	if err != nil {
 		return fail(stderr, err)
 	}

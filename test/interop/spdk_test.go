@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/nvme/dhchap"
 	"github.com/blockwire/blockwire/nvme/tcphost"
 )
 
@@ -284,5 +285,115 @@ func TestOurHostAgainstSPDKTarget(t *testing.T) {
 	}
 	if err := b.Write(ctx, 1, 512, 64, blk, false); err != nil {
 		t.Fatalf("B's write once released: %v", err)
+	}
+}
+
+// TestSPDKDHCHAP: DH-HMAC-CHAP against SPDK both ways. SPDK's
+// spdk_nvme_perf authenticates to blockwire's target with the host's
+// secret (one way) and with the controller's too (both ways), and is
+// refused with another secret or none; blockwire's host (the CLI)
+// authenticates the same way. blockwire's host authenticates to SPDK's
+// nvmf_tgt, one way and both, and refuses a controller that cannot prove
+// the controller's secret.
+func TestSPDKDHCHAP(t *testing.T) {
+	src, anchor := spdk(t)
+	const host = "nqn.2026-11.org.blockwire:spdk-host"
+	dir := t.TempDir()
+	hk, ck, wrong := dhchap.NewSecret(32, dhchap.SHA256), dhchap.NewSecret(48, dhchap.SHA384), dhchap.NewSecret(32, 0)
+	for name, k := range map[string]dhchap.Secret{"host.key": hk, "ctrl.key": ck, "wrong.key": wrong} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(k.String()+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nvAddr := freePort(t)
+	cfg := filepath.Join(dir, "blockwire.toml")
+	os.WriteFile(cfg, []byte(`nvme_listen = ["`+nvAddr+`"]
+[[target]]
+name = "iqn.2026-11.org.blockwire:auth"
+[[target.acl]]
+host = "`+host+`"
+  [target.acl.dhchap]
+  secret_file = "host.key"
+  [target.acl.dhchap_ctrl]
+  secret_file = "ctrl.key"
+[[target.lun]]
+id = 0
+size = "64MiB"
+`), 0o600)
+	serve(t, "--config", cfg)
+	h, port, _ := strings.Cut(nvAddr, ":")
+	nqn := "nqn.2026-11.io.blockwire:iqn.2026-11.org.blockwire:auth"
+	trid := fmt.Sprintf("trtype:TCP adrfam:IPv4 traddr:%s trsvcid:%s subnqn:%s hostnqn:%s", h, port, nqn, host)
+	perf := func(keys ...string) (string, error) {
+		args := append([]string{"-r", trid, "-q", "8", "-o", "4096", "-w", "randrw", "-M", "50", "-t", "1", "-c", "0x1", "--no-huge", "-s", "512"}, keys...)
+		return spdkTool(t, src, time.Minute, "spdk_nvme_perf", args...)
+	}
+	for _, keys := range [][]string{{"--dhchap-key", filepath.Join(dir, "host.key")},
+		{"--dhchap-key", filepath.Join(dir, "host.key"), "--dhchap-ctrlr-key", filepath.Join(dir, "ctrl.key")}} {
+		out, err := perf(keys...)
+		if err != nil || !strings.Contains(out, "Total") || perfErrors(out) != "" {
+			t.Fatalf("spdk_nvme_perf %v: %v\n%s", keys, err, out)
+		}
+	}
+	for _, keys := range [][]string{{"--dhchap-key", filepath.Join(dir, "wrong.key")}, nil,
+		{"--dhchap-key", filepath.Join(dir, "host.key"), "--dhchap-ctrlr-key", filepath.Join(dir, "wrong.key")}} {
+		if out, err := perf(keys...); err == nil && strings.Contains(out, "Total") {
+			t.Fatalf("spdk_nvme_perf %v got in:\n%s", keys, out)
+		}
+	}
+	url := "nvme+tcp://" + nvAddr + "/" + nqn + "/1"
+	out, code := blockwire(t, "read", "--initiator-name", host, "--chap-secret-file", filepath.Join(dir, "host.key"),
+		"--target-secret-file", filepath.Join(dir, "ctrl.key"), "--length", "4096", "--out", filepath.Join(dir, "r"), url)
+	if code != 0 {
+		t.Fatalf("blockwire read with both secrets: exit %d\n%s", code, out)
+	}
+
+	// blockwire's host against SPDK's nvmf_tgt.
+	sport := strings.Split(freePort(t), ":")[1]
+	if out, err := exec.Command(filepath.Join(anchor, "nvmf-up.sh"), sport, "64").CombinedOutput(); err != nil {
+		t.Fatalf("nvmf-up.sh: %v\n%s", err, out)
+	}
+	t.Cleanup(func() { exec.Command(filepath.Join(anchor, "nvmf-down.sh"), sport).Run() })
+	home := filepath.Dir(src)
+	rpc := func(args ...string) {
+		t.Helper()
+		argv := append([]string{filepath.Join(src, "scripts/rpc.py"), "-s", filepath.Join(home, "run", "nvmf-"+sport+".sock")}, args...)
+		if out, err := exec.Command("/usr/bin/python3", argv...).CombinedOutput(); err != nil {
+			t.Fatalf("rpc.py %v: %v\n%s", args, err, out)
+		}
+	}
+	const snqn = "nqn.2016-06.io.spdk:anchor"
+	rpc("keyring_file_add_key", "hk", filepath.Join(dir, "host.key"))
+	rpc("keyring_file_add_key", "ck", filepath.Join(dir, "ctrl.key"))
+	rpc("nvmf_subsystem_allow_any_host", "--no-allow-any-host", snqn)
+	rpc("nvmf_subsystem_add_host", snqn, host, "--dhchap-key", "hk", "--dhchap-ctrlr-key", "ck")
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	addr := "127.0.0.1:" + sport
+	for _, o := range []tcphost.Options{{HostNQN: host, DHCHAP: &hk}, {HostNQN: host, DHCHAP: &hk, DHCHAPCtrl: &ck, IOQueues: 2}} {
+		c, err := tcphost.Connect(ctx, addr, snqn, o)
+		if err != nil {
+			t.Fatalf("our host to nvmf_tgt (controller secret %v): %v", o.DHCHAPCtrl != nil, err)
+		}
+		p := make([]byte, 8192)
+		rand.Read(p)
+		got := make([]byte, len(p))
+		if err := c.Write(ctx, 1, 512, 0, p, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Read(ctx, 1, 512, 0, got); err != nil || !bytes.Equal(got, p) {
+			t.Fatalf("read back: %v", err)
+		}
+		c.Close()
+	}
+	if c, err := tcphost.Connect(ctx, addr, snqn, tcphost.Options{HostNQN: host, DHCHAP: &hk, DHCHAPCtrl: &wrong}); !errors.Is(err, tcphost.ErrAuthentication) {
+		if c != nil {
+			c.Close()
+		}
+		t.Fatalf("a controller proving another secret: %v, want our host to refuse it", err)
+	}
+	if c, err := tcphost.Connect(ctx, addr, snqn, tcphost.Options{HostNQN: host, DHCHAP: &wrong}); err == nil {
+		c.Close()
+		t.Fatal("nvmf_tgt admitted another secret")
 	}
 }
