@@ -49,11 +49,11 @@ type LUConfig struct {
 
 // LU is one logical unit: a block device on a backend.
 type LU struct {
-	stats     Stats
-	dev       *Device
-	lun       uint64
-	be        backend.Backend
-	unit      *blockcore.Unit  // what the NVMe front end shares
+	stats Stats
+	dev   *Device
+	lun   uint64
+	be    backend.Backend
+	unit  *blockcore.Unit // what the NVMe front end shares
 	// otherWrites is held shared by every write another front end (NVMe)
 	// runs, from before its reservation check until it ended; a PREEMPT
 	// AND ABORT takes it exclusively once the state changed, so the
@@ -61,19 +61,19 @@ type LU struct {
 	// completes (prunit.go). Lock order: before lu.pr.mu; taken
 	// exclusively with no other lock held.
 	otherWrites sync.RWMutex
-	fences      int // PREEMPT AND ABORTs that waited for them (otherWrites held)
-	store     *blockcore.Store // the unit's: writes, durability, the flush latch
-	fast      bool             // the backend is backend.NonBlocking
-	q         *blockcore.Queue
-	unmapper  backend.Unmapper
-	blockSize int
-	blockBits uint
-	readOnly  bool
-	removable bool
-	serial    string
-	vendor    string
-	product   string
-	naa       [16]byte
+	fences      int              // PREEMPT AND ABORTs that waited for them (otherWrites held)
+	store       *blockcore.Store // the unit's: writes, durability, the flush latch
+	fast        bool             // the backend is backend.NonBlocking
+	q           *blockcore.Queue
+	unmapper    backend.Unmapper
+	blockSize   int
+	blockBits   uint
+	readOnly    bool
+	removable   bool
+	serial      string
+	vendor      string
+	product     string
+	naa         [16]byte
 	// epoch is the LU's creation; since reads the monotonic clock against
 	// it, one clock read where time.Now makes two (wall and monotonic):
 	// Begin and End time every command.
