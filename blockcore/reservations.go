@@ -108,6 +108,50 @@ type Reservations interface {
 	CanPersist() bool
 }
 
+// ReservationNotice is what happened to registrants, as NVMe's
+// reservation notification log reports it (SCSI's unit attentions say the
+// same: 2A/05, 2A/04, 2A/03).
+type ReservationNotice uint8
+
+// Reservation notices.
+const (
+	RegistrationPreempted ReservationNotice = 1 // their registration was preempted
+	ReservationReleased   ReservationNotice = 2 // the reservation they were under was released
+	ReservationPreempted  ReservationNotice = 3 // the reservation was preempted (or cleared)
+)
+
+// WatchReservations calls f with each notice and the names of the
+// registrants it is for, once the change that made it holds. f runs
+// with the state's lock held: it must not block, nor call the state.
+func (u *Unit) WatchReservations(f func(n ReservationNotice, names []string)) (cancel func()) {
+	u.watchMu.Lock()
+	defer u.watchMu.Unlock()
+	if u.resvWatchers == nil {
+		u.resvWatchers = map[int]func(ReservationNotice, []string){}
+	}
+	id := u.nextW
+	u.nextW++
+	u.resvWatchers[id] = f
+	return func() {
+		u.watchMu.Lock()
+		delete(u.resvWatchers, id)
+		u.watchMu.Unlock()
+	}
+}
+
+// NotifyReservation is the state's keeper telling the watchers.
+func (u *Unit) NotifyReservation(n ReservationNotice, names []string) {
+	u.watchMu.Lock()
+	fs := make([]func(ReservationNotice, []string), 0, len(u.resvWatchers))
+	for _, f := range u.resvWatchers {
+		fs = append(fs, f)
+	}
+	u.watchMu.Unlock()
+	for _, f := range fs {
+		f(n, names)
+	}
+}
+
 // SetReservations installs the unit's reservation state (its SCSI LU's,
 // at creation); Reservations returns it, nil when none was installed.
 func (u *Unit) SetReservations(r Reservations) { u.resv = r }

@@ -54,6 +54,8 @@ type Unit struct {
 	watchMu  sync.Mutex
 	watchers map[int]func()
 	nextW    int
+	// resvWatchers are WatchReservations' (watchMu).
+	resvWatchers map[int]func(ReservationNotice, []string)
 }
 
 // NewUnit builds a unit on cfg.Backend.

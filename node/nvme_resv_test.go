@@ -111,6 +111,19 @@ func TestReservationsAcrossFabrics(t *testing.T) {
 	expect("A writes under B's EA", a.Write(ctx, 1, 512, 0, blk, false), conflict)
 	expect("B writes", b.Write(ctx, 1, 512, 0, blk, true), 0)
 	expect("A's key is gone", a.ResvRelease(ctx, 1, 2, 0xaa, false), conflict)
+	// A's controller has the notice: Registration Preempted on
+	// namespace 1, read once.
+	log, err := a.LogPage(ctx, 0x80, 0, 0, 64)
+	if err != nil || log[8] != 1 || binary.LittleEndian.Uint32(log[12:]) != 1 || binary.LittleEndian.Uint64(log) == 0 {
+		t.Fatalf("A's reservation notification log %x, %v: want Registration Preempted on namespace 1", log[:16], err)
+	}
+	if log, err := a.LogPage(ctx, 0x80, 0, 0, 64); err != nil || binary.LittleEndian.Uint64(log) != 0 {
+		t.Fatalf("the log read again %x, %v: want no notice", log[:16], err)
+	}
+	// B masks Registration Preempted on namespace 1.
+	if _, err := b.Admin(ctx, &nvme.Command{Opcode: nvme.AdminSetFeatures, NSID: 1, CDW: [6]uint32{0x82, 1 << 1}}, nil, tcphost.NoData); err != nil {
+		t.Fatal(err)
+	}
 
 	rep := make([]byte, 4096)
 	_, err = b.IO(ctx, &nvme.Command{Opcode: nvme.OpResvReport, NSID: 1, CDW: [6]uint32{1023, 0}}, rep, tcphost.FromController)
@@ -143,6 +156,9 @@ func TestReservationsAcrossFabrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect("B writes after the iSCSI preemption", b.Write(ctx, 1, 512, 0, blk, false), conflict)
+	if log, err := b.LogPage(ctx, 0x80, 0, 0, 64); err != nil || binary.LittleEndian.Uint64(log) != 0 {
+		t.Fatalf("B's log %x, %v: want nothing (masked)", log[:16], err)
+	}
 	expect("B reads after the iSCSI preemption", b.Read(ctx, 1, 512, 0, blk), 0)
 	if err := scsiWrite(); err != nil {
 		t.Fatalf("the holder's iSCSI write: %v", err)

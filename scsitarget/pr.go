@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/backend"
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/internal/atomicfile"
 	"github.com/blockwire/blockwire/internal/logsample"
 	"github.com/blockwire/blockwire/scsi"
@@ -80,6 +81,16 @@ type prState struct {
 	reloadFails uint64
 	retryAt     time.Time
 	log         *slog.Logger
+	// notices are what a change in progress has for the registrants of
+	// other front ends (prUA), told the unit once the change holds
+	// (prChange).
+	notices []pendingNotice
+}
+
+// pendingNotice is a reservation notice and the registrants it is for.
+type pendingNotice struct {
+	n     blockcore.ReservationNotice
+	names []string
 }
 
 // After a reload of the shared record fails, commands use the last copy
@@ -320,10 +331,11 @@ var errSharedUnavailable = &scsi.Sense{Key: scsi.SenseAbortedCommand, ASC: 0x08,
 // change runs f, which changes the state (called with p.mu held), and
 // keeps the result: in the APTPL file, or in the shared record — there
 // on the newest state, running f again when another target stored first.
-func (lu *LU) prChange(f func(p *prState) error) error {
+func (lu *LU) prChange(f func(p *prState) error) (err error) {
 	p := &lu.pr
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	p.notices = nil
 	if p.shared == nil {
 		if err := f(p); err != nil {
 			return err
@@ -332,9 +344,18 @@ func (lu *LU) prChange(f func(p *prState) error) error {
 			lu.dev.log.Error("persistent reservations not saved", "lun", lu.lun, "file", p.file, "err", err)
 			return scsi.MediumError(true, 0)
 		}
+		lu.tellNotices()
 		return nil
 	}
+	defer func() {
+		// What the change that held left; nothing of one that failed.
+		if err != nil {
+			p.notices = nil
+		}
+		lu.tellNotices()
+	}()
 	for attempt := 0; ; attempt++ {
+		p.notices = nil
 		if err := p.refresh(true); err != nil {
 			lu.dev.log.Error("persistent reservations: reading the shared record", "lun", lu.lun, "err", err)
 			return errSharedUnavailable
@@ -360,6 +381,7 @@ func (lu *LU) prChange(f func(p *prState) error) error {
 			return nil
 		}
 		p.decode(&before)
+		p.notices = nil
 		if errors.Is(err, backend.ErrStale) && attempt < 64 {
 			// Another target stored first: run again on its record,
 			// after a random pause that grows with the attempts, so
@@ -610,6 +632,33 @@ func (lu *LU) prUA(keys map[prKey]bool, except prKey, s scsi.Sense) {
 			n.addUA(lu.lun, s)
 		}
 	})
+	// The same for the registrants of other front ends (NVMe hosts
+	// register through every port), once the change holds.
+	var names []string
+	for k := range keys {
+		if k != except && k.tp == "" {
+			names = append(names, k.ip)
+		}
+	}
+	if len(names) == 0 {
+		return
+	}
+	n := blockcore.ReservationPreempted
+	switch s {
+	case uaRegistrationsPreempted:
+		n = blockcore.RegistrationPreempted
+	case uaReservationsReleased:
+		n = blockcore.ReservationReleased
+	}
+	lu.pr.notices = append(lu.pr.notices, pendingNotice{n, names})
+}
+
+// tellNotices tells the unit's watchers what the change left (p.mu held).
+func (lu *LU) tellNotices() {
+	for _, n := range lu.pr.notices {
+		lu.unit.NotifyReservation(n.n, n.names)
+	}
+	lu.pr.notices = nil
 }
 
 var (

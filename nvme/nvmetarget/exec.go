@@ -189,6 +189,7 @@ const (
 	featAsyncEvent   = 0x0b
 	featKeepAlive    = 0x0f
 	featHostID       = 0x81
+	featResvMask     = 0x82
 	featResvPersist  = 0x83
 	aenNamespace     = 1 << 8 // Namespace Attribute Notices
 	logError         = 0x01
@@ -196,6 +197,7 @@ const (
 	logFirmware      = 0x03
 	logChangedNS     = 0x04
 	logEffects       = 0x05
+	logResvNotice    = 0x80
 	logDiscovery     = 0x70
 	identifyNS       = 0x00
 	identifyCtrl     = 0x01
@@ -288,6 +290,27 @@ func (c *Controller) setFeature(cmd *nvme.Command, data []byte) Result {
 		return Result{} // accepted and without effect over a fabric
 	case featHostID:
 		return fail(nvme.MakeStatus(nvme.SCTGeneric, 0x0c, true)) // set at Connect only
+	case featResvMask:
+		// The notices masked (bits 1 to 3), for one namespace or (NSID
+		// FFFFFFFFh) every one.
+		if c.s.discovery {
+			return fail(nvme.StatusInvalidField)
+		}
+		if c.resvMask == nil {
+			c.resvMask = map[uint32]uint32{}
+		}
+		if cmd.NSID == 0xffffffff {
+			for _, id := range c.s.Namespaces() {
+				c.resvMask[id] = v & 0xe
+			}
+			c.resvMask[0xffffffff] = v & 0xe
+			return Result{}
+		}
+		if c.s.namespace(c.hostNQN, cmd.NSID) == nil {
+			return fail(nvme.StatusInvalidNamespace)
+		}
+		c.resvMask[cmd.NSID] = v & 0xe
+		return Result{}
 	}
 	return fail(nvme.StatusInvalidField)
 }
@@ -319,18 +342,22 @@ func (c *Controller) getFeature(cmd *nvme.Command, data []byte) Result {
 		return Result{CQE: nvme.Completion{DW0: 343}} // 70 °C, in kelvin
 	case featResvPersist:
 		// PTPL of the namespace's reservation state (changed by a
-		// Reservation Register's CPTPL).
+		// Reservation Register's CPTPL), read without c.mu (lock order:
+		// the reservation state before c.mu, resv.go).
 		c.mu.Unlock()
-		u := c.s.namespace(c.hostNQN, cmd.NSID)
-		c.mu.Lock()
-		if u == nil || u.Reservations() == nil {
-			return fail(nvme.StatusInvalidField)
-		}
 		var on uint32
-		if u.Reservations().Status().Persist {
+		u := c.s.namespace(c.hostNQN, cmd.NSID)
+		ok := u != nil && u.Reservations() != nil
+		if ok && u.Reservations().Status().Persist {
 			on = 1
 		}
+		c.mu.Lock()
+		if !ok {
+			return fail(nvme.StatusInvalidField)
+		}
 		return Result{CQE: nvme.Completion{DW0: on}}
+	case featResvMask:
+		return Result{CQE: nvme.Completion{DW0: c.resvMaskOf(cmd.NSID)}}
 	case featHostID:
 		if cmd.CDW[1]&1 == 0 || len(data) < 16 {
 			return fail(nvme.StatusInvalidField) // only the 128-bit identifier

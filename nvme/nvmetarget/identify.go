@@ -213,6 +213,8 @@ func (c *Controller) getLogPage(cmd *nvme.Command, data []byte) Result {
 			return fail(nvme.StatusInvalidLogPage)
 		}
 		page = c.anaLog(cmd.CDW[0]>>8&1 != 0) // LSP bit 0: return groups only
+	case lid == logResvNotice:
+		page = c.resvLogPage(rae)
 	case lid == logEffects:
 		page = make([]byte, 4096)
 		for _, op := range []uint8{nvme.AdminGetLogPage, nvme.AdminIdentify, nvme.AdminAbort, nvme.AdminSetFeatures,

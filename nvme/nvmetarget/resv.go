@@ -177,3 +177,82 @@ func rescap(u *blockcore.Unit) byte {
 	}
 	return b
 }
+
+// resvEntry is one reservation notification.
+type resvEntry struct {
+	nsid uint32
+	n    blockcore.ReservationNotice
+}
+
+// resvLogLimit bounds the notices a controller keeps for its host to
+// read; older ones are dropped (the log's count tells the host some were).
+const resvLogLimit = 64
+
+// reservationNotice tells the controllers of the hosts names lists that
+// notice n happened on namespace nsid (called with the reservation
+// state's lock held: it takes s.mu and each controller's mu, and sends
+// the event from a goroutine of its own).
+func (s *Subsystem) reservationNotice(nsid uint32, n blockcore.ReservationNotice, names []string) {
+	s.mu.Lock()
+	ctrls := s.controllers()
+	s.mu.Unlock()
+	for _, c := range ctrls {
+		if slices.Contains(names, c.resvName) && s.visible(c.hostNQN, nsid) {
+			c.resvNotice(nsid, n)
+		}
+	}
+}
+
+// resvNotice logs a notice and raises its event: I/O command specific
+// status (type 6), Reservation Log Page Available (00h), log 80h — unless
+// the host masked it for the namespace (Set Features 82h).
+func (c *Controller) resvNotice(nsid uint32, n blockcore.ReservationNotice) {
+	c.mu.Lock()
+	if c.resvMaskOf(nsid)&(1<<n) != 0 {
+		c.mu.Unlock()
+		return
+	}
+	c.resvCount++
+	if c.resvCount == 0 {
+		c.resvCount = 1
+	}
+	if len(c.resvLog) == resvLogLimit {
+		c.resvLog = c.resvLog[1:]
+	}
+	c.resvLog = append(c.resvLog, resvEntry{nsid, n})
+	post := c.eventLocked(6 | 0x00<<8 | logResvNotice<<16)
+	c.mu.Unlock()
+	if post != nil {
+		go post()
+	}
+}
+
+// resvMaskOf is the notices masked for nsid (c.mu held).
+func (c *Controller) resvMaskOf(nsid uint32) uint32 {
+	if m, ok := c.resvMask[nsid]; ok {
+		return m
+	}
+	return c.resvMask[0xffffffff]
+}
+
+// resvLogPage is the reservation notification log page: the oldest
+// notice not read (all zeroes when none), taken off the log unless rae.
+// Its count is the notice's number among all this controller logged; the
+// number of available pages, the notices after it (at most 255).
+func (c *Controller) resvLogPage(rae bool) []byte {
+	page := make([]byte, 64)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.resvLog) == 0 {
+		return page
+	}
+	e := c.resvLog[0]
+	put64(page[0:], c.resvCount-uint64(len(c.resvLog))+1)
+	page[8] = byte(e.n)
+	page[9] = byte(min(len(c.resvLog)-1, 255))
+	put32(page[12:], e.nsid)
+	if !rae {
+		c.resvLog = c.resvLog[1:]
+	}
+	return page
+}

@@ -181,6 +181,9 @@ type Subsystem struct {
 	cfg       SubsystemConfig
 	discovery bool
 
+	// resvWatch cancels each namespace's reservation notices (mu).
+	resvWatch map[uint32]func()
+
 	// authSeq numbers the DH-HMAC-CHAP challenges (from a random start).
 	authSeq atomic.Uint32
 
@@ -228,6 +231,10 @@ func (t *Target) RemoveSubsystem(nqn string) {
 	if s != nil {
 		s.mu.Lock()
 		s.closed = true
+		for _, cancel := range s.resvWatch {
+			cancel()
+		}
+		s.resvWatch = nil
 		s.mu.Unlock()
 		s.Revoke(func(string, net.Addr) bool { return true })
 	}
@@ -270,6 +277,16 @@ func (s *Subsystem) SetNamespace(nsid uint32, u *blockcore.Unit) error {
 	}
 	s.ns.Store(&ns)
 	ctrls := s.controllers()
+	if cancel := s.resvWatch[nsid]; cancel != nil {
+		cancel()
+		delete(s.resvWatch, nsid)
+	}
+	if u != nil {
+		if s.resvWatch == nil {
+			s.resvWatch = map[uint32]func(){}
+		}
+		s.resvWatch[nsid] = u.WatchReservations(func(n blockcore.ReservationNotice, names []string) { s.reservationNotice(nsid, n, names) })
+	}
 	s.mu.Unlock()
 	for _, c := range ctrls {
 		c.nsChanged(nsid)
