@@ -39,17 +39,17 @@ type Controller struct {
 	csts   uint32
 	queues map[uint16]*Queue // 0: the admin queue
 	// nqueues is the I/O queues granted (Set Features, Number of Queues).
-	nqueues   int
-	aerCIDs   []uint16 // outstanding Asynchronous Event Requests
-	events    []uint32 // events waiting for a request (DW0s)
-	changed   []uint32 // the changed namespace list (log page 04h)
+	nqueues int
+	aerCIDs []uint16 // outstanding Asynchronous Event Requests
+	events  []uint32 // events waiting for a request (DW0s)
+	changed []uint32 // the changed namespace list (log page 04h)
 	// The reservation notification log (log page 80h): notices not read
 	// yet, oldest first, and how many were ever logged; resvMask, by
 	// namespace, the notices masked (Set Features 82h).
 	resvLog   []resvEntry
 	resvCount uint64
 	resvMask  map[uint32]uint32
-	aen       uint32   // Asynchronous Event Configuration
+	aen       uint32 // Asynchronous Event Configuration
 	kato      time.Duration
 	kaTimer   *time.Timer
 	destroyed bool
