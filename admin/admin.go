@@ -158,6 +158,10 @@ type CHAPChange struct {
 	Discovery bool   `json:"discovery,omitempty"`
 	// Mutual is the target's own credentials (mutual CHAP).
 	Mutual bool `json:"mutual,omitempty"`
+	// NVMe: Initiator is an NVMe host NQN, and the secret its entry's
+	// DH-HMAC-CHAP secret (the DHHC-1 form, no user); with Mutual, the
+	// controller's (bidirectional).
+	NVMe bool `json:"nvme,omitempty"`
 	// Clear removes them; else User with Secret (kept in the node's
 	// state, mode 0600) or SecretFile (a file the node reads).
 	Clear      bool   `json:"clear,omitempty"`

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/node"
@@ -89,4 +90,31 @@ func TestNVMeDHCHAP(t *testing.T) {
 		t.Fatalf("the new secret: %v", err)
 	}
 	c3.Close()
+
+	// Through the administration API: host B gets a secret; it is asked
+	// for at once.
+	cb, err = tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostB})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cb.Close()
+	kd := dhchap.NewSecret(32, dhchap.SHA512)
+	if err := n.SetCHAP(admin.CHAPChange{Target: diskA, Initiator: hostB, NVMe: true, Secret: kd.String()}); err != nil {
+		t.Fatal(err)
+	}
+	if err := n.SetCHAP(admin.CHAPChange{Target: diskA, Initiator: hostB, NVMe: true, Secret: "not a secret"}); err == nil {
+		t.Fatal("the API took a secret not in the DHHC-1 form")
+	}
+	waitfor.True(t, 5*time.Second, func() bool {
+		return cb.Read(ctx, 1, 512, 0, make([]byte, 512)) != nil
+	}, func() string { return "host B's controller, made without a secret, still reads" })
+	if c4, err := tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostB}); err == nil {
+		c4.Close()
+		t.Fatal("host B connected without its new secret")
+	}
+	c5, err := tcphost.Connect(ctx, nv, nqn, tcphost.Options{HostNQN: hostB, DHCHAP: &kd})
+	if err != nil {
+		t.Fatalf("host B with its new secret: %v", err)
+	}
+	c5.Close()
 }

@@ -319,6 +319,9 @@ func (n *Node) ChangeACL(ch admin.ACLChange) error {
 
 // SetCHAP implements admin.Control.
 func (n *Node) SetCHAP(ch admin.CHAPChange) error {
+	if ch.NVMe {
+		return n.setDHCHAP(ch)
+	}
 	var sec *config.Secret
 	if !ch.Clear {
 		if ch.User == "" || (ch.Secret == "") == (ch.SecretFile == "") {
@@ -361,6 +364,49 @@ func (n *Node) SetCHAP(ch admin.CHAPChange) error {
 		}
 		return nil
 	}, "admin: CHAP changed", "target", ch.Target, "initiator", ch.Initiator, "discovery", ch.Discovery, "mutual", ch.Mutual, "cleared", ch.Clear)
+}
+
+// setDHCHAP sets or clears an NVMe host entry's DH-HMAC-CHAP secret (its
+// own, or with Mutual the controller's). The new rules hold at once: the
+// host's controllers end and it authenticates again (revokeNVMe).
+func (n *Node) setDHCHAP(ch admin.CHAPChange) error {
+	var sec *config.Secret
+	if !ch.Clear {
+		if ch.User != "" || (ch.Secret == "") == (ch.SecretFile == "") {
+			return errors.New("DH-HMAC-CHAP: a secret or a secret file (not both), and no user (the host NQN names it)")
+		}
+		sec = &config.Secret{Secret: ch.Secret, SecretFile: ch.SecretFile}
+	}
+	return n.change(Consent{}, func(c *config.Config) error {
+		var acl *[]config.ACL
+		switch {
+		case ch.Discovery:
+			if c.Discovery == nil {
+				return errors.New("no [discovery] rules: add the host to them first")
+			}
+			acl = &c.Discovery.ACL
+		default:
+			t, err := targetOf(c, ch.Target)
+			if err != nil {
+				return err
+			}
+			acl = &t.ACL
+		}
+		j := slices.IndexFunc(*acl, func(a config.ACL) bool { return a.Host == ch.Initiator })
+		if ch.Initiator == "" || j < 0 {
+			return fmt.Errorf("%s has no ACL entry for NVMe host %q (blockwire admin acl-add --nvme first)", ch.Target, ch.Initiator)
+		}
+		e := &(*acl)[j]
+		switch {
+		case ch.Mutual:
+			e.DHCHAPCtrl = sec
+		case ch.Clear && e.DHCHAPCtrl != nil:
+			return errors.New("clear the controller's secret (--mutual) first: it needs the host's")
+		default:
+			e.DHCHAP = sec
+		}
+		return nil
+	}, "admin: DH-HMAC-CHAP changed", "target", ch.Target, "host", ch.Initiator, "discovery", ch.Discovery, "controller", ch.Mutual, "cleared", ch.Clear)
 }
 
 // SetPortals implements admin.Control.

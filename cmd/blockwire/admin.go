@@ -50,6 +50,9 @@ const adminUsage = `usage: blockwire admin [--socket PATH | --url http://HOST:PO
                                     CHAP for a target, one initiator's ACL entry or discovery;
                                     --mutual: the target's own (mutual CHAP). Secrets never on
                                     the command line: a file in an --admin-dir, or standard input
+  chap --nvme (TARGET HOST-NQN | --discovery HOST-NQN) [--mutual] (--secret-file F | --secret-stdin | --clear)
+                                    an NVMe host's DH-HMAC-CHAP secret (DHHC-1:…);
+                                    --mutual: the controller's (bidirectional)
   portals TARGET [ADDR,...]         the iSCSI portals that serve it (none: every portal)
   reload [--dry-run] [--shrink] [--force]
                                     apply the changes the configuration file made since it
@@ -115,7 +118,7 @@ func newAdminFlags(fs *flag.FlagSet) *adminFlags {
 		from:        fs.String("from", "", "acl-add: the networks it may log in from, comma-separated"),
 		lunList:     fs.String("luns", "", "acl-add: the LUNs it sees, comma-separated (N, or M=N)"),
 		srpPort:     fs.Bool("srp", false, "acl-*: the initiator is an SRP port (ID_EXT:GUID)"),
-		nvmeHost:    fs.Bool("nvme", false, "acl-*, map-lun, unmap-lun: the initiator is an NVMe host NQN (its LUNs are plain numbers: the namespaces N+1 it sees)"),
+		nvmeHost:    fs.Bool("nvme", false, "acl-*, map-lun, unmap-lun: the initiator is an NVMe host NQN (its LUNs are plain numbers: the namespaces N+1 it sees); chap: its DH-HMAC-CHAP secret (with --mutual, the controller's)"),
 		user:        fs.String("user", "", "chap: the user name"),
 		secretFile:  fs.String("secret-file", "", "chap: the file holding the secret (in an --admin-dir; the node reads it)"),
 		secretStdin: fs.Bool("secret-stdin", false, "chap: read the secret from standard input (kept in the node's state, mode 0600)"),
@@ -396,8 +399,10 @@ func adminACL(c *adminCall) int {
 
 func adminCHAP(c *adminCall) int {
 	f, pos := c.f, c.pos
-	ch := admin.CHAPChange{Discovery: *f.discovery, Mutual: *f.mutual, Clear: *f.clearCHAP, User: *f.user, SecretFile: *f.secretFile}
+	ch := admin.CHAPChange{Discovery: *f.discovery, Mutual: *f.mutual, Clear: *f.clearCHAP, User: *f.user, SecretFile: *f.secretFile, NVMe: *f.nvmeHost}
 	switch {
+	case *f.nvmeHost && *f.discovery && len(pos) == 2:
+		ch.Initiator = pos[1] // the discovery rules' host entry
 	case *f.discovery && len(pos) != 1, !*f.discovery && len(pos) != 2 && len(pos) != 3:
 		return c.usage()
 	case !*f.discovery:
@@ -413,6 +418,13 @@ func adminCHAP(c *adminCall) int {
 			return exitError
 		}
 		ch.Secret = strings.TrimRight(string(b), "\r\n")
+	}
+	if ch.NVMe {
+		if !ch.Clear && (ch.User != "" || (ch.Secret == "") == (ch.SecretFile == "")) {
+			fmt.Fprintln(c.stderr, "blockwire admin: chap --nvme needs one of --secret-file or --secret-stdin (a DHHC-1 secret, no --user), or --clear")
+			return exitUsage
+		}
+		return c.post("POST", "/chap", ch)
 	}
 	if !ch.Clear && (ch.User == "" || (ch.Secret == "") == (ch.SecretFile == "")) {
 		fmt.Fprintln(c.stderr, "blockwire admin: chap needs --user and one of --secret-file or --secret-stdin (or --clear)")

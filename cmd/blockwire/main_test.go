@@ -65,7 +65,7 @@ func TestHelpAndExitCodes(t *testing.T) {
 		{[]string{"admin", "--socket", filepath.Join(dir, "none.sock"), "luns"}, 3, "is blockwire serve running with --admin-socket"},
 		{[]string{"config", "check", intSize}, 1, "as a string in quotes"},
 		{[]string{"config", "check", exposed}, 0, "mode 0644: group or others can read the secret"},
-		{[]string{"config", "keys"}, 0, "rdma_memory                          size (a string such as \"64MiB\")    256MiB"},
+		{[]string{"config", "keys"}, 0, "rdma_memory                            size (a string such as \"64MiB\")    256MiB"},
 		{[]string{"config", "check", "--strict", exposed}, 1, "chmod 600"},
 		{[]string{"serve", "--config", exposed, "--strict-secrets", "--listen", "127.0.0.1:0"}, 1, "refused (--strict-secrets)"},
 	} {
