@@ -100,6 +100,16 @@ func (c *client) connect(ctx context.Context) error {
 		return err
 	}
 	c.nv = nv
+	if c.pr {
+		// An NVMe host registers once for all its controllers: its
+		// nexus in the model is the host's, the same for every
+		// controller (a write of an earlier controller may land once the
+		// host registered again, as the target lets it).
+		if c.nexus == 0 {
+			c.nexus = c.rec.newNexus(c.id)
+		}
+		c.register()
+	}
 	return nil
 }
 
@@ -152,6 +162,15 @@ func (c *client) block(ctx context.Context, kind opKind, block int, buf []byte, 
 	return err
 }
 
+// conflict reports whether err is a reservation conflict: the command
+// was refused before it ran.
+func conflict(err error) bool {
+	var se *initiator.SCSIError
+	var ne *tcphost.StatusError
+	return errors.As(err, &se) && se.Status == statusReservationConflict ||
+		errors.As(err, &ne) && ne.Status.SCT() == 0 && ne.Status.SC() == 0x83
+}
+
 // answered reports whether err is a command's status: it ended, with
 // the target's answer.
 func answered(err error) bool {
@@ -198,9 +217,20 @@ func (c *client) register() {
 	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.OpTimeout)
 	defer cancel()
 	var err error
-	s := c.s
+	via := c.reached()
 	for range 4 {
 		op.Call = c.now()
+		if c.nv != nil {
+			// Reservation Register, replace with IEKEY: registers the
+			// host, or gives it the key again (REGISTER AND IGNORE
+			// EXISTING KEY).
+			nv := c.nv
+			if err = nv.ResvRegister(ctx, 1, tcphost.ResvReplace, 0, clientKey(c.id), true, 0); err != nil && !answered(err) {
+				nv.Close()
+				c.nv = nil
+			}
+			break
+		}
 		_, err = c.do(ctx, prOut(6), prParams(0, clientKey(c.id)), nil)
 		var se *initiator.SCSIError
 		if !errors.As(err, &se) || se.Status != scsi.StatusCheckCondition || se.Sense == nil || se.Sense.Key != scsi.SenseUnitAttention {
@@ -210,7 +240,7 @@ func (c *client) register() {
 	}
 	op.Return = c.now()
 	if err != nil {
-		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return, via: c.via(s)}
+		op.Return, op.Output = math.MaxInt64, output{unknown: true, failed: op.Return, via: via, quiesce: c.quiesce()}
 		c.rec.count("register failed")
 	} else {
 		c.rec.count("register ok")
@@ -252,13 +282,12 @@ func (c *client) run(ctx context.Context) {
 			err := c.block(octx, opWrite, block, buf, fua)
 			c.writing.Store(0)
 			op.Return = c.now()
-			var se *initiator.SCSIError
 			switch {
-			case errors.As(err, &se) && se.Status == statusReservationConflict:
+			case conflict(err):
 				// Refused before it ran: it did not happen. Register
 				// again (a preemption, or a new session).
 				c.rec.count("write refused: reservation conflict")
-				if c.s != nil {
+				if c.connected() {
 					c.register()
 				}
 			case answered(err):

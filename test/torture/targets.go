@@ -25,6 +25,9 @@ type targetRunner interface {
 	start() (string, error)
 	crash() int
 	stop()
+	// iscsi is the target's iSCSI portal when it serves another fabric
+	// (NVMe/TCP) on the address start returned ("" when none).
+	iscsi() string
 }
 
 // incarnation is the target in this process as it runs between two
@@ -67,6 +70,15 @@ func (t *incarnation) start() (string, error) {
 	return "", fmt.Errorf("the node has no %s portal", want)
 }
 
+func (t *incarnation) iscsi() string {
+	for _, p := range t.n.Portals() {
+		if p.Transport == config.ISCSI {
+			return p.Address
+		}
+	}
+	return ""
+}
+
 // crash loses power under the target: the disk's cache goes first, then
 // the server (nothing of it reaches the disk again).
 func (t *incarnation) crash() int {
@@ -94,7 +106,11 @@ type process struct {
 	// cut is the error of the last power-cut command (Config.PowerCut):
 	// the next start reports it.
 	cut error
+	// iscsiAddr is its iSCSI portal when it serves NVMe/TCP on addr.
+	iscsiAddr string
 }
+
+func (p *process) iscsi() string { return p.iscsiAddr }
 
 func (p *process) start() (string, error) {
 	if p.cut != nil {
@@ -133,7 +149,8 @@ func (p *process) start() (string, error) {
 		if err != nil {
 			return "", err
 		}
-		listen = []string{"--nvme-listen", p.addr, "--listen", l.Addr().String()}
+		p.iscsiAddr = l.Addr().String()
+		listen = []string{"--nvme-listen", p.addr, "--listen", p.iscsiAddr}
 		l.Close()
 	}
 	args := append(append([]string{"serve"}, listen...), "--iqn", iqn, "--block-size", strconv.Itoa(blockSize),
@@ -222,6 +239,8 @@ func (g *gateways) start() (string, error) {
 	}
 	return g.ps[0].addr, nil
 }
+
+func (g *gateways) iscsi() string { return "" }
 
 func (g *gateways) crash() int {
 	k := g.rng.IntN(len(g.ps))

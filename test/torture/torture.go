@@ -208,8 +208,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		return nil, fmt.Errorf("fabric %q: tcp, iser or nvme", cfg.Fabric)
 	}
 	pr := slices.Contains(cfg.Faults, "preempt")
-	if cfg.Fabric == "nvme" && (pr || cfg.RBD != "" || cfg.Connections > 1 || slices.Contains(cfg.Faults, "reset-one")) {
-		return nil, errors.New(`over NVMe/TCP: no "preempt", "reset-one", gateways or more connections yet`)
+	if cfg.Fabric == "nvme" && (cfg.RBD != "" || cfg.Connections > 1 || slices.Contains(cfg.Faults, "reset-one")) {
+		return nil, errors.New(`over NVMe/TCP: no "reset-one", gateways or more connections yet`)
 	}
 	if pr && slices.Contains(cfg.Faults, "crash") {
 		return nil, errors.New(`"preempt" and "crash" do not mix: registrations do not survive a power loss`)
@@ -284,8 +284,14 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if pr {
 		// The preemptor: a session straight to the target (no proxy
 		// fault reaches it) holding a Write Exclusive – Registrants
-		// Only reservation.
-		if admin, err = reserve(ctx, addr); err != nil {
+		// Only reservation. Over NVMe/TCP it is an iSCSI session to the
+		// same LU: one reservation state, the hosts preempted across
+		// the fabrics.
+		adminAddr := addr
+		if cfg.Fabric == "nvme" {
+			adminAddr = tg.iscsi()
+		}
+		if admin, err = reserve(ctx, adminAddr); err != nil {
 			return nil, fmt.Errorf("reserving: %w", err)
 		}
 		defer admin.Close()
