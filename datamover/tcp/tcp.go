@@ -15,6 +15,7 @@ import (
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/sendguard"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
@@ -22,7 +23,7 @@ import (
 type Conn struct {
 	nc    net.Conn
 	br    *bufio.Reader
-	poll  *poller    // under br, after SetPoll on a TCP socket
+	poll  *sockpoll.Reader // under br, after SetPoll on a TCP socket
 	rw    *rawWriter // under wmu's flushing, after SetPoll on a TCP socket
 	stamp datamover.Stamper
 
@@ -110,13 +111,13 @@ type batch struct {
 
 // SetPoll makes the connection's reader poll its socket for up to d after
 // finding it empty before it sleeps (see poller), and its reads and writes
-// raw system calls (poller, rawWriter); 0: it sleeps at once. Call it
+// raw system calls (sockpoll.Reader, rawWriter); 0: it sleeps at once. Call it
 // before Serve.
 func (c *Conn) SetPoll(d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	if c.poll = newPoller(c.nc, d); c.poll != nil {
+	if c.poll = sockpoll.New(c.nc, d); c.poll != nil {
 		c.br.Reset(c.poll)
 		c.rw = newRawWriter(c.nc)
 	}

@@ -294,8 +294,8 @@ func (g Group) Prime() *big.Int {
 	return p
 }
 
-// Bytes is the length of g's public values and secrets (0 for Null).
-func (g Group) Bytes() int {
+// Len is the length of g's public values and secrets (0 for Null).
+func (g Group) Len() int {
 	if p := g.Prime(); p != nil {
 		return (p.BitLen() + 7) / 8
 	}
@@ -323,14 +323,14 @@ func NewKeyPair(g Group) (*KeyPair, error) {
 	}
 	x.Add(x, big.NewInt(2))
 	y := new(big.Int).Exp(big.NewInt(2), x, p)
-	return &KeyPair{g: g, p: p, x: x, Public: y.FillBytes(make([]byte, g.Bytes()))}, nil
+	return &KeyPair{g: g, p: p, x: x, Public: y.FillBytes(make([]byte, g.Len()))}, nil
 }
 
 // Secret is the shared secret with the peer's public value, padded to
 // the group's length; a public value outside [2, p-2] is refused.
 func (k *KeyPair) Secret(peer []byte) ([]byte, error) {
-	if len(peer) != k.g.Bytes() {
-		return nil, fmt.Errorf("dhchap: a public value of %d bytes in a group of %d", len(peer), k.g.Bytes())
+	if len(peer) != k.g.Len() {
+		return nil, fmt.Errorf("dhchap: a public value of %d bytes in a group of %d", len(peer), k.g.Len())
 	}
 	y := new(big.Int).SetBytes(peer)
 	top := new(big.Int).Sub(k.p, big.NewInt(1))
@@ -338,5 +338,5 @@ func (k *KeyPair) Secret(peer []byte) ([]byte, error) {
 		return nil, errors.New("dhchap: the peer's public value is out of range")
 	}
 	z := new(big.Int).Exp(y, k.x, k.p)
-	return z.FillBytes(make([]byte, k.g.Bytes())), nil
+	return z.FillBytes(make([]byte, k.g.Len())), nil
 }

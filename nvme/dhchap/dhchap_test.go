@@ -101,11 +101,11 @@ func TestGroups(t *testing.T) {
 		b, _ := NewKeyPair(g)
 		s1, err1 := a.Secret(b.Public)
 		s2, err2 := b.Secret(a.Public)
-		if err1 != nil || err2 != nil || !bytes.Equal(s1, s2) || len(s1) != g.Bytes() {
+		if err1 != nil || err2 != nil || !bytes.Equal(s1, s2) || len(s1) != g.Len() {
 			t.Fatalf("group %d: secrets differ: %v %v", g, err1, err2)
 		}
-		top := new(big.Int).Sub(g.Prime(), one).FillBytes(make([]byte, g.Bytes()))
-		for _, bad := range [][]byte{big.NewInt(1).FillBytes(make([]byte, g.Bytes())), top, a.Public[1:]} {
+		top := new(big.Int).Sub(g.Prime(), one).FillBytes(make([]byte, g.Len()))
+		for _, bad := range [][]byte{big.NewInt(1).FillBytes(make([]byte, g.Len())), top, a.Public[1:]} {
 			if _, err := a.Secret(bad); err == nil {
 				t.Errorf("group %d: public value %x… accepted", g, bad[:4])
 			}

@@ -1,4 +1,7 @@
-package tcp
+// Package sockpoll reads a TCP socket by polling it for a while before
+// sleeping in Go's network poller: iSCSI's TCP datamover and the NVMe/TCP
+// target read their connections through it when serve polls (--poll).
+package sockpoll
 
 import (
 	"io"
@@ -14,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// poller reads a TCP socket that it polls, without blocking, for up to
+// Reader reads a TCP socket that it polls, without blocking, for up to
 // spin after finding it empty, before it waits in Go's network poller. A
 // target core that would halt between a response and the next command
 // (and take a wake-up to run again: tens of microseconds in a virtual
@@ -23,8 +26,8 @@ import (
 // as before, so an idle connection costs no CPU. While it spins it yields
 // to the process's other goroutines between attempts.
 //
-// Its reads are raw system calls (as the connection's writes are then,
-// rawWriter): read(2) on the non-blocking socket never waits, so Go's
+// Its reads are raw system calls (as datamover/tcp's writes are then,
+// its rawWriter): read(2) on the non-blocking socket never waits, so Go's
 // scheduler need not be told of it, and it does not then retake the
 // reader's P or park a thread after the call. Measured with the target
 // polling 50 µs (docs/bench/journal.md): 4 KiB random reads at QD 32 +8-12 %
@@ -33,7 +36,7 @@ import (
 // calls' extra thread wake-ups had been catching the next PDU sooner), so
 // a connection that does not poll reads and writes as Go's net package
 // does.
-type poller struct {
+type Reader struct {
 	nc net.Conn // read through while it holds bytes of its own, and to sleep
 	// direct reports whether the socket can be read directly, nothing
 	// being held in front of it (a portal's look-ahead, prefixconn).
@@ -55,8 +58,9 @@ type poller struct {
 	polled, slept int
 }
 
-// newPoller returns a poller of nc, or nil when nc is no TCP socket.
-func newPoller(nc net.Conn, d time.Duration) *poller {
+// New returns a Reader of nc that polls up to d, or nil when nc is no
+// TCP socket.
+func New(nc net.Conn, d time.Duration) *Reader {
 	var tc *net.TCPConn
 	direct := func() bool { return true }
 	switch c := nc.(type) {
@@ -75,7 +79,7 @@ func newPoller(nc net.Conn, d time.Duration) *poller {
 	if err != nil {
 		return nil
 	}
-	r := &poller{nc: nc, direct: direct, rc: rc, spin: spin.New(d)}
+	r := &Reader{nc: nc, direct: direct, rc: rc, spin: spin.New(d)}
 	r.read = func(fd uintptr) bool {
 		for {
 			n, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(unsafe.SliceData(r.buf))), uintptr(len(r.buf)))
@@ -96,7 +100,7 @@ func newPoller(nc net.Conn, d time.Duration) *poller {
 	return r
 }
 
-func (r *poller) Read(p []byte) (int, error) {
+func (r *Reader) Read(p []byte) (int, error) {
 	if len(p) == 0 || !r.direct() {
 		return r.nc.Read(p)
 	}
@@ -134,3 +138,8 @@ func (r *poller) Read(p []byte) (int, error) {
 		runtime.Gosched()
 	}
 }
+
+// Counts reports the reads that found data while polling, and those that
+// slept first (for tests and measurements; call it from the reading
+// goroutine, or once it ended).
+func (r *Reader) Counts() (polled, slept int) { return r.polled, r.slept }
