@@ -19,8 +19,8 @@ import (
 // — a client that polls its core and is never the limit — the same runs
 // against each, rotating over the rounds. SPDK runs only while it is
 // measured (it polls its core even idle). The target's CPU time per I/O
-// is shown for blockwire. (blockwire's --poll is iSCSI's and iSER's: its
-// NVMe/TCP target has no polling mode yet, so there is no such column.)
+// is shown for blockwire, in the default mode and with --poll 1ms (its
+// connections' readers polling, as SPDK's reactor polls).
 func nvmeBench(bin string, pin bool) {
 	home, built := spdkHome()
 	if !built {
@@ -57,6 +57,8 @@ func nvmeBench(bin string, pin bool) {
 	}
 	bwt, stopBw := nvmeServe("blockwire")
 	defer stopBw()
+	bwp, stopBwp := nvmeServe("blockwire-poll", "--poll", "1ms")
+	defer stopBwp()
 
 	secs := strconv.Itoa(max(int(dur/time.Second), 1))
 	run := func(what string, args ...string) func(target) (float64, error) {
@@ -100,7 +102,7 @@ func nvmeBench(bin string, pin bool) {
 			return v, err
 		}
 	}
-	results := roundsN(ws, spdk, bwt)
+	results := roundsN(ws, spdk, bwt, bwp)
 
 	host, _ := os.Hostname()
 	how := "each target pinned to core 1, spdk_nvme_perf on core 0"
@@ -109,10 +111,10 @@ func nvmeBench(bin string, pin bool) {
 	}
 	fmt.Printf("\nNVMe/TCP per target core: SPDK nvmf_tgt vs blockwire, 1 GiB RAM namespaces, %s, %s, %s, %d cores, %d rounds of %s (median [min-max])\n\n",
 		how, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds, dur)
-	fmt.Println("| workload | unit | SPDK | blockwire | blockwire/SPDK | blockwire's CPU µs per I/O |")
-	fmt.Println("|---|---|---|---|---|---|")
+	fmt.Println("| workload | unit | SPDK | blockwire | blockwire, polling | blockwire/SPDK | polling/SPDK | target CPU µs per I/O: blockwire | polling |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|")
 	for _, w := range ws {
-		s, b := results[w.name]["spdk"], results[w.name]["blockwire"]
+		s, b, bp := results[w.name]["spdk"], results[w.name]["blockwire"], results[w.name]["blockwire-poll"]
 		ratio := func(a, b []float64) string {
 			if len(a) == 0 || len(b) == 0 || median(a) == 0 || median(b) == 0 {
 				return "n/a"
@@ -128,14 +130,15 @@ func nvmeBench(bin string, pin bool) {
 			}
 			return "-"
 		}
-		fmt.Printf("| %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), ratio(s, b), c("blockwire"))
+		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(bp),
+			ratio(s, b), ratio(s, bp), c("blockwire"), c("blockwire-poll"))
 	}
-	fmt.Printf("\nratios above 1: blockwire better (for the mean latency, the inverse). SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown.\n")
+	fmt.Printf("\nratios above 1: blockwire better (for the mean latency, the inverse). \"polling\": blockwire serve --poll 1ms. SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown.\n")
 	name := "nvme-spdk-pinned"
 	if !pin {
 		name = "nvme-spdk-unpinned"
 	}
-	writeComparison(name, "NVMe/TCP per target core: "+how, ws, results, []string{"spdk", "blockwire"})
+	writeComparison(name, "NVMe/TCP per target core: "+how, ws, results, []string{"spdk", "blockwire", "blockwire-poll"})
 }
 
 // perfTotal is spdk_nvme_perf's Total line: IOPS, MiB/s, mean latency (µs).

@@ -66,8 +66,9 @@ type Config struct {
 	// datagram per packet instead of UDP GSO runs (default on): packet
 	// captures on the host then show packets, not GSO datagrams.
 	ROCEGSO *bool `toml:"roce_gso,omitempty"`
-	// Poll has the target's receivers — each iSCSI/TCP connection's
-	// reader, each software RoCEv2 device's receiving goroutine — poll
+	// Poll has the target's receivers — each iSCSI/TCP and NVMe/TCP
+	// connection's reader, each software RoCEv2 device's receiving
+	// goroutine — poll
 	// their sockets up to this long ("1ms") after finding them empty
 	// before they sleep, and an I/O alone on a file LUN's io_uring poll
 	// its completion queue: what lands meanwhile is read without a wake-up,

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/nvme"
 	"github.com/blockwire/blockwire/nvme/nvmetarget"
 	"github.com/blockwire/blockwire/nvme/nvmetcp"
@@ -720,7 +721,13 @@ func (c *conn) connect(cm *command) error {
 		c.free <- uint16(i)
 	}
 	c.q = q
-	c.r = bufio.NewReaderSize(c.nc, readBuffer)
+	var src io.Reader = c.nc
+	if c.s.o.Poll > 0 {
+		if p := sockpoll.New(c.nc, c.s.o.Poll); p != nil {
+			src = p
+		}
+	}
+	c.r = bufio.NewReaderSize(src, readBuffer)
 	c.nc.SetReadDeadline(time.Time{})
 	if c.setup.Swap(false) {
 		c.s.setups.Add(-1)

@@ -44,6 +44,11 @@ type Options struct {
 	// MaxH2CData is the most data one H2CData PDU may carry (MAXH2CDATA;
 	// default and at most the target's largest transfer, at least 4096).
 	MaxH2CData int
+	// Poll has each connection's reader, once connected, poll its socket
+	// for up to this long after finding it empty before it sleeps
+	// (sockpoll: the next command is read as it lands, without a
+	// wake-up; an idle connection costs nothing). 0: it sleeps at once.
+	Poll time.Duration
 }
 
 // Server serves NVMe/TCP connections to a Target.

@@ -337,3 +337,32 @@ func TestFusedHalfAlone(t *testing.T) {
 		t.Fatalf("a second half alone: %+v", c)
 	}
 }
+
+// TestPolling: with Options.Poll the connections read through a polling
+// reader; commands flow as without it, and an idle connection's reader
+// sleeps (the read deadline-free wait of a quiet host still ends with
+// its close).
+func TestPolling(t *testing.T) {
+	f := start(t, Options{Poll: 500 * time.Microsecond}, nil)
+	c := f.connect(tcphost.Options{IOQueues: 2, QueueSize: 16})
+	p := make([]byte, 64<<10)
+	for i := range p {
+		p[i] = byte(i * 13)
+	}
+	got := make([]byte, len(p))
+	for i := range 50 {
+		lba := uint64(i * 128)
+		if err := c.Write(ctx(t), 1, 512, lba, p, false); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.Read(ctx(t), 1, 512, lba, got); err != nil || !bytes.Equal(got, p) {
+			t.Fatalf("read back at %d: %v", lba, err)
+		}
+		if i == 25 {
+			time.Sleep(20 * time.Millisecond) // past the polling time: the readers sleep, then wake
+		}
+	}
+	c.Close()
+	waitfor.True(t, 5*time.Second, func() bool { return f.tgt.Controllers() == 0 && f.srv.Conns() == 0 },
+		func() string { return "controllers or connections left" })
+}
