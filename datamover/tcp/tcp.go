@@ -24,7 +24,7 @@ type Conn struct {
 	nc    net.Conn
 	br    *bufio.Reader
 	poll  *sockpoll.Reader // under br, after SetPoll on a TCP socket
-	rw    *rawWriter // under wmu's flushing, after SetPoll on a TCP socket
+	rw    *rawWriter       // under wmu's flushing, after SetPoll on a TCP socket
 	stamp datamover.Stamper
 
 	// Receive-side settings; touched only by the Serve goroutine (login
