@@ -75,33 +75,7 @@ func nvmeBench(bin string, pin bool) {
 		{"128k read QD8", "MB/s", true, run("mbs", "-q", "8", "-o", "131072", "-w", "read")},
 		{"128k write QD8", "MB/s", true, run("mbs", "-q", "8", "-o", "131072", "-w", "write")},
 	}
-	cpu := map[string]map[string][]float64{}
-	for i := range ws {
-		w := ws[i]
-		inner := w.run
-		ws[i].run = func(t target) (float64, error) {
-			if t.name == "spdk" {
-				if _, err := spdkUp(); err != nil {
-					return 0, err
-				}
-				defer spdkDown()
-			}
-			c0, start := cpuTime(t.pid), time.Now()
-			v, err := inner(t)
-			c1, wall := cpuTime(t.pid), time.Since(start).Seconds()
-			if err == nil && w.unit != "usec" && v > 0 && t.pid != 0 {
-				ops := v * wall
-				if w.unit == "MB/s" {
-					ops = v * 1e6 * wall / 131072
-				}
-				if cpu[w.name] == nil {
-					cpu[w.name] = map[string][]float64{}
-				}
-				cpu[w.name][t.name] = append(cpu[w.name][t.name], (c1-c0)/ops*1e6)
-			}
-			return v, err
-		}
-	}
+	cpu := perIOCPU(ws, "spdk", func() error { _, err := spdkUp(); return err }, spdkDown)
 	results := roundsN(ws, spdk, bwt, bwp)
 
 	host, _ := os.Hostname()

@@ -84,37 +84,7 @@ func spdkBench(bin string, pin bool) {
 		{"128k write QD8", "MB/s", true, qemuN(clientCPU, 2, requests(10000), "-d", "4", "-s", "131072", "-w")},
 		{"4k randread QD1 p99", "usec", false, bwBenchOn(clientCPU, bin, dur, "randread", "4k", "1", "p99")},
 	}
-	// The target's CPU time per I/O, for each run of each workload.
-	cpu := map[string]map[string][]float64{}
-	var cpuMu sync.Mutex
-	for i := range ws {
-		w := ws[i]
-		run := w.run
-		ws[i].run = func(t target) (float64, error) {
-			if t.name == "spdk" {
-				if _, err := spdkUp(); err != nil {
-					return 0, err
-				}
-				defer spdkDown()
-			}
-			c0, start := cpuTime(t.pid), time.Now()
-			v, err := run(t)
-			c1, wall := cpuTime(t.pid), time.Since(start).Seconds()
-			if err == nil && w.unit != "usec" && v > 0 {
-				ops := v * wall
-				if w.unit == "MB/s" {
-					ops = v * 1e6 * wall / 131072
-				}
-				cpuMu.Lock()
-				if cpu[w.name] == nil {
-					cpu[w.name] = map[string][]float64{}
-				}
-				cpu[w.name][t.name] = append(cpu[w.name][t.name], (c1-c0)/ops*1e6)
-				cpuMu.Unlock()
-			}
-			return v, err
-		}
-	}
+	cpu := perIOCPU(ws, "spdk", func() error { _, err := spdkUp(); return err }, spdkDown)
 	ts := []target{spdk, bwt, bwp, tgt}
 	results := roundsN(ws, ts...)
 
@@ -258,4 +228,43 @@ func cpuTime(pid int) float64 {
 	u, _ := strconv.ParseFloat(string(m[1]), 64)
 	s, _ := strconv.ParseFloat(string(m[2]), 64)
 	return (u + s) / 100 // USER_HZ
+}
+
+// perIOCPU wraps each workload's run so that it starts the polling
+// target named polling before the run and stops it after (it runs only
+// while it is measured), and records every other target's CPU time per
+// I/O (µs; 128 KiB I/Os on the MB/s rows): the map it returns, by
+// workload and target, fills as the runs go.
+func perIOCPU(ws []workload, polling string, up func() error, down func()) map[string]map[string][]float64 {
+	cpu := map[string]map[string][]float64{}
+	var mu sync.Mutex
+	for i := range ws {
+		w := ws[i]
+		run := w.run
+		ws[i].run = func(t target) (float64, error) {
+			if t.name == polling {
+				if err := up(); err != nil {
+					return 0, err
+				}
+				defer down()
+			}
+			c0, start := cpuTime(t.pid), time.Now()
+			v, err := run(t)
+			c1, wall := cpuTime(t.pid), time.Since(start).Seconds()
+			if err == nil && w.unit != "usec" && v > 0 && t.pid != 0 && t.name != polling {
+				ops := v * wall
+				if w.unit == "MB/s" {
+					ops = v * 1e6 * wall / 131072
+				}
+				mu.Lock()
+				if cpu[w.name] == nil {
+					cpu[w.name] = map[string][]float64{}
+				}
+				cpu[w.name][t.name] = append(cpu[w.name][t.name], (c1-c0)/ops*1e6)
+				mu.Unlock()
+			}
+			return v, err
+		}
+	}
+	return cpu
 }

@@ -1,38 +1,19 @@
 package tcp
 
 import (
-	"net"
 	"testing"
 	"time"
+
+	"github.com/blockwire/blockwire/internal/servetest"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
 
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (server, client net.Conn) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	client, err = net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err = l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { server.Close(); client.Close() })
-	return server, client
-}
-
 // A connection that polls delivers each PDU, whether it lands while the
 // reader polls or after it slept, and ends with the peer's close.
 func TestPollingConnServes(t *testing.T) {
-	server, client := tcpPair(t)
+	server, client := servetest.TCPPair(t)
 	c := New(server, nil)
 	const spin = 100 * time.Millisecond
 	c.SetPoll(spin)

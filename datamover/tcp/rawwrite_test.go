@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
+
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/sendguard"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -19,7 +21,7 @@ import (
 // buffer at the client instead stalls loopback TCP itself: a 64 KiB
 // segment never fits its window, and the sender only probes.)
 func pollingConn(t *testing.T, timeout time.Duration) (*Conn, net.Conn) {
-	server, client := tcpPair(t)
+	server, client := servetest.TCPPair(t)
 	server.(*net.TCPConn).SetWriteBuffer(64 << 10)
 	c := New(server, nil)
 	c.SetPoll(time.Millisecond)

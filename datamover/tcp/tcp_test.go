@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
+
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 )
@@ -118,7 +120,7 @@ func TestMoreSharesWrites(t *testing.T) {
 	const n = 16
 	batches := map[bool]uint64{}
 	for _, more := range []bool{false, true} {
-		a, b := tcpPair(t)
+		a, b := servetest.TCPPair(t)
 		got := make(chan int64, 1)
 		go func() {
 			m, _ := io.Copy(io.Discard, b)
@@ -159,7 +161,7 @@ func TestMoreSharesWrites(t *testing.T) {
 // one has arrived already (the target then lets the command go to a
 // worker rather than run it on the receiver).
 func TestPending(t *testing.T) {
-	a, b := tcpPair(t)
+	a, b := servetest.TCPPair(t)
 	c := New(a, nil)
 	c.NoticeKeyValues(datamover.Params{MaxRecvDataSegmentLength: 8192, MaxXmitDataSegmentLength: 8192})
 	c.EnableDatamover(nil)

@@ -10,35 +10,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/blockwire/blockwire/internal/servetest"
+
 	"github.com/blockwire/blockwire/internal/prefixconn"
 	"github.com/blockwire/blockwire/internal/spin"
 )
-
-// tcpPair returns both ends of a loopback TCP connection.
-func tcpPair(t *testing.T) (server, client net.Conn) {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	client, err = net.Dial("tcp", l.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	server, err = l.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { server.Close(); client.Close() })
-	return server, client
-}
 
 // A Reader reads what arrives while it polls without sleeping, sleeps
 // once its polling time has passed and still gets what comes later, and
 // passes a portal's look-ahead bytes (prefixconn) on first.
 func TestPollerReads(t *testing.T) {
-	server, client := tcpPair(t)
+	server, client := servetest.TCPPair(t)
 	r := New(prefixconn.New(server, []byte("L")), 2*time.Second)
 	if r == nil {
 		t.Fatal("no Reader for a TCP connection behind prefixconn")
@@ -86,7 +68,7 @@ func TestPollerReads(t *testing.T) {
 
 // A reset connection is reported as net.Conn's Read reports it.
 func TestPollerReportsAReset(t *testing.T) {
-	server, client := tcpPair(t)
+	server, client := servetest.TCPPair(t)
 	r := New(server, time.Second)
 	client.(*net.TCPConn).SetLinger(0) // close with a RST
 	client.Close()
