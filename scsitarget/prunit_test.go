@@ -57,8 +57,9 @@ func TestPreemptAndAbortFencesNVMeWrites(t *testing.T) {
 			return
 		}
 		lu.Unit().Store().Write(make([]byte, 512), 0, false)
+		ended := time.Now() // before Done: the preemption may go on at once after it
 		r.Done(ticket)
-		wrote <- time.Now()
+		wrote <- ended
 	}()
 	<-h.arrived // the write is in the storage
 	preempted := make(chan time.Time, 1)
