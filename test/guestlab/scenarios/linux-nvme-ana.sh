@@ -19,7 +19,8 @@ rc=0
 states() { for p in /sys/block/nvme*c*n1; do [ -e $p/ana_state ] && echo "$(basename $p)=$(cat $p/ana_state)"; done | tr '\n' ' '; }
 for port in 4430 4431; do nvme connect -t tcp -a 127.0.0.1 -s $port -n $NQN --hostnqn $H || rc=1; done
 for i in $(seq 1 50); do HEAD=$(ls /sys/block | grep -E '^nvme[0-9]+n1$' | head -1); [ -n "$HEAD" ] && [ -b /dev/$HEAD ] && break; sleep 0.2; done
-NPATHS=$(ls -d /sys/block/nvme*c*n1 2>/dev/null | wc -l)
+# The second path's block node may come a moment after the head's.
+for i in $(seq 1 50); do NPATHS=$(ls -d /sys/block/nvme*c*n1 2>/dev/null | wc -l); [ "$NPATHS" = 2 ] && break; sleep 0.2; done
 say "multipath device /dev/$HEAD, $NPATHS paths: $(states)"
 [ "$NPATHS" = 2 ] || { say "not two paths"; rc=1; }
 [ "$(states | grep -o optimized | wc -l)" = 2 ] || { say "the paths are not both optimized"; rc=1; }
