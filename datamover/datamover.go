@@ -178,6 +178,17 @@ type Conn interface {
 	LocalAddr() string
 }
 
+// Liveness is offered by a datamover whose transport can tell, without
+// waiting and without reading, that the connection is already over (the
+// peer closed or reset it): what its receive loop is about to find. A
+// target asks it before it admits another session of the same
+// initiator, so that the loss of the old session's I_T nexus — its
+// reservations and medium removal preventions released (SPC-4 §5.9,
+// SBC-4 §5.11) — is complete before the new session's first command.
+type Liveness interface {
+	Gone() bool
+}
+
 // Upcalls are the iSCSI layer's operational primitives (draft-ietf-ips-iwarp-da §10).
 type Upcalls interface {
 	// DataBuffer returns the buffer the data segment of an incoming PDU is

@@ -93,6 +93,15 @@ func (u *Upgrade) MaxOutstandingUnexpectedPDUs() int { return u.opt.MaxUnexpecte
 // RemoteAddr implements datamover.Conn.
 func (u *Upgrade) RemoteAddr() string { return u.tcp.RemoteAddr() }
 
+// Gone implements datamover.Liveness while the connection is on TCP;
+// switching or switched to iSER it tells nothing (false). It never waits.
+func (u *Upgrade) Gone() bool {
+	u.mu.Lock()
+	onTCP := !u.switching && u.iser == nil
+	u.mu.Unlock()
+	return onTCP && u.tcp.Gone()
+}
+
 // LocalAddr implements datamover.Conn.
 func (u *Upgrade) LocalAddr() string { return u.tcp.LocalAddr() }
 

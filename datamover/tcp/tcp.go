@@ -131,6 +131,9 @@ func (c *Conn) SetSendTimeout(d time.Duration) { c.sendTimeout = d }
 // RemoteAddr implements datamover.Conn.
 func (c *Conn) RemoteAddr() string { return c.nc.RemoteAddr().String() }
 
+// Gone implements datamover.Liveness.
+func (c *Conn) Gone() bool { return sockpoll.Gone(c.nc) }
+
 // LocalAddr implements datamover.Conn.
 func (c *Conn) LocalAddr() string { return c.nc.LocalAddr().String() }
 

@@ -425,8 +425,16 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 	var ss *session
 	var old *session
 	var oldConn *conn
+	var siblings []*session // the initiator's other sessions of this target
 	if ls.tsih == 0 {
 		old = s.findSession(ls.initiator, ls.isid, ls.targetName, ls.discovery)
+		if !ls.discovery {
+			for _, o := range s.sessions {
+				if o != old && !o.discovery && o.initiator == ls.initiator && o.targetName == ls.targetName {
+					siblings = append(siblings, o)
+				}
+			}
+		}
 		if old == nil {
 			// A reinstatement replaces a session; anything else must fit,
 			// discovery sessions within their own limit.
@@ -550,6 +558,7 @@ func (c *conn) finishLogin(req *pdu.LoginReq, resp []text.KV) error {
 			c.log.Warn("the reinstated session has not ended yet; going on", "old_tsih", old.tsih, "waited", reinstateWait)
 		}
 	}
+	s.awaitLost(c, siblings)
 	if oldConn != nil {
 		c.log.Info("reinstating connection", "cid", ls.cid)
 		oldConn.terminate()
@@ -656,4 +665,43 @@ func (c *conn) iserRecvLengths() (trdsl, irdsl int) {
 		return min(peer("TargetRecvDataSegmentLength"), r.RecvDataSize()), min(peer("InitiatorRecvDataSegmentLength"), own)
 	}
 	return min(peer("TargetRecvDataSegmentLength"), 8192), min(peer("InitiatorRecvDataSegmentLength"), own)
+}
+
+// awaitLost waits, up to reinstateWait, for the end of those of the
+// initiator's other sessions whose every connection the transport already
+// knows to be over (datamover.Liveness): their I_T nexus is lost, and what
+// it held — medium removal preventions, reservations without APTPL — goes
+// before the new session's first command, as it does for a reinstated
+// session. The initiator closed the old connection before it opened the
+// new one; only the target's receive loop had not caught up yet (it may
+// be waiting for the old session's commands in the storage). libiscsi's
+// PreventAllow.ITNexusLoss reconnects with a new random ISID at times and
+// failed in CI on this. A session still alive is not waited for: an
+// initiator may keep several (one per interface, each its ISID).
+func (s *Server) awaitLost(c *conn, siblings []*session) {
+	var deadline <-chan time.Time
+	for _, o := range siblings {
+		conns := o.connList()
+		lost := len(conns) > 0
+		for _, oc := range conns {
+			l, ok := oc.dm.(datamover.Liveness)
+			if !ok || !l.Gone() {
+				lost = false
+				break
+			}
+		}
+		if !lost {
+			continue
+		}
+		c.log.Info("waiting for the end of the initiator's lost session", "old_tsih", o.tsih)
+		if deadline == nil {
+			deadline = time.After(reinstateWait)
+		}
+		select {
+		case <-o.ended:
+		case <-deadline:
+			c.log.Warn("the initiator's lost session has not ended yet; going on", "old_tsih", o.tsih, "waited", reinstateWait)
+			return
+		}
+	}
 }

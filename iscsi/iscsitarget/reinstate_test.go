@@ -74,3 +74,63 @@ func TestReinstatementEndsTheOldNexusFirst(t *testing.T) {
 		t.Fatalf("eject from the new session: status %d sense %x (the old nexus's prevention outlived it)", r.status, r.sense)
 	}
 }
+
+// TestClosedSessionEndsBeforeTheInitiatorsNextOne: the initiator closes
+// the connection of a session that prevents medium removal (no Logout)
+// while one of its reads is stuck in the storage, and logs in again at
+// once with another ISID — a new I_T nexus, not a reinstatement, as
+// libiscsi does when its reconnect draws another random ISID. The
+// transport already knows of the old nexus's loss, so the new session's
+// login answers only once the old session has ended, and the eject that
+// follows succeeds (libiscsi's PreventAllow.ITNexusLoss failed in CI
+// when the new session's eject overtook the old session's end).
+func TestClosedSessionEndsBeforeTheInitiatorsNextOne(t *testing.T) {
+	d, _ := mem.New(1 << 20)
+	g := &gatedDisk{Disk: d, gate: make(chan struct{}), entered: make(chan struct{})}
+	ts := startServer(t, Options{}, onLU(t, scsitarget.LUConfig{Backend: g, Removable: true}))
+	old := dial(t, ts.addr)
+	old.mustLogin(normalKeys(ini)...)
+	old.command(tur(), false, 0, nil, 0) // the power-on unit attention
+	if r := old.command([]byte{0x1e, 0, 0, 0, 1, 0}, false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("PREVENT MEDIUM REMOVAL: status %d", r.status)
+	}
+	sendCDB(old, 99, read10(0, 1), false, 512)
+	<-g.entered
+	old.nc.Close() // the I_T nexus is lost; its read is still in the storage
+
+	const held = 300 * time.Millisecond
+	go func() { time.Sleep(held); close(g.gate) }()
+	start := time.Now()
+	fresh := dial(t, ts.addr)
+	fresh.isid[5] ^= 0x5a // another ISID: a new nexus
+	fresh.mustLogin(normalKeys(ini)...)
+	if waited := time.Since(start); waited < held-50*time.Millisecond {
+		t.Errorf("the new session answered after %v, while the initiator's closed session still had a read in the storage", waited)
+	}
+	fresh.command(tur(), false, 0, nil, 0) // the new nexus's unit attention
+	if r := fresh.command([]byte{0x1b, 0, 0, 0, 0x02, 0}, false, 0, nil, 0); r.status != 0 {
+		t.Fatalf("eject from the new session: status %d sense %x (the lost nexus's prevention outlived it)", r.status, r.sense)
+	}
+}
+
+// TestLiveSessionOfTheInitiatorDoesNotHoldItsNextOne: a second session of
+// the same initiator (another ISID: another port, as open-iscsi's
+// interfaces log in) while the first is alive and busy logs in at once.
+func TestLiveSessionOfTheInitiatorDoesNotHoldItsNextOne(t *testing.T) {
+	d, _ := mem.New(1 << 20)
+	g := &gatedDisk{Disk: d, gate: make(chan struct{}), entered: make(chan struct{})}
+	ts := startServer(t, Options{}, onLU(t, scsitarget.LUConfig{Backend: g}))
+	first := dial(t, ts.addr)
+	first.mustLogin(normalKeys(ini)...)
+	first.command(tur(), false, 0, nil, 0)
+	sendCDB(first, 99, read10(0, 1), false, 512)
+	<-g.entered
+	defer close(g.gate)
+	start := time.Now()
+	second := dial(t, ts.addr)
+	second.isid[5] ^= 0x5a
+	second.mustLogin(normalKeys(ini)...)
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Errorf("a second session of a live initiator waited %v to log in", waited)
+	}
+}

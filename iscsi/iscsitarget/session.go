@@ -305,14 +305,17 @@ func (ss *session) removeConn(c *conn) {
 		d.drop()
 	}
 	if last {
+		// The nexus goes before the session leaves the server's list: a
+		// login that no longer finds the session (to reinstate it, or to
+		// wait for it, awaitLost) finds its nexus gone too.
+		if ss.nexus != nil {
+			ss.tgt.Device.RemoveNexus(ss.nexus)
+		}
 		ss.srv.mu.Lock()
 		if ss.srv.sessions[ss.tsih] == ss {
 			delete(ss.srv.sessions, ss.tsih)
 		}
 		ss.srv.mu.Unlock()
-		if ss.nexus != nil {
-			ss.tgt.Device.RemoveNexus(ss.nexus)
-		}
 		ss.io.Close()
 		close(ss.ended)
 		ss.srv.log.Info("session closed", "tsih", ss.tsih, "initiator", ss.initiator, "target", ss.targetName)
