@@ -19,6 +19,7 @@ import (
 	"github.com/blockwire/blockwire/datamover/iser"
 	"github.com/blockwire/blockwire/datamover/tcp"
 	"github.com/blockwire/blockwire/internal/prefixconn"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/rdma"
 )
 
@@ -49,12 +50,12 @@ func Portal(l net.Listener, p ISERPortal) *TCPAcceptor {
 type TCPAcceptor struct {
 	l    net.Listener
 	iser *ISERPortal
-	// Poll makes each iSCSI/TCP connection's reader poll its socket for
-	// up to this long after finding it empty before it sleeps
+	// Poll makes each iSCSI/TCP connection's reader poll its socket
+	// after finding it empty before it sleeps, as the group says
 	// (datamover/tcp Conn.SetPoll): a command that arrives meanwhile is
-	// read without a wake-up. 0: readers sleep at once. Set it before
+	// read without a wake-up. nil: readers sleep at once. Set it before
 	// the acceptor is served.
-	Poll time.Duration
+	Poll *sockpoll.Group
 }
 
 func (a *TCPAcceptor) Accept(context.Context) (datamover.Incoming, error) {

@@ -33,6 +33,7 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/httpguard"
 	"github.com/blockwire/blockwire/internal/persource"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/iscsi/iscsitarget"
 	"github.com/blockwire/blockwire/isns"
 	"github.com/blockwire/blockwire/metrics"
@@ -130,6 +131,7 @@ type Node struct {
 	nvmeSubs map[string]*nvmeSub
 	nvmeOn   []nvmePortal
 	nvmeDisc atomic.Pointer[config.Target]
+	poll     *sockpoll.Group          // the TCP readers' polling (serve --poll; restart to change)
 	roce     map[string]*roce.Device  // by local address
 	verbs    map[string]*verbs.Device // kernel RDMA devices, by name
 	iocs     map[string]bool          // IOC service IDs listened to, per RoCE device
@@ -218,6 +220,10 @@ func New(cfg *config.Config, opts Options) (*Node, error) {
 	n := &Node{opts: opts, log: log, cfg: cfg, base: base.Clone(), srp: map[string]*srptarget.Server{}, roce: map[string]*roce.Device{}, verbs: map[string]*verbs.Device{}, iocs: map[string]bool{}, bound: map[string]string{},
 		// One I/O buffer budget for every fabric (iSCSI, iSER, SRP).
 		budget: blockcore.NewIOBudget(ioB, sessB),
+		// One polling group for every TCP reader (iSCSI and NVMe): they
+		// share the cores, and each holds back its polling while
+		// another has just gone to sleep (sockpoll.Group).
+		poll: sockpoll.NewGroup(cfg.Poll),
 		// A stream that takes under 64 KiB in the NOP timeout fails its
 		// queue pair: iSER and SRP connections are bounded like TCP ones.
 		iwarp:   siw.New(siw.Options{Logger: log, SendTimeout: lim.NopTimeout, Sources: sources}),
@@ -543,7 +549,7 @@ func (n *Node) startISCSI(p config.Portal) error {
 	if n.iserPortal != nil {
 		a = fabric.Portal(l, *n.iserPortal)
 	}
-	a.Poll = n.cfg.Poll
+	a.Poll = n.poll
 	n.pending = append(n.pending, func() { n.serve("iSCSI portal "+p.Address, func() error { return n.iscsi.Serve(a) }) })
 	return nil
 }

@@ -110,7 +110,7 @@ func (n *Node) newNVMe() {
 			return nvmetarget.AuthKeys{}
 		}})
 	n.nvmeSrv = tcptarget.New(tcptarget.Options{Target: n.nvme, Logger: n.log, Budget: n.budget, SetupTimeout: n.cfg.WithDefaults().Limits.LoginTimeout,
-		Poll: n.cfg.Poll})
+		Poll: n.poll})
 	n.nvmeSubs = map[string]*nvmeSub{}
 	n.setNVMeDiscovery(n.cfg.Discovery)
 }

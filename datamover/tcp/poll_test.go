@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/internal/servetest"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/iscsi/pdu"
@@ -16,7 +17,7 @@ func TestPollingConnServes(t *testing.T) {
 	server, client := servetest.TCPPair(t)
 	c := New(server, nil)
 	const spin = 100 * time.Millisecond
-	c.SetPoll(spin)
+	c.SetPoll(sockpoll.NewGroup(spin))
 	if c.poll == nil {
 		t.Fatal("SetPoll put no poller under the reader")
 	}

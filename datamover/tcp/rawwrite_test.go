@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/internal/servetest"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 
 	"github.com/blockwire/blockwire/datamover"
 	"github.com/blockwire/blockwire/internal/sendguard"
@@ -24,7 +25,7 @@ func pollingConn(t *testing.T, timeout time.Duration) (*Conn, net.Conn) {
 	server, client := servetest.TCPPair(t)
 	server.(*net.TCPConn).SetWriteBuffer(64 << 10)
 	c := New(server, nil)
-	c.SetPoll(time.Millisecond)
+	c.SetPoll(sockpoll.NewGroup(time.Millisecond))
 	if c.rw == nil {
 		t.Fatal("SetPoll on a TCP socket left the writes to net.Conn")
 	}

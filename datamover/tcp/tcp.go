@@ -109,15 +109,12 @@ type batch struct {
 	n     int
 }
 
-// SetPoll makes the connection's reader poll its socket for up to d after
-// finding it empty before it sleeps (see poller), and its reads and writes
-// raw system calls (sockpoll.Reader, rawWriter); 0: it sleeps at once. Call it
-// before Serve.
-func (c *Conn) SetPoll(d time.Duration) {
-	if d <= 0 {
-		return
-	}
-	if c.poll = sockpoll.New(c.nc, d); c.poll != nil {
+// SetPoll makes the connection's reader poll its socket after finding it
+// empty before it sleeps, as the group says, and its reads and writes raw
+// system calls (sockpoll.Reader, rawWriter); nil: it sleeps at once. Call
+// it before Serve.
+func (c *Conn) SetPoll(g *sockpoll.Group) {
+	if c.poll = sockpoll.New(c.nc, g); c.poll != nil {
 		c.br.Reset(c.poll)
 		c.rw = newRawWriter(c.nc)
 	}

@@ -21,7 +21,7 @@ import (
 // passes a portal's look-ahead bytes (prefixconn) on first.
 func TestPollerReads(t *testing.T) {
 	server, client := servetest.TCPPair(t)
-	r := New(prefixconn.New(server, []byte("L")), 2*time.Second)
+	r := New(prefixconn.New(server, []byte("L")), NewGroup(2*time.Second))
 	if r == nil {
 		t.Fatal("no Reader for a TCP connection behind prefixconn")
 	}
@@ -51,11 +51,15 @@ func TestPollerReads(t *testing.T) {
 		t.Fatalf("polling after an idle wait: %v, want 500µs", got)
 	}
 	// A read deadline still holds.
-	server.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	r.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	start := time.Now()
 	if _, err := r.Read(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
 		t.Fatalf("read past the deadline: %v", err)
 	}
-	server.SetReadDeadline(time.Time{})
+	if took := time.Since(start); took < 40*time.Millisecond {
+		t.Fatalf("the deadline's error came after %v, want 50ms", took)
+	}
+	r.SetReadDeadline(time.Time{})
 	// The peer's close is an EOF.
 	r.spin = spin.New(300 * time.Millisecond)
 	client.Write([]byte("last"))
@@ -69,12 +73,110 @@ func TestPollerReads(t *testing.T) {
 // A reset connection is reported as net.Conn's Read reports it.
 func TestPollerReportsAReset(t *testing.T) {
 	server, client := servetest.TCPPair(t)
-	r := New(server, time.Second)
+	r := New(server, NewGroup(time.Second))
 	client.(*net.TCPConn).SetLinger(0) // close with a RST
 	client.Close()
 	_, err := r.Read(make([]byte, 8))
 	var oe *net.OpError
 	if !errors.As(err, &oe) || !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read after a reset: %v (%T)", err, err)
+	}
+}
+
+// TestGroupHoldsPollingWhileAnotherSleepsYoung: a reader polls only while
+// no other reader of its group has just gone to sleep; a reader asleep
+// for youngFor stops counting, sleeps on, and still reads what comes.
+func TestGroupHoldsPollingWhileAnotherSleepsYoung(t *testing.T) {
+	g := NewGroup(time.Second)
+	as, ac := servetest.TCPPair(t)
+	a := New(as, g)
+	buf := make([]byte, 16)
+	readAfter := func(d time.Duration, what string) {
+		t.Helper()
+		time.AfterFunc(d, func() { ac.Write([]byte(what)) })
+		if n, err := a.Read(buf); err != nil || string(buf[:n]) != what {
+			t.Fatalf("read %q, %v; want %q", buf[:n], err, what)
+		}
+	}
+	readAfter(20*time.Millisecond, "alone")
+	if a.polled != 1 || a.slept != 0 {
+		t.Fatalf("alone: polled %d, slept %d; want it found by polling", a.polled, a.slept)
+	}
+
+	// Another reader goes to sleep (its polling time spent at once) and
+	// counts as young for 300 ms (a millisecond in serve).
+	g.youngFor = 300 * time.Millisecond
+	bs, bc := servetest.TCPPair(t)
+	b := New(bs, g)
+	b.spin = spin.New(0)
+	got := make(chan string, 1)
+	go func() {
+		p := make([]byte, 16)
+		n, err := b.Read(p)
+		if err != nil {
+			got <- err.Error()
+		}
+		got <- string(p[:n])
+	}()
+	waitUntil(t, "the other reader's young sleep", func() bool { return g.young.Load() == 1 })
+	readAfter(20*time.Millisecond, "held back")
+	if a.polled != 1 || a.slept != 1 {
+		t.Fatalf("beside a young sleeper: polled %d, slept %d; want it asleep", a.polled, a.slept)
+	}
+	// The other reader, asleep past youngFor, no longer counts; it still
+	// reads what comes, without an error.
+	waitUntil(t, "the other reader's sleep to age", func() bool { return g.young.Load() == 0 })
+	readAfter(20*time.Millisecond, "idle beside")
+	if a.polled != 2 {
+		t.Fatalf("beside an idle sleeper: polled %d; want it polling again", a.polled)
+	}
+	bc.Write([]byte("late"))
+	select {
+	case s := <-got:
+		if s != "late" {
+			t.Fatalf("the idle reader read %q", s)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the idle reader never read")
+	}
+	if n := g.young.Load(); n != 0 {
+		t.Fatalf("%d young sleepers counted with none asleep", n)
+	}
+}
+
+func waitUntil(t *testing.T, what string, f func() bool) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); !f(); time.Sleep(100 * time.Microsecond) {
+		if time.Now().After(end) {
+			t.Fatalf("%s: not seen", what)
+		}
+	}
+}
+
+// TestGroupBoundsItsPollers: with its places taken, a reader sleeps
+// rather than polls; it polls again once one is free, and gives it back.
+func TestGroupBoundsItsPollers(t *testing.T) {
+	g := NewGroup(time.Second)
+	g.spinners.Store(g.spinMax) // every place taken
+	s, c := servetest.TCPPair(t)
+	r := New(s, g)
+	buf := make([]byte, 8)
+	time.AfterFunc(20*time.Millisecond, func() { c.Write([]byte("a")) })
+	if _, err := r.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if r.polled != 0 || r.slept != 1 {
+		t.Fatalf("with no place free: polled %d, slept %d; want it asleep", r.polled, r.slept)
+	}
+	g.spinners.Add(-1)
+	time.AfterFunc(20*time.Millisecond, func() { c.Write([]byte("b")) })
+	if _, err := r.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	if r.polled != 1 {
+		t.Fatalf("with a place free: polled %d; want it found by polling", r.polled)
+	}
+	if n := g.spinners.Load(); n != g.spinMax-1 {
+		t.Fatalf("%d places taken after the read, want %d (its own given back)", n, g.spinMax-1)
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/blockwire/blockwire/backend/file"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/iscsi/pdu"
 	"github.com/blockwire/blockwire/scsitarget"
 )
@@ -125,7 +126,7 @@ func TestNoAllocationsPerIO(t *testing.T) {
 		// writes: datamover/tcp's poller and rawWriter).
 		polling := func(l net.Listener) *fabric.TCPAcceptor {
 			a := fabric.TCP(l)
-			a.Poll = 20 * time.Microsecond
+			a.Poll = sockpoll.NewGroup(20 * time.Microsecond)
 			return a
 		}
 		io = batchLoopAt(t, startServerOn(t, Options{NopInterval: -1}, nil, os.Stderr, polling), tc.write, tc.size, 1)

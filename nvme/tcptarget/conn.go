@@ -722,10 +722,8 @@ func (c *conn) connect(cm *command) error {
 	}
 	c.q = q
 	var src io.Reader = c.nc
-	if c.s.o.Poll > 0 {
-		if p := sockpoll.New(c.nc, c.s.o.Poll); p != nil {
-			src = p
-		}
+	if p := sockpoll.New(c.nc, c.s.o.Poll); p != nil {
+		src = p
 	}
 	c.r = bufio.NewReaderSize(src, readBuffer)
 	c.nc.SetReadDeadline(time.Time{})

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/nvme/nvmetarget"
 	"github.com/blockwire/blockwire/nvme/nvmetcp"
 )
@@ -45,10 +46,10 @@ type Options struct {
 	// default and at most the target's largest transfer, at least 4096).
 	MaxH2CData int
 	// Poll has each connection's reader, once connected, poll its socket
-	// for up to this long after finding it empty before it sleeps
+	// after finding it empty before it sleeps, as the group says
 	// (sockpoll: the next command is read as it lands, without a
-	// wake-up; an idle connection costs nothing). 0: it sleeps at once.
-	Poll time.Duration
+	// wake-up; an idle connection costs nothing). nil: it sleeps at once.
+	Poll *sockpoll.Group
 }
 
 // Server serves NVMe/TCP connections to a Target.

@@ -14,6 +14,7 @@ import (
 
 	"github.com/blockwire/blockwire/backend/mem"
 	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/nvme"
 	"github.com/blockwire/blockwire/nvme/nvmetarget"
@@ -343,7 +344,7 @@ func TestFusedHalfAlone(t *testing.T) {
 // sleeps (the read deadline-free wait of a quiet host still ends with
 // its close).
 func TestPolling(t *testing.T) {
-	f := start(t, Options{Poll: 500 * time.Microsecond}, nil)
+	f := start(t, Options{Poll: sockpoll.NewGroup(500 * time.Microsecond)}, nil)
 	c := f.connect(tcphost.Options{IOQueues: 2, QueueSize: 16})
 	p := make([]byte, 64<<10)
 	for i := range p {
