@@ -27,7 +27,7 @@ bench-spdk:
 # NVMe/TCP per target core against SPDK's nvmf_tgt, spdk_nvme_perf the
 # client of both (SPDK built as for bench-spdk).
 bench-nvme:
-	go run ./bench -nvme -rounds 3
+	go run ./bench -nvme -conns -rounds 3
 
 # iSER over the software RoCEv2 device against iSCSI/TCP on one target
 # (root, for the raw socket that checks each ICRC over its real header).

@@ -65,6 +65,7 @@ var (
 	iserOnly = flag.Bool("iser-only", false, "only blockwire's transports: iSER and SRP versus iSCSI/TCP (no tgt)")
 	gwOnly   = flag.Bool("gateway", false, "only the gateway hop: tgt directly versus blockwire serving tgt's LUN (--remote) over iSCSI/TCP and iSER")
 	spdkOnly = flag.Bool("spdk", false, "only the per-core comparison: SPDK's iscsi_tgt, blockwire and tgt pinned to core 1, clients on core 0 (SPDK built as ../shared/anchors/spdk says)")
+	conns    = flag.Bool("conns", false, "with -nvme: also 4 KiB random reads at QD 1 and QD 32 over 2, 4 and 16 connections (spdk_nvme_perf -P), to set the polling mode beside the default mode as connections share the target core")
 	nvmeOnly = flag.Bool("nvme", false, "only NVMe/TCP per target core: SPDK's nvmf_tgt and blockwire pinned to core 1, spdk_nvme_perf on core 0 (SPDK built as ../shared/anchors/spdk says)")
 	pin      = flag.Bool("pin", true, "with -spdk or -nvme: pin each target to core 1 and the clients to core 0 (false: no pinning)")
 	outDir   = flag.String("out", "docs/bench", "where each table is written as JSON and an SVG chart, and each queue-depth sweep (the default run and -spdk) as JSON and an SVG of IOPS against depth and latency distributions (empty: nowhere)")

@@ -75,6 +75,15 @@ func nvmeBench(bin string, pin bool) {
 		{"128k read QD8", "MB/s", true, run("mbs", "-q", "8", "-o", "131072", "-w", "read")},
 		{"128k write QD8", "MB/s", true, run("mbs", "-q", "8", "-o", "131072", "-w", "write")},
 	}
+	if *conns {
+		// Connections sharing the target core (#57: the polling mode
+		// never below the default mode with 1, 2, 4 and 16 of them).
+		for _, n := range []string{"2", "4", "16"} {
+			for _, qd := range []string{"1", "32"} {
+				ws = append(ws, workload{"4k randread QD" + qd + " x" + n + " conns", "IOPS", true, run("iops", "-q", qd, "-P", n, "-o", "4096", "-w", "randread")})
+			}
+		}
+	}
 	cpu := perIOCPU(ws, "spdk", func() error { _, err := spdkUp(); return err }, spdkDown)
 	results := roundsN(ws, spdk, bwt, bwp)
 
@@ -85,8 +94,8 @@ func nvmeBench(bin string, pin bool) {
 	}
 	fmt.Printf("\nNVMe/TCP per target core: SPDK nvmf_tgt vs blockwire, 1 GiB RAM namespaces, %s, %s, %s, %d cores, %d rounds of %s (median [min-max])\n\n",
 		how, time.Now().UTC().Format("2006-01-02 15:04 MST"), host, runtime.NumCPU(), *rounds, dur)
-	fmt.Println("| workload | unit | SPDK | blockwire | blockwire, polling | blockwire/SPDK | polling/SPDK | target CPU µs per I/O: blockwire | polling |")
-	fmt.Println("|---|---|---|---|---|---|---|---|---|")
+	fmt.Println("| workload | unit | SPDK | blockwire | blockwire, polling | blockwire/SPDK | polling/SPDK | polling/blockwire | target CPU µs per I/O: blockwire | polling |")
+	fmt.Println("|---|---|---|---|---|---|---|---|---|---|")
 	for _, w := range ws {
 		s, b, bp := results[w.name]["spdk"], results[w.name]["blockwire"], results[w.name]["blockwire-poll"]
 		ratio := func(a, b []float64) string {
@@ -104,8 +113,8 @@ func nvmeBench(bin string, pin bool) {
 			}
 			return "-"
 		}
-		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(bp),
-			ratio(s, b), ratio(s, bp), c("blockwire"), c("blockwire-poll"))
+		fmt.Printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", w.name, w.unit, stat(s), stat(b), stat(bp),
+			ratio(s, b), ratio(s, bp), ratio(b, bp), c("blockwire"), c("blockwire-poll"))
 	}
 	fmt.Printf("\nratios above 1: blockwire better (for the mean latency, the inverse). \"polling\": blockwire serve --poll 1ms. SPDK polls: its core is 100 %% busy even idle, so its CPU per I/O is not shown.\n")
 	name := "nvme-spdk-pinned"

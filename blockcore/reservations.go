@@ -124,32 +124,12 @@ const (
 // registrants it is for, once the change that made it holds. f runs
 // with the state's lock held: it must not block, nor call the state.
 func (u *Unit) WatchReservations(f func(n ReservationNotice, names []string)) (cancel func()) {
-	u.watchMu.Lock()
-	defer u.watchMu.Unlock()
-	if u.resvWatchers == nil {
-		u.resvWatchers = map[int]func(ReservationNotice, []string){}
-	}
-	id := u.nextW
-	u.nextW++
-	u.resvWatchers[id] = f
-	return func() {
-		u.watchMu.Lock()
-		delete(u.resvWatchers, id)
-		u.watchMu.Unlock()
-	}
+	return u.resvWatch.add(f)
 }
 
 // NotifyReservation is the state's keeper telling the watchers.
 func (u *Unit) NotifyReservation(n ReservationNotice, names []string) {
-	u.watchMu.Lock()
-	fs := make([]func(ReservationNotice, []string), 0, len(u.resvWatchers))
-	for _, f := range u.resvWatchers {
-		fs = append(fs, f)
-	}
-	u.watchMu.Unlock()
-	for _, f := range fs {
-		f(n, names)
-	}
+	u.resvWatch.each(func(f func(ReservationNotice, []string)) { f(n, names) })
 }
 
 // SetReservations installs the unit's reservation state (its SCSI LU's,

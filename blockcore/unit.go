@@ -49,13 +49,47 @@ type Unit struct {
 
 	nblocks atomic.Uint64
 
-	// watchMu guards watchers (lock order: taken alone; the functions are
-	// called without it).
-	watchMu  sync.Mutex
-	watchers map[int]func()
-	nextW    int
-	// resvWatchers are WatchReservations' (watchMu).
-	resvWatchers map[int]func(ReservationNotice, []string)
+	capWatch  watchList[func()]                            // WatchCapacity's
+	resvWatch watchList[func(ReservationNotice, []string)] // WatchReservations'
+}
+
+// watchList is the functions a change calls (in no order), until each
+// is cancelled. Its lock is taken alone (lock order); the functions are
+// called without it.
+type watchList[F any] struct {
+	mu   sync.Mutex
+	next int
+	fs   map[int]F
+}
+
+// add adds f; cancel removes it.
+func (l *watchList[F]) add(f F) (cancel func()) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fs == nil {
+		l.fs = map[int]F{}
+	}
+	id := l.next
+	l.next++
+	l.fs[id] = f
+	return func() {
+		l.mu.Lock()
+		delete(l.fs, id)
+		l.mu.Unlock()
+	}
+}
+
+// each calls call with every function, the lock released.
+func (l *watchList[F]) each(call func(F)) {
+	l.mu.Lock()
+	fs := make([]F, 0, len(l.fs))
+	for _, f := range l.fs {
+		fs = append(fs, f)
+	}
+	l.mu.Unlock()
+	for _, f := range fs {
+		call(f)
+	}
 }
 
 // NewUnit builds a unit on cfg.Backend.
@@ -163,33 +197,9 @@ func (u *Unit) capacityChanged() {
 
 // WatchCapacity calls changed after every change of the capacity (on
 // the changing goroutine; it must not block) until cancel is called.
-func (u *Unit) WatchCapacity(changed func()) (cancel func()) {
-	u.watchMu.Lock()
-	defer u.watchMu.Unlock()
-	if u.watchers == nil {
-		u.watchers = map[int]func(){}
-	}
-	id := u.nextW
-	u.nextW++
-	u.watchers[id] = changed
-	return func() {
-		u.watchMu.Lock()
-		delete(u.watchers, id)
-		u.watchMu.Unlock()
-	}
-}
+func (u *Unit) WatchCapacity(changed func()) (cancel func()) { return u.capWatch.add(changed) }
 
-func (u *Unit) notify() {
-	u.watchMu.Lock()
-	fs := make([]func(), 0, len(u.watchers))
-	for _, f := range u.watchers {
-		fs = append(fs, f)
-	}
-	u.watchMu.Unlock()
-	for _, f := range fs {
-		f()
-	}
-}
+func (u *Unit) notify() { u.capWatch.each(func(f func()) { f() }) }
 
 // ErrNoUnmap: the backend cannot release blocks (backend.Unmapper).
 var ErrNoUnmap = errors.New("backend cannot unmap")

@@ -76,7 +76,9 @@ type Config struct {
 	// polling takes while traffic flows. Each receiver adapts its polling
 	// within this to how long its peer takes to send again (internal/spin,
 	// KVM's halt-polling rule), and stops polling a peer that idles past
-	// a millisecond. 0, the default: they sleep at once. At most 1ms.
+	// a millisecond; the TCP readers poll as one group (sockpoll.Group:
+	// one a core at a time, none while another has just gone to sleep).
+	// 0, the default: they sleep at once. At most 1ms.
 	Poll time.Duration `toml:"poll,omitzero"`
 	// RDMADevice chooses the RDMA device under the iser-roce and srp-roce
 	// portals: "auto" (the default: the kernel RDMA device a portal's

@@ -61,7 +61,6 @@ type LU struct {
 	// completes (prunit.go). Lock order: before lu.pr.mu; taken
 	// exclusively with no other lock held.
 	otherWrites sync.RWMutex
-	fences      int              // PREEMPT AND ABORTs that waited for them (otherWrites held)
 	store       *blockcore.Store // the unit's: writes, durability, the flush latch
 	fast        bool             // the backend is backend.NonBlocking
 	q           *blockcore.Queue
