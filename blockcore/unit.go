@@ -49,6 +49,7 @@ type Unit struct {
 
 	nblocks atomic.Uint64
 
+	stats     Stats                                        // what every front end did with it
 	capWatch  watchList[func()]                            // WatchCapacity's
 	resvWatch watchList[func(ReservationNotice, []string)] // WatchReservations'
 }
@@ -194,6 +195,9 @@ func (u *Unit) capacityChanged() {
 	}
 	u.notify()
 }
+
+// Stats returns the unit's counters, which every front end adds to.
+func (u *Unit) Stats() *Stats { return &u.stats }
 
 // WatchCapacity calls changed after every change of the capacity (on
 // the changing goroutine; it must not block) until cancel is called.

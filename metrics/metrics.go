@@ -51,13 +51,13 @@ func New(src Source) *Collector {
 	// TSIH, srp-N).
 	ses := []string{"fabric", "target", "initiator", "port", "session"}
 	return &Collector{src: src,
-		lunCmds:       prometheus.NewDesc("blockwire_lun_commands_total", "SCSI commands completed, by class (read, write, other).", append(lun, "class"), nil),
+		lunCmds:       prometheus.NewDesc("blockwire_lun_commands_total", "Commands completed (SCSI and NVMe I/O), by class (read, write, other).", append(lun, "class"), nil),
 		lunBytes:      prometheus.NewDesc("blockwire_lun_bytes_total", "Bytes moved by reads and writes.", append(lun, "direction"), nil),
-		lunErrs:       prometheus.NewDesc("blockwire_lun_errors_total", "Commands that did not end GOOD, by kind (a sense key's name, reservation_conflict, busy).", append(lun, "kind"), nil),
+		lunErrs:       prometheus.NewDesc("blockwire_lun_errors_total", "Commands that did not end GOOD, by kind (a sense key's name, reservation_conflict, busy; nvme_error: an NVMe command's other errors).", append(lun, "kind"), nil),
 		lunLat:        prometheus.NewDesc("blockwire_lun_command_duration_seconds", "Command latency from arrival to completion, by class.", append(lun, "class"), nil),
 		lunWaiting:    prometheus.NewDesc("blockwire_lun_answers_waiting", "Answers written or sent and not yet taken by their initiators (their workers are counted out of the LUN's).", lun, nil),
 		lunInProgress: prometheus.NewDesc("blockwire_lun_commands_in_progress", "Commands arrived and not ended: waiting for their data, a worker or the storage, or for their answer to be taken.", lun, nil),
-		sesCmds:       prometheus.NewDesc("blockwire_session_commands_total", "SCSI commands completed in a session, by class.", append(ses, "class"), nil),
+		sesCmds:       prometheus.NewDesc("blockwire_session_commands_total", "Commands completed in a session (an NVMe controller's I/O commands), by class.", append(ses, "class"), nil),
 		sesBytes:      prometheus.NewDesc("blockwire_session_bytes_total", "Bytes moved by a session's reads and writes.", append(ses, "direction"), nil),
 		sesLat:        prometheus.NewDesc("blockwire_session_command_duration_seconds", "Command latency in a session, by class.", append(ses, "class"), nil),
 		sessions:      prometheus.NewDesc("blockwire_sessions", "Sessions (SRP: I_T nexuses) logged in, by fabric and type.", []string{"fabric", "type"}, nil),
@@ -159,6 +159,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 				}
 				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Conflicts.Load()), append(labels, "reservation_conflict")...)
 				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Busy.Load()), append(labels, "busy")...)
+				ch <- prometheus.MustNewConstMetric(c.lunErrs, prometheus.CounterValue, float64(s.Failed.Load()), append(labels, "nvme_error")...)
 				ch <- prometheus.MustNewConstMetric(c.lunWaiting, prometheus.GaugeValue, float64(lu.Detached()), labels...)
 				ch <- prometheus.MustNewConstMetric(c.lunInProgress, prometheus.GaugeValue, float64(lu.InProgress()), labels...)
 			}

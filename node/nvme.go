@@ -313,8 +313,8 @@ func (n *Node) nvmeSessions() []scsitarget.SessionInfo {
 	for _, s := range subs {
 		for _, c := range s.sub.Controllers() {
 			out = append(out, scsitarget.SessionInfo{Fabric: "nvme-tcp", ID: nvmeSessionID(s.sub.NQN(), c.ID), Target: s.name, Initiator: c.Host,
-				Params: map[string]string{"queues": strconv.Itoa(c.Queues), "subsystem": s.sub.NQN()},
-				Conns:  []scsitarget.ConnInfo{{ID: "0", Remote: c.Remote, Transport: "nvme-tcp"}}})
+				Stats: c.Stats, Params: map[string]string{"queues": strconv.Itoa(c.Queues), "subsystem": s.sub.NQN()},
+				Conns: []scsitarget.ConnInfo{{ID: "0", Remote: c.Remote, Transport: "nvme-tcp"}}})
 		}
 	}
 	return out

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -13,11 +14,13 @@ import (
 	"github.com/blockwire/blockwire/admin"
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/fabric"
+	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/nvme"
 	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/scsi"
+	"github.com/blockwire/blockwire/scsitarget"
 )
 
 const (
@@ -74,6 +77,30 @@ func TestNVMeBesideISCSI(t *testing.T) {
 	}
 	if err := c.Read(ctx, 1, 512, 0, got); err != nil || !bytes.Equal(got, p) {
 		t.Fatalf("NVMe read of what iSCSI wrote: %v, equal %v", err, bytes.Equal(got, p))
+	}
+	// The LUN's counters hold both fabrics' I/O (a SCSI command counts
+	// once its answer is taken: a moment after the initiator has it);
+	// the controller's, its own.
+	lus := n.Devices()[0].LU(0).Stats()
+	waitfor.True(t, 5*time.Second, func() bool {
+		return lus.Bytes[scsitarget.ClassWrite].Load() >= 2*64<<10 && lus.Bytes[scsitarget.ClassRead].Load() >= 2*64<<10
+	}, func() string {
+		return fmt.Sprintf("the LUN counted %d bytes written, %d read; want both fabrics' 64 KiB each way",
+			lus.Bytes[scsitarget.ClassWrite].Load(), lus.Bytes[scsitarget.ClassRead].Load())
+	})
+	for _, si := range n.Sessions() {
+		if si.Fabric != "nvme-tcp" || si.Initiator != hostA {
+			continue
+		}
+		if si.Stats == nil {
+			t.Fatal("the NVMe controller's session has no counters")
+		}
+		s := si.Stats
+		if s.Commands[scsitarget.ClassWrite].Load() != 1 || s.Bytes[scsitarget.ClassWrite].Load() != 64<<10 ||
+			s.Commands[scsitarget.ClassRead].Load() != 1 || s.Bytes[scsitarget.ClassRead].Load() != 64<<10 {
+			t.Errorf("the controller counted %d writes (%d bytes), %d reads (%d bytes); want one of 64 KiB each",
+				s.Commands[scsitarget.ClassWrite].Load(), s.Bytes[scsitarget.ClassWrite].Load(), s.Commands[scsitarget.ClassRead].Load(), s.Bytes[scsitarget.ClassRead].Load())
+		}
 	}
 
 	// The operator adds LUN 3 and resizes LUN 0.

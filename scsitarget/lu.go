@@ -49,11 +49,10 @@ type LUConfig struct {
 
 // LU is one logical unit: a block device on a backend.
 type LU struct {
-	stats Stats
-	dev   *Device
-	lun   uint64
-	be    backend.Backend
-	unit  *blockcore.Unit // what the NVMe front end shares
+	dev  *Device
+	lun  uint64
+	be   backend.Backend
+	unit *blockcore.Unit // what the NVMe front end shares
 	// otherWrites is held shared by every write another front end (NVMe)
 	// runs, from before its reservation check until it ended; a PREEMPT
 	// AND ABORT takes it exclusively once the state changed, so the

@@ -1,67 +1,29 @@
 package scsitarget
 
 import (
-	"math/bits"
-	"sync/atomic"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/scsi"
 )
 
 // Command classes counted by Stats.
 const (
-	ClassRead = iota
-	ClassWrite
-	ClassOther
-	NumClasses
+	ClassRead  = blockcore.ClassRead
+	ClassWrite = blockcore.ClassWrite
+	ClassOther = blockcore.ClassOther
+	NumClasses = blockcore.NumClasses
 )
 
-// The latency histogram's buckets: bucket i counts durations up to
-// 50 µs × 2^i (50 µs to 1.6 s); the last counts everything slower.
-const (
-	latencyBase    = 50 * time.Microsecond
-	latencyBuckets = 16
-)
+// Stats counts what a logical unit, or a nexus, did: the block core's
+// counters (the unit's are shared with the NVMe front end).
+type Stats = blockcore.Stats
 
-// LatencyBounds returns the upper bounds of Stats' latency buckets; the
-// bucket after the last bound counts everything slower.
-func LatencyBounds() []time.Duration {
-	b := make([]time.Duration, latencyBuckets)
-	for i := range b {
-		b[i] = latencyBase << i
-	}
-	return b
-}
-
-// latencyBucket is the bucket of d.
-func latencyBucket(d time.Duration) int {
-	if d <= latencyBase {
-		return 0
-	}
-	return min(bits.Len64(uint64((d-1)/latencyBase)), latencyBuckets)
-}
-
-// Stats counts what a logical unit did, for exporters that read it at
-// scrape time (package metrics): atomic adds on the I/O path, nothing
-// else.
-type Stats struct {
-	// Commands, by class (ClassRead, ClassWrite, ClassOther).
-	Commands [NumClasses]atomic.Uint64
-	// Bytes moved by reads and by writes.
-	Bytes [2]atomic.Uint64
-	// Latency from Begin to End, per class: bucket counts (the last is
-	// beyond every bound) and the sum in nanoseconds.
-	Latency    [NumClasses][latencyBuckets + 1]atomic.Uint64
-	LatencySum [NumClasses]atomic.Uint64
-	// CheckConditions by sense key; Conflicts are RESERVATION CONFLICT,
-	// Busy are BUSY and TASK SET FULL.
-	CheckConditions [16]atomic.Uint64
-	Conflicts       atomic.Uint64
-	Busy            atomic.Uint64
-}
+// LatencyBounds returns the upper bounds of Stats' latency buckets.
+func LatencyBounds() []time.Duration { return blockcore.LatencyBounds() }
 
 // Stats returns the logical unit's counters.
-func (lu *LU) Stats() *Stats { return &lu.stats }
+func (lu *LU) Stats() *Stats { return lu.unit.Stats() }
 
 // classOf sorts a command into read, write or other.
 func classOf(op byte) int {
@@ -74,15 +36,13 @@ func classOf(op byte) int {
 	return ClassOther
 }
 
-// record counts a finished command.
-func (s *Stats) record(c *Command, d time.Duration) {
+// recordStats counts a finished command in s.
+func recordStats(s *Stats, c *Command, d time.Duration) {
 	cl := c.class
-	s.Commands[cl].Add(1)
+	n := 0
 	switch c.Status {
 	case scsi.StatusGood:
-		if cl != ClassOther {
-			s.Bytes[cl].Add(uint64(min(c.Transfer, len(c.Data))))
-		}
+		n = min(c.Transfer, len(c.Data))
 	case scsi.StatusCheckCondition:
 		key := 0
 		if c.SenseLen > 2 {
@@ -99,6 +59,5 @@ func (s *Stats) record(c *Command, d time.Duration) {
 	case scsi.StatusBusy, scsi.StatusTaskSetFull:
 		s.Busy.Add(1)
 	}
-	s.Latency[cl][latencyBucket(d)].Add(1)
-	s.LatencySum[cl].Add(uint64(d))
+	s.Count(cl, n, d)
 }

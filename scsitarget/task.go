@@ -129,9 +129,9 @@ func (d *Device) End(c *Command) {
 	lu.taskMu.Unlock()
 	if !c.Aborted() {
 		d := lu.since() - c.start
-		lu.stats.record(c, d)
+		recordStats(lu.unit.Stats(), c, d)
 		if c.Nexus != nil {
-			c.Nexus.stats.record(c, d)
+			recordStats(&c.Nexus.stats, c, d)
 		}
 	}
 	if wg != nil {

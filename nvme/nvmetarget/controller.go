@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/blockwire/blockwire/blockcore"
 	"github.com/blockwire/blockwire/nvme"
 )
 
@@ -32,6 +33,7 @@ type Controller struct {
 	remote   net.Addr
 	log      *slog.Logger
 	created  time.Time
+	stats    blockcore.Stats // its I/O commands, as a SCSI nexus's
 
 	// mu guards what follows (lock order: after Subsystem.mu).
 	mu     sync.Mutex
@@ -79,6 +81,9 @@ type ControllerInfo struct {
 	Remote    string
 	Queues    int
 	Since     time.Time
+	// Stats counts the controller's I/O commands (its namespaces' units
+	// count them too).
+	Stats *blockcore.Stats
 }
 
 // Info describes the controller now.
@@ -89,7 +94,7 @@ func (c *Controller) Info() ControllerInfo {
 	if c.remote != nil {
 		r = c.remote.String()
 	}
-	return ControllerInfo{ID: c.id, Subsystem: c.s.nqn, Host: c.hostNQN, Remote: r, Queues: len(c.queues), Since: c.created}
+	return ControllerInfo{ID: c.id, Subsystem: c.s.nqn, Host: c.hostNQN, Remote: r, Queues: len(c.queues), Since: c.created, Stats: &c.stats}
 }
 
 // Connect admits a queue (NVMe over Fabrics 1.1, Connect): on QID 0 a new

@@ -72,7 +72,12 @@ func (q *Queue) Exec(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 		if !q.c.ready.Load() {
 			return fail(nvme.StatusCommandSequence)
 		}
-		return q.io(c, data, u)
+		start := time.Now()
+		res := q.io(c, data, u)
+		if !res.Deferred {
+			q.count(c.Opcode, u, len(data), res.CQE.Status, time.Since(start))
+		}
+		return res
 	}
 	q.c.mu.Lock()
 	enabled := q.c.cc&nvme.CCEnable != 0
@@ -378,5 +383,24 @@ func padded(b []byte, s string) {
 	n := copy(b, s)
 	for i := n; i < len(b); i++ {
 		b[i] = ' '
+	}
+}
+
+// count counts a finished I/O command in the controller's counters and
+// its namespace's unit's (which its SCSI front end counts into too).
+func (q *Queue) count(op uint8, u *blockcore.Unit, n int, st nvme.Status, d time.Duration) {
+	cl := blockcore.ClassOther
+	switch op {
+	case nvme.OpRead:
+		cl = blockcore.ClassRead
+	case nvme.OpWrite:
+		cl = blockcore.ClassWrite
+	}
+	if st != 0 {
+		n = 0
+	}
+	q.c.stats.CountStatus(cl, n, d, st == statusReservationConflict, st != 0)
+	if u != nil {
+		u.Stats().CountStatus(cl, n, d, st == statusReservationConflict, st != 0)
 	}
 }

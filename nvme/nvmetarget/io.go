@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"time"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/blockcore"
@@ -206,41 +207,54 @@ func dsm(u *blockcore.Unit, c *nvme.Command, data []byte) Result {
 // answered: on a mismatch the Compare with Compare Failure and the
 // Write with Command Aborted due to Failed Fused Command.
 func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (Result, Result) {
+	start := time.Now()
+	a, b, u := q.execFused(first, firstData, second, secondData)
+	st := a.CQE.Status
+	if st == 0 {
+		st = b.CQE.Status
+	}
+	// One command, as SCSI's COMPARE AND WRITE is.
+	q.count(nvme.OpCompare, u, 0, st, time.Since(start))
+	return a, b
+}
+
+// execFused is ExecFused, and the unit it ran on (nil: none).
+func (q *Queue) execFused(first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (Result, Result, *blockcore.Unit) {
 	abort := Result{CQE: nvme.Completion{Status: nvme.StatusFusedFailed}}
 	if !q.authenticated() {
-		return fail(statusAuthRequired), abort
+		return fail(statusAuthRequired), abort, nil
 	}
 	if st := q.c.s.anaRefuses(); st != 0 {
-		return fail(st), abort
+		return fail(st), abort, nil
 	}
 	if q.qid == 0 || first.Opcode != nvme.OpCompare || second.Opcode != nvme.OpWrite || first.NSID != second.NSID ||
 		first.CDW[0] != second.CDW[0] || first.CDW[1] != second.CDW[1] || first.CDW[2]&0xffff != second.CDW[2]&0xffff {
 		// Not a Compare and a Write of the same blocks.
-		return fail(nvme.StatusInvalidField), abort
+		return fail(nvme.StatusInvalidField), abort, nil
 	}
 	u := q.c.s.namespace(q.c.hostNQN, first.NSID)
 	if u == nil {
-		return fail(nvme.StatusInvalidNamespace), abort
+		return fail(nvme.StatusInvalidNamespace), abort, nil
 	}
 	if u.ReadOnly() {
-		return fail(statusWriteProtected), abort
+		return fail(statusWriteProtected), abort, u
 	}
 	slba := uint64(first.CDW[0]) | uint64(first.CDW[1])<<32
 	nlb := uint64(first.CDW[2]&0xffff) + 1
 	if slba+nlb > u.Blocks() || slba+nlb < slba {
-		return fail(nvme.StatusLBAOutOfRange), abort
+		return fail(nvme.StatusLBAOutOfRange), abort, u
 	}
 	n := int(nlb) << u.BlockBits()
 	if len(firstData) != n || len(secondData) != n {
-		return fail(statusSGLLength), abort
+		return fail(statusSGLLength), abort, u
 	}
 	if n > q.c.s.t.o.fusedLimit(u) {
-		return fail(nvme.StatusInvalidField), abort
+		return fail(nvme.StatusInvalidField), abort, u
 	}
 	fua := second.CDW[2]&(1<<30) != 0
 	r, ticket, ok := q.admit(u, true)
 	if !ok {
-		return fail(statusReservationConflict), abort
+		return fail(statusReservationConflict), abort, u
 	}
 	if r != nil {
 		defer r.Done(ticket)
@@ -249,14 +263,14 @@ func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Co
 	var mis *backend.MiscompareError
 	switch {
 	case errors.As(err, &mis):
-		return fail(nvme.StatusCompareFailure), abort
+		return fail(nvme.StatusCompareFailure), abort, u
 	case err != nil && readErr:
-		return fail(ioError(err, false)), abort
+		return fail(ioError(err, false)), abort, u
 	case err != nil:
 		// The compare held; the write failed.
-		return Result{}, fail(ioError(err, true))
+		return Result{}, fail(ioError(err, true)), u
 	}
-	return Result{}, Result{}
+	return Result{}, Result{}, u
 }
 
 // fusedLimit is the most a fused Compare and Write may cover: on storage

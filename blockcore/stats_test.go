@@ -1,4 +1,4 @@
-package scsitarget
+package blockcore
 
 import (
 	"testing"
