@@ -83,7 +83,15 @@ func fail(stderr io.Writer, err error) int {
 	return code
 }
 
-func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Options, *string) {
+// clientOptions are the client verbs' options: the iSCSI initiator's,
+// and an NVMe host's DH-HMAC-CHAP secrets (files read at parse time).
+type clientOptions struct {
+	initiator.Options
+	dhchap, dhchapCtrl string // DHHC-1 secrets; "": none
+	iscsiCHAP          bool   // iSCSI CHAP flags were given (not only the environment)
+}
+
+func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *clientOptions, *string) {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	dialer := &fabric.Dialer{}
@@ -91,7 +99,7 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	// opened while the flags are read (an RDMA device).
 	level := new(slog.LevelVar)
 	level.Set(slog.LevelWarn)
-	o := &initiator.Options{Dialer: dialer, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}
+	o := &clientOptions{Options: initiator.Options{Dialer: dialer, Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))}}
 	fs.Func("log-level", "debug, info, warn (the default) or error, on stderr", func(v string) error {
 		return level.UnmarshalText([]byte(v))
 	})
@@ -99,23 +107,37 @@ func clientFlags(name string, stderr io.Writer) (*flag.FlagSet, *initiator.Optio
 	fs.BoolVar(&o.HeaderDigest, "header-digest", false, "ask for CRC32C header digests")
 	fs.BoolVar(&o.DataDigest, "data-digest", false, "ask for CRC32C data digests")
 	targetSecret := fs.String("target-secret", "", "mutual CHAP: the target's user%secret (or BLOCKWIRE_TARGET_SECRET; off the command line: --target-secret-file)")
-	fs.Func("chap-secret-file", "CHAP: read the secret for the URL's user (iscsi://USER@host/...) from this file, not the command line (or BLOCKWIRE_CHAP_SECRET); for nvme+tcp:// URLs, the host's DH-HMAC-CHAP secret (DHHC-1:...)", func(v string) error {
+	fs.Func("chap-secret-file", "CHAP: read the secret for the URL's user (iscsi://USER@host/...) from this file, not the command line (or BLOCKWIRE_CHAP_SECRET)", func(v string) error {
 		b, err := os.ReadFile(v)
 		if err != nil {
 			return err
 		}
 		o.CHAP = &authCreds{Secret: strings.TrimRight(string(b), "\r\n")}
+		o.iscsiCHAP = true
 		return nil
 	})
-	fs.Func("target-secret-file", "mutual CHAP: read the target's user%secret from this file; for nvme+tcp:// URLs, the controller's DH-HMAC-CHAP secret (bidirectional)", func(v string) error {
+	fs.Func("target-secret-file", "mutual CHAP: read the target's user%secret from this file", func(v string) error {
 		b, err := os.ReadFile(v)
 		if err != nil {
 			return err
 		}
 		u, p, _ := strings.Cut(strings.TrimRight(string(b), "\r\n"), "%")
 		o.TargetCHAP = &authCreds{User: u, Secret: p}
+		o.iscsiCHAP = true
 		return nil
 	})
+	secretFile := func(to *string) func(string) error {
+		return func(v string) error {
+			b, err := os.ReadFile(v)
+			if err != nil {
+				return err
+			}
+			*to = strings.TrimSpace(string(b))
+			return nil
+		}
+	}
+	fs.Func("dhchap-secret-file", "for nvme+tcp:// URLs: DH-HMAC-CHAP, the host's secret (DHHC-1:...) from this file", secretFile(&o.dhchap))
+	fs.Func("dhchap-ctrl-secret-file", "for nvme+tcp:// URLs: bidirectional DH-HMAC-CHAP, the controller's secret (DHHC-1:...) from this file", secretFile(&o.dhchapCtrl))
 	fs.Func("iser-profile", "for iser:// URLs: linux (connection first, as Linux ib_iser; default) or rfc5046 (login on TCP, then RDMA)", func(v string) error {
 		switch v {
 		case "linux":
@@ -260,7 +282,10 @@ func parseOffset(v string, stderr io.Writer) (int64, bool) {
 	return n, true
 }
 
-func finishOptions(o *initiator.Options, targetSecret string, stderr io.Writer) {
+func finishOptions(o *clientOptions, targetSecret string, stderr io.Writer) {
+	if targetSecret != "" {
+		o.iscsiCHAP = true
+	}
 	if targetSecret == "" {
 		targetSecret = os.Getenv("BLOCKWIRE_TARGET_SECRET")
 	}
@@ -317,7 +342,7 @@ func discover(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := signalContext()
 	defer cancel()
-	found, err := initiator.Discover(ctx, portal, *o)
+	found, err := initiator.Discover(ctx, portal, o.Options)
 	if err != nil {
 		return fail(stderr, err)
 	}
@@ -375,7 +400,7 @@ func checkURL(u string) error {
 }
 
 // openDevice logs in to the LUN of an iscsi://, iser:// or srp:// URL.
-func openDevice(ctx context.Context, u string, o initiator.Options) (device, error) {
+func openDevice(ctx context.Context, u string, o clientOptions) (device, error) {
 	return retrySetup(ctx, o.Logger, setupRetries, func() (device, error) { return openOnce(ctx, u, o) })
 }
 
@@ -407,7 +432,7 @@ func retrySetup(ctx context.Context, log *slog.Logger, retries int, open func() 
 }
 
 // openOnce is one attempt of openDevice.
-func openOnce(ctx context.Context, u string, o initiator.Options) (device, error) {
+func openOnce(ctx context.Context, u string, o clientOptions) (device, error) {
 	if isNVMeURL(u) {
 		ho, err := nvmeOptions(o)
 		if err != nil {
@@ -426,10 +451,10 @@ func openOnce(ctx context.Context, u string, o initiator.Options) (device, error
 		}
 		return srpinitiator.Open(ctx, u, srpinitiator.Options{Fabric: f, Logger: o.Logger})
 	}
-	return initiator.Open(ctx, u, o)
+	return initiator.Open(ctx, u, o.Options)
 }
 
-func openURL(ctx context.Context, url string, o *initiator.Options, ts string, stderr io.Writer) (device, int) {
+func openURL(ctx context.Context, url string, o *clientOptions, ts string, stderr io.Writer) (device, int) {
 	finishOptions(o, ts, stderr)
 	if err := checkURL(url); err != nil {
 		fmt.Fprintln(stderr, "blockwire:", err)

@@ -13,7 +13,6 @@ import (
 	"golang.org/x/term"
 
 	"github.com/blockwire/blockwire/config"
-	"github.com/blockwire/blockwire/iscsi/initiator"
 )
 
 // endpoint is one side of a copy: a local file or an iSCSI LUN.
@@ -89,7 +88,7 @@ func (e *endpoint) close() error {
 	return e.f.Close()
 }
 
-func openEndpoint(ctx context.Context, name string, write bool, o initiator.Options) (*endpoint, error) {
+func openEndpoint(ctx context.Context, name string, write bool, o clientOptions) (*endpoint, error) {
 	if isURL(name) {
 		d, err := openDevice(ctx, name, o)
 		if err != nil {

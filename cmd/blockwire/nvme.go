@@ -9,7 +9,6 @@ import (
 	"strings"
 
 	"github.com/blockwire/blockwire/blockdev"
-	"github.com/blockwire/blockwire/iscsi/initiator"
 	"github.com/blockwire/blockwire/nvme/dhchap"
 	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/scsi"
@@ -21,31 +20,32 @@ func isNVMeURL(u string) bool { return strings.HasPrefix(u, "nvme+tcp://") }
 // nvmeOptions are the host's options from the client's flags: the
 // digests, the host NQN from --initiator-name when that is an NQN (else
 // one made from a random host ID), and DH-HMAC-CHAP: the host's secret
-// from --chap-secret-file, the controller's (bidirectional) from
-// --target-secret-file, each in the "DHHC-1:XX:…:" form.
-func nvmeOptions(o initiator.Options) (tcphost.Options, error) {
+// from --dhchap-secret-file, the controller's (bidirectional) from
+// --dhchap-ctrl-secret-file, each in the "DHHC-1:XX:…:" form. iSCSI's
+// CHAP flags do not apply to an NVMe host: given, they are refused (its
+// environment variables are left to iSCSI URLs).
+func nvmeOptions(o clientOptions) (tcphost.Options, error) {
 	h := tcphost.Options{HeaderDigest: o.HeaderDigest, DataDigest: o.DataDigest}
 	if strings.HasPrefix(o.InitiatorName, "nqn.") {
 		h.HostNQN = o.InitiatorName
 	}
-	if o.CHAP != nil {
-		k, err := dhchap.ParseSecret(o.CHAP.Secret)
+	if o.iscsiCHAP {
+		return h, errors.New("iSCSI CHAP secrets given for an NVMe host: its DH-HMAC-CHAP secrets are --dhchap-secret-file and --dhchap-ctrl-secret-file")
+	}
+	if o.dhchap != "" {
+		k, err := dhchap.ParseSecret(o.dhchap)
 		if err != nil {
-			return h, fmt.Errorf("--chap-secret-file for an NVMe host: %w", err)
+			return h, fmt.Errorf("--dhchap-secret-file: %w", err)
 		}
 		h.DHCHAP = &k
 	}
-	if o.TargetCHAP != nil {
-		v := o.TargetCHAP.User // read whole: a DH-HMAC-CHAP secret has no user%
-		if o.TargetCHAP.Secret != "" {
-			v += "%" + o.TargetCHAP.Secret
-		}
-		k, err := dhchap.ParseSecret(v)
+	if o.dhchapCtrl != "" {
+		k, err := dhchap.ParseSecret(o.dhchapCtrl)
 		if err != nil {
-			return h, fmt.Errorf("--target-secret-file for an NVMe host: %w", err)
+			return h, fmt.Errorf("--dhchap-ctrl-secret-file: %w", err)
 		}
 		if h.DHCHAP == nil {
-			return h, errors.New("--target-secret-file for an NVMe host needs --chap-secret-file (the host authenticates first)")
+			return h, errors.New("--dhchap-ctrl-secret-file needs --dhchap-secret-file (the host authenticates first)")
 		}
 		h.DHCHAPCtrl = &k
 	}
@@ -86,7 +86,7 @@ func (d nvmeDevice) Do(_ context.Context, cdb []byte, _, in []byte) (blockdev.Re
 // an nvme+tcp:// URL's address: each NVM subsystem's address and NQN,
 // as discover prints iSCSI targets (entries for discovery subsystems are
 // left out).
-func discoverNVMe(url string, o initiator.Options, asJSON bool, stdout, stderr io.Writer) int {
+func discoverNVMe(url string, o clientOptions, asJSON bool, stdout, stderr io.Writer) int {
 	u, err := tcphost.ParseURL(url)
 	if err != nil {
 		fmt.Fprintln(stderr, "blockwire:", err)

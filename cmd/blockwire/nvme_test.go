@@ -11,6 +11,7 @@ import (
 	"github.com/blockwire/blockwire/config"
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/node/nodetest"
+	"github.com/blockwire/blockwire/nvme/dhchap"
 )
 
 // TestNVMeClientVerbs: the client verbs on an nvme+tcp:// URL as an
@@ -75,5 +76,53 @@ func TestNVMeClientVerbs(t *testing.T) {
 	b, _ := os.ReadFile(front)
 	if len(a) != 4<<20 || !bytes.Equal(a, b) {
 		t.Fatalf("the gateway's LUN (%d bytes) and the namespace (%d bytes) differ", len(b), len(a))
+	}
+}
+
+// TestNVMeClientDHCHAP: the client verbs authenticate an NVMe host with
+// --dhchap-secret-file (and the controller with --dhchap-ctrl-secret-file),
+// are refused without the secret or with another, and refuse iSCSI's CHAP
+// flags on an nvme+tcp:// URL with a message naming the right ones.
+func TestNVMeClientDHCHAP(t *testing.T) {
+	const iqn = "iqn.2026-11.org.example:auth"
+	const host = "nqn.2014-08.org.nvmexpress:uuid:0000000a-0000-4000-8000-000000000000"
+	hk, ck, other := dhchap.NewSecret(32, dhchap.SHA256), dhchap.NewSecret(32, 0), dhchap.NewSecret(32, dhchap.SHA256)
+	cfg := &config.Config{NVMeListen: []string{"127.0.0.1:0"},
+		Targets: []config.Target{{Name: iqn, LUNs: []config.LUN{{ID: 0, Size: "4MiB"}},
+			ACL: []config.ACL{{Host: host, DHCHAP: &config.Secret{Secret: hk.String()}, DHCHAPCtrl: &config.Secret{Secret: ck.String()}}}}}}
+	n := nodetest.Start(t, cfg, node.Options{})
+	url := "nvme+tcp://" + nodetest.Portal(t, n, config.NVMeTCP) + "/" + config.NQNPrefix + iqn + "/1"
+	dir := t.TempDir()
+	file := func(name, v string) string {
+		p := filepath.Join(dir, name)
+		os.WriteFile(p, []byte(v+"\n"), 0o600)
+		return p
+	}
+	hf, cf, of := file("host", hk.String()), file("ctrl", ck.String()), file("other", other.String())
+	cli := func(args ...string) (int, string) {
+		var out, errOut bytes.Buffer
+		code := run(args, &out, &errOut)
+		return code, out.String() + errOut.String()
+	}
+	if code, out := cli("inquiry", "--initiator-name", host, "--dhchap-secret-file", hf, "--dhchap-ctrl-secret-file", cf, url); code != 0 || !strings.Contains(out, "NVMe") {
+		t.Fatalf("inquiry with both secrets: exit %d\n%s", code, out)
+	}
+	if code, out := cli("inquiry", "--initiator-name", host, "--dhchap-secret-file", hf, url); code != 0 {
+		t.Fatalf("inquiry with the host's secret: exit %d\n%s", code, out)
+	}
+	for name, args := range map[string][]string{
+		"no secret":            {},
+		"another secret":       {"--dhchap-secret-file", of},
+		"another controller's": {"--dhchap-secret-file", hf, "--dhchap-ctrl-secret-file", of},
+	} {
+		if code, out := cli(append(append([]string{"inquiry", "--initiator-name", host}, args...), url)...); code == 0 {
+			t.Fatalf("%s: inquiry got in\n%s", name, out)
+		}
+	}
+	if code, out := cli("inquiry", "--initiator-name", host, "--chap-secret-file", hf, url); code == 0 || !strings.Contains(out, "--dhchap-secret-file") {
+		t.Fatalf("iSCSI's --chap-secret-file on an NVMe URL: exit %d\n%s", code, out)
+	}
+	if code, out := cli("inquiry", "--initiator-name", host, "--dhchap-ctrl-secret-file", cf, url); code == 0 || !strings.Contains(out, "needs --dhchap-secret-file") {
+		t.Fatalf("a controller secret alone: exit %d\n%s", code, out)
 	}
 }

@@ -342,8 +342,8 @@ size = "64MiB"
 		}
 	}
 	url := "nvme+tcp://" + nvAddr + "/" + nqn + "/1"
-	out, code := blockwire(t, "read", "--initiator-name", host, "--chap-secret-file", filepath.Join(dir, "host.key"),
-		"--target-secret-file", filepath.Join(dir, "ctrl.key"), "--length", "4096", "--out", filepath.Join(dir, "r"), url)
+	out, code := blockwire(t, "read", "--initiator-name", host, "--dhchap-secret-file", filepath.Join(dir, "host.key"),
+		"--dhchap-ctrl-secret-file", filepath.Join(dir, "ctrl.key"), "--length", "4096", "--out", filepath.Join(dir, "r"), url)
 	if code != 0 {
 		t.Fatalf("blockwire read with both secrets: exit %d\n%s", code, out)
 	}
