@@ -32,13 +32,7 @@ type rawWriter struct {
 // socket. A portal's look-ahead (prefixconn) only reads ahead: writes go to
 // its socket from the start.
 func newRawWriter(nc net.Conn) *rawWriter {
-	var tc *net.TCPConn
-	switch c := nc.(type) {
-	case *net.TCPConn:
-		tc = c
-	case prefixconn.Socketed:
-		tc, _ = c.Socket()
-	}
+	tc := prefixconn.TCP(nc)
 	if tc == nil {
 		return nil
 	}

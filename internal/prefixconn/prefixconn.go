@@ -24,6 +24,19 @@ func New(nc net.Conn, pre []byte) net.Conn {
 // with readv(2)).
 type Socketed interface{ Socket() (*net.TCPConn, bool) }
 
+// TCP returns the TCP socket of nc — nc itself, or the socket under a
+// connection New made — or nil when there is none.
+func TCP(nc net.Conn) *net.TCPConn {
+	switch c := nc.(type) {
+	case *net.TCPConn:
+		return c
+	case Socketed:
+		tc, _ := c.Socket()
+		return tc
+	}
+	return nil
+}
+
 type tcpConn struct {
 	*net.TCPConn
 	pre []byte

@@ -13,13 +13,7 @@ import (
 // reader still finds what is left, then the end. False when nc is no TCP
 // socket: nothing is known then.
 func Gone(nc net.Conn) bool {
-	var tc *net.TCPConn
-	switch c := nc.(type) {
-	case *net.TCPConn:
-		tc = c
-	case prefixconn.Socketed:
-		tc, _ = c.Socket()
-	}
+	tc := prefixconn.TCP(nc)
 	if tc == nil {
 		return false
 	}

@@ -48,6 +48,17 @@ func sendCommand(c *tclient, itt uint32, cdb []byte, read, write bool, edtl uint
 // the new session's first command, an eject, succeeds (RFC 7143 §6.3.5;
 // libiscsi's PreventAllow.ITNexusLoss found the race).
 func TestReinstatementEndsTheOldNexusFirst(t *testing.T) {
+	ts, _ := preventingWithAStuckRead(t)
+	loginAndEject(t, ts, func(*tclient) {}) // the same ISID, TSIH 0: reinstatement
+}
+
+// held is how long the storage holds the old session's read.
+const held = 300 * time.Millisecond
+
+// preventingWithAStuckRead starts a target with a removable LU, and a
+// session that prevents medium removal and has a read held in the
+// storage; the storage lets it go held after this returns.
+func preventingWithAStuckRead(t *testing.T) (*testServer, *tclient) {
 	d, _ := mem.New(1 << 20)
 	g := &gatedDisk{Disk: d, gate: make(chan struct{}), entered: make(chan struct{})}
 	ts := startServer(t, Options{}, onLU(t, scsitarget.LUConfig{Backend: g, Removable: true}))
@@ -57,14 +68,21 @@ func TestReinstatementEndsTheOldNexusFirst(t *testing.T) {
 	if r := old.command([]byte{0x1e, 0, 0, 0, 1, 0}, false, 0, nil, 0); r.status != 0 {
 		t.Fatalf("PREVENT MEDIUM REMOVAL: status %d", r.status)
 	}
-	// A read that the storage holds.
 	sendCDB(old, 99, read10(0, 1), false, 512)
 	<-g.entered
-
-	const held = 300 * time.Millisecond
 	go func() { time.Sleep(held); close(g.gate) }()
+	return ts, old
+}
+
+// loginAndEject logs the initiator in again (its client set up by
+// prepare) and checks that the login answered only once the old session
+// had ended, and that an eject then succeeds: the old nexus's prevention
+// ended with it.
+func loginAndEject(t *testing.T, ts *testServer, prepare func(*tclient)) {
+	t.Helper()
 	start := time.Now()
-	fresh := dial(t, ts.addr) // the same ISID, TSIH 0: reinstatement
+	fresh := dial(t, ts.addr)
+	prepare(fresh)
 	fresh.mustLogin(normalKeys(ini)...)
 	if waited := time.Since(start); waited < held-50*time.Millisecond {
 		t.Errorf("the new session answered after %v, while the old one still had a read in the storage", waited)
@@ -85,32 +103,9 @@ func TestReinstatementEndsTheOldNexusFirst(t *testing.T) {
 // follows succeeds (libiscsi's PreventAllow.ITNexusLoss failed in CI
 // when the new session's eject overtook the old session's end).
 func TestClosedSessionEndsBeforeTheInitiatorsNextOne(t *testing.T) {
-	d, _ := mem.New(1 << 20)
-	g := &gatedDisk{Disk: d, gate: make(chan struct{}), entered: make(chan struct{})}
-	ts := startServer(t, Options{}, onLU(t, scsitarget.LUConfig{Backend: g, Removable: true}))
-	old := dial(t, ts.addr)
-	old.mustLogin(normalKeys(ini)...)
-	old.command(tur(), false, 0, nil, 0) // the power-on unit attention
-	if r := old.command([]byte{0x1e, 0, 0, 0, 1, 0}, false, 0, nil, 0); r.status != 0 {
-		t.Fatalf("PREVENT MEDIUM REMOVAL: status %d", r.status)
-	}
-	sendCDB(old, 99, read10(0, 1), false, 512)
-	<-g.entered
-	old.nc.Close() // the I_T nexus is lost; its read is still in the storage
-
-	const held = 300 * time.Millisecond
-	go func() { time.Sleep(held); close(g.gate) }()
-	start := time.Now()
-	fresh := dial(t, ts.addr)
-	fresh.isid[5] ^= 0x5a // another ISID: a new nexus
-	fresh.mustLogin(normalKeys(ini)...)
-	if waited := time.Since(start); waited < held-50*time.Millisecond {
-		t.Errorf("the new session answered after %v, while the initiator's closed session still had a read in the storage", waited)
-	}
-	fresh.command(tur(), false, 0, nil, 0) // the new nexus's unit attention
-	if r := fresh.command([]byte{0x1b, 0, 0, 0, 0x02, 0}, false, 0, nil, 0); r.status != 0 {
-		t.Fatalf("eject from the new session: status %d sense %x (the lost nexus's prevention outlived it)", r.status, r.sense)
-	}
+	ts, old := preventingWithAStuckRead(t)
+	old.nc.Close()                                               // the I_T nexus is lost; its read is still in the storage
+	loginAndEject(t, ts, func(c *tclient) { c.isid[5] ^= 0x5a }) // another ISID: a new nexus
 }
 
 // TestLiveSessionOfTheInitiatorDoesNotHoldItsNextOne: a second session of
