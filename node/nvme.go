@@ -109,7 +109,9 @@ func (n *Node) newNVMe() {
 			}
 			return nvmetarget.AuthKeys{}
 		}})
-	n.nvmeSrv = tcptarget.New(tcptarget.Options{Target: n.nvme, Logger: n.log, Budget: n.budget, SetupTimeout: n.cfg.WithDefaults().Limits.LoginTimeout,
+	lim := n.cfg.WithDefaults().Limits
+	n.nvmeSrv = tcptarget.New(tcptarget.Options{Target: n.nvme, Logger: n.log, Budget: n.budget, SetupTimeout: lim.LoginTimeout,
+		SetupsPerSource: lim.MaxLoginsPerSource, Sources: n.sources,
 		Poll: n.poll})
 	n.nvmeSubs = map[string]*nvmeSub{}
 	n.setNVMeDiscovery(n.cfg.Discovery)

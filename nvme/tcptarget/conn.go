@@ -25,6 +25,7 @@ type conn struct {
 	s   *Server
 	nc  net.Conn
 	log *slog.Logger
+	src string // its source, to the per-source bounds
 
 	// Negotiated by ICReq/ICResp (read-only after).
 	hdgst, ddgst bool
@@ -105,11 +106,7 @@ var errTerminated = errors.New("connection terminated")
 // serve runs the connection to its end.
 func (c *conn) serve() {
 	c.setup.Store(true)
-	defer func() {
-		if c.setup.Swap(false) {
-			c.s.setups.Add(-1)
-		}
-	}()
+	defer c.s.endSetup(c)
 	c.nc.SetReadDeadline(time.Now().Add(c.s.o.SetupTimeout))
 	c.r = c.nc
 	err := c.handshake()
@@ -727,9 +724,7 @@ func (c *conn) connect(cm *command) error {
 	}
 	c.r = bufio.NewReaderSize(src, readBuffer)
 	c.nc.SetReadDeadline(time.Time{})
-	if c.setup.Swap(false) {
-		c.s.setups.Add(-1)
-	}
+	c.s.endSetup(c)
 	// The Connect's answer, then the writer (slot 0, the Connect's,
 	// returns to the new free list).
 	c.send(cm)

@@ -13,6 +13,7 @@ import (
 	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/nvme"
 	"github.com/blockwire/blockwire/nvme/nvmetcp"
+	"github.com/blockwire/blockwire/nvme/tcphost"
 )
 
 // raw is a host that writes PDUs by hand: what a broken or hostile host
@@ -270,5 +271,40 @@ func TestBudgetRefusal(t *testing.T) {
 	}
 	if budget.Used() != 0 || f.srv.Stats().BudgetRefusals.Load() != 1 {
 		t.Fatalf("budget used %d, refusals %d", budget.Used(), f.srv.Stats().BudgetRefusals.Load())
+	}
+}
+
+// TestSetupBoundPerSource: one address that opens connections and never
+// sets them up holds at most SetupsPerSource set-up places; its next
+// connection is closed at once (counted as setups_per_source), while
+// another address still connects and gets a controller.
+func TestSetupBoundPerSource(t *testing.T) {
+	f := start(t, Options{SetupTimeout: 10 * time.Second, Setups: 8, SetupsPerSource: 2}, nil)
+	dialFrom := func(ip string) net.Conn {
+		t.Helper()
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		nc, err := d.Dial("tcp", f.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		return nc
+	}
+	for range 2 {
+		dialFrom("127.0.0.7")
+	}
+	waitfor.True(t, 5*time.Second, func() bool { return f.srv.Setups() == 2 }, func() string { return fmt.Sprint(f.srv.Setups(), " set-ups") })
+	nc := dialFrom("127.0.0.7")
+	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := nc.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("a third idle connection from one address: %v, want it closed", err)
+	}
+	if got := f.srv.BoundsHit()["setups_per_source"]; got != 1 {
+		t.Fatalf("setups_per_source hit %d times, want 1 (%v)", got, f.srv.BoundsHit())
+	}
+	c := f.connect(tcphost.Options{IOQueues: 1, QueueSize: 8})
+	defer c.Close()
+	if err := c.Read(ctx(t), 1, 512, 0, make([]byte, 512)); err != nil {
+		t.Fatalf("another address's host: %v", err)
 	}
 }

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/internal/persource"
 	"github.com/blockwire/blockwire/internal/sockpoll"
 	"github.com/blockwire/blockwire/nvme/nvmetarget"
 	"github.com/blockwire/blockwire/nvme/nvmetcp"
@@ -25,7 +26,10 @@ import (
 const (
 	DefaultSetupTimeout = 10 * time.Second
 	DefaultSetups       = 64
-	DefaultConns        = 4096
+	// DefaultSetupsPerSource is as many as one address may have logging
+	// in over iSCSI (Options.MaxLoginsPerSource there).
+	DefaultSetupsPerSource = 8
+	DefaultConns           = 4096
 )
 
 // Options configure a Server.
@@ -40,8 +44,13 @@ type Options struct {
 	// Connect's answer.
 	SetupTimeout time.Duration
 	// Setups bounds the connections between accept and Connect; Conns
-	// all connections.
-	Setups, Conns int
+	// all connections. SetupsPerSource bounds one source's connections
+	// between accept and Connect, so that one host opening connections
+	// it never sets up cannot take every place from the others; Sources
+	// says what a source is (an address, or an IPv6 network).
+	Setups, Conns   int
+	SetupsPerSource int
+	Sources         persource.Sources
 	// MaxH2CData is the most data one H2CData PDU may carry (MAXH2CDATA;
 	// default and at most the target's largest transfer, at least 4096).
 	MaxH2CData int
@@ -57,11 +66,12 @@ type Server struct {
 	o   Options
 	log *slog.Logger
 
-	// mu guards ls and conns (taken alone; no I/O under it).
-	mu     sync.Mutex
-	ls     map[net.Listener]bool
-	conns  map[*conn]bool
-	closed bool
+	// mu guards ls, conns and setupsOf (taken alone; no I/O under it).
+	mu       sync.Mutex
+	ls       map[net.Listener]bool
+	conns    map[*conn]bool
+	closed   bool
+	setupsOf persource.Counts[string] // the set-ups of each source
 
 	setups atomic.Int32
 	wg     sync.WaitGroup
@@ -77,8 +87,11 @@ type Stats struct {
 	// them for the bound on set-ups, the rest for the bound on
 	// connections.
 	Accepted, Refused, RefusedSetups, Terminated atomic.Uint64
-	Commands, ReadBytes, WriteBytes              atomic.Uint64
-	BudgetRefusals                               atomic.Uint64
+	// RefusedSetupsPerSource are of Refused: closed for their source's
+	// set-ups (Options.SetupsPerSource).
+	RefusedSetupsPerSource          atomic.Uint64
+	Commands, ReadBytes, WriteBytes atomic.Uint64
+	BudgetRefusals                  atomic.Uint64
 }
 
 // New returns a server for o.Target.
@@ -95,6 +108,9 @@ func New(o Options) *Server {
 	if o.Conns <= 0 {
 		o.Conns = DefaultConns
 	}
+	if o.SetupsPerSource <= 0 {
+		o.SetupsPerSource = DefaultSetupsPerSource
+	}
 	if o.MaxH2CData <= 0 || o.MaxH2CData > o.Target.MaxTransfer() {
 		o.MaxH2CData = o.Target.MaxTransfer()
 	}
@@ -108,8 +124,9 @@ func New(o Options) *Server {
 // the queue, data beyond MAXH2CDATA, a bad digest, …).
 func (s *Server) BoundsHit() map[string]uint64 {
 	st := &s.stats
-	out := map[string]uint64{"setups": st.RefusedSetups.Load(), "connections": st.Refused.Load() - st.RefusedSetups.Load(),
-		"io_budget": st.BudgetRefusals.Load(), "terminated": st.Terminated.Load(), "controllers": 0}
+	out := map[string]uint64{"setups": st.RefusedSetups.Load(), "setups_per_source": st.RefusedSetupsPerSource.Load(),
+		"connections": st.Refused.Load() - st.RefusedSetups.Load() - st.RefusedSetupsPerSource.Load(),
+		"io_budget":   st.BudgetRefusals.Load(), "terminated": st.Terminated.Load(), "controllers": 0}
 	if s.o.Target != nil {
 		out["controllers"] = s.o.Target.Refusals()["controller limit"]
 	}
@@ -168,19 +185,26 @@ func (s *Server) Serve(l net.Listener) error {
 // accept starts a connection's goroutines, or closes it at once when
 // the bounds are reached.
 func (s *Server) accept(nc net.Conn) {
+	src := s.o.Sources.Of(nc.RemoteAddr())
 	s.mu.Lock()
-	if s.closed || len(s.conns) >= s.o.Conns || int(s.setups.Load()) >= s.o.Setups {
-		setups := int(s.setups.Load()) >= s.o.Setups
+	setups := int(s.setups.Load()) >= s.o.Setups
+	ofSource := s.setupsOf.Of(src) >= s.o.SetupsPerSource
+	if s.closed || len(s.conns) >= s.o.Conns || setups || ofSource {
 		s.mu.Unlock()
 		s.stats.Refused.Add(1)
-		if setups {
+		switch {
+		case setups:
 			s.stats.RefusedSetups.Add(1)
+		case ofSource:
+			s.stats.RefusedSetupsPerSource.Add(1)
 		}
 		nc.Close()
 		return
 	}
 	c := newConn(s, nc)
+	c.src = src
 	s.conns[c] = true
+	s.setupsOf.Add(src)
 	s.setups.Add(1)
 	s.wg.Add(1)
 	s.mu.Unlock()
@@ -214,4 +238,15 @@ func (s *Server) Close() {
 		c.Close()
 	}
 	s.wg.Wait()
+}
+
+// endSetup counts c's set-up as over (connected, or gone), once.
+func (s *Server) endSetup(c *conn) {
+	if !c.setup.Swap(false) {
+		return
+	}
+	s.setups.Add(-1)
+	s.mu.Lock()
+	s.setupsOf.Give(c.src)
+	s.mu.Unlock()
 }
