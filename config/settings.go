@@ -99,7 +99,7 @@ func Settings() []Setting {
 		{Key: "limits.max_sessions", Flag: "max-sessions", Default: "1024", Min: 0, Max: forever, Range: "not negative",
 			Usage: "sessions allowed at once (logins beyond it fail with out of resources)"},
 		{Key: "limits.max_sessions_per_source", Flag: "max-sessions-per-source", Default: "128", Min: 0, Max: forever, Range: "not negative",
-			Usage: "sessions one address may hold (of --max-sessions; raise it for a host with a session to each of many targets)"},
+			Usage: "sessions one address may hold (of --max-sessions; raise it for a host with a session to each of many targets); also the NVMe controllers one address may hold"},
 		{Key: "limits.max_working_per_source", Flag: "max-working-per-source", Default: "256", Min: 0, Max: forever, Range: "not negative",
 			Usage: "commands of one address on LU workers, executing or waiting for it to take their answers, across its connections; past it they stop being read"},
 		{Key: "limits.max_discovery_sessions", Flag: "max-discovery-sessions", Default: "16", Min: 0, Max: forever, Range: "not negative",

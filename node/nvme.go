@@ -99,6 +99,7 @@ type nvmePortal struct {
 // nothing until a portal opens).
 func (n *Node) newNVMe() {
 	n.nvme = nvmetarget.New(nvmetarget.Options{Logger: n.log, Portals: n.nvmeDiscoveryPortals,
+		ControllersPerSource: n.cfg.WithDefaults().Limits.MaxSessionsPerSource, Sources: n.sources,
 		DiscoveryAllow: func(host string, remote net.Addr) bool {
 			d := n.nvmeDisc.Load()
 			return d == nil || d.NVMeAllows(host, remote)

@@ -31,6 +31,7 @@ type Controller struct {
 	// resvName is the host's name in the reservation state.
 	resvName string
 	remote   net.Addr
+	src      string // its source, to the per-source bound
 	log      *slog.Logger
 	created  time.Time
 	stats    blockcore.Stats // its I/O commands, as a SCSI nexus's
@@ -134,9 +135,9 @@ func (t *Target) Connect(k nvme.Connect, remote net.Addr, conn Conn) (q *Queue, 
 			// The dynamic controller model: the host asks for any.
 			return refuse("static controller ID", nvme.StatusConnectInvalidParam, inData|16<<16)
 		}
-		c, ok := t.newController(s, k, remote)
-		if !ok {
-			return refuse("controller limit", nvme.StatusConnectBusy, 0)
+		c, why := t.newController(s, k, remote)
+		if c == nil {
+			return refuse(why, nvme.StatusConnectBusy, 0)
 		}
 		q := &Queue{c: c, qid: 0, size: size, conn: conn}
 		authreq := q.startAuth()
@@ -175,24 +176,34 @@ func (t *Target) Connect(k nvme.Connect, remote net.Addr, conn Conn) (q *Queue, 
 }
 
 // newController makes a controller for an admin queue's Connect, if the
-// target's bound allows one more.
-func (t *Target) newController(s *Subsystem, k nvme.Connect, remote net.Addr) (*Controller, bool) {
+// target's bounds allow one more; else it says which refused it.
+func (t *Target) newController(s *Subsystem, k nvme.Connect, remote net.Addr) (*Controller, string) {
+	src := ""
+	if remote != nil {
+		src = t.o.Sources.Of(remote)
+	}
 	t.mu.Lock()
 	if t.ctrls >= t.o.Controllers {
 		t.mu.Unlock()
-		return nil, false
+		return nil, "controller limit"
+	}
+	if t.ctrlsOf.Of(src) >= t.o.ControllersPerSource {
+		t.mu.Unlock()
+		return nil, "controller limit of the source"
 	}
 	t.ctrls++
+	t.ctrlsOf.Add(src)
 	t.mu.Unlock()
-	c := &Controller{s: s, hostNQN: k.Data.HostNQN, hostID: k.Data.HostID, resvName: registrantName(k.Data.HostID), remote: remote, created: time.Now(),
+	c := &Controller{s: s, hostNQN: k.Data.HostNQN, hostID: k.Data.HostID, resvName: registrantName(k.Data.HostID), remote: remote, src: src, created: time.Now(),
 		queues: map[uint16]*Queue{}, kato: time.Duration(k.KATO) * time.Millisecond}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		t.mu.Lock()
 		t.ctrls--
+		t.ctrlsOf.Give(src)
 		t.mu.Unlock()
-		return nil, false
+		return nil, "subsystem removed"
 	}
 	// Controller IDs 1 to 0xffef, the next free one.
 	for {
@@ -208,7 +219,7 @@ func (t *Target) newController(s *Subsystem, k nvme.Connect, remote net.Addr) (*
 	if c.kato > 0 {
 		c.kaTimer = time.AfterFunc(c.kato, c.expire)
 	}
-	return c, true
+	return c, ""
 }
 
 // expire ends a controller whose host sent no Keep Alive in time.
@@ -253,6 +264,7 @@ func (c *Controller) destroy() {
 	t := s.t
 	t.mu.Lock()
 	t.ctrls--
+	t.ctrlsOf.Give(c.src)
 	t.mu.Unlock()
 	for _, conn := range conns {
 		conn.Close()

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/blockwire/blockwire/blockcore"
+	"github.com/blockwire/blockwire/internal/persource"
 )
 
 // DiscoveryNQN is the well-known NQN of the discovery subsystem.
@@ -35,6 +36,9 @@ const (
 	DefaultQueueSize   = 128 // entries per queue (CAP.MQES + 1)
 	DefaultIOQueues    = 16  // I/O queues per controller
 	DefaultControllers = 256 // controllers of the whole target
+	// DefaultControllersPerSource: half of them from one address, as
+	// iSCSI's sessions of one address (MaxSessionsPerSource).
+	DefaultControllersPerSource = 128
 	// DefaultInCapsuleData lets a host send writes up to 128 KiB in the
 	// command capsule, without waiting for an R2T (a round trip less);
 	// what a queue may make the target hold is the same either way (its
@@ -62,7 +66,12 @@ type Options struct {
 	IOQueues int
 	// Controllers bounds the controllers of the target (discovery
 	// controllers included): a host cannot make it hold more.
-	Controllers int
+	// ControllersPerSource bounds those of one source, so that one host
+	// cannot take every controller from the others; Sources says what a
+	// source is (an address, or an IPv6 network).
+	Controllers          int
+	ControllersPerSource int
+	Sources              persource.Sources
 	// InCapsuleData is the most data an I/O command capsule may carry
 	// (IOCCSZ less the entry).
 	InCapsuleData int
@@ -102,10 +111,11 @@ type Target struct {
 
 	// mu guards subs and ctrls (lock order: Target.mu, then
 	// Subsystem.mu, then Controller.mu; no I/O under any of them).
-	mu    sync.Mutex
-	subs  map[string]*Subsystem
-	ctrls int
-	disc  *Subsystem
+	mu      sync.Mutex
+	subs    map[string]*Subsystem
+	ctrls   int
+	ctrlsOf persource.Counts[string] // the controllers of each source
+	disc    *Subsystem
 
 	// genctr counts the discovery log's changes (GENCTR).
 	genctr atomic.Uint64
@@ -121,6 +131,7 @@ func New(o Options) *Target {
 	o.QueueSize = cmpOr(o.QueueSize, DefaultQueueSize)
 	o.IOQueues = cmpOr(o.IOQueues, DefaultIOQueues)
 	o.Controllers = cmpOr(o.Controllers, DefaultControllers)
+	o.ControllersPerSource = cmpOr(o.ControllersPerSource, DefaultControllersPerSource)
 	o.InCapsuleData = cmpOr(o.InCapsuleData, DefaultInCapsuleData)
 	if o.AuthTimeout == 0 {
 		o.AuthTimeout = DefaultAuthTimeout

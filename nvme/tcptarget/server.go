@@ -126,9 +126,10 @@ func (s *Server) BoundsHit() map[string]uint64 {
 	st := &s.stats
 	out := map[string]uint64{"setups": st.RefusedSetups.Load(), "setups_per_source": st.RefusedSetupsPerSource.Load(),
 		"connections": st.Refused.Load() - st.RefusedSetups.Load() - st.RefusedSetupsPerSource.Load(),
-		"io_budget":   st.BudgetRefusals.Load(), "terminated": st.Terminated.Load(), "controllers": 0}
+		"io_budget":   st.BudgetRefusals.Load(), "terminated": st.Terminated.Load(), "controllers": 0, "controllers_per_source": 0}
 	if s.o.Target != nil {
-		out["controllers"] = s.o.Target.Refusals()["controller limit"]
+		r := s.o.Target.Refusals()
+		out["controllers"], out["controllers_per_source"] = r["controller limit"], r["controller limit of the source"]
 	}
 	return out
 }
