@@ -105,7 +105,7 @@ func Settings() []Setting {
 		{Key: "limits.max_discovery_sessions", Flag: "max-discovery-sessions", Default: "16", Min: 0, Max: forever, Range: "not negative",
 			Usage: "discovery sessions allowed at once (not counted in --max-sessions)"},
 		{Key: "limits.max_logins_per_source", Flag: "max-logins-per-source", Default: "8", Min: 0, Max: forever, Range: "not negative",
-			Usage: "connections from one address still logging in (iSCSI) or setting up (NVMe/TCP: before their Connect); more are closed"},
+			Usage: "connections from one address still logging in; more are closed"},
 		{Key: "limits.source_prefix_v6", Flag: "source-prefix-v6", Default: "128", Min: 1, Max: 128, Range: "1 to 128 bits of an IPv6 address",
 			Usage: "what one address is to the per-source bounds when it is IPv6: its network of this many bits (64 where peers with a routed /64 reach a portal)"},
 		{Key: "limits.max_connections", Flag: "max-connections", Default: "8", Min: 1, Max: 65535, Range: "1 to 65535, RFC 7143 §13.2",

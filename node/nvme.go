@@ -112,8 +112,8 @@ func (n *Node) newNVMe() {
 		}})
 	lim := n.cfg.WithDefaults().Limits
 	n.nvmeSrv = tcptarget.New(tcptarget.Options{Target: n.nvme, Logger: n.log, Budget: n.budget, SetupTimeout: lim.LoginTimeout,
-		SetupsPerSource: lim.MaxLoginsPerSource, Sources: n.sources,
-		Poll: n.poll})
+		Sources: n.sources,
+		Poll:    n.poll})
 	n.nvmeSubs = map[string]*nvmeSub{}
 	n.setNVMeDiscovery(n.cfg.Discovery)
 }

@@ -25,10 +25,14 @@ import (
 // Defaults of Options.
 const (
 	DefaultSetupTimeout = 10 * time.Second
-	DefaultSetups       = 64
-	// DefaultSetupsPerSource is as many as one address may have logging
-	// in over iSCSI (Options.MaxLoginsPerSource there).
-	DefaultSetupsPerSource = 8
+	// DefaultSetups are as many as iSCSI's logins in progress (and
+	// sshd's MaxStartups). DefaultSetupsPerSource are four controllers'
+	// queues (16 I/O queues and the admin queue each): Linux opens every
+	// I/O queue's connection, ICReq included, before it sends the first
+	// I/O queue's Connect, so one host's controller holds up to 17 places
+	// at once, and a host with two paths through one address twice that.
+	DefaultSetups          = 256
+	DefaultSetupsPerSource = 64
 	DefaultConns           = 4096
 )
 
