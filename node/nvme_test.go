@@ -16,11 +16,13 @@ import (
 	"github.com/blockwire/blockwire/fabric"
 	"github.com/blockwire/blockwire/internal/waitfor"
 	"github.com/blockwire/blockwire/iscsi/initiator"
+	"github.com/blockwire/blockwire/metrics"
 	"github.com/blockwire/blockwire/node"
 	"github.com/blockwire/blockwire/nvme"
 	"github.com/blockwire/blockwire/nvme/tcphost"
 	"github.com/blockwire/blockwire/scsi"
 	"github.com/blockwire/blockwire/scsitarget"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 const (
@@ -100,6 +102,39 @@ func TestNVMeBesideISCSI(t *testing.T) {
 			s.Commands[scsitarget.ClassRead].Load() != 1 || s.Bytes[scsitarget.ClassRead].Load() != 64<<10 {
 			t.Errorf("the controller counted %d writes (%d bytes), %d reads (%d bytes); want one of 64 KiB each",
 				s.Commands[scsitarget.ClassWrite].Load(), s.Bytes[scsitarget.ClassWrite].Load(), s.Commands[scsitarget.ClassRead].Load(), s.Bytes[scsitarget.ClassRead].Load())
+		}
+	}
+	// The metrics carry them: the controller as a session of fabric
+	// nvme-tcp, and NVMe's per-source bounds.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.New(n))
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	series := func(name string, labels map[string]string) (float64, bool) {
+		for _, f := range fams {
+			if f.GetName() != name {
+				continue
+			}
+		next:
+			for _, m := range f.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if v, ok := labels[l.GetName()]; ok && v != l.GetValue() {
+						continue next
+					}
+				}
+				return m.GetCounter().GetValue(), true
+			}
+		}
+		return 0, false
+	}
+	if v, ok := series("blockwire_session_commands_total", map[string]string{"fabric": "nvme-tcp", "class": "write", "initiator": hostA}); !ok || v != 1 {
+		t.Errorf("metrics: the NVMe controller's writes %v (found %v), want 1", v, ok)
+	}
+	for _, b := range []string{"setups_per_source", "controllers_per_source"} {
+		if _, ok := series("blockwire_bounds_hit_total", map[string]string{"fabric": "nvme", "bound": b}); !ok {
+			t.Errorf("metrics: no blockwire_bounds_hit_total{fabric=\"nvme\",bound=%q}", b)
 		}
 	}
 
