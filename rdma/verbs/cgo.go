@@ -739,7 +739,14 @@ func (d *Device) asyncEvent(e cAsync) {
 				"event", what, "reason", hint)
 			return
 		}
-		d.log.Warn("verbs: queue pair error: the connection ends", "device", d.name, "peer", q.attr.RemoteAddr,
+		// A connection already ending (the peer disconnected, or Close)
+		// may see its queue pair fail so (siw: a catastrophic error as a
+		// logout's disconnect tears it down): that is its end, not a fault.
+		level := slog.LevelWarn
+		if q.stopped() {
+			level = slog.LevelDebug
+		}
+		d.log.Log(context.Background(), level, "verbs: queue pair error: the connection ends", "device", d.name, "peer", q.attr.RemoteAddr,
 			"event", what, "reason", hint)
 		q.fail(fmt.Errorf("verbs: %s: %s (%s)", d.name, what, hint))
 	case e._type == C.IBV_EVENT_DEVICE_FATAL:

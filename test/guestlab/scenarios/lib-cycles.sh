@@ -59,10 +59,15 @@ cycles_stop() {
   else wait $B || { say "blockwire did not stop cleanly"; rc=1; }; fi
   grep -E "^(SIG|panic|fatal)" -A10 /tmp/cyc.log && rc=1
   # A completion error at a logout (siw: local QP operation error, when it
-  # comes before the disconnect event) is the connection's end: counted,
-  # not a failure; any other warning is.
+  # comes before the disconnect event) is the connection's end, and so is
+  # siw's catastrophic queue pair error as a logout's disconnect tears the
+  # queue pair down (seen once in 100 iSER cycles, every cycle's login,
+  # read and logout done and nothing left behind; verbs-siw-hostile
+  # allows it too): counted, not a failure; any other warning is.
+  end='completion error: the connection ends|queue pair error: the connection ends.*catastrophic'
   say "completion errors at a connection's end: $(grep -c 'completion error: the connection ends' /tmp/cyc.log)"
-  grep -E "level=(WARN|ERROR)" /tmp/cyc.log | grep -v 'completion error: the connection ends' | head -5 | grep . && { say "blockwire logged warnings"; rc=1; }
+  say "queue pair errors at a connection's end: $(grep -cE 'queue pair error: the connection ends.*catastrophic' /tmp/cyc.log)"
+  grep -E "level=(WARN|ERROR)" /tmp/cyc.log | grep -vE "$end" | head -5 | grep . && { say "blockwire logged warnings"; rc=1; }
   true
 }
 # iser_cycle I: one login, a 1 MiB read, a logout (ADDR and PORT set).
