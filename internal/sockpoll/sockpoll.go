@@ -103,14 +103,6 @@ func NewGroup(most time.Duration) *Group {
 	return &Group{most: most, youngFor: time.Millisecond, spinMax: int32(max(runtime.GOMAXPROCS(0), 1))}
 }
 
-// Most is the longest a reader of g polls (0 for nil).
-func (g *Group) Most() time.Duration {
-	if g == nil {
-		return 0
-	}
-	return g.most
-}
-
 // New returns a Reader of nc that polls as g says, or nil when nc is no
 // TCP socket or g is nil. The Reader owns nc's read deadline: set it
 // through Reader.SetReadDeadline.

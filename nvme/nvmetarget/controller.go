@@ -74,6 +74,11 @@ type Queue struct {
 	auth *queueAuth
 }
 
+// since is the time since the controller was made, on the monotonic
+// clock: a command's latency is the difference of two (one clock read
+// each, where time.Now reads the wall clock too).
+func (c *Controller) since() time.Duration { return time.Since(c.created) }
+
 // ControllerInfo describes a controller (admin ls, metrics).
 type ControllerInfo struct {
 	ID        uint16

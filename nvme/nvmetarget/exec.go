@@ -72,10 +72,10 @@ func (q *Queue) Exec(c *nvme.Command, data []byte, u *blockcore.Unit) Result {
 		if !q.c.ready.Load() {
 			return fail(nvme.StatusCommandSequence)
 		}
-		start := time.Now()
+		start := q.c.since()
 		res := q.io(c, data, u)
 		if !res.Deferred {
-			q.count(c.Opcode, u, len(data), res.CQE.Status, time.Since(start))
+			q.count(c.Opcode, u, len(data), res.CQE.Status, q.c.since()-start)
 		}
 		return res
 	}

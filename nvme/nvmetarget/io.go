@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
-	"time"
 
 	"github.com/blockwire/blockwire/backend"
 	"github.com/blockwire/blockwire/blockcore"
@@ -207,14 +206,14 @@ func dsm(u *blockcore.Unit, c *nvme.Command, data []byte) Result {
 // answered: on a mismatch the Compare with Compare Failure and the
 // Write with Command Aborted due to Failed Fused Command.
 func (q *Queue) ExecFused(first *nvme.Command, firstData []byte, second *nvme.Command, secondData []byte) (Result, Result) {
-	start := time.Now()
+	start := q.c.since()
 	a, b, u := q.execFused(first, firstData, second, secondData)
 	st := a.CQE.Status
 	if st == 0 {
 		st = b.CQE.Status
 	}
 	// One command, as SCSI's COMPARE AND WRITE is.
-	q.count(nvme.OpCompare, u, 0, st, time.Since(start))
+	q.count(nvme.OpCompare, u, 0, st, q.c.since()-start)
 	return a, b
 }
 
