@@ -19,8 +19,11 @@ import (
 )
 
 // conn is one NVMe/TCP connection: one queue of a controller. Its reader
-// (serve) frames what the host sends and runs or queues the commands;
-// its writer alone writes to the socket.
+// (serve) frames what the host sends and runs or queues the commands; it
+// writes the answers of the commands it runs itself before it next reads
+// the socket (own), and its writer the rest — the answers of the units'
+// workers, R2Ts, events. Each write is one vectored write of whole PDUs,
+// and Go's net.Conn never interleaves two writes' bytes.
 type conn struct {
 	s   *Server
 	nc  net.Conn
@@ -38,6 +41,9 @@ type conn struct {
 	// payload longer than the buffer is read straight into its command's
 	// buffer).
 	r     io.Reader
+	br    *bufio.Reader // r once connected
+	// queued counts the replies given to the writer and not yet written.
+	queued atomic.Int32
 	share *blockcore.IOShare
 
 	out        chan reply
@@ -54,6 +60,57 @@ type conn struct {
 	first    *command // a fused operation's first half, its second not yet come
 	free     chan uint16
 	inflight sync.WaitGroup
+	// own is the reader's batch: the answer of a command it ran itself
+	// with nothing else read to run, written by the reader as it goes
+	// back to the socket (flushFirst), without a hand-off to the writer.
+	// With 4 KiB reads at queue depth 1 (pinned, polling) 84k against 54k
+	// through the writer. Commands that have others behind them in the
+	// buffer, or while the writer is busy, still answer through the
+	// writer, which then writes while the reader runs the rest: all
+	// through the reader, 4 KiB reads at QD 32 unpinned fell to
+	// 0.6-0.7x; the reader and the writer both writing, to 0.4-0.5x.
+	own *batch
+	// Answers written by the reader and by the writer (each counts its
+	// own; for tests, once the connection is over).
+	ownWritten, writerWritten int
+}
+
+// flushFirst is the reader's source once its queue is connected: before
+// it reads the socket, the reader writes the answers it has batched.
+type flushFirst struct {
+	c   *conn
+	src io.Reader
+}
+
+func (f flushFirst) Read(p []byte) (int, error) {
+	if f.c.own.n > 0 {
+		if err := f.c.flushOwn(); err != nil {
+			return 0, err
+		}
+	}
+	return f.src.Read(p)
+}
+
+// flushOwn writes the reader's batch (and releases its commands); a
+// failed write ends the connection.
+func (c *conn) flushOwn() error {
+	c.ownWritten += c.own.n
+	err := c.flush(c.own)
+	if err != nil {
+		c.Close()
+	}
+	return err
+}
+
+// keep adds the answer of a command the reader ran to its batch.
+func (c *conn) keep(cm *command) {
+	if c.own.n >= maxBatch {
+		if c.flushOwn() != nil {
+			cm.release()
+			return
+		}
+	}
+	c.add(c.own, reply{cm: cm})
 }
 
 // command is one command from capsule to answer.
@@ -124,6 +181,10 @@ func (c *conn) serve() {
 		c.log.Info("NVMe/TCP connection ended", "err", err)
 	}
 	c.Close()
+	if c.own != nil {
+		// Answers the reader had not written.
+		c.drop(c.own)
+	}
 	// Commands whose data never came hold a buffer and budget, no more.
 	for _, cm := range c.slots {
 		if cm.awaiting || cm.ready {
@@ -543,24 +604,44 @@ func (c *conn) dispatch(cm *command) error {
 		}
 		return nil
 	}
-	cm.Run()
+	if cm.exec() {
+		if c.br.Buffered() == 0 && c.queued.Load() == 0 {
+			// Nothing else read to run, and the writer idle: the reader
+			// writes the answer itself as it goes back to the socket.
+			c.keep(cm)
+		} else {
+			// More commands to run first: the writer sends the answer
+			// meanwhile (on another core where Go has one). Or the
+			// writer is busy: two writers of one socket wait for each
+			// other.
+			c.send(cm)
+		}
+	}
 	return nil
 }
 
-// Run executes the command and queues its answer (blockcore.Work).
+// Run executes the command and queues its answer for the writer
+// (blockcore.Work).
 func (cm *command) Run() {
+	if cm.exec() {
+		cm.c.send(cm)
+	}
+}
+
+// exec executes the command; false when it is not to be answered now.
+func (cm *command) exec() bool {
 	cm.res = cm.c.q.Exec(&cm.cmd, cm.data, cm.unit)
 	if cm.res.Deferred {
 		// An Asynchronous Event Request: answered through Post.
 		cm.release()
-		return
+		return false
 	}
 	if dir := cm.dir; dir == nvmetarget.ControllerToHost {
 		cm.c.s.stats.ReadBytes.Add(uint64(cm.res.N))
 	} else if dir == nvmetarget.HostToController && cm.res.CQE.Status == 0 {
 		cm.c.s.stats.WriteBytes.Add(uint64(len(cm.data)))
 	}
-	cm.c.send(cm)
+	return true
 }
 
 // fuse pairs the halves of a fused operation as their capsules arrive
@@ -674,10 +755,12 @@ func (c *conn) emit(r reply) bool {
 		}
 		return true // sent or not, write released r's command
 	}
+	c.queued.Add(1)
 	select {
 	case c.out <- r:
 		return true
 	case <-c.done:
+		c.queued.Add(-1)
 		return false
 	}
 }
@@ -722,7 +805,9 @@ func (c *conn) connect(cm *command) error {
 	if p := sockpoll.New(c.nc, c.s.o.Poll); p != nil {
 		src = p
 	}
-	c.r = bufio.NewReaderSize(src, readBuffer)
+	c.own = newBatch()
+	c.br = bufio.NewReaderSize(flushFirst{c, src}, readBuffer)
+	c.r = c.br
 	c.nc.SetReadDeadline(time.Time{})
 	c.s.endSetup(c)
 	// The Connect's answer, then the writer (slot 0, the Connect's,

@@ -367,3 +367,64 @@ func TestPolling(t *testing.T) {
 	waitfor.True(t, 5*time.Second, func() bool { return f.tgt.Controllers() == 0 && f.srv.Conns() == 0 },
 		func() string { return "controllers or connections left" })
 }
+
+// TestReaderAnswersAlone: a command that arrives alone (queue depth 1)
+// on a unit that never blocks is answered by the reader itself, as it
+// goes back to the socket — no hand-off to the writer; commands that
+// arrive together, as many as a deep queue sends, are answered too,
+// through the writer or the reader, each once.
+func TestReaderAnswersAlone(t *testing.T) {
+	f := start(t, Options{}, nil)
+	h := f.connect(tcphost.Options{IOQueues: 1, QueueSize: 64})
+	var c *conn
+	f.srv.mu.Lock()
+	for k := range f.srv.conns {
+		if k.q != nil && k.q.ID() == 1 {
+			c = k
+		}
+	}
+	f.srv.mu.Unlock()
+	if c == nil {
+		t.Fatal("no I/O queue's connection")
+	}
+	p := make([]byte, 4096)
+	const alone = 200
+	for i := range alone {
+		if err := h.Read(ctx(t), 1, 512, uint64(i*8), p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A deep queue: 32 at a time, many times.
+	const deep = 32 * 50
+	var wg sync.WaitGroup
+	errs := make(chan error, 32)
+	for w := range 32 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			q := make([]byte, 4096)
+			for i := range deep / 32 {
+				if err := h.Read(ctx(t), 1, 512, uint64((w*64+i)*8), q); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	h.Close()
+	<-c.writerDone
+	waitfor.True(t, 5*time.Second, func() bool { return f.srv.Conns() == 0 }, func() string { return "connections left" })
+	// Keep-alives and the like go through the writer: a few.
+	if c.ownWritten < alone {
+		t.Fatalf("the reader wrote %d answers, the writer %d; want the %d alone ones by the reader", c.ownWritten, c.writerWritten, alone)
+	}
+	if got := c.ownWritten + c.writerWritten; got < alone+deep || got > alone+deep+8 {
+		t.Fatalf("%d answers written (reader %d, writer %d), want %d", got, c.ownWritten, c.writerWritten, alone+deep)
+	}
+	t.Logf("answers: %d by the reader, %d by the writer", c.ownWritten, c.writerWritten)
+}

@@ -27,7 +27,7 @@ type batch struct {
 // what is queued together leaves in one vectored write.
 func (c *conn) writer() {
 	defer close(c.writerDone)
-	b := &batch{arena: make([]byte, 0, maxBatch*(nvmetcp.DataLen+2*nvmetcp.DigestLen+128+nvmetcp.CapsuleRespLen+nvmetcp.DigestLen))}
+	b := newBatch()
 	for {
 		select {
 		case r := <-c.out:
@@ -41,7 +41,10 @@ func (c *conn) writer() {
 					break more
 				}
 			}
+			n := b.n
+			c.writerWritten += n
 			err := c.flush(b)
+			c.queued.Add(-int32(n))
 			if err != nil || b.term {
 				c.Close()
 				c.drain()
@@ -52,6 +55,20 @@ func (c *conn) writer() {
 			return
 		}
 	}
+}
+
+// newBatch returns a batch with room for maxBatch answers' headers.
+func newBatch() *batch {
+	return &batch{arena: make([]byte, 0, maxBatch*(nvmetcp.DataLen+2*nvmetcp.DigestLen+128+nvmetcp.CapsuleRespLen+nvmetcp.DigestLen))}
+}
+
+// drop releases a batch's commands unsent.
+func (c *conn) drop(b *batch) {
+	for _, h := range b.done {
+		h.release(c)
+	}
+	clear(b.bufs)
+	b.arena, b.bufs, b.done, b.n = b.arena[:0], b.bufs[:0], b.done[:0], 0
 }
 
 // flush writes the batch and releases its commands.
