@@ -40,11 +40,11 @@ type conn struct {
 	// then a buffer over it (one system call takes many small PDUs; a
 	// payload longer than the buffer is read straight into its command's
 	// buffer).
-	r     io.Reader
-	br    *bufio.Reader // r once connected
+	r  io.Reader
+	br *bufio.Reader // r once connected
 	// queued counts the replies given to the writer and not yet written.
 	queued atomic.Int32
-	share *blockcore.IOShare
+	share  *blockcore.IOShare
 
 	out        chan reply
 	done       chan struct{} // closed when the connection ends
